@@ -1,0 +1,109 @@
+// BatchNorm2d and Softmax. BatchNorm works on (N, C, HW); reductions use one work-group of
+// RED work-items per channel.
+#define RED 64
+
+float group_sum(__local float *part, float v) {
+    const int t = get_local_id(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    part[t] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = RED / 2; w > 0; w >>= 1) {
+        if (t < w) part[t] += part[t + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return part[0];
+}
+
+// Batch statistics of channel c (two passes: mean, then variance), and the running-stat update
+// with the unbiased variance, as PyTorch does.
+__kernel void bn_stats(const int N, const int C, const int HW, __global const float *x,
+                       __global float *mean, __global float *var, __global float *run_mean,
+                       __global float *run_var, const float momentum) {
+    __local float part[RED];
+    const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
+    float s = 0.0f;
+    for (int i = t; i < M; i += RED) s += x[((i / HW) * C + c) * HW + i % HW];
+    const float mu = group_sum(part, s) / (float)M;
+    float q = 0.0f;
+    for (int i = t; i < M; i += RED) {
+        const float d = x[((i / HW) * C + c) * HW + i % HW] - mu;
+        q += d * d;
+    }
+    const float v = group_sum(part, q) / (float)M;
+    if (t == 0) {
+        mean[c] = mu;
+        var[c] = v;
+        run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * mu;
+        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)max(M - 1, 1);
+    }
+}
+
+// y = (x - mean) / sqrt(var + eps) * gamma + beta (batch or running statistics)
+__kernel void bn_apply(const int N, const int C, const int HW, __global const float *x,
+                       __global const float *mean, __global const float *var, __global const float *gamma,
+                       __global const float *beta, const float eps, __global float *y) {
+    const int i = get_global_id(0);
+    if (i >= N * C * HW) return;
+    const int c = (i / HW) % C;
+    y[i] = (x[i] - mean[c]) * rsqrt(var[c] + eps) * gamma[c] + beta[c];
+}
+
+// dgamma = sum(dy * xhat), dbeta = sum(dy) (accumulated when acc), and
+// dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma)
+__kernel void bn_bwd(const int N, const int C, const int HW, __global const float *x,
+                     __global const float *dy, __global const float *mean, __global const float *var,
+                     __global const float *gamma, const float eps, __global float *dx,
+                     __global float *dgamma, __global float *dbeta, const int acc) {
+    __local float part[RED];
+    const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
+    const float mu = mean[c], inv = rsqrt(var[c] + eps);
+    float sg = 0.0f, sb = 0.0f;
+    for (int i = t; i < M; i += RED) {
+        const int o = ((i / HW) * C + c) * HW + i % HW;
+        sg += dy[o] * (x[o] - mu) * inv;
+        sb += dy[o];
+    }
+    const float dg = group_sum(part, sg);
+    const float db = group_sum(part, sb);
+    const float k = gamma[c] * inv / (float)M;
+    for (int i = t; i < M; i += RED) {
+        const int o = ((i / HW) * C + c) * HW + i % HW;
+        dx[o] = k * ((float)M * dy[o] - db - (x[o] - mu) * inv * dg);
+    }
+    if (t == 0) {
+        dgamma[c] = acc ? dgamma[c] + dg : dg;
+        dbeta[c] = acc ? dbeta[c] + db : db;
+    }
+}
+
+// Softmax over the middle axis of (outer, D, inner); one work-item per (outer, inner) line.
+__kernel void softmax_fwd(const int outer, const int D, const int inner, __global const float *x,
+                          __global float *y) {
+    const int g = get_global_id(0);
+    if (g >= outer * inner) return;
+    const int base = (g / inner) * D * inner + g % inner;
+    float m = -INFINITY;
+    for (int d = 0; d < D; d++) m = fmax(m, x[base + d * inner]);
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) {
+        const float e = exp(x[base + d * inner] - m);
+        y[base + d * inner] = e;
+        s += e;
+    }
+    const float r = 1.0f / s;
+    for (int d = 0; d < D; d++) y[base + d * inner] *= r;
+}
+
+// dx = y * (dy - sum(dy * y)) * scale
+__kernel void softmax_bwd(const int outer, const int D, const int inner, __global const float *y,
+                          __global const float *dy, __global float *dx, const float scale) {
+    const int g = get_global_id(0);
+    if (g >= outer * inner) return;
+    const int base = (g / inner) * D * inner + g % inner;
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += dy[base + d * inner] * y[base + d * inner];
+    for (int d = 0; d < D; d++) {
+        const int o = base + d * inner;
+        dx[o] = y[o] * (dy[o] - s) * scale;
+    }
+}

@@ -1,0 +1,66 @@
+// Element-wise kernels: activations (forward and backward), fill, axpy, dropout.
+// One work-item per element; n is the element count (the launch is rounded up).
+
+__kernel void fill(const int n, __global float *x, const float v) {
+    int i = get_global_id(0);
+    if (i < n) x[i] = v;
+}
+
+__kernel void copy(const int n, __global const float *src, __global float *dst) {
+    int i = get_global_id(0);
+    if (i < n) dst[i] = src[i];
+}
+
+// y = a*x + b*y
+__kernel void axpby(const int n, const float a, __global const float *x, const float b, __global float *y) {
+    int i = get_global_id(0);
+    if (i < n) y[i] = a * x[i] + b * y[i];
+}
+
+// kind: 0 relu, 1 leaky relu (slope), 2 sigmoid, 3 tanh
+__kernel void act_fwd(const int n, const int kind, const float slope,
+                      __global const float *x, __global float *y) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    float v = x[i];
+    if (kind == 0) v = fmax(v, 0.0f);
+    else if (kind == 1) v = v > 0.0f ? v : v * slope;
+    else if (kind == 2) v = 1.0f / (1.0f + exp(-v));
+    else v = tanh(v);
+    y[i] = v;
+}
+
+// relu/leaky use the input x, sigmoid/tanh the output y (saved by the forward pass).
+__kernel void act_bwd(const int n, const int kind, const float slope, __global const float *saved,
+                      __global const float *dy, __global float *dx) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    float s = saved[i], g = dy[i];
+    if (kind == 0) g = s > 0.0f ? g : 0.0f;
+    else if (kind == 1) g = s > 0.0f ? g : g * slope;
+    else if (kind == 2) g = g * s * (1.0f - s);
+    else g = g * (1.0f - s * s);
+    dx[i] = g;
+}
+
+// A counter-based hash (lowbias32): the mask of element i depends only on (seed, i).
+uint hash32(uint x) {
+    x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+    return x;
+}
+
+// mask[i] = 0 or 1/(1-p); y = x * mask
+__kernel void dropout_fwd(const int n, const uint seed, const float p, __global const float *x,
+                          __global float *mask, __global float *y) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    float u = (float)(hash32(hash32((uint)i) ^ seed) >> 8) * (1.0f / 16777216.0f);
+    float m = u >= p ? 1.0f / (1.0f - p) : 0.0f;
+    mask[i] = m;
+    y[i] = x[i] * m;
+}
+
+__kernel void mul(const int n, __global const float *a, __global const float *b, __global float *y) {
+    int i = get_global_id(0);
+    if (i < n) y[i] = a[i] * b[i];
+}

@@ -1,0 +1,75 @@
+// MaxPool2d / AvgPool2d, forward and backward, on (N*C) planes of H x W.
+// Backward passes gather over the windows that cover each input, so they need no atomics.
+
+__kernel void maxpool_fwd(const int NC, const int H, const int W, const int k, const int s, const int p,
+                          const int OH, const int OW, __global const float *x, __global float *y,
+                          __global int *arg) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * OH * OW) return;
+    const int ow = idx % OW, oh = (idx / OW) % OH, nc = idx / (OW * OH);
+    __global const float *xp = x + nc * H * W;
+    float best = -INFINITY;
+    int bi = -1;
+    for (int kh = 0; kh < k; kh++) {
+        const int ih = oh * s - p + kh;
+        if (ih < 0 || ih >= H) continue;
+        for (int kw = 0; kw < k; kw++) {
+            const int iw = ow * s - p + kw;
+            if (iw < 0 || iw >= W) continue;
+            const float v = xp[ih * W + iw];
+            if (v > best || bi < 0) { best = v; bi = ih * W + iw; }
+        }
+    }
+    y[idx] = best;
+    arg[idx] = bi;
+}
+
+__kernel void maxpool_bwd(const int NC, const int H, const int W, const int k, const int s, const int p,
+                          const int OH, const int OW, __global const float *dy, __global const int *arg,
+                          __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * H * W) return;
+    const int iw = idx % W, ih = (idx / W) % H, nc = idx / (W * H), here = ih * W + iw;
+    float acc = 0.0f;
+    // output windows covering ih: oh*s - p <= ih <= oh*s - p + k - 1
+    const int oh0 = max(0, (ih + p - k + s) / s), oh1 = min(OH - 1, (ih + p) / s);
+    const int ow0 = max(0, (iw + p - k + s) / s), ow1 = min(OW - 1, (iw + p) / s);
+    for (int oh = oh0; oh <= oh1; oh++)
+        for (int ow = ow0; ow <= ow1; ow++) {
+            const int o = (nc * OH + oh) * OW + ow;
+            if (arg[o] == here) acc += dy[o];
+        }
+    dx[idx] = acc;
+}
+
+// count_include_pad semantics (PyTorch's default): always divide by k*k.
+__kernel void avgpool_fwd(const int NC, const int H, const int W, const int k, const int s, const int p,
+                          const int OH, const int OW, __global const float *x, __global float *y) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * OH * OW) return;
+    const int ow = idx % OW, oh = (idx / OW) % OH, nc = idx / (OW * OH);
+    __global const float *xp = x + nc * H * W;
+    float acc = 0.0f;
+    for (int kh = 0; kh < k; kh++) {
+        const int ih = oh * s - p + kh;
+        if (ih < 0 || ih >= H) continue;
+        for (int kw = 0; kw < k; kw++) {
+            const int iw = ow * s - p + kw;
+            if (iw >= 0 && iw < W) acc += xp[ih * W + iw];
+        }
+    }
+    y[idx] = acc / (float)(k * k);
+}
+
+__kernel void avgpool_bwd(const int NC, const int H, const int W, const int k, const int s, const int p,
+                          const int OH, const int OW, __global const float *dy, __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * H * W) return;
+    const int iw = idx % W, ih = (idx / W) % H, nc = idx / (W * H);
+    const int oh0 = max(0, (ih + p - k + s) / s), oh1 = min(OH - 1, (ih + p) / s);
+    const int ow0 = max(0, (iw + p - k + s) / s), ow1 = min(OW - 1, (iw + p) / s);
+    float acc = 0.0f;
+    for (int oh = oh0; oh <= oh1; oh++)
+        for (int ow = ow0; ow <= ow1; ow++) acc += dy[(nc * OH + oh) * OW + ow];
+    dx[idx] = acc / (float)(k * k);
+}

@@ -1,0 +1,76 @@
+"""Losses (mean reduction, PyTorch semantics). Calling a loss returns the loss as a Python
+float; `backward()` then returns the gradient of that mean loss w.r.t. the prediction."""
+import numpy as np
+
+from netcl.tensor import Tensor
+
+
+class _Loss:
+    kernel = ""
+
+    def __init__(self):
+        self._grad = None
+
+    def _finish(self, terms):
+        from netcl import ops
+
+        out = ops.new(terms, (1,))
+        ops.launch(terms.queue, "loss", "sum_all", (64,), (64,), terms.size, terms, out)
+        return float(out.mark_written().numpy()[0]) / terms.size
+
+    def backward(self):
+        if self._grad is None:
+            raise RuntimeError(f"{type(self).__name__}.backward() called before the loss was computed")
+        return self._grad
+
+    def _target(self, pred, target):
+        if not isinstance(pred, Tensor):
+            raise TypeError(f"{type(self).__name__} expects a netcl Tensor prediction, got {type(pred).__name__}")
+        t = target.to_host() if isinstance(target, Tensor) else np.asarray(target, np.float32)
+        if t.shape != pred.shape:
+            raise ValueError(f"{type(self).__name__}: target shape {t.shape} differs from prediction {pred.shape}")
+        return Tensor.from_host(pred.queue, t)
+
+    def __call__(self, pred, target):
+        from netcl import ops
+
+        t = self._target(pred, target)
+        terms, self._grad = ops.new(pred, pred.shape), ops.new(pred, pred.shape)
+        ops.launch1d(pred.queue, "loss", self.kernel, pred.size, pred.size, pred, t, terms, self._grad)
+        self._grad.mark_written()
+        return self._finish(terms.mark_written())
+
+
+class MSELoss(_Loss):
+    kernel = "mse"
+
+
+class BCELoss(_Loss):
+    """Binary cross-entropy on probabilities (e.g. after Sigmoid); logs clamped at -100 as PyTorch."""
+    kernel = "bce"
+
+
+class CrossEntropyLoss(_Loss):
+    """log-softmax + negative log-likelihood over logits (N, C) and class indices (N,)."""
+
+    def __call__(self, logits, labels):
+        from netcl import ops
+
+        if not isinstance(logits, Tensor) or logits.ndim != 2:
+            raise ValueError(f"CrossEntropyLoss expects logits as a (N, C) Tensor, got "
+                             f"{getattr(logits, 'shape', type(logits).__name__)}")
+        n, c = logits.shape
+        y = labels.to_host() if isinstance(labels, Tensor) else np.asarray(labels)
+        if y.shape != (n,):
+            raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {y.shape}")
+        if y.size and (y.min() < 0 or y.max() >= c or not np.all(np.equal(np.mod(y, 1), 0))):
+            raise ValueError(f"CrossEntropyLoss labels must be integers in [0, {c}), got {y.min()}..{y.max()}")
+        import pyopencl as cl
+
+        q = logits.queue
+        lab = cl.Buffer(q.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                        hostbuf=np.ascontiguousarray(y, np.int32))
+        terms, self._grad = ops.new(q, (n,)), ops.new(q, (n, c))
+        ops.launch1d(q, "loss", "cross_entropy", n, n, c, logits, lab, terms, self._grad)
+        self._grad.mark_written()
+        return self._finish(terms.mark_written())

@@ -1,0 +1,123 @@
+"""Optimizers with torch.optim's update rules; updates run on the device.
+
+`state_dict()` returns plain arrays and numbers (checkpoints store it without pickle)."""
+import numpy as np
+
+from netcl.tensor import Tensor
+
+
+class Optimizer:
+    slots = ()  # names of per-parameter state tensors
+
+    def __init__(self, params, lr):
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("optimizer got an empty parameter list")
+        for p in self.params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer parameters must be netcl Tensors, got {type(p).__name__}")
+        if lr < 0:
+            raise ValueError(f"invalid learning rate {lr}")
+        self.lr = float(lr)
+        self.state = [dict() for _ in self.params]  # per parameter: slot -> Tensor, "step" -> int
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def _slot(self, i, name):
+        from netcl import ops
+
+        st = self.state[i]
+        if name not in st:
+            p = self.params[i]
+            st[name] = Tensor.zeros(p.queue, p.shape)
+        return st[name]
+
+    def step(self):
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                st = self.state[i]
+                st["step"] = st.get("step", 0) + 1
+                self._update(i, p, st)
+                p.mark_written()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def hyperparameters(self):
+        raise NotImplementedError
+
+    def state_dict(self):
+        """{"type", "hyper": {...}, "state": {"<i>.<slot>": array, "<i>.step": int}}"""
+        state = {}
+        for i, st in enumerate(self.state):
+            for k, v in st.items():
+                state[f"{i}.{k}"] = v.to_host() if isinstance(v, Tensor) else v
+        return {"type": type(self).__name__, "hyper": self.hyperparameters(), "state": state}
+
+    def load_state_dict(self, d):
+        if d.get("type") != type(self).__name__:
+            raise ValueError(f"optimizer state is for {d.get('type')!r}, not {type(self).__name__}")
+        for k, v in d["hyper"].items():
+            setattr(self, k, tuple(v) if isinstance(v, list) else v)
+        self.state = [dict() for _ in self.params]
+        for key, v in d["state"].items():
+            i, name = key.split(".", 1)
+            i = int(i)
+            if not 0 <= i < len(self.params):
+                raise ValueError(f"optimizer state names parameter {i}, the model has {len(self.params)}")
+            p = self.params[i]
+            if name == "step":
+                self.state[i][name] = int(v)
+            else:
+                a = np.asarray(v, np.float32)
+                if a.shape != p.shape:
+                    raise ValueError(f"optimizer state {key!r} has shape {a.shape}, parameter has {p.shape}")
+                self.state[i][name] = Tensor.from_host(p.queue, a)
+        return self
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+        super().__init__(params, lr)
+        if momentum < 0 or weight_decay < 0:
+            raise ValueError(f"momentum and weight_decay must be >= 0, got {momentum}, {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires momentum > 0 and zero dampening")
+        self.momentum, self.dampening = float(momentum), float(dampening)
+        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+
+    def hyperparameters(self):
+        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    def _update(self, i, p, st):
+        from netcl import ops
+
+        first = "momentum_buffer" not in st
+        buf = self._slot(i, "momentum_buffer") if self.momentum else p.grad
+        ops.launch1d(p.queue, "optim", "sgd_step", p.size, p.size, p, p.grad, buf, self.lr, self.momentum,
+                     self.dampening, self.weight_decay, int(self.nesterov), int(first))
+        if self.momentum:
+            buf.mark_written()
+
+
+class Adam(Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr)
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"Adam betas must be in [0, 1), got {betas}")
+        self.betas, self.eps, self.weight_decay = (float(betas[0]), float(betas[1])), float(eps), float(weight_decay)
+
+    def hyperparameters(self):
+        return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+
+    def _update(self, i, p, st):
+        from netcl import ops
+
+        m, v = self._slot(i, "exp_avg"), self._slot(i, "exp_avg_sq")
+        b1, b2 = self.betas
+        t = st["step"]
+        ops.launch1d(p.queue, "optim", "adam_step", p.size, p.size, p, p.grad, m, v, self.lr, b1, b2, self.eps,
+                     self.weight_decay, 1.0 - b1 ** t, 1.0 - b2 ** t)
+        m.mark_written()
+        v.mark_written()

@@ -1,0 +1,67 @@
+"""Program builds: once per context in memory, and across processes on disk.
+
+The disk cache is keyed by source, build options, device, driver and platform version, and
+stores the device binary; a second process loads it instead of recompiling.
+"""
+import hashlib
+import os
+import tempfile
+from importlib import resources
+
+from netcl.errors import CompileError
+
+_memory = {}  # (context, key) -> pyopencl.Program
+
+
+def cache_dir():
+    d = os.environ.get("NETCL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "netcl", "kernels")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def kernel_source(family):
+    """The text of netcl/kernels/<family>.cl."""
+    return resources.files("netcl.kernels").joinpath(f"{family}.cl").read_text()
+
+
+def _key(source, options, device):
+    ident = "\0".join([source, " ".join(options), device.name, device.driver_version,
+                       device.platform.version, device.platform.name])
+    return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def build(context, source, options=()):
+    """Build `source` for the (single) device of `context`, using the caches."""
+    import pyopencl as cl
+
+    device = context.devices[0]
+    options = tuple(options)
+    key = _key(source, options, device)
+    prog = _memory.get((context, key))
+    if prog is not None:
+        return prog
+    path = os.path.join(cache_dir(), key + ".bin")
+    prog = None
+    if os.path.exists(path):
+        try:
+            with open(path, "rb") as f:
+                prog = cl.Program(context, [device], [f.read()]).build(options=list(options))
+        except (cl.Error, OSError):
+            prog = None  # stale or foreign binary: rebuild from source
+    if prog is None:
+        try:  # cache_dir=False: this module's cache is the one cache
+            prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
+        except cl.RuntimeError as e:  # pyopencl's message carries the compiler's log
+            raise CompileError(f"OpenCL build failed on {device.name.strip()}", str(e)) from None
+        try:
+            binary = prog.get_info(cl.program_info.BINARIES)[0]
+            if binary:
+                fd, tmp = tempfile.mkstemp(dir=cache_dir())
+                with os.fdopen(fd, "wb") as f:
+                    f.write(binary)
+                os.replace(tmp, path)  # atomic: a concurrent reader never sees half a binary
+        except (cl.Error, OSError):
+            pass  # caching is an optimisation only
+    _memory[(context, key)] = prog
+    return prog
