@@ -641,8 +641,11 @@ class Sequential(Module):
         return self
 
     def _try_fuse_layers(self):
-        """Prepare the fused inference path (see netcl.jit); None when nothing can be fused."""
-        self._fused = None
+        """Prepare the fused inference path (netcl.jit) from the layer list; None when nothing fuses.
+        The plan holds no device state until its first call, so eval() needs no OpenCL."""
+        from netcl.jit import plan_fused
+
+        self._fused = plan_fused(self)
 
     def to(self, queue):
         """Move every parameter and buffer to `queue`'s device; returns the model."""
