@@ -1,0 +1,162 @@
+"""Small end-to-end recipes used by `netcl train`, `make demo` and the tests: the digits
+classifier, photographs for detector26, and batch-norm calibration from data."""
+import sys
+import time
+
+import numpy as np
+
+from netcl import nn, optim
+from netcl.tensor import Tensor
+
+
+def digits_data(test_fraction=0.25, seed=0):
+    """scikit-learn's 8x8 digits (1797 images, shipped inside the package) as
+    (x_train, y_train, x_test, y_test); x is (N, 1, 8, 8) float32 in [0, 1]."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("the digits recipe needs scikit-learn: pip install scikit-learn") from None
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)[:, None]
+    y = d.target.astype(np.int64)
+    idx = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(len(x) * test_fraction)
+    te, tr = idx[:n_test], idx[n_test:]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def digits_cnn():
+    """A small CNN for (N, 1, 8, 8) digits: two Conv-BN-ReLU-MaxPool blocks and a classifier."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Dropout(0.1), nn.Linear(32 * 2 * 2, 10))
+
+
+class Progress:
+    """A dependency-free progress bar (tqdm when installed); `postfix` shows the running metrics."""
+
+    def __init__(self, total, desc, enabled=True):
+        self.total, self.desc, self.n, self.enabled = total, desc, 0, enabled
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
+            except ImportError:
+                pass
+        self.postfix = ""
+
+    def update(self, k=1, **metrics):
+        self.n += k
+        self.postfix = " ".join(f"{key}={val:.4g}" for key, val in metrics.items())
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_postfix_str(self.postfix, refresh=False)
+            self._bar.update(k)
+        else:
+            width = 30
+            done = int(width * self.n / max(self.total, 1))
+            sys.stderr.write(f"\r{self.desc} [{'#' * done}{'.' * (width - done)}] {self.n}/{self.total} {self.postfix}")
+            if self.n >= self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+
+
+def accuracy(model, queue, x, y, batch_size=256):
+    """Top-1 accuracy and the logits, in eval mode (the caller sets the mode)."""
+    logits = np.concatenate([model(Tensor.from_host(queue, x[i:i + batch_size])).to_host()
+                             for i in range(0, len(x), batch_size)])
+    return float((logits.argmax(1) == y).mean()), logits
+
+
+def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed=0, progress=True,
+                     optimizer=None, start_epoch=0, on_epoch=None):
+    """Adam + cross-entropy over shuffled mini-batches. Returns (optimizer, history); history holds
+    per-epoch train loss, train accuracy and test accuracy. `on_epoch(epoch, model, opt)` runs after each."""
+    x_tr, y_tr, x_te, y_te = data
+    loss_fn = nn.CrossEntropyLoss()
+    model.to(queue)
+    opt = optimizer or optim.Adam(model.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    history = {"epoch": [], "loss": [], "train_acc": [], "test_acc": [], "seconds": []}
+    steps = -(-len(x_tr) // batch_size)
+    t0 = time.perf_counter()
+    for epoch in range(start_epoch, epochs):
+        bar = Progress(steps, f"epoch {epoch + 1}/{epochs}", progress)
+        model.train()
+        order = rng.permutation(len(x_tr))
+        losses, correct = [], 0
+        for s in range(steps):
+            idx = order[s * batch_size:(s + 1) * batch_size]
+            logits = model(Tensor.from_host(queue, x_tr[idx]))
+            loss = loss_fn(logits, y_tr[idx])
+            model.backward(loss_fn.backward())
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss)
+            correct += int((logits.to_host().argmax(1) == y_tr[idx]).sum())
+            bar.update(loss=float(np.mean(losses[-20:])), acc=correct / min((s + 1) * batch_size, len(x_tr)))
+        model.eval()
+        test_acc, _ = accuracy(model, queue, x_te, y_te)
+        bar.update(0, loss=float(np.mean(losses)), acc=correct / len(x_tr), test_acc=test_acc)
+        bar.close()
+        for k, v in (("epoch", epoch + 1), ("loss", float(np.mean(losses))), ("train_acc", correct / len(x_tr)),
+                     ("test_acc", test_acc), ("seconds", time.perf_counter() - t0)):
+            history[k].append(v)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, model, opt)
+    return opt, history
+
+
+def photos(size=256):
+    """The photographs shipped inside scikit-learn (china.jpg, flower.jpg), resized to size x size,
+    as (2, 3, size, size) float32 in [0, 1]."""
+    try:
+        from PIL import Image
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise ImportError("the photographs need scikit-learn and pillow: pip install scikit-learn pillow") from None
+    imgs = [np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR), np.float32) / 255.0
+            for im in load_sample_images().images]
+    return np.stack(imgs).transpose(0, 3, 1, 2).copy()
+
+
+def photo_crops(n, size=256, seed=0):
+    """n random crops (random scale, position, flip) of the sample photographs, resized to size x size."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(seed)
+    srcs = load_sample_images().images
+    out = np.empty((n, 3, size, size), np.float32)
+    for i in range(n):
+        im = srcs[i % len(srcs)]
+        h, w = im.shape[:2]
+        side = int(rng.integers(min(h, w) // 3, min(h, w) + 1))
+        y0, x0 = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+        crop = Image.fromarray(im[y0:y0 + side, x0:x0 + side]).resize((size, size), Image.BILINEAR)
+        a = np.asarray(crop, np.float32) / 255.0
+        out[i] = (a[:, ::-1] if rng.random() < 0.5 else a).transpose(2, 0, 1)
+    return out
+
+
+def calibrate_batchnorm(model, queue, x, batch_size=8):
+    """Set every BatchNorm2d's running statistics from data: cumulative averages of the batch
+    statistics over `x` (the result of a short training-mode pass with no weight updates)."""
+    bns = [m for m in model if isinstance(m, nn.BatchNorm2d)]
+    saved = [m.momentum for m in bns]
+    model.to(queue).train()
+    for k, i in enumerate(range(0, len(x), batch_size)):
+        for m in bns:
+            m.momentum = 1.0 / (k + 1)  # running average of the k+1 batches seen so far
+        model(Tensor.from_host(queue, x[i:i + batch_size]))
+    for m, mom in zip(bns, saved):
+        m.momentum = mom
+    return model.eval()
