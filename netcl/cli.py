@@ -1,0 +1,176 @@
+"""The `netcl` command: devices, train, export, verify, bench. `netcl COMMAND --help` for each.
+
+Exit codes: 0 success, 1 verification mismatch, 2 bad usage or input, 3 no OpenCL device.
+"""
+import argparse
+import os
+import sys
+
+
+def _shape(text):
+    try:
+        dims = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"expected a shape of positive integers like 1,3,256,256, got {text!r}")
+    return dims
+
+
+def _ints(text):
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,8,32, got {text!r}") from None
+
+
+def _load_model(path):
+    from netcl.io import load
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such model file: {path}")
+    return load(path)
+
+
+# -- commands ----------------------------------------------------------------------------
+def cmd_devices(args):
+    import netcl
+
+    devs = netcl.devices()
+    from netcl.runtime import select_device
+
+    chosen = select_device()
+    for d in devs:
+        mark = "*" if d.name == chosen.name.strip() else " "
+        print(f"{mark} {d}")
+    print(f"(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose)")
+    return 0
+
+
+def cmd_train(args):
+    import netcl
+    from netcl import recipes
+    from netcl.io import load_checkpoint, save, save_checkpoint
+
+    q = netcl.default_queue()
+    print(f"device: {q.device.name.strip()}")
+    netcl.manual_seed(args.seed)
+    data = recipes.digits_data(seed=args.seed)
+    opt, start = None, 0
+    if args.resume:
+        model, opt, meta = load_checkpoint(args.resume)
+        start = int(meta.get("epoch") or 0)
+        print(f"resuming from {args.resume} at epoch {start}")
+    else:
+        model = recipes.digits_cnn()
+    ckpt = args.checkpoint
+
+    def on_epoch(epoch, m, o):
+        if ckpt:
+            save_checkpoint(ckpt, m, o, epoch=epoch, recipe="digits")
+
+    opt, hist = recipes.train_classifier(model, q, data, epochs=args.epochs, batch_size=args.batch_size,
+                                         lr=args.lr, seed=args.seed, optimizer=opt, start_epoch=start,
+                                         progress=not args.quiet, on_epoch=on_epoch)
+    save(model, args.out)
+    acc = hist["test_acc"][-1] if hist["test_acc"] else float("nan")
+    print(f"saved {args.out}; test accuracy {acc:.4f}" + (f"; checkpoint {ckpt}" if ckpt else ""))
+    return 0
+
+
+def cmd_export(args):
+    from netcl.io import export_onnx
+
+    model = _load_model(args.model).eval()
+    export_onnx(model, args.input_shape, args.out, opset=args.opset, dynamic_batch=args.dynamic_batch,
+                input_name=args.input_name, output_name=args.output_name,
+                **({"external_data": True} if args.external_data else {}))
+    print(f"wrote {args.out} (opset {args.opset}, input {args.input_name} {tuple(args.input_shape)})")
+    return 0
+
+
+def cmd_verify(args):
+    from netcl.verify import verify
+
+    if args.device:
+        os.environ["NETCL_DEVICE"] = args.device
+    model = _load_model(args.model).eval()
+    report = verify(model, args.input_shape, provider=args.provider, atol=args.atol, rtol=args.rtol,
+                    seed=args.seed, opset=args.opset)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_bench(args):
+    from netcl.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="netcl", description="netcl: deep learning on OpenCL, exported to ONNX.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("devices", help="list OpenCL devices and the one netcl selects")
+    p.set_defaults(fn=cmd_devices)
+
+    p = sub.add_parser("train", help="train the digits CNN recipe and save a .netcl model")
+    p.add_argument("--out", default="model.netcl", help="where to save the trained model (default model.netcl)")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", help="save a training checkpoint here after every epoch")
+    p.add_argument("--resume", help="continue from this checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("export", help="export a .netcl model to ONNX")
+    p.add_argument("model", help="the .netcl file")
+    p.add_argument("out", help="the .onnx file to write")
+    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,256,256 (batch first)")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
+    p.add_argument("--input-name", default="input")
+    p.add_argument("--output-name", default="output")
+    p.add_argument("--external-data", action="store_true", help="store weights in a side file (.onnx.data)")
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("verify", help="run netcl and onnxruntime on the same input; exit 1 on mismatch")
+    p.add_argument("model", help="the .netcl file")
+    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,256,256")
+    p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime execution provider")
+    p.add_argument("--device", help="netcl's OpenCL device (gpu, cpu or a name substring)")
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--rtol", type=float, default=1e-3)
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random input")
+    p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("bench", help="benchmark netcl against onnxruntime (options: netcl bench -- --help)",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_bench)
+    return ap
+
+
+def main(argv=None):
+    from netcl.errors import CompileError, FormatError, NoDeviceError
+
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not getattr(args, "fn", None):
+        ap.print_help()
+        return 2
+    try:
+        return args.fn(args)
+    except NoDeviceError as e:
+        print(f"netcl: {e}", file=sys.stderr)
+        return 3
+    except (FormatError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
+        print(f"netcl {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
