@@ -1,0 +1,64 @@
+"""Shared fixtures: the device queue, a seeded generator, and a table of the per-layer maximum
+errors against the references, printed at the end of the run.
+
+Kernels are cached on disk (netcl/runtime/program.py; default ~/.cache/netcl, or
+$NETCL_CACHE_DIR), so only the first run on a machine pays PoCL's compile time.
+"""
+import numpy as np
+import pytest
+
+_ERRORS = []  # (test id, forward max abs error, backward max abs error)
+
+
+@pytest.fixture(scope="session")
+def queue():
+    """The selected device's queue ($NETCL_DEVICE; the PoCL CPU device under `make test`)."""
+    import netcl
+
+    return netcl.default_queue()
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded per test, so every test is reproducible on its own."""
+    import zlib
+
+    import netcl
+
+    seed = zlib.crc32(request.node.nodeid.encode())
+    netcl.manual_seed(seed)
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def record_error(request):
+    """record_error(forward_err, backward_err=None): add this test's errors to the summary table."""
+    def record(fwd, bwd=None):
+        _ERRORS.append((request.node.name, fwd, bwd))
+    return record
+
+
+def max_err(got, ref):
+    """Maximum absolute difference (shapes must match)."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.shape == ref.shape, f"shape {got.shape} != reference {ref.shape}"
+    return float(np.max(np.abs(got.astype(np.float64) - ref))) if got.size else 0.0
+
+
+def assert_close(got, ref, rtol=1e-5, atol=1e-6, what=""):
+    """|got - ref| <= atol + rtol * max|ref| elementwise; returns the max abs error.
+    float32 sums of K terms drift by ~sqrt(K) ulps of the largest magnitude, hence scale by max|ref|."""
+    err = max_err(got, ref)
+    scale = float(np.max(np.abs(ref))) if np.size(ref) else 0.0
+    assert err <= atol + rtol * scale, f"{what}: max abs error {err:.3g} (reference max |x| {scale:.3g})"
+    return err
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _ERRORS:
+        return
+    tr = terminalreporter
+    tr.section("netcl max abs error vs reference (float64)")
+    tr.write_line(f"{'test':70s} {'forward':>10s} {'backward':>10s}")
+    for name, f, b in _ERRORS:
+        tr.write_line(f"{name[:70]:70s} {f:10.2e} {'' if b is None else f'{b:10.2e}':>10s}")

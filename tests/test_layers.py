@@ -1,0 +1,307 @@
+"""Every layer's forward and backward (dx and every parameter gradient) against PyTorch CPU in
+float64, and the core layers also against plain numpy references, over awkward shapes:
+stride 2, padding, odd sizes, batch 1, channel counts that are not multiples of 4."""
+import numpy as np
+import pytest
+from conftest import assert_close
+
+from netcl import Tensor, nn
+
+
+def run_netcl(q, layer, x, dy):
+    """Forward x, backward dy: (y, dx, {param name: grad}) as float32 numpy arrays."""
+    y = layer(Tensor.from_host(q, x))
+    dx = layer.backward(Tensor.from_host(q, dy))
+    return y.to_host(), dx.to_host(), {k: p.grad.to_host() for k, p in layer.named_parameters()}
+
+
+def run_torch(torch, mod, x, dy, grads_of=None):
+    """The same in float64 PyTorch; grads_of maps netcl names to torch parameters."""
+    mod = mod.double()
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    y = mod(xt)
+    y.backward(torch.tensor(dy, dtype=torch.float64))
+    params = dict(mod.named_parameters())
+    return y.detach().numpy(), xt.grad.numpy(), {k: params[k].grad.numpy() for k in (grads_of or params)}
+
+
+def compare(record_error, got, ref, rtol=1e-5, transpose=()):
+    """Assert forward, dx and parameter gradients close; record the max errors."""
+    (y, dx, g), (ry, rdx, rg) = got, ref
+    assert set(g) == set(rg), f"parameter names {sorted(g)} != {sorted(rg)}"
+    fwd = assert_close(y, ry, rtol, what="forward")
+    bwd = [assert_close(dx, rdx, rtol, what="dx")]
+    for k in g:
+        bwd.append(assert_close(g[k], rg[k].T if k in transpose else rg[k], rtol, what=f"grad {k}"))
+    record_error(fwd, max(bwd))
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# -- PyTorch references -----------------------------------------------------------------
+@pytest.fixture
+def torch():
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+@pytest.mark.parametrize("shape,fin,fout,bias", [((4, 7), 7, 5, True), ((1, 16), 16, 10, True),
+                                                 ((3, 33), 33, 17, False), ((2, 3, 6), 6, 9, True)])
+def test_linear_vs_torch(queue, rng, torch, record_error, shape, fin, fout, bias):
+    layer = nn.Linear(fin, fout, bias=bias)
+    ref = torch.nn.Linear(fin, fout, bias=bias)
+    with torch.no_grad():  # netcl keeps weight as (in, out): y = x @ W + b
+        ref.weight.copy_(torch.tensor(layer.weight.to_host().T))
+        if bias:
+            ref.bias.copy_(torch.tensor(layer.bias.to_host()))
+    x = rand(rng, *shape)
+    dy = rand(rng, *shape[:-1], fout)
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy), transpose=("weight",))
+
+
+CONV_CASES = [  # N, C, H, W, K, k, stride, padding, bias
+    (2, 3, 7, 9, 5, 3, 1, 1, True),
+    (1, 5, 8, 8, 6, 3, 2, 1, False),
+    (3, 4, 9, 7, 7, 5, 2, 2, True),
+    (2, 6, 5, 5, 3, 1, 1, 0, True),
+    (2, 3, 10, 11, 8, 1, 2, 0, False),
+    (1, 1, 8, 8, 16, 3, 1, 1, True),
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,bias", CONV_CASES)
+def test_conv2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, bias):
+    layer = nn.Conv2d(c, k, ks, stride=s, padding=p, bias=bias)
+    ref = torch.nn.Conv2d(c, k, ks, stride=s, padding=p, bias=bias)
+    ref.load_state_dict({name: torch.tensor(a) for name, a in layer.state_dict().items()})
+    x = rand(rng, n, c, h, w)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+@pytest.mark.parametrize("shape,momentum", [((4, 3, 5, 5), 0.1), ((1, 6, 3, 7), 0.3), ((8, 5, 1, 1), 0.1),
+                                            ((2, 17, 4, 3), 0.5)])
+def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
+    c = shape[1]
+    layer = nn.BatchNorm2d(c, eps=1e-4, momentum=momentum)
+    ref = torch.nn.BatchNorm2d(c, eps=1e-4, momentum=momentum).double()
+    gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rand(rng, c)
+    layer.weight.set_(gamma)
+    layer.bias.set_(beta)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(gamma))
+        ref.bias.copy_(torch.tensor(beta))
+    # two training steps (batch statistics; running stats with the unbiased variance), then eval
+    for step in range(2):
+        x = (rand(rng, *shape) * 2 + 0.5).astype(np.float32)
+        dy = rand(rng, *shape)
+        for p in layer.parameters():
+            p.grad = None
+        ref.zero_grad()
+        compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+    for name in ("running_mean", "running_var"):
+        assert_close(layer.state_dict()[name], getattr(ref, name).numpy(), 1e-5, what=name)
+    layer.eval()
+    ref.eval()
+    x = rand(rng, *shape)
+    y = layer(Tensor.from_host(queue, x)).to_host()
+    record_error(assert_close(y, ref(torch.tensor(x, dtype=torch.float64)).detach().numpy(), what="eval"))
+
+
+ACTIVATIONS = [("ReLU", {}), ("LeakyReLU", {"negative_slope": 0.01}), ("LeakyReLU", {"negative_slope": 0.2}),
+               ("Sigmoid", {}), ("Tanh", {})]
+
+
+@pytest.mark.parametrize("name,kw", ACTIVATIONS)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 13)])
+def test_activation_vs_torch(queue, rng, torch, record_error, name, kw, shape):
+    x = rand(rng, *shape) * 3
+    dy = rand(rng, *shape)
+    ref = getattr(torch.nn, name)(**kw)
+    compare(record_error, run_netcl(queue, getattr(nn, name)(**kw), x, dy), run_torch(torch, ref, x, dy))
+
+
+POOL_CASES = [  # shape, kernel, stride, padding
+    ((2, 3, 8, 8), 2, None, 0),
+    ((1, 5, 9, 11), 3, 2, 1),  # odd sizes, stride != kernel, overlapping windows, padding
+    ((2, 3, 7, 7), 3, 1, 1),  # stride 1: every input in up to 9 windows
+    ((2, 6, 8, 9), 2, 1, 0),
+    ((1, 3, 13, 12), 5, 3, 2),
+    ((3, 2, 5, 5), 1, 2, 0),
+]
+
+
+@pytest.mark.parametrize("kind", ["MaxPool2d", "AvgPool2d"])
+@pytest.mark.parametrize("shape,ks,s,p", POOL_CASES)
+def test_pool_vs_torch(queue, rng, torch, record_error, kind, shape, ks, s, p):
+    x = rand(rng, *shape)
+    layer = getattr(nn, kind)(ks, stride=s, padding=p)
+    ref = getattr(torch.nn, kind)(ks, stride=s, padding=p)  # AvgPool2d: count_include_pad=True by default
+    dy = rand(rng, *layer.output_shape(shape))
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+@pytest.mark.parametrize("shape,dim", [((4, 10), 1), ((3, 7), -1), ((2, 3, 4, 5), 1), ((2, 3, 4, 5), -1),
+                                       ((2, 3, 4, 5), 2), ((1, 1000), 1)])
+def test_softmax_vs_torch(queue, rng, torch, record_error, shape, dim):
+    x = rand(rng, *shape) * 4
+    dy = rand(rng, *shape)
+    compare(record_error, run_netcl(queue, nn.Softmax(dim), x, dy), run_torch(torch, torch.nn.Softmax(dim), x, dy))
+
+
+@pytest.mark.parametrize("n,L,e,h", [(2, 5, 8, 2), (1, 7, 12, 3), (3, 4, 16, 4), (2, 9, 6, 1)])
+def test_multihead_attention_vs_torch(queue, rng, torch, record_error, n, L, e, h):
+    layer = nn.MultiheadAttention(e, h)
+    ref = torch.nn.MultiheadAttention(e, h, batch_first=True)
+    assert set(layer.state_dict()) == set(ref.state_dict())  # same names: torch checkpoints load as they are
+    sd = {k: rand(rng, *a.shape) * 0.5 for k, a in layer.state_dict().items()}  # nonzero biases too
+    for k, t in layer.named_parameters():
+        t.set_(sd[k])
+    ref.load_state_dict({k: torch.tensor(a) for k, a in sd.items()})
+
+    class SelfAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = ref
+
+        def forward(self, x):
+            return self.m(x, x, x, need_weights=False)[0]
+
+    x = rand(rng, n, L, e)
+    dy = rand(rng, n, L, e)
+    names = {k: "m." + k for k in sd}
+    got = run_netcl(queue, layer, x, dy)
+    y, dx, g = run_torch(torch, SelfAttention(), x, dy, grads_of=list(names.values()))
+    compare(record_error, got, (y, dx, {k: g[v] for k, v in names.items()}))
+
+
+def test_flatten(queue, rng, record_error):
+    x, dy = rand(rng, 2, 3, 4, 5), rand(rng, 2, 60)
+    y, dx, g = run_netcl(queue, nn.Flatten(), x, dy)
+    assert g == {}
+    np.testing.assert_array_equal(y, x.reshape(2, 60))
+    np.testing.assert_array_equal(dx, dy.reshape(x.shape))
+    record_error(0.0, 0.0)
+
+
+def test_dropout(queue, rng):
+    p, shape = 0.3, (64, 50, 10)
+    x = rng.uniform(1.0, 2.0, shape).astype(np.float32)
+    layer = nn.Dropout(p)
+    y = layer(Tensor.from_host(queue, x)).to_host()
+    kept = y != 0
+    assert abs(kept.mean() - (1 - p)) < 0.01  # 32000 draws: 5 sigma is 0.013
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - p), rtol=1e-6)
+    dy = rand(rng, *shape)
+    dx = layer.backward(Tensor.from_host(queue, dy)).to_host()
+    np.testing.assert_allclose(dx, np.where(kept, dy / (1 - p), 0), rtol=1e-6)  # the forward's mask
+    y2 = layer(Tensor.from_host(queue, x)).to_host()
+    assert 0 < np.mean(kept != (y2 != 0))  # a fresh mask each call
+    # eval: identity, both ways
+    layer.eval()
+    np.testing.assert_array_equal(layer(Tensor.from_host(queue, x)).to_host(), x)
+    np.testing.assert_array_equal(layer.backward(Tensor.from_host(queue, dy)).to_host(), dy)
+    for p_edge, expect in ((0.0, x), (1.0, np.zeros_like(x))):
+        np.testing.assert_array_equal(nn.Dropout(p_edge)(Tensor.from_host(queue, x)).to_host(), expect)
+
+
+# -- numpy references (no PyTorch needed) ----------------------------------------------
+def np_conv2d(x, w, b, s, p):
+    """Direct convolution, forward; returns y and a function (dy -> dx, dw, db)."""
+    n, c, h, wd = x.shape
+    k = w.shape[2]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    oh, ow = (h + 2 * p - k) // s + 1, (wd + 2 * p - k) // s + 1
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::s, ::s][:, :, :oh, :ow]
+    y = np.einsum("ncijab,ocab->noij", win, w) + (0 if b is None else b[None, :, None, None])
+
+    def backward(dy):
+        dw = np.einsum("ncijab,noij->ocab", win, dy)
+        dxp = np.zeros_like(xp)
+        for a in range(k):
+            for bb in range(k):
+                dxp[:, :, a:a + s * oh:s, bb:bb + s * ow:s] += np.einsum("noij,oc->ncij", dy, w[:, :, a, bb])
+        return dxp[:, :, p:p + h, p:p + wd], dw, dy.sum(axis=(0, 2, 3))
+    return y, backward
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,bias", CONV_CASES[:4])
+def test_conv2d_vs_numpy(queue, rng, record_error, n, c, h, w, k, ks, s, p, bias):
+    layer = nn.Conv2d(c, k, ks, stride=s, padding=p, bias=bias)
+    x = rand(rng, n, c, h, w)
+    wt = layer.weight.to_host().astype(np.float64)
+    bt = layer.bias.to_host().astype(np.float64) if bias else None
+    ry, back = np_conv2d(x, wt, bt, s, p)
+    dy = rand(rng, *ry.shape)
+    rdx, rdw, rdb = back(dy.astype(np.float64))
+    ref = (ry, rdx, {"weight": rdw, **({"bias": rdb} if bias else {})})
+    compare(record_error, run_netcl(queue, layer, x, dy), ref)
+
+
+def test_linear_vs_numpy(queue, rng, record_error):
+    layer = nn.Linear(19, 6)
+    x, dy = rand(rng, 5, 19), rand(rng, 5, 6)
+    w, b = layer.weight.to_host().astype(np.float64), layer.bias.to_host().astype(np.float64)
+    ref = (x @ w + b, dy @ w.T, {"weight": x.T.astype(np.float64) @ dy, "bias": dy.sum(0)})
+    compare(record_error, run_netcl(queue, layer, x, dy), ref)
+
+
+def test_batchnorm2d_vs_numpy(queue, rng, record_error):
+    n, c, h, w = 3, 5, 4, 3
+    layer = nn.BatchNorm2d(c)
+    gamma, beta = rng.uniform(0.5, 1.5, c), rng.standard_normal(c)
+    layer.weight.set_(gamma)
+    layer.bias.set_(beta)
+    x, dy = rand(rng, n, c, h, w).astype(np.float64), rand(rng, n, c, h, w).astype(np.float64)
+    g4, b4 = gamma[None, :, None, None], beta[None, :, None, None]
+    mu, var = x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)
+    xhat = (x - mu) / np.sqrt(var + 1e-5)
+    dxhat = dy * g4
+    m = n * h * w
+    dx = (m * dxhat - dxhat.sum((0, 2, 3), keepdims=True) - xhat * (dxhat * xhat).sum((0, 2, 3), keepdims=True)) \
+        / (m * np.sqrt(var + 1e-5))
+    ref = (xhat * g4 + b4, dx, {"weight": (dy * xhat).sum((0, 2, 3)), "bias": dy.sum((0, 2, 3))})
+    compare(record_error, run_netcl(queue, layer, x.astype(np.float32), dy.astype(np.float32)), ref)
+    sd = layer.state_dict()
+    assert_close(sd["running_mean"], 0.1 * mu.ravel(), what="running_mean")
+    assert_close(sd["running_var"], 0.9 + 0.1 * var.ravel() * m / (m - 1), what="running_var")
+
+
+@pytest.mark.parametrize("kind", ["MaxPool2d", "AvgPool2d"])
+def test_pool_vs_numpy(queue, rng, record_error, kind):
+    n, c, h, w, k, s, p = 2, 3, 7, 8, 3, 2, 1
+    x, layer = rand(rng, n, c, h, w), getattr(nn, kind)(k, stride=s, padding=p)
+    pad = -np.inf if kind == "MaxPool2d" else 0.0
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)), constant_values=pad)
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    dy = rand(rng, n, c, oh, ow)
+    y, dxp = np.zeros((n, c, oh, ow)), np.zeros_like(xp)
+    for i in range(oh):
+        for j in range(ow):
+            win = xp[:, :, i * s:i * s + k, j * s:j * s + k].reshape(n, c, k * k)
+            if kind == "MaxPool2d":
+                a = win.argmax(-1)
+                y[:, :, i, j] = win.max(-1)
+                onehot = (np.arange(k * k) == a[..., None]) * dy[:, :, i, j, None]
+                dxp[:, :, i * s:i * s + k, j * s:j * s + k] += onehot.reshape(n, c, k, k)
+            else:
+                y[:, :, i, j] = win.sum(-1) / (k * k)
+                dxp[:, :, i * s:i * s + k, j * s:j * s + k] += dy[:, :, i, j, None, None] / (k * k)
+    compare(record_error, run_netcl(queue, layer, x, dy), (y, dxp[:, :, p:p + h, p:p + w], {}))
+
+
+def test_activations_and_softmax_vs_numpy(queue, rng, record_error):
+    x, dy = rand(rng, 3, 4, 5) * 3, rand(rng, 3, 4, 5)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    sig, th = 1 / (1 + np.exp(-x64)), np.tanh(x64)
+    e = np.exp(x64 - x64.max(1, keepdims=True))
+    sm = e / e.sum(1, keepdims=True)
+    refs = {nn.ReLU(): (np.maximum(x64, 0), dy64 * (x64 > 0)),
+            nn.LeakyReLU(0.1): (np.where(x64 > 0, x64, 0.1 * x64), np.where(x64 > 0, dy64, 0.1 * dy64)),
+            nn.Sigmoid(): (sig, dy64 * sig * (1 - sig)), nn.Tanh(): (th, dy64 * (1 - th ** 2)),
+            nn.Softmax(1): (sm, sm * (dy64 - (dy64 * sm).sum(1, keepdims=True)))}
+    for layer, (y, dx) in refs.items():
+        compare(record_error, run_netcl(queue, layer, x, dy), (y, dx, {}))

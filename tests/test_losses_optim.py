@@ -1,0 +1,135 @@
+"""Losses (value and gradient) and optimizer steps against PyTorch in float64."""
+import numpy as np
+import pytest
+from conftest import assert_close
+
+from netcl import Tensor, nn, optim
+
+
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+
+def torch_loss(torch, fn, pred, target):
+    p = torch.tensor(pred, dtype=torch.float64, requires_grad=True)
+    loss = fn(p, torch.tensor(target))
+    loss.backward()
+    return loss.item(), p.grad.numpy()
+
+
+def check_loss(record_error, got_value, got_grad, ref):
+    value, grad = ref
+    assert isinstance(got_value, float)
+    err = abs(got_value - value)
+    assert err <= 1e-6 * max(1.0, abs(value)), f"loss {got_value} != reference {value}"
+    record_error(err, assert_close(got_grad, grad, what="gradient"))
+
+
+@pytest.mark.parametrize("n,c,scale", [(5, 7, 1.0), (1, 3, 1.0), (64, 10, 3.0), (8, 4, 50.0), (3, 1000, 1.0)])
+@pytest.mark.parametrize("labels_as_tensor", [False, True])
+def test_cross_entropy_vs_torch(queue, rng, torch, record_error, n, c, scale, labels_as_tensor):
+    logits = (rng.standard_normal((n, c)) * scale).astype(np.float32)
+    labels = rng.integers(0, c, n)
+    fn = nn.CrossEntropyLoss()
+    value = fn(Tensor.from_host(queue, logits), Tensor.from_host(queue, labels) if labels_as_tensor else labels)
+    check_loss(record_error, value, fn.backward().to_host(),
+               torch_loss(torch, torch.nn.CrossEntropyLoss(), logits, labels))
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 4, 5), (1, 1)])
+def test_mse_vs_torch(queue, rng, torch, record_error, shape):
+    pred, target = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape)
+    fn = nn.MSELoss()
+    value = fn(Tensor.from_host(queue, pred), target)
+    check_loss(record_error, value, fn.backward().to_host(), torch_loss(torch, torch.nn.MSELoss(), pred, target))
+
+
+@pytest.mark.parametrize("shape,soft", [((6, 1), False), ((3, 4, 5), True)])
+def test_bce_vs_torch(queue, rng, torch, record_error, shape, soft):
+    p = (1 / (1 + np.exp(-3 * rng.standard_normal(shape)))).astype(np.float32)
+    t = rng.uniform(0, 1, shape) if soft else rng.integers(0, 2, shape).astype(np.float64)
+    fn = nn.BCELoss()
+    value = fn(Tensor.from_host(queue, p), Tensor.from_host(queue, t))
+    check_loss(record_error, value, fn.backward().to_host(), torch_loss(torch, torch.nn.BCELoss(), p, t))
+
+
+def test_bce_clamps_log_as_torch(queue, torch):
+    p, t = np.array([0.0, 1.0, 0.0, 1.0, 0.5], np.float32), np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+    fn = nn.BCELoss()
+    value = fn(Tensor.from_host(queue, p), t)
+    ref_value, ref_grad = torch_loss(torch, torch.nn.BCELoss(), p, t)
+    assert abs(value - ref_value) <= 1e-5 * ref_value  # log(0) clamped at -100: finite
+    np.testing.assert_allclose(fn.backward().to_host(), ref_grad, rtol=1e-6)
+
+
+def test_loss_argument_errors(queue):
+    x = Tensor.from_host(queue, np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="class indices"):
+        nn.CrossEntropyLoss()(x, np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="integers"):
+        nn.CrossEntropyLoss()(x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="target shape"):
+        nn.MSELoss()(x, np.zeros((3, 2)))
+    with pytest.raises(RuntimeError):
+        nn.MSELoss().backward()
+
+
+# -- optimizers ----------------------------------------------------------------------
+OPTIMIZERS = [
+    ("SGD", {"lr": 0.1}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9}),
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.3}),
+    ("SGD", {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 0.01}),
+    ("SGD", {"lr": 0.1, "weight_decay": 0.1}),
+    ("Adam", {"lr": 1e-2}),
+    ("Adam", {"lr": 3e-3, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.05}),
+]
+
+
+@pytest.mark.parametrize("name,kw", OPTIMIZERS)
+def test_optimizer_steps_vs_torch(queue, rng, torch, record_error, name, kw):
+    shapes = [(5, 3), (7,), (2, 3, 3, 3)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    params = [Tensor.from_host(queue, a) for a in init]
+    ref_params = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in init]
+    opt, ref = getattr(optim, name)(params, **kw), getattr(torch.optim, name)(ref_params, **kw)
+    err = 0.0
+    for step in range(6):
+        for i, (p, rp) in enumerate(zip(params, ref_params)):
+            if step == 2 and i == 1:  # a parameter without a gradient is left alone, as in torch
+                p.grad, rp.grad = None, None
+                continue
+            g = rng.standard_normal(p.shape).astype(np.float32)
+            p.grad, rp.grad = Tensor.from_host(queue, g), torch.tensor(g, dtype=torch.float64)
+        opt.step()
+        ref.step()
+        for p, rp in zip(params, ref_params):
+            err = max(err, assert_close(p.to_host(), rp.detach().numpy(), what=f"{name} step {step}"))
+    slot = {"SGD": "momentum_buffer", "Adam": "exp_avg_sq"}[name]
+    for i, rp in enumerate(ref_params):
+        if ref.state[rp].get(slot) is not None:
+            assert_close(opt.state[i][slot].to_host(), ref.state[rp][slot].numpy(), what=slot)
+    record_error(err)
+
+
+def test_zero_grad_and_argument_errors(queue):
+    p = Tensor.from_host(queue, np.ones(3, np.float32))
+    p.grad = Tensor.from_host(queue, np.ones(3, np.float32))
+    opt = optim.SGD([p], lr=0.5)
+    opt.step()
+    np.testing.assert_array_equal(p.to_host(), 0.5)
+    opt.zero_grad()
+    assert p.grad is None
+    opt.step()  # no gradient: no change
+    np.testing.assert_array_equal(p.to_host(), 0.5)
+    with pytest.raises(ValueError):
+        optim.SGD([], lr=0.1)
+    with pytest.raises(ValueError):
+        optim.SGD([p], lr=-1)
+    with pytest.raises(ValueError):
+        optim.SGD([p], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError):
+        optim.Adam([p], betas=(1.0, 0.9))
+    with pytest.raises(TypeError):
+        optim.Adam([np.zeros(3)])
