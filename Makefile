@@ -29,6 +29,7 @@ $(TSTAMP): $(STAMP)
 
 proto: gen/onnx_pb2.py
 
+# the pinned protoc (its version decides the oldest protobuf runtime that loads gen/: see pyproject.toml)
 gen/onnx_pb2.py: proto/onnx.proto | $(BIN)/python
 	$(BIN)/python -m pip install -q $(PROTOC)
 	mkdir -p gen

@@ -1,0 +1,437 @@
+"""export_onnx: a netcl Sequential -> a standard ONNX file, written with netcl's own protobuf
+bindings (proto/onnx.proto -> gen/onnx_pb2.py); needs neither the `onnx` package nor a device.
+
+Read `EMITTERS` to see what each layer becomes. The exporter walks the declared layer list
+(never the fused inference path), builds the small part of the graph (nodes, value infos,
+initializer headers) as protobuf messages and streams the weights' bytes into the file after
+them, so peak memory stays near the size of the weights. The bytes are exactly the canonical
+serialization of the whole ModelProto (fields in field-number order), hence deterministic.
+"""
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from netcl.nn import layers as L
+
+
+def _load_bindings():
+    """netcl._gen.onnx_pb2 when installed; in a source checkout, gen/onnx_pb2.py next to netcl/."""
+    try:
+        from netcl._gen import onnx_pb2
+
+        return onnx_pb2
+    except ImportError:
+        pass
+    name = "netcl._gen.onnx_pb2"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[2] / "gen" / "onnx_pb2.py"
+    if not path.exists():
+        raise ImportError("netcl's ONNX bindings are missing: run `make proto` in the source tree "
+                          "(or install netcl with pip, which generates them)")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+onnx_pb2 = _load_bindings()
+P = onnx_pb2
+
+# ai.onnx opset -> the IR version that introduced it (onnx.helper.VERSION_TABLE). The range is
+# what the tests run through onnxruntime; every emitter below means the same in all of it.
+OPSET_IR_VERSION = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11}
+DEFAULT_OPSET = 17
+PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses to parse a message of 2 GiB or more
+EXTERNAL_MIN_BYTES = 1024  # with external data, smaller tensors stay inline (as onnx does)
+ALIGN_MIN_BYTES, ALIGN = 1 << 20, 1 << 16  # large external tensors start on 64 KiB boundaries (mmap)
+FLOAT, INT64 = P.TensorProto.FLOAT, P.TensorProto.INT64
+
+
+# -- the graph under construction --------------------------------------------------------
+class _Graph:
+    """Nodes, initializers and value infos, named after the netcl layer being emitted.
+
+    Emitters call `param`, `const` and `op`; `op` returns the name of its output value.
+    Shapes use `self.batch` for the batch dimension (an int, or a name when symbolic) and
+    None for a dimension that is known only at run time."""
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
+        self.layer = self.path = None
+
+    def begin(self, path, layer):
+        self.path, self.layer, self._count = path, layer, {}
+
+    def _name(self, what):
+        k = self._count.get(what, 0)
+        self._count[what] = k + 1
+        return f"{self.path}.{what}" + (f"_{k}" if k else "")
+
+    def param(self, name):
+        """The layer's parameter or buffer `name` as an initializer named as in the state_dict."""
+        tensor = dict(self.layer.named_parameters() + self.layer.named_buffers())[name]
+        full = f"{self.path}.{name}"
+        self.inits.append((full, tensor.shape, FLOAT, tensor))
+        return full
+
+    def const(self, what, values, dtype=np.int64):
+        a = np.asarray(values, dtype=dtype)
+        name = self._name(what)
+        self.inits.append((name, a.shape, INT64 if dtype == np.int64 else FLOAT, a))
+        return name
+
+    def op(self, op_type, inputs, shape=None, **attrs):
+        out = self._name(op_type)
+        node = P.NodeProto(input=inputs, output=[out], name=out, op_type=op_type,
+                           doc_string=f"netcl layer {self.path}: {self.layer!r}")
+        node.attribute.extend(_attribute(k, v) for k, v in sorted(attrs.items()))
+        self.nodes.append(node)
+        if shape is not None:
+            self.shapes[out] = shape
+        return out
+
+    def rename(self, old, new, first_node):
+        """Give value `old` (made by nodes[first_node:]) the name `new`."""
+        for node in self.nodes[first_node:]:
+            for field in (node.input, node.output):
+                field[:] = [new if v == old else v for v in field]
+        self.shapes[new] = self.shapes.pop(old, None)
+
+
+def _attribute(name, v):
+    A = P.AttributeProto
+    if isinstance(v, float):
+        return A(name=name, type=A.FLOAT, f=v)
+    if isinstance(v, int):
+        return A(name=name, type=A.INT, i=v)
+    if isinstance(v, (list, tuple)):
+        return A(name=name, type=A.INTS, ints=[int(i) for i in v])
+    raise TypeError(f"attribute {name}: unsupported value {v!r}")
+
+
+# -- the converter table: one function per layer type ------------------------------------
+# Each takes (graph, layer, x, in_shape, out_shape) and returns the name of the layer's output.
+def _linear(g, m, x, s, out):
+    w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
+    if len(s) == 2:  # weight stored (in, out): y = x @ W + b is Gemm without a transpose
+        return g.op("Gemm", [x] + w, out, transB=0)
+    y = g.op("MatMul", [x, w[0]], out)
+    return g.op("Add", [y, w[1]], out) if m.bias is not None else y
+
+
+def _conv2d(g, m, x, s, out):
+    k, p = m.kernel_size, m.padding
+    w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
+    return g.op("Conv", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride])
+
+
+def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
+    ins = [x] + [g.param(n) for n in ("weight", "bias", "running_mean", "running_var")]
+    return g.op("BatchNormalization", ins, out, epsilon=m.eps)
+
+
+def _pool(op_type, **extra):
+    def emit(g, m, x, s, out):
+        k, p = m.kernel_size, m.padding
+        return g.op(op_type, [x], out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride], **extra)
+    return emit
+
+
+def _pointwise(op_type, **attrs):
+    def emit(g, m, x, s, out):
+        return g.op(op_type, [x], out, **{k: float(getattr(m, v)) for k, v in attrs.items()})
+    return emit
+
+
+def _dropout(g, m, x, s, out):  # identity at inference: no node
+    return x
+
+
+def _flatten(g, m, x, s, out):
+    return g.op("Flatten", [x], out, axis=1)
+
+
+def _softmax(g, m, x, s, out):
+    return g.op("Softmax", [x], out, axis=m.dim)
+
+
+def _multihead_attention(g, m, x, s, out):
+    # (N, L, E) -> (N, L, E), batch-first self-attention with PyTorch's packed in-projection
+    n, length, e = g.batch, s[1], m.embed_dim
+    h, d = m.num_heads, e // m.num_heads
+    nl = None if isinstance(n, str) else n * length
+    x2 = g.op("Reshape", [x, g.const("shape_in", [-1, e])], (nl, e))
+    qkv = g.op("Gemm", [x2, g.param("in_proj_weight"), g.param("in_proj_bias")], (nl, 3 * e), transB=1)
+    qkv = g.op("Reshape", [qkv, g.const("shape_qkv", [-1, length, 3, h, d])], (n, length, 3, h, d))
+    qkv = g.op("Transpose", [qkv], (3, n, h, length, d), perm=[2, 0, 3, 1, 4])
+    q, k, v = (g.op("Gather", [qkv, g.const(f"index_{w}", i)], (n, h, length, d), axis=0)
+               for i, w in enumerate("qkv"))
+    kt = g.op("Transpose", [k], (n, h, d, length), perm=[0, 1, 3, 2])
+    scores = g.op("MatMul", [q, kt], (n, h, length, length))
+    scores = g.op("Mul", [scores, g.const("scale", 1.0 / math.sqrt(d), np.float32)], (n, h, length, length))
+    attn = g.op("Softmax", [scores], (n, h, length, length), axis=-1)
+    o = g.op("MatMul", [attn, v], (n, h, length, d))
+    o = g.op("Transpose", [o], (n, length, h, d), perm=[0, 2, 1, 3])
+    o = g.op("Reshape", [o, g.const("shape_heads", [-1, e])], (nl, e))
+    y = g.op("Gemm", [o, g.param("out_proj.weight"), g.param("out_proj.bias")], (nl, e), transB=1)
+    return g.op("Reshape", [y, g.const("shape_out", [-1, length, e])], out)
+
+
+EMITTERS = {
+    L.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
+    L.Conv2d: _conv2d,                          # Conv
+    L.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
+    L.ReLU: _pointwise("Relu"),
+    L.LeakyReLU: _pointwise("LeakyRelu", alpha="negative_slope"),
+    L.Sigmoid: _pointwise("Sigmoid"),
+    L.Tanh: _pointwise("Tanh"),
+    L.MaxPool2d: _pool("MaxPool"),
+    L.AvgPool2d: _pool("AveragePool", count_include_pad=1),
+    L.Flatten: _flatten,                        # Flatten(axis=1): works with a symbolic batch
+    L.Dropout: _dropout,                        # dropped
+    L.Softmax: _softmax,                        # Softmax(axis=dim)
+    L.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
+}
+
+
+# -- checks ------------------------------------------------------------------------------
+def _walk(model, prefix=""):
+    """(state_dict prefix, layer) for every leaf layer, nested Sequentials flattened."""
+    layers = model.layers if isinstance(model, L.Sequential) else [model]
+    for i, layer in enumerate(layers):
+        if isinstance(layer, L.Sequential):
+            yield from _walk(layer, f"{prefix}{i}.")
+        else:
+            yield f"{prefix}{i}", layer
+
+
+def _check(model, input_shape, opset, input_name, output_name):
+    if not isinstance(model, L.Module):
+        raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
+    leaves = list(_walk(model))
+    if model.training or any(m.training for _, m in leaves):
+        raise ValueError("the model is in training mode; call model.eval() before exporting "
+                         "(BatchNorm would otherwise bake in meaningless statistics)")
+    unsupported = [f"layer {p} ({type(m).__name__})" for p, m in leaves if type(m) not in EMITTERS]
+    if unsupported:
+        supported = ", ".join(sorted(t.__name__ for t in EMITTERS))
+        raise NotImplementedError(f"cannot export to ONNX: unsupported {', '.join(unsupported)}; "
+                                  f"supported layers: {supported}")
+    if opset not in OPSET_IR_VERSION:
+        raise ValueError(f"opset must be between {min(OPSET_IR_VERSION)} and {max(OPSET_IR_VERSION)}, got {opset!r}")
+    for what, v in (("input_name", input_name), ("output_name", output_name)):
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"{what} must be a non-empty string, got {v!r}")
+    if input_name == output_name:
+        raise ValueError(f"input_name and output_name must differ, both are {input_name!r}")
+    try:
+        shape = tuple(int(s) for s in input_shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"input_shape must be a sequence of ints, e.g. x.shape; got {input_shape!r}") from None
+    if not shape or min(shape) < 1 or shape != tuple(input_shape):
+        raise ValueError(f"input_shape must be positive ints with the batch first, got {tuple(input_shape)}")
+    shapes = [shape]
+    for p, m in leaves:
+        try:
+            shapes.append(tuple(m.output_shape(shapes[-1])))
+        except ValueError as e:
+            raise ValueError(f"input_shape {shape} does not fit the model: layer {p} ({type(m).__name__}) "
+                             f"gets {shapes[-1]}: {e}") from None
+    return leaves, shapes
+
+
+# -- building ----------------------------------------------------------------------------
+def _value_info(name, shape):
+    dims = [P.TensorShapeProto.Dimension(dim_param=d) if isinstance(d, str) else
+            P.TensorShapeProto.Dimension(dim_value=d) if d is not None else P.TensorShapeProto.Dimension()
+            for d in shape]
+    t = P.TypeProto.Tensor(elem_type=FLOAT, shape=P.TensorShapeProto(dim=dims))
+    return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
+
+
+def _build(model, input_shape, opset, dynamic_batch, input_name, output_name):
+    """The graph without the weights' bytes: (graph, initializer list)."""
+    leaves, shapes = _check(model, input_shape, opset, input_name, output_name)
+    batch = "batch" if dynamic_batch else shapes[0][0]
+    sym = lambda s: (batch,) + tuple(s[1:])  # noqa: E731
+    g = _Graph(batch)
+    x = input_name
+    for (path, layer), s_in, s_out in zip(leaves, shapes, shapes[1:]):
+        g.begin(path, layer)
+        first = len(g.nodes)
+        y = EMITTERS[type(layer)](g, layer, x, sym(s_in), sym(s_out))
+        if y != x:  # name each layer's output after the layer
+            g.rename(y, f"{path}.{type(layer).__name__}", first)
+            y = f"{path}.{type(layer).__name__}"
+            g.shapes[y] = sym(s_out)
+        x = y
+    if x == input_name:  # nothing but dropped layers
+        g.begin("output", None)
+        g.nodes.append(P.NodeProto(input=[x], output=[output_name], name="output", op_type="Identity"))
+    else:
+        g.rename(x, output_name, 0)
+    clash = {input_name, output_name} & {name for name, *_ in g.inits}
+    if clash:
+        raise ValueError(f"input_name/output_name {sorted(clash)} clash with initializer names")
+    graph = P.GraphProto(node=g.nodes, name="netcl", input=[_value_info(input_name, sym(shapes[0]))],
+                         output=[_value_info(output_name, sym(shapes[-1]))],
+                         value_info=[_value_info(n, s) for n, s in g.shapes.items()
+                                     if s is not None and n not in (input_name, output_name)])
+    return graph, g.inits
+
+
+# -- writing -----------------------------------------------------------------------------
+def _varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number, length):
+    """The tag and length prefix of a length-delimited field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+def _array(source):
+    """A tensor's data as a contiguous little-endian numpy array (no copy when it already is one)."""
+    a = source.numpy() if hasattr(source, "numpy") and not isinstance(source, np.ndarray) else source
+    dtype = np.dtype("<i8") if a.dtype.kind == "i" else np.dtype("<f4")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _tensor_header(name, dims, dtype):
+    return P.TensorProto(dims=dims, data_type=dtype, name=name)
+
+
+class _Plan:
+    """Where every initializer goes: inline (raw_data streamed in the model) or in the side file."""
+
+    def __init__(self, inits, external, data_name):
+        self.items, self.data_size = [], 0  # items: (header bytes, nbytes, source, offset or None)
+        for name, dims, dtype, source in inits:
+            nbytes = int(np.prod(dims, dtype=np.int64)) * (8 if dtype == INT64 else 4)
+            if external and nbytes >= EXTERNAL_MIN_BYTES:
+                if nbytes >= ALIGN_MIN_BYTES:
+                    self.data_size = -(-self.data_size // ALIGN) * ALIGN
+                t = _tensor_header(name, dims, dtype)
+                t.data_location = P.TensorProto.EXTERNAL
+                for k, v in (("location", data_name), ("offset", self.data_size), ("length", nbytes)):
+                    t.external_data.add(key=k, value=str(v))
+                self.items.append((t.SerializeToString(), nbytes, source, self.data_size))
+                self.data_size += nbytes
+            else:
+                head = _tensor_header(name, dims, dtype).SerializeToString() + _field(9, nbytes)
+                self.items.append((head, nbytes, source, None))
+
+    def inline_size(self, head, tail):
+        """Bytes of the graph field: both partial graphs and every initializer field."""
+        size = len(head) + len(tail)
+        for h, n, _, offset in self.items:
+            t = len(h) + (n if offset is None else 0)
+            size += len(_field(5, t)) + t
+        return size
+
+
+def _write_tensor(f, source, nbytes):
+    a = _array(source)
+    assert a.nbytes == nbytes, f"initializer holds {a.nbytes} bytes, its header says {nbytes}"
+    if a.size:
+        f.write(memoryview(a).cast("B"))
+
+
+class _AtomicFile:
+    """A temporary file next to `path`, moved over it by os.replace only on success."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(self.path))
+        self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+        self.f = open(self.tmp, "wb")
+
+    def commit(self):
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self):
+        self.f.close()
+        if os.path.exists(self.tmp):
+            os.unlink(self.tmp)
+
+
+def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=False, input_name="input",
+                output_name="output", external_data=None, doc_string=""):
+    """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
+
+    input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
+    opset: ai.onnx opset version, 13 to 23 (default 17); ir_version follows from OPSET_IR_VERSION.
+    dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
+    input_name, output_name: names of the graph input and output.
+    external_data: None chooses a side file (`<path>.data`) only if the model would pass protobuf's
+        2 GB limit; True forces it; False refuses (ValueError) a model that would pass the limit.
+    Returns the list of files written. Raises ValueError for a model in training mode or an
+    input_shape that does not fit, NotImplementedError naming every unsupported layer; nothing is
+    written then, and a failed export leaves any existing file untouched.
+    """
+    from netcl import __version__
+
+    graph, inits = _build(model, input_shape, opset, dynamic_batch, input_name, output_name)
+    # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8)
+    model_head = P.ModelProto(ir_version=OPSET_IR_VERSION[opset], producer_name="netcl",
+                              producer_version=__version__, doc_string=doc_string).SerializeToString()
+    model_tail = P.ModelProto(opset_import=[P.OperatorSetIdProto(domain="", version=opset)]).SerializeToString()
+    # GraphProto fields: node (1), name (2) | initializer (5) | input, output, value_info (11-13)
+    graph_head = P.GraphProto(node=graph.node, name=graph.name).SerializeToString()
+    graph_tail = P.GraphProto(input=graph.input, output=graph.output,
+                              value_info=graph.value_info).SerializeToString()
+
+    path = os.fspath(path)
+    data_name = os.path.basename(path) + ".data"
+    plan = _Plan(inits, False, data_name)
+    size = plan.inline_size(graph_head, graph_tail)
+    total = len(model_head) + len(_field(7, size)) + size + len(model_tail)
+    if external_data is None:
+        external_data = total > PROTOBUF_LIMIT
+    elif not external_data and total > PROTOBUF_LIMIT:
+        raise ValueError(f"the model would serialize to {total} bytes, past protobuf's 2 GB limit; "
+                         "use external_data=True (or None)")
+    if external_data:
+        plan = _Plan(inits, True, data_name)
+        size = plan.inline_size(graph_head, graph_tail)
+
+    files = []
+    try:
+        files.append(_AtomicFile(path))
+        if external_data:
+            files.append(_AtomicFile(os.path.join(os.path.dirname(path), data_name)))
+        f = files[0].f
+        f.write(model_head + _field(7, size) + graph_head)
+        for head, nbytes, source, offset in plan.items:
+            t = len(head) + (nbytes if offset is None else 0)
+            f.write(_field(5, t) + head)
+            if offset is None:
+                _write_tensor(f, source, nbytes)
+            else:
+                data = files[1].f
+                data.write(b"\0" * (offset - data.tell()))
+                _write_tensor(data, source, nbytes)
+        f.write(graph_tail + model_tail)
+        assert f.tell() == len(model_head) + len(_field(7, size)) + size + len(model_tail)
+        for af in reversed(files):  # the side file first: the model never points at a missing one
+            af.commit()
+    except BaseException:
+        for af in files:
+            af.discard()
+        raise
+    return [af.path for af in files]
