@@ -45,7 +45,7 @@ P = onnx_pb2
 
 # ai.onnx opset -> the IR version that introduced it (onnx.helper.VERSION_TABLE). The range is
 # what the tests run through onnxruntime; every emitter below means the same in all of it.
-OPSET_IR_VERSION = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11}
+OPSET_IR_VERSION = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13}
 DEFAULT_OPSET = 17
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses to parse a message of 2 GiB or more
 EXTERNAL_MIN_BYTES = 1024  # with external data, smaller tensors stay inline (as onnx does)
@@ -375,7 +375,7 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
 
     input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
-    opset: ai.onnx opset version, 13 to 23 (default 17); ir_version follows from OPSET_IR_VERSION.
+    opset: ai.onnx opset version, 13 to 25 (default 17); ir_version follows from OPSET_IR_VERSION.
     dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
     input_name, output_name: names of the graph input and output.
     external_data: None chooses a side file (`<path>.data`) only if the model would pass protobuf's
