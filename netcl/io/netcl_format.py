@@ -1,0 +1,508 @@
+"""The .netcl file: a model's architecture and weights, and training checkpoints.
+
+Layout (integers little-endian):
+
+    offset 0    8 bytes  magic b"\\x89NETCL\\r\\n" (the \\x89 and \\r\\n catch 7-bit and text-mode mangling)
+           8    u32      format version (1)
+          12    u32      header length H; the header is padded with spaces so that the data is 64-aligned
+          16    H bytes  UTF-8 JSON header
+        16+H             data: raw little-endian float32 tensors, each at a 64-aligned offset from here
+      end-32             SHA-256 of every byte before it
+
+The header holds "netcl_version", "kind" ("model" or "checkpoint"), "training", "architecture"
+(a list of {"type", "config"}: a layer's name in nn.LAYERS and its constructor's keyword
+arguments), "tensors" (a list of {"name", "shape", "dtype": "float32", "offset", "nbytes"}; names
+are state_dict keys such as "0.weight", and "optimizer.<i>.<slot>") and "data_bytes". A checkpoint
+adds "optimizer" ({"type", "hyper", "params": indices into model.parameters(), "scalars":
+{"<i>.step": int}}), "meta" (the epoch and the user's metadata) and "rng" (netcl's random
+generator, so that a resumed run draws the same dropout masks as the uninterrupted one).
+
+Reading executes nothing from the file: JSON only, layer and optimizer types from fixed
+registries, config keys checked against the constructor, and every size in the header checked
+against the file before anything is allocated. Any problem raises netcl.FormatError. Saving
+streams tensors into a temporary file next to the target and renames it into place.
+"""
+import contextlib
+import hashlib
+import inspect
+import json
+import os
+import re
+import secrets
+import struct
+
+import numpy as np
+
+from netcl import optim
+from netcl.errors import FormatError
+from netcl.nn import layers as _layers
+from netcl.tensor import Tensor
+
+MAGIC = b"\x89NETCL\r\n"
+FORMAT_VERSION = 1
+ALIGN = 64
+_PREAMBLE = struct.Struct("<8sII")  # magic, format version, header length
+_DIGEST = 32  # sha256
+_MAX_HEADER = 64 << 20
+_MAX_TENSORS = 1 << 16
+_MAX_LAYERS = 1 << 16
+_MAX_NDIM = 8
+_MAX_INT = 1 << 53  # config values, shapes and counts: anything larger is not a real model
+_CHUNK = 1 << 20
+
+OPTIMIZERS = {name: cls for name, cls in vars(optim).items()
+              if isinstance(cls, type) and issubclass(cls, optim.Optimizer) and cls is not optim.Optimizer}
+
+# Elements each parametrised layer's constructor allocates, from its (bound) config. load() checks
+# this against the file's tensors before building the layer, so that a hostile config cannot make it
+# allocate what the file does not hold. Layers missing here must have no parameters or buffers
+# (tests/test_io.py checks both for every type in nn.LAYERS).
+_ALLOCATES = {
+    "Linear": lambda c: (c["in_features"] + c["bias"]) * c["out_features"],
+    "Conv2d": lambda c: (c["in_channels"] * c["kernel_size"] ** 2 + c["bias"]) * c["out_channels"],
+    "BatchNorm2d": lambda c: 4 * c["num_features"],
+    "MultiheadAttention": lambda c: 4 * c["embed_dim"] * (c["embed_dim"] + 1),
+}
+
+_STATE_KEY = re.compile(r"(0|[1-9][0-9]{0,8})\.([A-Za-z_][A-Za-z0-9_]{0,63})")
+_RNG_TYPES = ("PCG64", "PCG64DXSM")  # numpy bit generators whose state is plain JSON
+
+
+# ---------------------------------------------------------------------------------------
+# saving
+def save(model, path):
+    """Write `model` (an nn.Sequential): architecture and weights, no pickle. Atomic."""
+    _write(path, _model_header(model), _model_tensors(model))
+
+
+def save_checkpoint(path, model, optimizer, epoch=None, **meta):
+    """Write the model, the optimizer's state, `epoch`, the keyword metadata (JSON values) and
+    netcl's random-generator state, so that load_checkpoint() resumes the run exactly. Atomic."""
+    header = _model_header(model)
+    if not isinstance(optimizer, optim.Optimizer) or type(optimizer) not in OPTIMIZERS.values():
+        raise TypeError(f"save_checkpoint expects a netcl.optim optimizer ({', '.join(OPTIMIZERS)}), "
+                        f"got {type(optimizer).__name__}")
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer))):
+        raise TypeError(f"epoch must be an int or None, got {type(epoch).__name__}")
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    if any(id(p) not in index for p in optimizer.params):
+        raise ValueError("the optimizer updates tensors that are not parameters of the model; "
+                         "build it over model.parameters() (or a subset of them)")
+    sd = optimizer.state_dict()
+    problem = _config_problem(type(optimizer), sd["hyper"], lists=True)
+    if problem:
+        raise ValueError(f"cannot save {type(optimizer).__name__}: hyperparameter {problem}")
+    scalars, arrays = {}, []
+    for key, v in sd["state"].items():
+        if isinstance(v, np.ndarray):
+            arrays.append((f"optimizer.{key}", v.shape, lambda v=v: v))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            scalars[key] = int(v)
+        else:
+            raise ValueError(f"cannot save optimizer state {key!r} of type {type(v).__name__}")
+    header.update(kind="checkpoint",
+                  optimizer={"type": sd["type"], "hyper": sd["hyper"],
+                             "params": [index[id(p)] for p in optimizer.params], "scalars": scalars},
+                  meta={"epoch": None if epoch is None else int(epoch), **meta},
+                  rng=_layers._rng.bit_generator.state)
+    try:
+        json.dumps(header["meta"], default=_json_default)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"checkpoint metadata must be JSON values (str, int, float, bool, None, lists, "
+                        f"dicts with str keys): {e}") from None
+    _write(path, header, _model_tensors(model) + arrays)
+
+
+def _model_header(model):
+    if not isinstance(model, _layers.Sequential):
+        raise TypeError(f"expected a netcl.nn.Sequential, got {type(model).__name__}")
+    arch = []
+    for i, layer in enumerate(model.layers):
+        name = type(layer).__name__
+        if _layers.LAYERS.get(name) is not type(layer):
+            raise ValueError(f"layer {i} ({name}) is not a netcl layer type that files can hold; "
+                             f"supported: {', '.join(_layers.LAYERS)}")
+        config = layer.config()
+        problem = _config_problem(type(layer), config)
+        if problem:
+            raise ValueError(f"cannot save layer {i} ({name}): config {problem}")
+        arch.append({"type": name, "config": config})
+    return {"netcl_version": _version(), "kind": "model", "training": bool(model.training), "architecture": arch}
+
+
+def _model_tensors(model):
+    out = []
+    for name, t in model.named_parameters() + model.named_buffers():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"model tensor {name!r} is a {type(t).__name__}, not a netcl Tensor")
+        out.append((name, t.shape, t.numpy))
+    return out
+
+
+def _write(path, header, tensors):
+    """Stream the header and `tensors` ((name, shape, fetch) triples) into a temporary file in the
+    target's directory, fsync it and rename it over `path`; on any failure remove it."""
+    path = _path(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot save to {path!r}: directory {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot save to {path!r}: it is a directory")
+    table, end = [], 0
+    for name, shape, _ in tensors:
+        offset = -(-end // ALIGN) * ALIGN
+        nbytes = 4 * int(np.prod(shape, dtype=np.int64))
+        table.append({"name": name, "shape": list(shape), "dtype": "float32", "offset": offset, "nbytes": nbytes})
+        end = offset + nbytes
+    text = json.dumps({**header, "tensors": table, "data_bytes": end}, default=_json_default).encode()
+    text += b" " * (-(_PREAMBLE.size + len(text)) % ALIGN)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            digest = hashlib.sha256()
+
+            def put(b):
+                f.write(b)
+                digest.update(b)
+
+            put(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(text)) + text)
+            pos = 0
+            for (name, shape, fetch), entry in zip(tensors, table):
+                a = np.ascontiguousarray(fetch(), dtype="<f4")
+                if a.shape != tuple(shape):
+                    raise ValueError(f"tensor {name!r} holds data of shape {a.shape}, expected {tuple(shape)}")
+                put(bytes(entry["offset"] - pos))
+                put(memoryview(a.reshape(-1)).cast("B"))
+                pos = entry["offset"] + entry["nbytes"]
+            f.write(digest.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX)
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+# ---------------------------------------------------------------------------------------
+# loading
+def load(path):
+    """Read a .netcl file (a model or a checkpoint) -> nn.Sequential with host tensors (no device needed)."""
+    with _Reader(path) as r:
+        model = _build_model(r)
+        r.check_all_used(ignore="optimizer.")  # a checkpoint's optimizer state is not the model's
+    return model
+
+
+def load_checkpoint(path):
+    """Read a checkpoint -> (model, optimizer, meta); also restores netcl's random generator, so
+    that training continues exactly as the uninterrupted run would. meta holds "epoch" and the
+    keyword metadata given to save_checkpoint."""
+    with _Reader(path) as r:
+        if r.header.get("kind") != "checkpoint":
+            raise FormatError(f"{r.path}: this is a model file without optimizer state; use netcl.io.load()")
+        model = _build_model(r)
+        opt = _build_optimizer(r, model)
+        meta = r.header["meta"]
+        if not isinstance(meta, dict) or "epoch" not in meta:
+            raise FormatError(f"{r.path}: header 'meta' must be an object holding 'epoch'")
+        if meta["epoch"] is not None and type(meta["epoch"]) is not int:
+            raise FormatError(f"{r.path}: meta 'epoch' must be an integer or null, got {meta['epoch']!r}")
+        rng = _rng_from(r)
+        r.check_all_used()
+    _layers._rng = rng  # only now: a failed load leaves the generator alone
+    return model, opt, meta
+
+
+_FIELDS = {"model": {"netcl_version", "kind", "training", "architecture", "tensors", "data_bytes"}}
+_FIELDS["checkpoint"] = _FIELDS["model"] | {"optimizer", "meta", "rng"}
+
+
+class _Reader:
+    """An open .netcl file whose preamble, header, size, checksum and tensor table have been checked."""
+
+    def __init__(self, path):
+        self.path = _path(path)
+        self.f = open(self.path, "rb")
+        try:
+            self._check()
+        except BaseException:
+            self.f.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def fail(self, msg):
+        raise FormatError(f"{self.path}: {msg}")
+
+    def _check(self):
+        f, fail = self.f, self.fail
+        size = os.fstat(f.fileno()).st_size
+        pre = f.read(_PREAMBLE.size)
+        if len(pre) < _PREAMBLE.size:
+            fail(f"not a .netcl file: {'it is empty' if not pre else f'only {len(pre)} bytes'} "
+                 f"(a .netcl file starts with a {_PREAMBLE.size}-byte preamble)")
+        magic, version, hlen = _PREAMBLE.unpack(pre)
+        if magic != MAGIC:
+            hint = " (it looks like a Python pickle, which netcl never loads)" if pre[:1] == b"\x80" else ""
+            fail(f"not a .netcl file: expected magic {MAGIC!r}, found {magic!r}{hint}")
+        if not 1 <= version <= FORMAT_VERSION:
+            fail(f"format version {version} is not supported: this netcl ({_version()}) reads versions "
+                 f"1 to {FORMAT_VERSION}; a newer netcl wrote it?")
+        if hlen > min(_MAX_HEADER, size - _PREAMBLE.size - _DIGEST):
+            fail(f"header length {hlen} does not fit: the file has {size} bytes "
+                 f"(preamble {_PREAMBLE.size} + header + data + {_DIGEST}-byte checksum); truncated or corrupt")
+        try:
+            h = json.loads(f.read(hlen).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            fail(f"header is not valid UTF-8 JSON (corrupt file): {e}")
+        if not isinstance(h, dict):
+            fail(f"header must be a JSON object, got {type(h).__name__}")
+        kind = h.get("kind")
+        if kind not in _FIELDS:
+            fail(f"header 'kind' must be 'model' or 'checkpoint', got {kind!r}")
+        if set(h) != _FIELDS[kind]:
+            fail(f"header fields for a {kind} must be {sorted(_FIELDS[kind])}; missing "
+                 f"{sorted(_FIELDS[kind] - set(h))}, unexpected {sorted(set(h) - _FIELDS[kind])}")
+        data = _count(h["data_bytes"], _MAX_INT)
+        if data is None:
+            fail(f"header 'data_bytes' must be a non-negative integer, got {h['data_bytes']!r}")
+        self.base, expected = _PREAMBLE.size + hlen, _PREAMBLE.size + hlen + data + _DIGEST
+        if size != expected:
+            fail(f"truncated: the header describes {expected} bytes, the file has {size}" if size < expected else
+                 f"{size - expected} unexpected bytes after the checksum (the header describes {expected})")
+        digest, left = hashlib.sha256(), size - _DIGEST
+        f.seek(0)
+        while left:
+            chunk = f.read(min(left, _CHUNK))
+            if not chunk:
+                fail("file shrank while being read")
+            digest.update(chunk)
+            left -= len(chunk)
+        if digest.digest() != f.read(_DIGEST):
+            fail("checksum mismatch: the file is corrupt (SHA-256 of its contents differs from the stored one)")
+        if not isinstance(h["training"], bool) or not isinstance(h["netcl_version"], str):
+            fail("header 'training' must be a boolean and 'netcl_version' a string")
+        self.header, self.table = h, self._check_table(h["tensors"], data)
+        self.used = set()
+
+    def _check_table(self, tensors, data):
+        fail = self.fail
+        if not isinstance(tensors, list) or len(tensors) > _MAX_TENSORS:
+            fail(f"header 'tensors' must be a list of at most {_MAX_TENSORS} entries")
+        table, spans = {}, []
+        keys = {"name", "shape", "dtype", "offset", "nbytes"}
+        for e in tensors:
+            if not isinstance(e, dict) or set(e) != keys:
+                fail(f"each tensor entry must be an object with exactly the fields {sorted(keys)}, got {e!r:.200}")
+            name, shape = e["name"], e["shape"]
+            if not isinstance(name, str) or not 0 < len(name) <= 256 or name in table:
+                fail(f"tensor names must be unique non-empty strings of at most 256 characters, got {name!r:.300}")
+            if (not isinstance(shape, list) or len(shape) > _MAX_NDIM
+                    or any(_count(s, _MAX_INT) is None for s in shape)):
+                fail(f"tensor {name!r}: shape must be a list of at most {_MAX_NDIM} non-negative integers, "
+                     f"got {shape!r:.200}")
+            if e["dtype"] != "float32":
+                fail(f"tensor {name!r}: dtype must be 'float32', got {e['dtype']!r:.50}")
+            offset, nbytes, want = _count(e["offset"], _MAX_INT), _count(e["nbytes"], _MAX_INT), 4 * _prod(shape)
+            if nbytes != want:
+                fail(f"tensor {name!r}: nbytes {e['nbytes']!r:.50} does not match its shape {shape} "
+                     f"(expected {want})")
+            if offset is None or offset % ALIGN or offset + nbytes > data:
+                fail(f"tensor {name!r}: offset {e['offset']!r:.50} with {nbytes} bytes is not a {ALIGN}-aligned "
+                     f"range inside the {data}-byte data section")
+            table[name] = (tuple(shape), offset, nbytes)
+            if nbytes:
+                spans.append((offset, offset + nbytes, name))
+        spans.sort()
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < end:
+                fail(f"tensors {a!r} and {b!r} overlap in the data section")
+        return table
+
+    def read(self, name, shape=None):
+        """Tensor `name` as a float32 array (checked against `shape` when given)."""
+        if name not in self.table:
+            self.fail(f"missing tensor {name!r}")
+        have, offset, nbytes = self.table[name]
+        if shape is not None and have != tuple(shape):
+            self.fail(f"tensor {name!r} has shape {have}, the architecture needs {tuple(shape)}")
+        self.used.add(name)
+        a = np.empty(have, "<f4")
+        self.f.seek(self.base + offset)
+        if self.f.readinto(memoryview(a.reshape(-1)).cast("B")) != nbytes:
+            self.fail(f"tensor {name!r}: file shrank while being read")
+        return a.astype(np.float32, copy=False)
+
+    def check_all_used(self, ignore=None):
+        extra = sorted(n for n in set(self.table) - self.used if not (ignore and n.startswith(ignore)))
+        if extra:
+            self.fail(f"tensors that the architecture does not use: {extra[:10]}")
+
+
+def _build_model(r):
+    arch = r.header["architecture"]
+    if not isinstance(arch, list) or len(arch) > _MAX_LAYERS:
+        r.fail(f"header 'architecture' must be a list of at most {_MAX_LAYERS} layers")
+    held = {}  # layer index -> float32 elements the file holds for it
+    for name, (shape, _, _) in r.table.items():
+        head = name.split(".", 1)[0]
+        if head.isdigit():
+            held[int(head)] = held.get(int(head), 0) + _prod(shape)
+    layers = []
+    with _scratch_rng():  # building layers draws initial weights; keep the user's random stream untouched
+        for i, entry in enumerate(arch):
+            if not isinstance(entry, dict) or set(entry) != {"type", "config"}:
+                r.fail(f"layer {i}: expected an object with fields 'type' and 'config', got {entry!r:.200}")
+            kind, config = entry["type"], entry["config"]
+            cls = _layers.LAYERS.get(kind) if isinstance(kind, str) else None
+            if cls is None:
+                r.fail(f"layer {i}: unknown layer type {kind!r:.100}; expected one of {', '.join(_layers.LAYERS)}")
+            problem = _config_problem(cls, config)
+            if problem:
+                r.fail(f"layer {i} ({kind}): config {problem}")
+            try:
+                bound = inspect.signature(cls).bind(**config)
+                bound.apply_defaults()
+                need = _ALLOCATES[kind](bound.arguments) if kind in _ALLOCATES else 0
+                if need > held.get(i, 0):
+                    r.fail(f"layer {i} ({kind}): config {config} implies {need} parameter elements, the file "
+                           f"holds {held.get(i, 0)}")
+                layer = cls(**config)
+            except (TypeError, ValueError, ArithmeticError) as e:
+                if isinstance(e, FormatError):
+                    raise
+                r.fail(f"layer {i} ({kind}): invalid config {config}: {e}")
+            layers.append(layer)
+    model = _layers.Sequential(*layers)
+    for name, t in model.named_parameters() + model.named_buffers():
+        t.set_(r.read(name, t.shape))
+    return model.train(r.header["training"])
+
+
+def _build_optimizer(r, model):
+    o = r.header["optimizer"]
+    fields = {"type", "hyper", "params", "scalars"}
+    if not isinstance(o, dict) or set(o) != fields:
+        r.fail(f"header 'optimizer' must be an object with fields {sorted(fields)}")
+    cls = OPTIMIZERS.get(o["type"]) if isinstance(o["type"], str) else None
+    if cls is None:
+        r.fail(f"unknown optimizer type {o['type']!r:.100}; expected one of {', '.join(OPTIMIZERS)}")
+    problem = _config_problem(cls, o["hyper"], lists=True)
+    if problem:
+        r.fail(f"optimizer {cls.__name__}: hyperparameter {problem}")
+    params, idx = model.parameters(), o["params"]
+    if (not isinstance(idx, list) or not idx or any(_count(i, len(params) - 1) is None for i in idx)
+            or len(set(idx)) != len(idx)):
+        r.fail(f"optimizer 'params' must be distinct indices into the model's {len(params)} parameters, "
+               f"got {idx!r:.200}")
+    state = {}
+    scalars = o["scalars"]
+    if not isinstance(scalars, dict):
+        r.fail("optimizer 'scalars' must be an object")
+    for key, v in scalars.items():
+        if not _STATE_KEY.fullmatch(key) or _count(v, _MAX_INT) is None:
+            r.fail(f"optimizer scalar {key!r:.100} = {v!r:.50}: expected '<index>.<name>' = a non-negative integer")
+        state[key] = v
+    for name in r.table:
+        if name.startswith("optimizer."):
+            key = name[len("optimizer."):]
+            m = _STATE_KEY.fullmatch(key)
+            if not m or int(m[1]) >= len(idx):
+                r.fail(f"tensor {name!r}: expected 'optimizer.<i>.<slot>' with i below {len(idx)}")
+            state[key] = r.read(name, params[idx[int(m[1])]].shape)
+    try:
+        opt = cls([params[i] for i in idx], **o["hyper"])
+        return opt.load_state_dict({"type": cls.__name__, "hyper": o["hyper"], "state": state})
+    except (TypeError, ValueError) as e:
+        r.fail(f"optimizer {cls.__name__}: {e}")
+
+
+def _rng_from(r):
+    s = r.header["rng"]
+    name = s.get("bit_generator") if isinstance(s, dict) else None
+    if name not in _RNG_TYPES:
+        r.fail(f"header 'rng' must be a numpy bit-generator state of type {' or '.join(_RNG_TYPES)}, "
+               f"got {name!r:.50}")
+    bits = getattr(np.random, name)()
+    try:
+        bits.state = s
+    except (TypeError, ValueError, KeyError, OverflowError) as e:
+        r.fail(f"header 'rng' is not a valid {name} state: {e!r}")
+    return np.random.Generator(bits)
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+def _config_problem(cls, config, lists=False):
+    """What is wrong with `config` as keyword arguments of `cls` (None if nothing): keys must name
+    the constructor's parameters and values be JSON numbers, booleans or null (optimizers: also
+    short lists of numbers, e.g. Adam's betas)."""
+    if not isinstance(config, dict):
+        return f"must be an object, got {type(config).__name__}"
+    sig = inspect.signature(cls)
+    names = [n for n, p in sig.parameters.items()
+             if n != "params" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for k, v in config.items():
+        if k not in names:
+            return f"key {k!r:.100} is not an argument of {cls.__name__} (expected some of {names})"
+        if lists and isinstance(v, list) and len(v) <= 8:
+            vs = v
+        else:
+            vs = [v]
+        for x in vs:
+            if not (x is None or isinstance(x, (bool, float)) or (isinstance(x, int) and abs(x) <= _MAX_INT)):
+                return f"{k!r} = {v!r:.100}: expected a number, boolean or null"
+    return None
+
+
+def _count(v, hi):
+    """`v` if it is an int in [0, hi] (JSON booleans are not), else None."""
+    return v if type(v) is int and 0 <= v <= hi else None
+
+
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _path(path):
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer, np.floating, np.bool_)):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not a JSON value")
+
+
+def _version():
+    import netcl
+
+    return netcl.__version__
+
+
+@contextlib.contextmanager
+def _scratch_rng():
+    saved = _layers._rng
+    _layers._rng = np.random.default_rng(0)
+    try:
+        yield
+    finally:
+        _layers._rng = saved

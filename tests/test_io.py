@@ -1,0 +1,434 @@
+""".netcl files and checkpoints: bit-exact round trips, exact resume, hostile and corrupt files,
+atomic saves. Files are checked byte by byte: a malformed one must raise FormatError naming what
+was expected, never run code, never allocate what the header claims before checking it."""
+import hashlib
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import netcl
+from netcl import FormatError, Tensor, nn, optim
+from netcl.io import load, load_checkpoint, save, save_checkpoint
+from netcl.io import netcl_format as fmt
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def every_layer_cnn():
+    # x: (N, 3, 8, 8) -> (N, 4); every layer type but MultiheadAttention
+    return nn.Sequential(
+        nn.Conv2d(3, 5, 3, padding=1), nn.BatchNorm2d(5, eps=1e-3, momentum=0.2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(5, 6, 3, stride=1, padding=1, bias=False), nn.LeakyReLU(0.2), nn.AvgPool2d(3, stride=2, padding=1),
+        nn.Tanh(), nn.Flatten(), nn.Linear(6 * 2 * 2, 7), nn.Sigmoid(), nn.Dropout(0.25),
+        nn.Linear(7, 4, bias=False), nn.Softmax(dim=1))
+
+
+def attention_model():
+    # x: (N, L, 6) -> (N, L, 3)
+    return nn.Sequential(nn.Linear(6, 8), nn.MultiheadAttention(8, 2), nn.Tanh(), nn.Linear(8, 3), nn.Softmax(dim=-1))
+
+
+def with_running_stats(model, rng):
+    sd = model.state_dict()
+    for k in sd:
+        if k.endswith("running_mean"):
+            sd[k] = rng.normal(size=sd[k].shape).astype(np.float32)
+        elif k.endswith("running_var"):
+            sd[k] = rng.uniform(0.5, 2.0, sd[k].shape).astype(np.float32)
+    return model.load_state_dict(sd)
+
+
+# ---------------------------------------------------------------------------------------
+# round trips
+@pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6))])
+def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
+    model = with_running_stats(build(), rng)
+    path = tmp_path / "m.netcl"
+    save(model, path)
+    loaded = load(str(path))
+    assert isinstance(loaded, nn.Sequential) and loaded.training == model.training
+    assert [(type(a), a.config()) for a in loaded] == [(type(b), b.config()) for b in model]
+    want, got = model.state_dict(), loaded.state_dict()
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].dtype == np.float32 and np.array_equal(got[k], want[k]), k
+    x = rng.normal(size=shape).astype(np.float32)
+    y0 = model.eval()(Tensor.from_host(queue, x)).to_host()
+    y1 = loaded.eval()(Tensor.from_host(queue, x)).to_host()
+    assert np.array_equal(y0, y1)
+    save(loaded.train(), tmp_path / "again.netcl")  # the file is a pure function of the model
+    assert (tmp_path / "again.netcl").read_bytes() == path.read_bytes()
+
+
+def test_every_layer_type_is_covered_and_its_allocation_known():
+    """The round-trip models hold every registered layer; the loader's allocation table matches each."""
+    layers = list(every_layer_cnn()) + list(attention_model())
+    assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
+    for layer in layers:
+        held = sum(t.size for _, t in layer.named_parameters() + layer.named_buffers())
+        name = type(layer).__name__
+        implied = fmt._ALLOCATES[name](layer.config()) if name in fmt._ALLOCATES else 0
+        assert implied == held, name
+
+
+def test_file_layout(tmp_path):
+    path = tmp_path / "m.netcl"
+    save(attention_model().eval(), path)
+    blob = path.read_bytes()
+    version, header, data = split(blob)
+    assert blob[:8] == fmt.MAGIC and version == fmt.FORMAT_VERSION
+    assert (16 + struct.unpack_from("<I", blob, 12)[0]) % fmt.ALIGN == 0
+    assert header["kind"] == "model" and header["training"] is False
+    assert header["architecture"][1] == {"type": "MultiheadAttention", "config": {"embed_dim": 8, "num_heads": 2}}
+    for e in header["tensors"]:
+        assert e["dtype"] == "float32" and e["offset"] % fmt.ALIGN == 0
+        assert e["nbytes"] == 4 * int(np.prod(e["shape"]))
+    assert blob[-32:] == hashlib.sha256(blob[:-32]).digest()
+
+
+def test_load_needs_no_pyopencl(tmp_path):
+    path = tmp_path / "m.netcl"
+    save(every_layer_cnn(), path)
+    code = ("import sys; sys.modules['pyopencl'] = None\n"  # any import of pyopencl now fails
+            "from netcl.io import load, save\n"
+            f"m = load({str(path)!r}); save(m, {str(tmp_path / 'copy.netcl')!r}); print(len(m))")
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "14"
+    assert (tmp_path / "copy.netcl").read_bytes() == path.read_bytes()
+
+
+def test_load_leaves_the_random_stream_alone(tmp_path):
+    save(every_layer_cnn(), tmp_path / "m.netcl")
+    netcl.manual_seed(7)
+    want = nn.layers._rng.integers(0, 2**32, 4)
+    netcl.manual_seed(7)
+    load(tmp_path / "m.netcl")
+    assert np.array_equal(nn.layers._rng.integers(0, 2**32, 4), want)
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoints
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.images[:192] / 16.0).astype(np.float32)[:, None]  # (192, 1, 8, 8)
+    return x, d.target[:192]
+
+
+def digits_net():
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Dropout(0.3), nn.Linear(64, 10))
+
+
+OPTIMIZERS = {"sgd_momentum": lambda p: optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4),
+              "adam": lambda p: optim.Adam(p, lr=3e-3, betas=(0.8, 0.99))}
+
+
+def train(queue, model, opt, data, steps, start):
+    x, y = data
+    loss_fn, losses = nn.CrossEntropyLoss(), []
+    for s in range(start, start + steps):
+        i = (s * 32) % len(x)
+        losses.append(loss_fn(model(Tensor.from_host(queue, x[i:i + 32])), y[i:i + 32]))
+        model.backward(loss_fn.backward())
+        opt.step()
+        opt.zero_grad()
+    return losses
+
+
+@pytest.mark.parametrize("which", sorted(OPTIMIZERS))
+def test_resume_matches_the_straight_run(queue, digits, tmp_path, which):
+    k = 8
+    netcl.manual_seed(3)
+    model = digits_net()
+    straight = train(queue, model, OPTIMIZERS[which](model.parameters()), digits, k, 0)
+    final = model.state_dict()
+
+    netcl.manual_seed(3)
+    model = digits_net()
+    opt = OPTIMIZERS[which](model.parameters())
+    first = train(queue, model, opt, digits, k // 2, 0)
+    save_checkpoint(tmp_path / "ckpt.netcl", model, opt, epoch=3, note="half way", best=[1.5, None])
+    hyper = opt.hyperparameters()
+    del model, opt
+    netcl.manual_seed(12345)  # whatever happens in between, the checkpoint restores the generator
+
+    model, opt, meta = load_checkpoint(tmp_path / "ckpt.netcl")
+    assert meta == {"epoch": 3, "note": "half way", "best": [1.5, None]}
+    assert type(opt) is {"sgd_momentum": optim.SGD, "adam": optim.Adam}[which]
+    assert opt.hyperparameters() == hyper and model.training
+    assert all(a is b for a, b in zip(opt.params, model.parameters()))
+    second = train(queue, model, opt, digits, k - k // 2, k // 2)
+    assert first + second == straight  # the same floats, not merely close
+    for name, a in model.state_dict().items():
+        assert np.array_equal(a, final[name]), name
+
+
+def test_checkpoint_of_an_optimizer_over_some_parameters(tmp_path):
+    model = digits_net()
+    save_checkpoint(tmp_path / "c.netcl", model, optim.SGD(model.parameters()[2:], lr=0.1))
+    loaded, opt, meta = load_checkpoint(tmp_path / "c.netcl")
+    assert meta == {"epoch": None}
+    assert [id(p) for p in opt.params] == [id(p) for p in loaded.parameters()[2:]]
+    assert load(tmp_path / "c.netcl").state_dict().keys() == model.state_dict().keys()
+
+
+# ---------------------------------------------------------------------------------------
+# corrupt and hostile files
+def split(blob):
+    """(version, header dict, data bytes) of a well-formed file."""
+    _, version, hlen = struct.unpack_from("<8sII", blob)
+    return version, json.loads(blob[16:16 + hlen]), blob[16 + hlen:-32]
+
+
+def assemble(header, data, version=fmt.FORMAT_VERSION):
+    """A file with a correct checksum: what a deliberate attacker would write."""
+    text = json.dumps(header).encode()
+    text += b" " * (-(16 + len(text)) % 64)
+    body = struct.pack("<8sII", fmt.MAGIC, version, len(text)) + text + data
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """The bytes of a small model file and of a checkpoint with optimizer slots."""
+    netcl.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = optim.Adam(model.parameters())
+    for st, p in zip(opt.state, opt.params):  # slots as after a step, without needing a device
+        st.update(step=1, exp_avg=Tensor.from_host(None, np.ones(p.shape)),
+                                              exp_avg_sq=Tensor.from_host(None, np.ones(p.shape)))
+    d = tmp_path_factory.mktemp("good")
+    save(model, d / "m.netcl")
+    save_checkpoint(d / "c.netcl", model, opt, epoch=1)
+    return (d / "m.netcl").read_bytes(), (d / "c.netcl").read_bytes()
+
+
+def flip(blob, i):
+    return blob[:i] + bytes([blob[i] ^ 0x01]) + blob[i + 1:]
+
+
+def edited(blob, edit):
+    version, header, data = split(blob)
+    edit(header)
+    return assemble(header, data, version)
+
+
+def header_at(blob, text):
+    return blob.index(text.encode())
+
+
+def table(h, name):
+    return next(e for e in h["tensors"] if e["name"] == name)
+
+
+def setitem(d, k, v):
+    d[k] = v
+
+
+CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
+    "empty": (lambda b: b"", "it is empty"),
+    "cut in preamble": (lambda b: b[:5], "only 5 bytes"),
+    "cut in header": (lambda b: b[:40], "header length"),
+    "cut in data": (lambda b: b[:len(b) - 60], "truncated"),
+    "cut in checksum": (lambda b: b[:-1], "truncated"),
+    "trailing bytes": (lambda b: b + b"\0", "unexpected bytes after the checksum"),
+    "wrong magic": (lambda b: b"\x89NETCX" + b[6:], "expected magic"),
+    "future version": (lambda b: b[:8] + struct.pack("<I", 2) + b[12:], "format version 2 is not supported"),
+    "version zero": (lambda b: b[:8] + struct.pack("<I", 0) + b[12:], "format version 0"),
+    "huge header length": (lambda b: b[:12] + struct.pack("<I", 2**32 - 1) + b[16:], "header length 4294967295"),
+    "flipped header byte": (lambda b: flip(b, header_at(b, '"netcl_version"') + 20), "checksum mismatch"),
+    "header not JSON": (lambda b: flip(b, 16), "not valid UTF-8 JSON"),
+    "flipped data byte": (lambda b: flip(b, len(b) - 40), "checksum mismatch"),
+    "pickle": (lambda b: pickle.dumps({"0.weight": np.zeros(3)}), "pickle"),
+    "text": (lambda b: b"hello, this is not a model\n", "expected magic"),
+    # well-formed checksums around hostile headers
+    "deeply nested header": (lambda b: assemble_raw(b"[" * 100000), "not valid UTF-8 JSON"),
+    "header a list": (lambda b: assemble_raw(b"[1, 2]"), "must be a JSON object"),
+    "unknown header field": (lambda b: edited(b, lambda h: setitem(h, "exec", "rm -rf /")), "unexpected ['exec']"),
+    "huge data_bytes": (lambda b: edited(b, lambda h: setitem(h, "data_bytes", 2**50)), "truncated"),
+    "huge tensor": (lambda b: edited(b, lambda h: table(h, "0.weight").update(shape=[2**40, 2**10], nbytes=2**52)),
+                    "inside the"),
+    "nbytes not shape": (lambda b: edited(b, lambda h: table(h, "0.weight").update(nbytes=8)), "does not match"),
+    "offset out of range": (lambda b: edited(b, lambda h: table(h, "0.bias").update(offset=1 << 20)), "inside the"),
+    "negative offset": (lambda b: edited(b, lambda h: table(h, "0.bias").update(offset=-64)), "inside the"),
+    "misaligned offset": (lambda b: edited(b, lambda h: table(h, "0.bias").update(offset=68)), "64-aligned"),
+    "overlapping tensors": (lambda b: edited(b, lambda h: table(h, "0.bias").update(offset=0)), "overlap"),
+    "float64 tensor": (lambda b: edited(b, lambda h: table(h, "0.bias").update(dtype="float64")), "dtype"),
+    "negative dimension": (lambda b: edited(b, lambda h: table(h, "0.bias").update(shape=[-3])), "non-negative"),
+    "bool dimension": (lambda b: edited(b, lambda h: table(h, "0.bias").update(shape=[True, 3])), "non-negative"),
+    "duplicate tensor": (lambda b: edited(b, lambda h: h["tensors"].append(dict(h["tensors"][0]))), "unique"),
+    "wrong shape": (lambda b: edited(b, lambda h: table(h, "0.weight").update(shape=[3, 4])), "architecture needs"),
+    "missing tensor": (lambda b: edited(b, lambda h: table(h, "2.bias").update(name="2.bia")),
+                       "missing tensor '2.bias'"),
+    "fewer elements than the config": (lambda b: edited(b, lambda h: h["tensors"].pop()),
+                                       "implies 8 parameter elements, the file holds 6"),
+    "unused tensor": (lambda b: edited(b, lambda h: h["tensors"].append(
+        {"name": "junk", "shape": [0], "dtype": "float32", "offset": 0, "nbytes": 0})), "does not use"),
+    "unknown layer": (lambda b: edited(b, lambda h: h["architecture"][1].update(type="os.system")),
+                      "unknown layer type"),
+    "layer type Sequential": (lambda b: edited(b, lambda h: h["architecture"][1].update(type="Sequential")),
+                              "unknown layer type"),
+    "code in config key": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
+        __class__={"__init__": "os.system('echo pwned')"})), "'__class__' is not an argument of Linear"),
+    "string config value": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
+        in_features="__import__('os')")), "expected a number"),
+    "config allocates more than the file holds": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
+        in_features=10**9, out_features=10**9)), "implies 1000000001000000000 parameter elements"),
+    "invalid config value": (lambda b: edited(b, lambda h: h["architecture"][1].update(
+        type="LeakyReLU", config={"negative_slope": None})), "invalid config"),
+    "extra layer entry field": (lambda b: edited(b, lambda h: h["architecture"][1].update(code="x")), "fields 'type'"),
+}
+
+
+def assemble_raw(text):
+    text += b" " * (-(16 + len(text)) % 64)
+    body = struct.pack("<8sII", fmt.MAGIC, 1, len(text)) + text
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_corrupt_model_file_raises_format_error(good, tmp_path, case):
+    make, message = CORRUPT[case]
+    path = tmp_path / "bad.netcl"
+    path.write_bytes(make(good[0]))
+    with pytest.raises(FormatError, match=message.replace("[", r"\[").replace("(", r"\(")) as e:
+        load(path)
+    assert str(path) in str(e.value) and isinstance(e.value, ValueError)
+
+
+def optimizer(h):
+    return h["optimizer"]
+
+
+CORRUPT_CHECKPOINT = {
+    "unknown optimizer": (lambda h: optimizer(h).update(type="Evil"), "unknown optimizer type 'Evil'"),
+    "optimizer hyper injection": (lambda h: optimizer(h)["hyper"].update(__init__="x"), "'__init__' is not an arg"),
+    "bad hyper value": (lambda h: optimizer(h)["hyper"].update(lr=-1.0), "invalid learning rate"),
+    "params out of range": (lambda h: optimizer(h).update(params=[0, 1, 2, 99]), "distinct indices"),
+    "params repeated": (lambda h: optimizer(h).update(params=[0, 0, 1, 2]), "distinct indices"),
+    "bad step": (lambda h: optimizer(h)["scalars"].update({"0.step": "1; rm"}), "non-negative integer"),
+    "bad state key": (lambda h: optimizer(h)["scalars"].update({"__class__": 1}), "'<index>.<name>'"),
+    "slot of a missing parameter": (lambda h: table(h, "optimizer.0.exp_avg").update(name="optimizer.9.exp_avg"),
+                                    "with i below 4"),
+    "slot shape": (lambda h: table(h, "optimizer.1.exp_avg").update(shape=[1, 3], nbytes=12),
+                   "the architecture needs"),
+    "rng type": (lambda h: h["rng"].update(bit_generator="MT19937"), "bit-generator state"),
+    "rng state": (lambda h: h["rng"].update(state="x"), "not a valid PCG64 state"),
+    "meta not an object": (lambda h: h.update(meta=[1]), "'meta' must be an object"),
+    "epoch not an int": (lambda h: h["meta"].update(epoch="3"), "'epoch' must be an integer"),
+    "missing optimizer": (lambda h: h.pop("optimizer"), "missing ['optimizer']"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT_CHECKPOINT))
+def test_corrupt_checkpoint_raises_format_error(good, tmp_path, case):
+    edit, message = CORRUPT_CHECKPOINT[case]
+    path = tmp_path / "bad.netcl"
+    path.write_bytes(edited(good[1], edit))
+    netcl.manual_seed(5)
+    want = nn.layers._rng.bit_generator.state
+    with pytest.raises(FormatError, match=message.replace("[", r"\[")):
+        load_checkpoint(path)
+    assert nn.layers._rng.bit_generator.state == want  # a failed load leaves the generator alone
+
+
+def test_the_unedited_files_load(good, tmp_path):
+    """The corrupt-file cases above fail because of their edits, not the base files."""
+    for i, blob in enumerate(good):
+        (tmp_path / f"{i}.netcl").write_bytes(edited(blob, lambda h: None))
+        assert len(load(tmp_path / f"{i}.netcl")) == 3
+    model, opt, meta = load_checkpoint(tmp_path / "1.netcl")
+    assert isinstance(opt, optim.Adam) and meta == {"epoch": 1} and opt.state[3]["step"] == 1
+
+
+def test_model_file_is_not_a_checkpoint(good, tmp_path):
+    (tmp_path / "m.netcl").write_bytes(good[0])
+    with pytest.raises(FormatError, match="without optimizer state"):
+        load_checkpoint(tmp_path / "m.netcl")
+
+
+# ---------------------------------------------------------------------------------------
+# atomic saves and bad arguments
+def only_file(folder):
+    return sorted(os.listdir(folder))
+
+
+def test_failed_save_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "m.netcl"
+    save(every_layer_cnn(), path)
+    before = path.read_bytes()
+    calls = []
+
+    def dies_midway(self):
+        calls.append(1)
+        if len(calls) == 3:  # two tensors already on disk
+            raise OSError("disk on fire")
+        return real(self)
+
+    real = Tensor.numpy
+    monkeypatch.setattr(Tensor, "numpy", dies_midway)
+    with pytest.raises(OSError, match="disk on fire"):
+        save(every_layer_cnn(), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and only_file(tmp_path) == ["m.netcl"]
+
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("rename failed")))
+    with pytest.raises(OSError, match="rename failed"):
+        save(every_layer_cnn(), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and only_file(tmp_path) == ["m.netcl"]
+
+
+def test_model_with_a_bad_tensor_is_not_saved(tmp_path):
+    path = tmp_path / "m.netcl"
+    save(every_layer_cnn(), path)
+    before = path.read_bytes()
+    model = every_layer_cnn()
+    model[9]._params["bias"] = Tensor((7,), None, None, np.zeros(5, np.float32))  # data disagrees with its shape
+    with pytest.raises(ValueError, match="'9.bias' holds data of shape"):
+        save(model, path)
+    model[9]._params["bias"] = np.zeros(7, np.float32)
+    with pytest.raises(TypeError, match="'9.bias' is a ndarray"):
+        save(model, path)
+    assert path.read_bytes() == before and only_file(tmp_path) == ["m.netcl"]
+
+
+def test_bad_arguments(tmp_path):
+    model = digits_net()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        save(model, tmp_path / "no" / "such" / "m.netcl")
+    with pytest.raises(IsADirectoryError):
+        save(model, tmp_path)
+    with pytest.raises(TypeError, match="Sequential"):
+        save(model[0], tmp_path / "m.netcl")
+    with pytest.raises(TypeError, match="path must be"):
+        save(model, 42)
+    with pytest.raises(TypeError, match="optimizer"):
+        save_checkpoint(tmp_path / "c.netcl", model, "sgd")
+    with pytest.raises(ValueError, match="not parameters of the model"):
+        save_checkpoint(tmp_path / "c.netcl", model, optim.SGD(digits_net().parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="epoch"):
+        save_checkpoint(tmp_path / "c.netcl", model, opt, epoch="3")
+    with pytest.raises(TypeError, match="JSON"):
+        save_checkpoint(tmp_path / "c.netcl", model, opt, callback=print)
+
+    class Custom(nn.ReLU):
+        pass
+
+    with pytest.raises(ValueError, match="not a netcl layer type"):
+        save(nn.Sequential(Custom()), tmp_path / "m.netcl")
+    assert only_file(tmp_path) == []
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "missing.netcl")
