@@ -26,13 +26,14 @@ class Optimizer:
             p.grad = None
 
     def _slot(self, i, name):
-        from netcl import ops
-
-        st = self.state[i]
+        """Per-parameter state tensor `name`, created as zeros, on the parameter's device."""
+        st, p = self.state[i], self.params[i]
         if name not in st:
-            p = self.params[i]
             st[name] = Tensor.zeros(p.queue, p.shape)
-        return st[name]
+        t = st[name]
+        if t.queue is None or t.queue.context != p.queue.context:
+            t.to(p.queue)  # state loaded from a checkpoint lives on the host until the first step
+        return t
 
     def step(self):
         for i, p in enumerate(self.params):
