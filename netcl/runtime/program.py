@@ -11,6 +11,7 @@ from importlib import resources
 from netcl.errors import CompileError
 
 _memory = {}  # (context, key) -> pyopencl.Program
+stats = {"memory": 0, "disk": 0, "compiled": 0}  # where this process's builds came from (tests read it)
 
 
 def cache_dir():
@@ -40,6 +41,7 @@ def build(context, source, options=()):
     key = _key(source, options, device)
     prog = _memory.get((context, key))
     if prog is not None:
+        stats["memory"] += 1
         return prog
     path = os.path.join(cache_dir(), key + ".bin")
     prog = None
@@ -49,11 +51,14 @@ def build(context, source, options=()):
                 prog = cl.Program(context, [device], [f.read()]).build(options=list(options))
         except (cl.Error, OSError):
             prog = None  # stale or foreign binary: rebuild from source
+        else:
+            stats["disk"] += 1
     if prog is None:
         try:  # cache_dir=False: this module's cache is the one cache
             prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
         except cl.RuntimeError as e:  # pyopencl's message carries the compiler's log
             raise CompileError(f"OpenCL build failed on {device.name.strip()}", str(e)) from None
+        stats["compiled"] += 1
         try:
             binary = prog.get_info(cl.program_info.BINARIES)[0]
             if binary:

@@ -1,0 +1,131 @@
+"""Devices and NETCL_DEVICE selection, the errors (no device, failed build), the on-disk kernel
+cache across processes, and Tensor's host/device round trip."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import netcl
+from netcl import CompileError, NoDeviceError, Tensor
+from netcl.runtime import build, select_device
+from netcl.runtime import device as device_module
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_devices_lists_the_selected_device(queue):
+    devs = netcl.devices()
+    assert devs and all(d.type in ("gpu", "cpu", "accelerator", "other") for d in devs)
+    assert [d.index for d in devs] == list(range(len(devs)))
+    assert any(d.name == queue.device.name.strip() for d in devs)
+    assert all(d.name in str(d) for d in devs)
+
+
+def test_netcl_device_selects_by_type_and_name(queue, monkeypatch):
+    devs = netcl.devices()
+    cpu = next((d for d in devs if d.type == "cpu"), None)
+    if cpu is not None:
+        monkeypatch.setenv("NETCL_DEVICE", "cpu")
+        assert select_device().name.strip() == cpu.name
+        monkeypatch.setenv("NETCL_DEVICE", cpu.name[:6].upper())  # a case-insensitive substring
+        assert select_device().name.strip() == cpu.name
+    monkeypatch.setenv("NETCL_DEVICE", "no-such-device-xyz")
+    with pytest.raises(NoDeviceError, match="no-such-device-xyz") as e:
+        select_device()
+    assert devs[0].name in str(e.value)  # the message lists what there is
+    monkeypatch.delenv("NETCL_DEVICE")
+    gpus = [d for d in devs if d.type == "gpu"]
+    assert select_device().name.strip() == (gpus[0] if gpus else cpu).name  # default: first GPU, else CPU
+    if not gpus:
+        with pytest.raises(NoDeviceError, match="gpu"):
+            select_device("gpu")
+    assert netcl.default_queue() is netcl.default_queue()  # one queue per device per process
+
+
+def test_no_platform_raises_no_device_error_with_install_hint(monkeypatch):
+    import pyopencl as cl
+
+    def no_platforms():
+        raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    for fake in (no_platforms, lambda: []):
+        monkeypatch.setattr(cl, "get_platforms", fake)
+        with pytest.raises(NoDeviceError, match="pocl") as e:
+            netcl.devices()
+        assert "pip install pocl-binary-distribution" in str(e.value)
+    monkeypatch.setitem(sys.modules, "pyopencl", None)  # pyopencl not installed at all
+    with pytest.raises(NoDeviceError, match="pip install pyopencl"):
+        device_module.select_device()
+
+
+def test_failed_build_raises_compile_error_with_log(queue):
+    src = "__kernel void broken(__global float *x) { x[0] = undeclared_thing; }"
+    with pytest.raises(CompileError) as e:
+        build(queue.context, src)
+    assert "undeclared_thing" in e.value.log  # the compiler's own words
+    assert "undeclared_thing" in str(e.value)
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import netcl
+    from netcl.runtime import build, program
+    q = netcl.default_queue()
+    t = time.perf_counter()
+    prog = build(q.context, sys.argv[1])
+    print(json.dumps(dict(program.stats, seconds=time.perf_counter() - t,
+                          kernels=[k.function_name for k in prog.all_kernels()])))
+""")
+
+
+def test_disk_cache_hit_in_a_second_process(queue, tmp_path):
+    import json
+
+    # a source no cache has seen (PoCL's own cache included): a fresh token in a comment
+    src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
+    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=REPO)
+
+    def child():
+        out = subprocess.run([sys.executable, "-c", _CHILD, src], env=env, capture_output=True, text=True,
+                             check=True, timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = child()
+    assert (first["compiled"], first["disk"], first["kernels"]) == (1, 0, ["twice"])
+    assert len(list(tmp_path.glob("*.bin"))) == 1
+    second = child()
+    assert (second["compiled"], second["disk"], second["kernels"]) == (0, 1, ["twice"])
+    # a corrupt cache file is rebuilt from source, not trusted
+    (binary,) = tmp_path.glob("*.bin")
+    binary.write_bytes(b"not a device binary")
+    third = child()
+    assert (third["compiled"], third["disk"]) == (1, 0)
+    assert binary.read_bytes() != b"not a device binary"
+
+
+def test_tensor_round_trip(queue):
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    t = Tensor.from_host(queue, x)
+    assert t.shape == (2, 3) and t.on_device
+    h = t.to_host()
+    assert h.dtype == np.float32
+    np.testing.assert_array_equal(h, x)
+    h[0, 0] = 99  # to_host returns a copy
+    assert t.to_host()[0, 0] == 0
+    x[0, 1] = 99  # from_host copies too
+    assert t.to_host()[0, 1] == 1
+    host_only = Tensor.from_host(None, [[1, 2], [3, 4]])
+    assert host_only.queue is None and not host_only.on_device
+    np.testing.assert_array_equal(host_only.to(queue).to_host(), [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(Tensor.from_host(queue, np.array([True, False])).to_host(), [1, 0])
+    assert Tensor.from_host(queue, np.zeros((0, 3))).shape == (0, 3)
+
+
+@pytest.mark.parametrize("bad", ["abc", None, {"a": 1}, [[1, 2], [3]], np.array([object()]), [1 + 2j],
+                                 np.array(["1.0"])])
+def test_from_host_rejects_non_numeric_input(queue, bad):
+    with pytest.raises(TypeError, match="float32"):
+        Tensor.from_host(queue, bad)
