@@ -12,7 +12,8 @@ def _as_float32(x):
         return x.to_host()
     try:
         a = np.asarray(x)
-        if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+        # real numbers only: complex would silently lose its imaginary part
+        if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating) or a.dtype == np.bool_):
             raise TypeError
         return np.ascontiguousarray(a, dtype=np.float32)
     except (TypeError, ValueError):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 _ERRORS = []  # (test id, forward max abs error, backward max abs error)
+_NOTES = []  # free-form lines for the summary (training accuracy and time)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,12 @@ def record_error(request):
     return record
 
 
+@pytest.fixture
+def record_note():
+    """record_note(text): a line for the end-of-run summary."""
+    return _NOTES.append
+
+
 def max_err(got, ref):
     """Maximum absolute difference (shapes must match)."""
     got, ref = np.asarray(got), np.asarray(ref)
@@ -55,9 +62,11 @@ def assert_close(got, ref, rtol=1e-5, atol=1e-6, what=""):
 
 
 def pytest_terminal_summary(terminalreporter):
+    tr = terminalreporter
+    for line in _NOTES:
+        tr.write_line(line)
     if not _ERRORS:
         return
-    tr = terminalreporter
     tr.section("netcl max abs error vs reference (float64)")
     tr.write_line(f"{'test':70s} {'forward':>10s} {'backward':>10s}")
     for name, f, b in _ERRORS:

@@ -64,6 +64,11 @@ class Module:
     def state_dict(self):
         return {k: t.to_host() for k, t in self.named_parameters() + self.named_buffers()}
 
+    def zero_grad(self):
+        """Drop every parameter's gradient (the next backward starts afresh), as torch.nn.Module."""
+        for p in self.parameters():
+            p.grad = None
+
     def config(self):
         """The constructor's keyword arguments (how .netcl files record the architecture)."""
         return {}
@@ -616,11 +621,16 @@ class Sequential(Module):
     def named_buffers(self):
         return [(f"{i}.{k}", t) for i, layer in enumerate(self.layers) for k, t in layer.named_buffers()]
 
+    def state_dict(self):
+        # torch's order: each layer's parameters, then its buffers
+        return {f"{i}.{k}": a for i, layer in enumerate(self.layers) for k, a in layer.state_dict().items()}
+
     def load_state_dict(self, state):
         """Copy arrays into the parameters and buffers; every key must match, with its shape."""
         own = dict(self.named_parameters() + self.named_buffers())
         missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
+        # PyTorch's BatchNorm counter has no netcl counterpart: torch state dicts load as they are
+        unexpected = [k for k in state if k not in own and not k.endswith(".num_batches_tracked")]
         if missing or unexpected:
             raise ValueError(f"state_dict keys do not match the model: missing {missing}, unexpected {unexpected}")
         for k, t in own.items():
