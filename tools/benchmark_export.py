@@ -94,7 +94,7 @@ def main(argv=None):
         os.unlink(raw_path)
         can_reset = _reset_peak()
         t0 = time.perf_counter()
-        files = export_onnx(model, (1, args.features), onnx_path, external_data=ext)
+        files = export_onnx(model, (1, args.features), onnx_path, dynamic_batch=True, external_data=ext)
         exp_t.append(time.perf_counter() - t0)
         peak = max(peak, _status("VmHWM") if can_reset else 0)
     size = sum(os.path.getsize(p) for p in files)
