@@ -114,6 +114,33 @@ def test_sequential_vs_torch(queue, rng):
         assert_close(model.state_dict()[k], tsd[k].numpy(), what=k)
 
 
+def test_eval_mode_backward_vs_torch(queue, rng):
+    """Gradients in eval mode (running statistics), also after the fused inference forward."""
+    torch = pytest.importorskip("torch")
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Dropout(0.5), nn.Linear(4 * 3 * 3, 5))
+    sd = model.state_dict()
+    sd["1.running_mean"], sd["1.running_var"] = rng.standard_normal(4), rng.uniform(0.5, 2, 4)
+    model.load_state_dict(sd)
+    tmod = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Dropout(0.5),
+                               torch.nn.Linear(4 * 3 * 3, 5)).double().eval()
+    tmod.load_state_dict({k: torch.tensor(v.T if k == "6.weight" else v) for k, v in sd.items()}, strict=False)
+    x, dy = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((2, 5)).astype(np.float32)
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    tmod(xt).backward(torch.tensor(dy, dtype=torch.float64))
+    model.eval()
+    for _ in range(2):  # the same gradients each time: nothing is left over from the first pass
+        model.zero_grad()
+        model(Tensor.from_host(queue, x))
+        assert_close(model.backward(Tensor.from_host(queue, dy)).to_host(), xt.grad.numpy(), what="dx")
+        tparams = dict(tmod.named_parameters())
+        for k, p in model.named_parameters():
+            ref = tparams[k].grad.numpy()
+            assert_close(p.grad.to_host(), ref.T if k == "6.weight" else ref, what=k)
+    np.testing.assert_array_equal(model.state_dict()["1.running_var"], sd["1.running_var"].astype(np.float32))
+
+
 def test_digits_cnn_reaches_95_percent(queue, record_note):
     """Conv-BN-ReLU-Pool x2 + Linear, Adam, batch 64, 5 epochs on the 8x8 digits of scikit-learn."""
     datasets = pytest.importorskip("sklearn.datasets")

@@ -49,11 +49,12 @@ __kernel void bn_apply(const int N, const int C, const int HW, __global const fl
 }
 
 // dgamma = sum(dy * xhat), dbeta = sum(dy) (accumulated when acc), and
-// dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma)
+// dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma) with batch statistics, or
+// dx = gamma * invstd * dy with running statistics (eval mode: they are constants)
 __kernel void bn_bwd(const int N, const int C, const int HW, __global const float *x,
                      __global const float *dy, __global const float *mean, __global const float *var,
                      __global const float *gamma, const float eps, __global float *dx,
-                     __global float *dgamma, __global float *dbeta, const int acc) {
+                     __global float *dgamma, __global float *dbeta, const int acc, const int batch_stats) {
     __local float part[RED];
     const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
     const float mu = mean[c], inv = rsqrt(var[c] + eps);
@@ -68,7 +69,7 @@ __kernel void bn_bwd(const int N, const int C, const int HW, __global const floa
     const float k = gamma[c] * inv / (float)M;
     for (int i = t; i < M; i += RED) {
         const int o = ((i / HW) * C + c) * HW + i % HW;
-        dx[o] = k * ((float)M * dy[o] - db - (x[o] - mu) * inv * dg);
+        dx[o] = batch_stats ? k * ((float)M * dy[o] - db - (x[o] - mu) * inv * dg) : gamma[c] * inv * dy[o];
     }
     if (t == 0) {
         dgamma[c] = acc ? dgamma[c] + dg : dg;

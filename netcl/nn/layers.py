@@ -283,16 +283,14 @@ class BatchNorm2d(Module):
     def backward(self, dy):
         from netcl import ops
 
-        x, mean, var, training = self._saved
-        if not training:
-            raise RuntimeError("BatchNorm2d.backward after an eval-mode forward is not supported; use train()")
+        x, mean, var, training = self._saved  # eval mode (frozen statistics) differentiates as torch does
         n, c, h, w = x.shape
         dx = ops.new(dy, dy.shape)
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias)
         assert acc_w == acc_b
         ops.launch(dy.queue, "norm", "bn_bwd", (c * 64,), (64,), n, c, h * w, x, dy, mean, var, self.weight,
-                   self.eps, dx, gw, gb, int(acc_w))
+                   self.eps, dx, gw, gb, int(acc_w), int(training))
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()
@@ -601,6 +599,7 @@ class Sequential(Module):
                 raise TypeError(f"Sequential takes netcl.nn layers; argument {i} is {type(layer).__name__}")
         self.layers = list(layers)
         self._fused = None
+        self._fused_input = None  # the input of a fused forward, which saves nothing for backward
 
     def __getitem__(self, i):
         return Sequential(*self.layers[i]) if isinstance(i, slice) else self.layers[i]
@@ -673,13 +672,19 @@ class Sequential(Module):
             raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "
                             "use Tensor.from_host(queue, array)")
         if not self.training and self._fused is not None:
+            self._fused_input = x
             return self._fused(x)
+        self._fused_input = None
         for layer in self.layers:
             x = layer(x)
         return x
 
     def backward(self, dy):
         """Back-propagate dL/d(output) through every layer; returns dL/d(input)."""
+        x, self._fused_input = self._fused_input, None
+        if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs
+            for layer in self.layers:
+                x = layer(x)
         for layer in reversed(self.layers):
             dy = layer.backward(dy)
         return dy
