@@ -67,7 +67,13 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(line)
     if not _ERRORS:
         return
-    tr.section("netcl max abs error vs reference (float64)")
-    tr.write_line(f"{'test':70s} {'forward':>10s} {'backward':>10s}")
+    worst = {}  # test function -> [cases, max forward error, max backward error]
     for name, f, b in _ERRORS:
-        tr.write_line(f"{name[:70]:70s} {f:10.2e} {'' if b is None else f'{b:10.2e}':>10s}")
+        w = worst.setdefault(name.split("[")[0], [0, 0.0, None])
+        w[0], w[1] = w[0] + 1, max(w[1], f)
+        if b is not None:
+            w[2] = max(w[2] or 0.0, b)
+    tr.section("netcl max abs error vs reference (float64), worst case per test")
+    tr.write_line(f"{'test':45s} {'cases':>5s} {'forward':>10s} {'backward':>10s}")
+    for name, (n, f, b) in worst.items():
+        tr.write_line(f"{name:45s} {n:5d} {f:10.2e} {'' if b is None else f'{b:10.2e}':>10s}")
