@@ -62,15 +62,15 @@ def bare_venv(protobuf=None, netcl_installed=False):
             + ("-netcl" if netcl_installed else ""))
     path = os.path.join(VENVS, name)
     python = os.path.join(path, "bin", "python")
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check"]
     with _lock(path):
         if not os.path.exists(os.path.join(path, ".ready")):
             shutil.rmtree(path, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True)
-            pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check"]
             subprocess.run(pip + [f"numpy=={np.__version__}", f"protobuf=={protobuf}"], check=True)
-            if netcl_installed:  # builds a wheel from the tree: setup.py generates the bindings
-                subprocess.run(pip + ["--no-deps", ROOT], check=True)
             open(os.path.join(path, ".ready"), "w").close()
+        if netcl_installed:  # a wheel of the tree as it is now: setup.py generates the bindings
+            subprocess.run(pip + ["--no-deps", "--force-reinstall", ROOT], check=True)
     return python
 
 
