@@ -31,6 +31,10 @@ def _protoc():
 
 def generate_proto():
     out = os.path.join(HERE, "gen")
+    if not os.path.exists(os.path.join(HERE, "proto", "onnx.proto")):
+        if os.path.exists(os.path.join(out, "onnx_pb2.py")):
+            return  # an sdist: it carries gen/ (as netcl._gen) but not proto/
+        raise RuntimeError("proto/onnx.proto is missing: build netcl from a source checkout")
     os.makedirs(out, exist_ok=True)
     subprocess.check_call([_protoc(), f"-I{os.path.join(HERE, 'proto')}", f"--python_out={out}",
                            os.path.join(HERE, "proto", "onnx.proto")])

@@ -10,6 +10,7 @@ serialization of the whole ModelProto (fields in field-number order), hence dete
 import importlib.util
 import math
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -355,7 +356,7 @@ class _AtomicFile:
     def __init__(self, path):
         self.path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(self.path))
-        self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+        self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         self.f = open(self.tmp, "wb")
 
     def commit(self):
