@@ -57,7 +57,7 @@ def plot_history(history, path):
     ax2.plot(history["epoch"], history["test_acc"], "s-", color="tab:red", label="test accuracy")
     ax2.set_ylabel("accuracy")
     ax2.set_ylim(0, 1.02)
-    fig.legend(loc="center right")
+    fig.legend(loc="center", bbox_to_anchor=(0.55, 0.45))
     ax.set_title("netcl: digits CNN")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
