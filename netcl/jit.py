@@ -125,8 +125,10 @@ def _gpu_conv_config(K, R, nout, pool, n_cu):
     tiles = -(-K // BM) * -(-nout * (4 if pool else 1) // BN)
     rtiles = -(-R // BK)
     split = 1
+    import os
+
     target = 2 * n_cu
-    if tiles < target:
+    if tiles < target and os.environ.get("NETCL_GPU_SPLIT", "1") != "0":  # "0": no split-K (tuning)
         split = max(1, min(-(-target // tiles), rtiles // 4, 64))
     rchunk = -(-rtiles // split) * BK
     split = -(-R // rchunk)

@@ -1,0 +1,280 @@
+"""Inference latency: netcl's fused path against onnxruntime (CPU, and CUDA where present).
+
+One process, the same weights and inputs for every runtime; each measurement is a full round
+trip (host array in, host array out), the median of `repeats` runs after warm-up; outputs are
+checked to agree before anything is timed. `bench()` returns the rows; `format_table()` and
+`plot()` present them (tools/benchmark_onnx_vs_native.py and `netcl bench` call these).
+"""
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+MODELS = ("detector26", "cnn", "mlp")
+BATCHES = (1, 8, 32)
+
+
+def _median_ms(fn, repeats, warmup):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(ts)
+
+
+def prepare_model(name, queue, seed=0):
+    """A reference model in eval mode with realistic batch-norm statistics (calibrated on the
+    photographs shipped with scikit-learn, or on uniform noise without it), and an input source."""
+    import netcl
+    from netcl import models, nn, recipes
+
+    netcl.manual_seed(seed)
+    model = models.build(name)
+    shape = models.MODELS[name].input_shape
+    rng = np.random.default_rng(seed)
+    source = "noise"
+    if any(isinstance(m, nn.BatchNorm2d) for m in model):
+        try:
+            calib = recipes.photo_crops(16, size=shape[-1], seed=seed)
+            source = "photos"
+        except ImportError:
+            calib = rng.uniform(0, 1, (16,) + shape).astype(np.float32)
+        recipes.calibrate_batchnorm(model, queue, calib, batch_size=8)
+    model.to(queue).eval()
+
+    def inputs(batch):
+        if source == "photos":
+            return recipes.photo_crops(batch, size=shape[-1], seed=seed + 1)
+        return rng.uniform(0, 1, (batch,) + shape).astype(np.float32)
+    return model, shape, inputs
+
+
+def _ort_session(path, provider, threads=None, tf32=False):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+    if provider == "cuda":
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        providers = [("CUDAExecutionProvider", {"use_tf32": int(bool(tf32))}), "CPUExecutionProvider"]
+        want = "CUDAExecutionProvider"
+    else:
+        providers, want = ["CPUExecutionProvider"], "CPUExecutionProvider"
+    sess = ort.InferenceSession(os.fspath(path), opts, providers=providers)
+    if sess.get_providers()[0] != want:  # a CUDA session silently falls back to the CPU when CUDA fails
+        raise RuntimeError(f"onnxruntime session runs on {sess.get_providers()}, not {want}")
+    return sess
+
+
+def cuda_available():
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("cpu", "cuda"), ort_threads=None,
+          device=None, tf32_column=True, torch_column=False, seed=0, log=print):
+    """Time netcl (fused eval path) and onnxruntime on the reference models.
+
+    models: names from netcl.models; batches: batch sizes; repeats: timed runs (median);
+    providers: onnxruntime providers to compare against ('cpu', 'cuda'; 'cuda' is skipped with a
+    note when onnxruntime has no CUDA provider); ort_threads: onnxruntime CPU threads (default: all
+    cores); device: netcl's OpenCL device spec (as NETCL_DEVICE); tf32_column: also time CUDA with
+    TF32 on (labelled); torch_column: also time torch eager CUDA (TF32 off) when available.
+    Returns a list of dicts, one per (model, batch): latencies in ms per runtime, max abs
+    differences, launches per forward and host microseconds per launch of the netcl path.
+    Raises RuntimeError when outputs disagree or the CUDA provider is not really in use.
+    """
+    import netcl
+    from netcl import Tensor, jit
+    from netcl.io import export_onnx
+
+    q = netcl.default_queue(device)
+    providers = list(providers)
+    if "cuda" in providers and not cuda_available():
+        log("note: onnxruntime has no CUDAExecutionProvider here; CUDA columns skipped")
+        providers.remove("cuda")
+    dev_name = q.device.name.strip()
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="netcl-bench-")
+    for name in models:
+        model, shape, inputs = prepare_model(name, q, seed)
+        path = os.path.join(tmp, f"{name}.onnx")
+        export_onnx(model, (1,) + tuple(shape), path, dynamic_batch=True)
+        sessions = {}
+        if "cpu" in providers:
+            sessions["ort_cpu"] = _ort_session(path, "cpu", ort_threads)
+        if "cuda" in providers:
+            sessions["ort_cuda"] = _ort_session(path, "cuda", tf32=False)
+            if tf32_column:
+                sessions["ort_cuda_tf32"] = _ort_session(path, "cuda", tf32=True)
+        tmodel = _torch_model(model) if torch_column else None
+        for b in batches:
+            x = np.ascontiguousarray(inputs(b), np.float32)
+            row = {"model": name, "batch": b, "device": dev_name}
+
+            def run_netcl():
+                return model(Tensor.from_host(q, x)).to_host()
+
+            y = run_netcl()
+            if model._fused is None:
+                raise RuntimeError(f"{name}: no fused plan")
+            # the unfused layer list on the same input: the fused path must equal it
+            fused, model._fused = model._fused, None
+            y_ref = run_netcl()
+            model._fused = fused
+            row["diff_unfused"] = float(np.abs(y - y_ref).max())
+            for key, sess in sessions.items():
+                yo = sess.run(None, {"input": x})[0]
+                d = float(np.abs(yo - y).max())
+                row[f"diff_{key}"] = d
+                tol = (1e-2, 1e-2) if key.endswith("tf32") else (1e-4, 1e-3)
+                if not np.allclose(yo, y, atol=tol[0], rtol=tol[1]):
+                    raise RuntimeError(f"{name} batch {b}: netcl and {key} disagree (max abs diff {d:.3g})")
+            if row["diff_unfused"] > 1e-5 * max(1.0, float(np.abs(y_ref).max())):
+                raise RuntimeError(f"{name} batch {b}: fused and unfused differ by {row['diff_unfused']:.3g}")
+
+            row["netcl"] = _median_ms(run_netcl, repeats, warmup)
+            # host cost of enqueueing one forward (no wait), per kernel launch
+            xt = Tensor.from_host(q, x)
+            q.finish()
+            launches_before = jit.STATS["launches"]
+            t_host = []
+            for _ in range(max(10, repeats // 2)):
+                t = time.perf_counter()
+                model(xt)
+                t_host.append(time.perf_counter() - t)
+                q.finish()
+            n_launch = (jit.STATS["launches"] - launches_before) // len(t_host)
+            row["launches"] = n_launch
+            row["host_us_per_launch"] = 1e6 * statistics.median(t_host) / max(n_launch, 1)
+            for key, sess in sessions.items():
+                row[key] = _median_ms(lambda: sess.run(None, {"input": x}), repeats, warmup)
+            if tmodel is not None:
+                row["torch_cuda"], row["diff_torch_cuda"] = _time_torch(tmodel, x, y, repeats, warmup)
+            log(format_row(row))
+            rows.append(row)
+    return rows
+
+
+# -- torch eager CUDA (an extra column; TF32 off) ----------------------------------------
+def _torch_model(model):
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from netcl import nn
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    mods = []
+    for m in model:
+        if isinstance(m, nn.Conv2d):
+            t = torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
+                                bias=m.bias is not None)
+        elif isinstance(m, nn.BatchNorm2d):
+            t = torch.nn.BatchNorm2d(m.num_features, eps=m.eps)
+            t.running_mean.data[:] = torch.from_numpy(m.running_mean.to_host())
+            t.running_var.data[:] = torch.from_numpy(m.running_var.to_host())
+        elif isinstance(m, nn.Linear):
+            t = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+            t.weight.data[:] = torch.from_numpy(m.weight.to_host().T.copy())
+            if m.bias is not None:
+                t.bias.data[:] = torch.from_numpy(m.bias.to_host())
+            mods.append(t)
+            continue
+        else:
+            t = {"ReLU": torch.nn.ReLU(), "Sigmoid": torch.nn.Sigmoid(), "Tanh": torch.nn.Tanh(),
+                 "Flatten": torch.nn.Flatten(), "Dropout": torch.nn.Identity()}.get(type(m).__name__)
+            if isinstance(m, nn.LeakyReLU):
+                t = torch.nn.LeakyReLU(m.negative_slope)
+            elif isinstance(m, nn.MaxPool2d):
+                t = torch.nn.MaxPool2d(m.kernel_size, m.stride, m.padding)
+            if t is None:
+                return None
+        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
+            t.weight.data[:] = torch.from_numpy(m.weight.to_host())
+            if m.bias is not None:
+                t.bias.data[:] = torch.from_numpy(m.bias.to_host())
+        mods.append(t)
+    return torch.nn.Sequential(*mods).cuda().eval()
+
+
+def _time_torch(tm, x, y_netcl, repeats, warmup):
+    import torch
+
+    def run():
+        with torch.no_grad():
+            return tm(torch.from_numpy(x).cuda()).cpu().numpy()
+    d = float(np.abs(run() - y_netcl).max())
+    return _median_ms(run, repeats, warmup), d
+
+
+# -- presentation ------------------------------------------------------------------------
+COLUMNS = [("netcl", "netcl"), ("ort_cpu", "ort CPU"), ("ort_cuda", "ort CUDA"),
+           ("ort_cuda_tf32", "ort CUDA TF32-on"), ("torch_cuda", "torch CUDA")]
+
+
+def format_row(r):
+    parts = [f"{r['model']:>10} b={r['batch']:<3}"]
+    parts += [f"{label} {r[k]:.3f} ms" for k, label in COLUMNS if k in r]
+    parts.append(f"{r['launches']} launches, {r['host_us_per_launch']:.1f} us/launch host")
+    return " | ".join(parts)
+
+
+def format_table(rows):
+    """A Markdown table: latency per runtime (ms) and netcl's ratio to each (lower is better for netcl)."""
+    present = [(k, label) for k, label in COLUMNS if any(k in r for r in rows)]
+    others = [(k, label) for k, label in present if k != "netcl"]
+    head = (["model", "batch"] + [f"{label} ms" for _, label in present] +
+            [f"netcl / {label}" for _, label in others] + ["launches", "host us/launch", "max |diff| vs ort"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], str(r["batch"])]
+        cells += [f"{r[k]:.3f}" if k in r else "-" for k, _ in present]
+        cells += [f"{r['netcl'] / r[k]:.2f}x" if k in r else "-" for k, _ in others]
+        diffs = [r[k] for k in ("diff_ort_cuda", "diff_ort_cpu") if k in r]
+        cells += [str(r["launches"]), f"{r['host_us_per_launch']:.1f}", f"{max(diffs):.1e}" if diffs else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows, path, title=""):
+    """Latency against batch size, one panel per model, log scales; writes a PNG to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        rs = [r for r in rows if r["model"] == name]
+        for k, label in COLUMNS:
+            pts = [(r["batch"], r[k]) for r in rs if k in r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("latency, ms (round trip, median)")
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
