@@ -84,14 +84,13 @@ def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed
     loss_fn = nn.CrossEntropyLoss()
     model.to(queue)
     opt = optimizer or optim.Adam(model.parameters(), lr=lr)
-    rng = np.random.default_rng(seed)
     history = {"epoch": [], "loss": [], "train_acc": [], "test_acc": [], "seconds": []}
     steps = -(-len(x_tr) // batch_size)
     t0 = time.perf_counter()
     for epoch in range(start_epoch, epochs):
         bar = Progress(steps, f"epoch {epoch + 1}/{epochs}", progress)
         model.train()
-        order = rng.permutation(len(x_tr))
+        order = np.random.default_rng([seed, epoch]).permutation(len(x_tr))  # resumable: depends on the epoch only
         losses, correct = [], 0
         for s in range(steps):
             idx = order[s * batch_size:(s + 1) * batch_size]

@@ -6,6 +6,7 @@ stores the device binary; a second process loads it instead of recompiling.
 import hashlib
 import os
 import tempfile
+import warnings
 from importlib import resources
 
 from netcl.errors import CompileError
@@ -47,7 +48,8 @@ def build(context, source, options=()):
     prog = None
     if os.path.exists(path):
         try:
-            with open(path, "rb") as f:
+            with open(path, "rb") as f, warnings.catch_warnings():  # PoCL's build chatter is not for users
+                warnings.simplefilter("ignore", cl.CompilerWarning)
                 prog = cl.Program(context, [device], [f.read()]).build(options=list(options))
         except (cl.Error, OSError):
             prog = None  # stale or foreign binary: rebuild from source
@@ -55,7 +57,9 @@ def build(context, source, options=()):
             stats["disk"] += 1
     if prog is None:
         try:  # cache_dir=False: this module's cache is the one cache
-            prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
         except cl.RuntimeError as e:  # pyopencl's message carries the compiler's log
             raise CompileError(f"OpenCL build failed on {device.name.strip()}", str(e)) from None
         stats["compiled"] += 1
