@@ -143,7 +143,11 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             if row["diff_unfused"] > 1e-5 * max(1.0, float(np.abs(y_ref).max())):
                 raise RuntimeError(f"{name} batch {b}: fused and unfused differ by {row['diff_unfused']:.3g}")
 
-            row["netcl"] = _median_ms(run_netcl, repeats, warmup)
+            y_inf = fused.infer(x, q)
+            if not np.array_equal(y_inf, y):
+                raise RuntimeError(f"{name} batch {b}: plan.infer differs from model(Tensor)")
+            row["netcl"] = _median_ms(lambda: fused.infer(x, q), repeats, warmup)
+            row["netcl_tensor"] = _median_ms(run_netcl, repeats, warmup)
             # host cost of enqueueing one forward (no wait), per kernel launch
             xt = Tensor.from_host(q, x)
             q.finish()
@@ -222,7 +226,7 @@ def _time_torch(tm, x, y_netcl, repeats, warmup):
 
 
 # -- presentation ------------------------------------------------------------------------
-COLUMNS = [("netcl", "netcl"), ("ort_cpu", "ort CPU"), ("ort_cuda", "ort CUDA"),
+COLUMNS = [("netcl", "netcl"), ("netcl_tensor", "netcl via Tensor API"), ("ort_cpu", "ort CPU"), ("ort_cuda", "ort CUDA"),
            ("ort_cuda_tf32", "ort CUDA TF32-on"), ("torch_cuda", "torch CUDA")]
 
 
@@ -236,7 +240,7 @@ def format_row(r):
 def format_table(rows):
     """A Markdown table: latency per runtime (ms) and netcl's ratio to each (lower is better for netcl)."""
     present = [(k, label) for k, label in COLUMNS if any(k in r for r in rows)]
-    others = [(k, label) for k, label in present if k != "netcl"]
+    others = [(k, label) for k, label in present if not k.startswith("netcl")]
     head = (["model", "batch"] + [f"{label} ms" for _, label in present] +
             [f"netcl / {label}" for _, label in others] + ["launches", "host us/launch", "max |diff| vs ort"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -178,6 +178,20 @@ class FusedPlan:
         """Kernel launches per forward for an input of x_shape (fused stages only)."""
         return sum(1 for s in self.stages if isinstance(s, (_Conv, _Linear)))
 
+    def infer(self, x, queue=None):
+        """Host array in, host array out: the whole round trip through pinned staging buffers
+        (the upload is cut in chunks so that copying into pinned memory overlaps the transfer).
+        Returns a new float32 numpy array; one wait per call."""
+        from netcl.runtime import default_queue
+
+        q = queue if queue is not None else default_queue()
+        x = np.ascontiguousarray(x, np.float32)
+        key = (q.context.int_ptr, x.shape)
+        exe = self._exe.get(key)
+        if exe is None:
+            exe = self._exe[key] = _Executable(self, q, x.shape)
+        return exe.infer(x)
+
     def __call__(self, x):
         if x.queue is None:
             from netcl.runtime import default_queue
@@ -245,7 +259,9 @@ class _Executable:
 
         STATS["builds"] += 1  # counted whether or not the caches answer: a call here is a miss of ours
         prog = build(self.q.context, kernel_source("fused"), [f"-D{k}={v}" for k, v in opts.items()] + list(extra))
-        return getattr(prog, name)
+        import pyopencl as cl
+
+        return cl.Kernel(prog, name)
 
     def _buffer(self, nbytes, zero=False):
         cl = self._cl
@@ -402,6 +418,36 @@ class _Executable:
                 if r.out_buf is not None:
                     r.kernel.set_arg(r.out_idx, r.out_buf)
                 r.bound_in = None
+
+    def _staging(self):
+        """Pinned host buffers (mapped once) and a device input buffer for infer()."""
+        cl, q = self._cl, self.q
+        mf = cl.mem_flags
+        nin = int(np.prod(self.shape)) * 4
+        nout = int(np.prod(self.out_shape)) * 4
+        self.pin_in = self._buffer(nin) if False else cl.Buffer(q.context, mf.READ_WRITE | mf.ALLOC_HOST_PTR, nin)
+        self.pin_out = cl.Buffer(q.context, mf.READ_WRITE | mf.ALLOC_HOST_PTR, max(nout, 4))
+        STATS["buffers"] += 2
+        self.host_in, _ = cl.enqueue_map_buffer(q, self.pin_in, cl.map_flags.WRITE | cl.map_flags.READ, 0,
+                                                self.shape, np.float32)
+        self.host_out, _ = cl.enqueue_map_buffer(q, self.pin_out, cl.map_flags.WRITE | cl.map_flags.READ, 0,
+                                                 self.out_shape, np.float32)
+        self.dev_in = Tensor(self.shape, q, self._buffer(nin))
+        flat = self.host_in.reshape(-1)
+        step = max(1 << 18, -(-flat.size // 8))  # >= 1 MB chunks, at most 8
+        self.chunks = [(i, min(i + step, flat.size)) for i in range(0, flat.size, step)]
+
+    def infer(self, x):
+        cl, q = self._cl, self.q
+        if not hasattr(self, "host_in"):
+            self._staging()
+        src, dst = x.reshape(-1), self.host_in.reshape(-1)
+        for a, b in self.chunks:
+            np.copyto(dst[a:b], src[a:b])
+            cl.enqueue_copy(q, self.dev_in.buf, dst[a:b], dst_offset=4 * a, is_blocking=False)
+        y = self.run(self.dev_in)
+        cl.enqueue_copy(q, self.host_out, y.buf, is_blocking=True)
+        return self.host_out.copy()
 
     def run(self, x):
         from netcl.runtime import alloc

@@ -1,0 +1,176 @@
+"""The fused inference path (netcl.jit): equal to the unfused layers, never stale, no rebuilds."""
+import numpy as np
+import pytest
+
+import netcl
+from netcl import Tensor, jit, models, nn, optim
+
+pytest.importorskip("pyopencl")
+
+
+@pytest.fixture(scope="module")
+def q():
+    try:
+        return netcl.default_queue()
+    except netcl.NoDeviceError as e:
+        pytest.skip(str(e))
+
+
+def _bn_stats(model, rng):
+    for m in model:
+        if isinstance(m, nn.BatchNorm2d):
+            c = m.num_features
+            m.running_mean.set_(rng.normal(0, 0.5, c))
+            m.running_var.set_(rng.uniform(0.5, 2.0, c))
+            m.weight.set_(rng.uniform(0.5, 1.5, c))
+            m.bias.set_(rng.normal(0, 0.2, c))
+    return model
+
+
+def _unfused(model, q, x):
+    plan, model._fused = model._fused, None
+    try:
+        return model(Tensor.from_host(q, x)).to_host()
+    finally:
+        model._fused = plan
+
+
+def _fused(model, q, x):
+    assert model._fused is not None
+    return model(Tensor.from_host(q, x)).to_host()
+
+
+def small_detector():
+    """detector26's structure at a reduced size: Conv-BN-LeakyReLU-MaxPool blocks, then a 1x1 conv + Sigmoid."""
+    layers, chans = [], [3, 8, 16, 24]
+    for a, b in zip(chans, chans[1:]):
+        layers += [nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b), nn.LeakyReLU(0.1), nn.MaxPool2d(2)]
+    return nn.Sequential(*layers, nn.Conv2d(24, 5, 1), nn.Sigmoid())
+
+
+CASES = [("mlp", models.mlp, (64,)), ("cnn", models.cnn, (3, 32, 32)), ("small_detector", small_detector, (3, 32, 32))]
+
+
+@pytest.mark.parametrize("name,build,shape", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_equals_unfused(q, name, build, shape, batch):
+    rng = np.random.default_rng(batch)
+    netcl.manual_seed(1)
+    model = _bn_stats(build(), rng).eval()
+    x = rng.normal(size=(batch,) + shape).astype(np.float32)
+    ref = _unfused(model, q, x)
+    y = _fused(model, q, x)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(model._fused.infer(x, q), y)
+
+
+def test_gpu_kernels_on_this_device(q, monkeypatch):
+    """The GPU family (local-memory tiles, split-K) computes the same function on any device."""
+    monkeypatch.setenv("NETCL_JIT_CLASS", "gpu")
+    rng = np.random.default_rng(5)
+    netcl.manual_seed(2)
+    model = _bn_stats(models.cnn(), rng).eval()
+    x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def test_plan_structure_and_launches(q):
+    model = models.detector26().eval()
+    plan = model._fused
+    assert plan is not None and plan.launches((1, 3, 256, 256)) == 7  # one kernel per conv block
+    model.train()
+    assert model._fused is None  # train() drops the plan
+    model.eval()
+    assert model._fused is not None
+
+
+def test_train_mode_runs_unfused(q):
+    rng = np.random.default_rng(0)
+    model = models.cnn().eval()
+    model.train()
+    x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
+    before = jit.STATS["launches"]
+    model(Tensor.from_host(q, x))
+    assert jit.STATS["launches"] == before
+
+
+def test_load_state_dict_after_eval_is_not_stale(q):
+    rng = np.random.default_rng(3)
+    netcl.manual_seed(3)
+    model = _bn_stats(models.cnn(), rng).eval()
+    x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
+    y0 = _fused(model, q, x)
+    netcl.manual_seed(4)
+    other = _bn_stats(models.cnn(), np.random.default_rng(9))
+    model.load_state_dict(other.state_dict())
+    y1 = _fused(model, q, x)
+    assert np.abs(y1 - y0).max() > 1e-3
+    np.testing.assert_allclose(y1, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def test_optimizer_step_after_eval_is_not_stale(q):
+    rng = np.random.default_rng(4)
+    netcl.manual_seed(5)
+    model = _bn_stats(models.mlp(), rng)
+    x = rng.normal(size=(4, 64)).astype(np.float32)
+    opt = optim.SGD(model.parameters(), lr=0.5)
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    loss_fn(model(Tensor.from_host(q, x)), np.array([0, 1, 2, 3]))
+    model.backward(loss_fn.backward())
+    model.eval()
+    y0 = _fused(model, q, x)
+    opt.step()  # weights change while the plan exists
+    y1 = _fused(model, q, x)
+    assert np.abs(y1 - y0).max() > 1e-4
+    np.testing.assert_allclose(y1, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def test_no_builds_or_allocations_after_first_call(q, monkeypatch):
+    import pyopencl as cl
+
+    from netcl.runtime import program
+
+    rng = np.random.default_rng(6)
+    model = _bn_stats(small_detector(), rng).eval()
+    x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
+    _fused(model, q, x)
+    model._fused.infer(x, q)
+
+    builds, buffers = [0], [0]
+    real_build, real_buffer = program.build, cl.Buffer
+
+    def counting_build(*a, **k):
+        builds[0] += 1
+        return real_build(*a, **k)
+
+    class CountingBuffer(real_buffer):
+        def __init__(self, *a, **k):
+            buffers[0] += 1
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(program, "build", counting_build)
+    monkeypatch.setattr("netcl.runtime.build", counting_build)
+    monkeypatch.setattr(cl, "Buffer", CountingBuffer)
+    stats = dict(jit.STATS)
+    from netcl.runtime import _pools
+
+    pool = _pools[q.context]
+    held = pool.held_blocks + pool.active_blocks
+    for _ in range(3):
+        xt = Tensor.from_host(q, x)
+        y = model(xt).to_host()
+        del xt
+        model._fused.infer(x, q)
+    assert builds[0] == 0 and buffers[0] == 0
+    assert jit.STATS["builds"] == stats["builds"] and jit.STATS["buffers"] == stats["buffers"]
+    assert pool.held_blocks + pool.active_blocks <= held + 2  # the output (and input) reuse pooled blocks
+    assert y.shape == (2, 5, 4, 4)
+
+
+def test_unfusable_layers_fall_back(q):
+    rng = np.random.default_rng(7)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Softmax(dim=1), nn.Linear(16, 4), nn.Dropout(0.5), nn.Tanh()).eval()
+    x = rng.normal(size=(3, 8)).astype(np.float32)
+    np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
