@@ -205,6 +205,20 @@ class FusedPlan:
         return exe.run(x)
 
 
+_pool = None
+
+
+def _copy_pool():
+    """Threads for host copies into pinned staging memory (numpy releases the GIL while copying)."""
+    global _pool
+    if _pool is None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 1))), thread_name_prefix="netcl-copy")
+    return _pool
+
+
 class _StageRun:
     """One stage's device side for one input shape: kernel, sizes, buffers, weight refresh."""
     kernel = None
@@ -442,8 +456,14 @@ class _Executable:
         if not hasattr(self, "host_in"):
             self._staging()
         src, dst = x.reshape(-1), self.host_in.reshape(-1)
-        for a, b in self.chunks:
-            np.copyto(dst[a:b], src[a:b])
+        if len(self.chunks) > 1:  # copy chunks into pinned memory on several threads; send each when ready
+            pool = _copy_pool()
+            done = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in self.chunks]
+        for i, (a, b) in enumerate(self.chunks):
+            if len(self.chunks) > 1:
+                done[i].result()
+            else:
+                np.copyto(dst[a:b], src[a:b])
             cl.enqueue_copy(q, self.dev_in.buf, dst[a:b], dst_offset=4 * a, is_blocking=False)
         y = self.run(self.dev_in)
         cl.enqueue_copy(q, self.host_out, y.buf, is_blocking=True)
