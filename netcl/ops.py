@@ -20,11 +20,11 @@ def _arg(a):
     return a  # a buffer, or None for an unused pointer
 
 
-def launch(queue, family, name, gsize, lsize, *args):
-    """Enqueue kernel `name` of `family`; the global size is rounded up to the local size."""
+def launch(queue, family, name, gsize, lsize, *args, options=()):
+    """Enqueue kernel `name` of `family` (built with `options`); the global size is rounded up to the local size."""
     import pyopencl as cl
 
-    k = kernels(queue, family)[name]
+    k = kernels(queue, family, options)[name]
     gsize = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
     k.set_args(*[_arg(a) for a in args])
     return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
@@ -84,14 +84,73 @@ def mul(a, b):
 
 
 # -- GEMM --------------------------------------------------------------------------------
+# Per device class: block sizes of the fast kernels (build options of gemm.cl) and fixed 1-D
+# local sizes (PoCL compiles once per local size). On CPUs the vector width follows the
+# device's native float width (8 on AVX2, 16 on AVX-512): FM x VN = 8x8 beat 4x16, 6x16 and
+# 12x8 on a 2-core AVX2 PoCL (tools/benchmark_training.py measures the result).
+_GEMM_CONFIG = {
+    "cpu": {"FM": 8, "VN": 8, "DM": 4, "DN": 4, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
+    "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
+    "gpu": {"FM": 4, "VN": 8, "DM": 2, "DN": 2, "VK": 8, "local_vn": 64, "local_dot": 64, "kchunk": 4096},
+}
+_OPTION_KEYS = ("FM", "VN", "DM", "DN", "VK")
+
+
+def _gemm_config(q):
+    from netcl.runtime import device_class
+
+    cls = device_class(q)
+    if cls == "cpu" and q.device.native_vector_width_float >= 16:
+        cls = "cpu16"
+    cfg = _GEMM_CONFIG[cls]
+    return cfg, tuple(f"-D{k}={cfg[k]}" for k in _OPTION_KEYS)
+
+
+def _launch_flat(q, name, options, total, local, *args):
+    """A 1-D launch of `total` work-items of a gemm.cl kernel whose last argument is `total`."""
+    import pyopencl as cl
+
+    k = kernels(q, "gemm", options)[name]
+    k.set_args(*[_arg(a) for a in args], np.int32(total))
+    cl.enqueue_nd_range_kernel(q, k, (-(-total // local) * local,), (local,))
+
+
 def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode=0, batch=1,
          offsets=(0, 0, 0)):
     """C[b] = alpha * A[b] @ B[b] + beta * C[b] (+ bias) with element strides
-    sa = (m, k, batch), sb = (k, n, batch), sc = (m, n, batch)."""
+    sa = (m, k, batch), sb = (k, n, batch), sc = (m, n, batch).
+
+    Three kernels, picked by layout: gemm_vn when B and C are contiguous along n (row-major B,
+    any A: the forward and data-gradient GEMMs), gemm_dot (+ split-K) when A and B are both
+    contiguous along k (the weight gradients, x @ W^T), the strided gemm otherwise."""
     q = C.queue
-    launch(q, "gemm", "gemm", (-(-N // 4), -(-M // 4), batch), (8, 8, 1),
-           M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc,
-           float(alpha), float(beta), bias if bias is not None else dummy(q), bias_mode)
+    bias_arg = bias if bias is not None else dummy(q)
+    cfg, options = _gemm_config(q)
+    vn_ok = sb[1] == 1 and sc[1] == 1
+    dot_ok = sa[1] == 1 and sb[0] == 1
+    if vn_ok and not (dot_ok and N < cfg["VN"]):
+        mb, nb = -(-M // cfg["FM"]), -(-N // cfg["VN"])
+        _launch_flat(q, "gemm_vn", options, batch * mb * nb, cfg["local_vn"],
+                     M, N, K, A, offsets[0], sa[0], sa[1], sa[2], B, offsets[1], sb[0], sb[2],
+                     C, offsets[2], sc[0], sc[2], float(alpha), float(beta), bias_arg, bias_mode, mb, nb)
+    elif dot_ok:
+        mb, nb = -(-M // cfg["DM"]), -(-N // cfg["DN"])
+        chunks = max(1, K // cfg["kchunk"])
+        kchunk = -(-K // chunks)
+        kchunk = -(-kchunk // cfg["VK"]) * cfg["VK"]
+        chunks = -(-K // kchunk)
+        P = new(q, (batch, chunks, M, N)) if chunks > 1 else None
+        _launch_flat(q, "gemm_dot", options, batch * chunks * mb * nb, cfg["local_dot"],
+                     M, N, K, A, offsets[0], sa[0], sa[2], B, offsets[1], sb[1], sb[2],
+                     C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode, mb, nb, kchunk, chunks,
+                     P if P is not None else dummy(q))
+        if P is not None:
+            _launch_flat(q, "gemm_reduce", options, batch * M * N, _LOCAL, M, N, chunks, P,
+                         C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode)
+    else:
+        launch(q, "gemm", "gemm", (-(-N // 4), -(-M // 4), batch), (8, 8, 1),
+               M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc,
+               float(alpha), float(beta), bias_arg, bias_mode, options=options)
     return C.mark_written()
 
 
@@ -110,7 +169,8 @@ def matmul(a, b, trans_a=False, trans_b=False, out=None, beta=0.0, bias=None, bi
 
 def sum_axis(x, I, J, si, sj, out, accumulate=False, off=0):
     """out[j] (+)= sum_i x[off + i*si + j*sj]"""
-    launch(x.queue, "gemm", "sum_axis", (J * 64,), (64,), I, J, x, off, si, sj, out, int(accumulate))
+    launch(x.queue, "gemm", "sum_axis", (J * 64,), (64,), I, J, x, off, si, sj, out, int(accumulate),
+           options=_gemm_config(x.queue)[1])
     return out.mark_written()
 
 
@@ -118,7 +178,7 @@ def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False):
     """dst[b*d0 + i*d1 + j*d2] (+)= src[b*s0 + i*s1 + j*s2] over a (B, I, J) walk."""
     B, I, J = dims
     launch(src.queue, "gemm", "permute3", (J, I, B), (16, 4, 1), B, I, J, src, *src_strides, dst, *dst_strides,
-           int(accumulate))
+           int(accumulate), options=_gemm_config(src.queue)[1])
     return dst.mark_written()
 
 

@@ -45,6 +45,192 @@ __kernel void gemm(const int M, const int N, const int K,
     }
 }
 
+// Fast path (Python picks it when B and C are contiguous along n: sbn == scn == 1): each
+// work-item computes an FM x VN block of C with VN-wide vector loads of B rows and scalar
+// broadcasts of A (any A strides, so A may be transposed). PoCL on CPUs does not vectorise
+// across work-items, so the vectors have to be explicit. The grid is 1-D over
+// (batch, n-block, m-block), m fastest: one work-group shares a B panel across its m-blocks,
+// and many tiny batched GEMMs (a conv over N images) leave no work-item idle.
+#ifndef FM
+#define FM 4
+#endif
+#ifndef VN
+#define VN 16
+#endif
+#define VECN_(w) float##w
+#define VECN(w) VECN_(w)
+#define VLOADN_(w) vload##w
+#define VLOADN(w) VLOADN_(w)
+#define VSTOREN_(w) vstore##w
+#define VSTOREN(w) VSTOREN_(w)
+#define floatv VECN(VN)
+#define vloadv VLOADN(VN)
+#define vstorev VSTOREN(VN)
+
+__kernel void gemm_vn(const int M, const int N, const int K,
+                      __global const float *A, const int a_off, const int sam, const int sak, const int sab,
+                      __global const float *B, const int b_off, const int sbk, const int sbb,
+                      __global float *C, const int c_off, const int scm, const int scb,
+                      const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                      const int mblocks, const int nblocks, const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int per_batch = mblocks * nblocks;
+    const int b = gid / per_batch, r = gid - b * per_batch;
+    const int m0 = (r % mblocks) * FM, n0 = (r / mblocks) * VN;
+    A += a_off + b * sab;
+    B += b_off + b * sbb + n0;
+    C += c_off + b * scb + n0;
+    const int nl = min(VN, N - n0);  // columns of this block inside C
+    const bool full = nl == VN;
+    int ra[FM];
+    for (int i = 0; i < FM; i++) ra[i] = min(m0 + i, M - 1) * sam;
+    floatv acc[FM];
+    for (int i = 0; i < FM; i++) acc[i] = (floatv)(0.0f);
+    if (full) {
+        for (int k = 0; k < K; k++) {
+            const floatv bv = vloadv(0, B + k * sbk);
+            const int ak = k * sak;
+            for (int i = 0; i < FM; i++) acc[i] = fma((floatv)(A[ra[i] + ak]), bv, acc[i]);
+        }
+    } else {  // n tail: clamp the columns on load
+        for (int k = 0; k < K; k++) {
+            float t[VN];
+            for (int j = 0; j < VN; j++) t[j] = B[k * sbk + min(j, nl - 1)];
+            const floatv bv = vloadv(0, t);
+            const int ak = k * sak;
+            for (int i = 0; i < FM; i++) acc[i] = fma((floatv)(A[ra[i] + ak]), bv, acc[i]);
+        }
+    }
+    for (int i = 0; i < FM; i++) {
+        const int m = m0 + i;
+        if (m >= M) break;
+        __global float *c = C + m * scm;
+        floatv v = alpha * acc[i];
+        if (full) {
+            if (bias_mode == 1) v += vloadv(0, bias + n0);
+            else if (bias_mode == 2) v += (floatv)(bias[m]);
+            if (beta != 0.0f) v += beta * vloadv(0, c);
+            vstorev(v, 0, c);
+        } else {
+            float t[VN];
+            vstorev(v, 0, t);
+            for (int j = 0; j < nl; j++) {
+                float e = t[j];
+                if (bias_mode == 1) e += bias[n0 + j];
+                else if (bias_mode == 2) e += bias[m];
+                if (beta != 0.0f) e += beta * c[j];
+                c[j] = e;
+            }
+        }
+    }
+}
+
+// Dot-product path (Python picks it when A and B are both contiguous along k: sak == sbk == 1,
+// e.g. a weight gradient dY @ cols^T or dx = dy @ W^T): each work-item a DM x DN block of C
+// from VK-wide vector loads of A and B rows, over one chunk of K (split-K: the weight
+// gradient has a small C and a huge K, so chunks give work-items enough to do in parallel and
+// keep their rows in cache). With one chunk the result goes to C (alpha, beta, bias); with
+// more, partial sums go to P[chunk][m][n] and gemm_reduce finishes.
+#ifndef DM
+#define DM 4
+#endif
+#ifndef DN
+#define DN 4
+#endif
+#ifndef VK
+#define VK 16
+#endif
+#define floatk VECN(VK)
+#define vloadk VLOADN(VK)
+
+inline float hsum(floatk v) {
+#if VK == 16
+    float8 h8 = v.lo + v.hi;
+    float4 h4 = h8.lo + h8.hi;
+#elif VK == 8
+    float4 h4 = v.lo + v.hi;
+#else
+    float4 h4 = v;
+#endif
+    float2 h2 = h4.lo + h4.hi;
+    return h2.x + h2.y;
+}
+
+__kernel void gemm_dot(const int M, const int N, const int K,
+                       __global const float *A, const int a_off, const int sam, const int sab,
+                       __global const float *B, const int b_off, const int sbn, const int sbb,
+                       __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                       const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                       const int mblocks, const int nblocks, const int kchunk, const int chunks,
+                       __global float *P, const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int per_chunk = mblocks * nblocks, per_batch = per_chunk * chunks;
+    const int b = gid / per_batch, r0 = gid - b * per_batch;
+    const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;
+    const int m0 = (r % mblocks) * DM, n0 = (r / mblocks) * DN;
+    const int k0 = ch * kchunk, k1 = min(K, k0 + kchunk);
+    A += a_off + b * sab;
+    B += b_off + b * sbb;
+    __global const float *ap[DM], *bp[DN];
+    for (int i = 0; i < DM; i++) ap[i] = A + min(m0 + i, M - 1) * sam;
+    for (int j = 0; j < DN; j++) bp[j] = B + min(n0 + j, N - 1) * sbn;
+    floatk acc[DM][DN];
+    for (int i = 0; i < DM; i++)
+        for (int j = 0; j < DN; j++) acc[i][j] = (floatk)(0.0f);
+    int k = k0;
+    for (; k + VK <= k1; k += VK) {
+        floatk av[DM], bv[DN];
+        for (int i = 0; i < DM; i++) av[i] = vloadk(0, ap[i] + k);
+        for (int j = 0; j < DN; j++) bv[j] = vloadk(0, bp[j] + k);
+        for (int i = 0; i < DM; i++)
+            for (int j = 0; j < DN; j++) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+    }
+    float s[DM][DN];
+    for (int i = 0; i < DM; i++)
+        for (int j = 0; j < DN; j++) s[i][j] = hsum(acc[i][j]);
+    for (; k < k1; k++)
+        for (int i = 0; i < DM; i++)
+            for (int j = 0; j < DN; j++) s[i][j] = fma(ap[i][k], bp[j][k], s[i][j]);
+    for (int i = 0; i < DM; i++) {
+        const int m = m0 + i;
+        if (m >= M) break;
+        for (int j = 0; j < DN; j++) {
+            const int n = n0 + j;
+            if (n >= N) break;
+            if (chunks > 1) {
+                P[((b * chunks + ch) * M + m) * N + n] = s[i][j];
+                continue;
+            }
+            float v = alpha * s[i][j];
+            if (bias_mode == 1) v += bias[n];
+            else if (bias_mode == 2) v += bias[m];
+            const int c = c_off + b * scb + m * scm + n * scn;
+            if (beta != 0.0f) v += beta * C[c];
+            C[c] = v;
+        }
+    }
+}
+
+// C[b](m, n) = alpha * sum_chunk P[b][chunk][m][n] (+ bias) + beta * C[b](m, n): split-K's second step.
+__kernel void gemm_reduce(const int M, const int N, const int chunks, __global const float *P,
+                          __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                          const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                          const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int MN = M * N, b = gid / MN, mn = gid - b * MN, m = mn / N, n = mn - m * N;
+    float s = 0.0f;
+    for (int ch = 0; ch < chunks; ch++) s += P[(b * chunks + ch) * MN + mn];
+    float v = alpha * s;
+    if (bias_mode == 1) v += bias[n];
+    else if (bias_mode == 2) v += bias[m];
+    const int c = c_off + b * scb + m * scm + n * scn;
+    if (beta != 0.0f) v += beta * C[c];
+    C[c] = v;
+}
+
 // out[j] = sum_i X[off + i*si + j*sj] (+ out[j] when accumulate): bias gradients.
 // One work-group of RED threads per output j.
 #define RED 64

@@ -1,0 +1,69 @@
+"""ops.gemm against numpy on every kernel path: gemm_vn (B and C contiguous along n), gemm_dot
+with and without split-K (A and B contiguous along k), the strided fallback; transposes, sizes
+that are not multiples of any block, tails, batches with offsets, both bias modes, beta."""
+import numpy as np
+import pytest
+from conftest import assert_close
+
+from netcl import Tensor, ops
+
+
+def _strides(layout_t, rows, cols):
+    """(row, col) element strides of a (rows, cols) operand stored plain or transposed."""
+    return (1, rows) if layout_t else (cols, 1)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (5, 7, 3), (17, 33, 19), (64, 16, 144), (3, 100, 2500),
+                                   (16, 9, 4096), (40, 130, 70)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_layouts(queue, rng, M, N, K, ta, tb):
+    a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+    ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
+    got = ops.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b), trans_a=ta, trans_b=tb).to_host()
+    assert_close(got, ref, what=f"matmul {M}x{N}x{K} ta={ta} tb={tb}")
+
+
+@pytest.mark.parametrize("path", ["vn", "dot", "dot_splitk", "strided"])
+@pytest.mark.parametrize("bias_mode", [0, 1, 2])
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+def test_gemm_batched_bias_beta(queue, rng, path, bias_mode, beta):
+    """Batched, with offsets into every buffer and a C whose rows are padded, alpha != 1."""
+    batch, M, N = 3, 13, 21
+    K = 2200 if path == "dot_splitk" else 11
+    alpha = 0.75
+    a_t = path in ("dot", "dot_splitk")  # A (M, K) row-major for dot, else stored (K, M) for vn/strided
+    b_kn = path == "vn"  # B stored (K, N) for vn, (N, K) for dot, and a strided view for the fallback
+    offa, offb, offc, ldc = 5, 7, 3, N + 4
+    a = rng.standard_normal((batch, M, K)).astype(np.float32)
+    b = rng.standard_normal((batch, K, N)).astype(np.float32)
+    c0 = rng.standard_normal((batch, M, ldc)).astype(np.float32)
+    bias = rng.standard_normal(N if bias_mode == 1 else M).astype(np.float32)
+    if a_t:
+        abuf, sa = a, (K, 1, M * K)
+    else:
+        abuf, sa = a.transpose(0, 2, 1).copy(), (1, M, M * K)
+    if b_kn:
+        bbuf, sb = b, (N, 1, K * N)
+    elif path == "strided":  # n-stride 2 over a (K, 2N) buffer: no fast path applies
+        bbuf = np.zeros((batch, K, 2 * N), np.float32)
+        bbuf[:, :, ::2] = b
+        sb = (2 * N, 2, 2 * K * N)
+    else:
+        bbuf, sb = b.transpose(0, 2, 1).copy(), (1, K, N * K)
+    A = Tensor.from_host(queue, np.concatenate([np.zeros(offa, np.float32), abuf.ravel()]))
+    B = Tensor.from_host(queue, np.concatenate([np.zeros(offb, np.float32), bbuf.ravel()]))
+    C = Tensor.from_host(queue, np.concatenate([np.zeros(offc, np.float32), c0.ravel()]))
+    ops.gemm(M, N, K, A, sa, B, sb, C, (ldc, 1, M * ldc), alpha=alpha, beta=beta,
+             bias=Tensor.from_host(queue, bias) if bias_mode else None, bias_mode=bias_mode, batch=batch,
+             offsets=(offa, offb, offc))
+    ref = c0.astype(np.float64).copy()
+    full = alpha * np.einsum("bmk,bkn->bmn", a.astype(np.float64), b)
+    if bias_mode == 1:
+        full += bias[None, None, :]
+    elif bias_mode == 2:
+        full += bias[None, :, None]
+    ref[:, :, :N] = full + beta * ref[:, :, :N]
+    got = C.to_host()[offc:].reshape(batch, M, ldc)
+    assert_close(got, ref, what=f"{path} bias_mode={bias_mode} beta={beta}")
+    assert np.array_equal(got[:, :, N:], c0[:, :, N:]), "wrote past the n tail into C's row padding"
