@@ -87,9 +87,10 @@ def mul(a, b):
 # Per device class: block sizes of the fast kernels (build options of gemm.cl) and fixed 1-D
 # local sizes (PoCL compiles once per local size). On CPUs the vector width follows the
 # device's native float width (8 on AVX2, 16 on AVX-512): FM x VN = 8x8 beat 4x16, 6x16 and
-# 12x8 on a 2-core AVX2 PoCL (tools/benchmark_training.py measures the result).
+# 12x8 on a 2-core AVX2 PoCL, and DM x DN = 3x3 (9 accumulators + 6 loads fit 16 ymm
+# registers) beat 4x4 and 2x4 (tools/benchmark_training.py measures the result).
 _GEMM_CONFIG = {
-    "cpu": {"FM": 8, "VN": 8, "DM": 4, "DN": 4, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
+    "cpu": {"FM": 8, "VN": 8, "DM": 3, "DN": 3, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
     "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
     "gpu": {"FM": 4, "VN": 8, "DM": 2, "DN": 2, "VK": 8, "local_vn": 64, "local_dot": 64, "kchunk": 4096},
 }
@@ -128,6 +129,12 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     cfg, options = _gemm_config(q)
     vn_ok = sb[1] == 1 and sc[1] == 1
     dot_ok = sa[1] == 1 and sb[0] == 1
+    if dot_ok and sc[1] == 1 and not vn_ok and M >= 64 and N >= cfg["VN"]:
+        # x @ W^T with many rows: transposing B (K*N elements, under 1/64 of the work) into a
+        # contiguous copy lets the faster gemm_vn do the GEMM.
+        Bt = new(q, (batch, K, N))
+        permute3(B, (batch, N, K), (sb[2], sb[1], 1), Bt, (K * N, 1, N), offset=offsets[1])
+        B, sb, offsets, vn_ok = Bt, (N, 1, K * N), (offsets[0], 0, offsets[2]), True
     if vn_ok and not (dot_ok and N < cfg["VN"]):
         mb, nb = -(-M // cfg["FM"]), -(-N // cfg["VN"])
         _launch_flat(q, "gemm_vn", options, batch * mb * nb, cfg["local_vn"],
@@ -174,11 +181,11 @@ def sum_axis(x, I, J, si, sj, out, accumulate=False, off=0):
     return out.mark_written()
 
 
-def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False):
-    """dst[b*d0 + i*d1 + j*d2] (+)= src[b*s0 + i*s1 + j*s2] over a (B, I, J) walk."""
+def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False, offset=0):
+    """dst[b*d0 + i*d1 + j*d2] (+)= src[offset + b*s0 + i*s1 + j*s2] over a (B, I, J) walk."""
     B, I, J = dims
-    launch(src.queue, "gemm", "permute3", (J, I, B), (16, 4, 1), B, I, J, src, *src_strides, dst, *dst_strides,
-           int(accumulate), options=_gemm_config(src.queue)[1])
+    launch(src.queue, "gemm", "permute3", (J, I, B), (16, 4, 1), B, I, J, src, offset, *src_strides, dst,
+           *dst_strides, int(accumulate), options=_gemm_config(src.queue)[1])
     return dst.mark_written()
 
 

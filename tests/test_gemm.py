@@ -1,5 +1,5 @@
 """ops.gemm against numpy on every kernel path: gemm_vn (B and C contiguous along n), gemm_dot
-with and without split-K (A and B contiguous along k), the strided fallback; transposes, sizes
+with and without split-K (A and B contiguous along k), B^T copied then gemm_vn, the strided fallback; transposes, sizes
 that are not multiples of any block, tails, batches with offsets, both bias modes, beta."""
 import numpy as np
 import pytest
@@ -24,15 +24,15 @@ def test_matmul_layouts(queue, rng, M, N, K, ta, tb):
     assert_close(got, ref, what=f"matmul {M}x{N}x{K} ta={ta} tb={tb}")
 
 
-@pytest.mark.parametrize("path", ["vn", "dot", "dot_splitk", "strided"])
+@pytest.mark.parametrize("path", ["vn", "dot", "dot_splitk", "nt_transposed", "strided"])
 @pytest.mark.parametrize("bias_mode", [0, 1, 2])
 @pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
 def test_gemm_batched_bias_beta(queue, rng, path, bias_mode, beta):
     """Batched, with offsets into every buffer and a C whose rows are padded, alpha != 1."""
-    batch, M, N = 3, 13, 21
+    batch, M, N = 3, 70 if path == "nt_transposed" else 13, 21  # M >= 64: B^T copied, then gemm_vn
     K = 2200 if path == "dot_splitk" else 11
     alpha = 0.75
-    a_t = path in ("dot", "dot_splitk")  # A (M, K) row-major for dot, else stored (K, M) for vn/strided
+    a_t = path in ("dot", "dot_splitk", "nt_transposed")  # A (M, K) row-major for dot, else stored (K, M) for vn/strided
     b_kn = path == "vn"  # B stored (K, N) for vn, (N, K) for dot, and a strided view for the fallback
     offa, offb, offc, ldc = 5, 7, 3, N + 4
     a = rng.standard_normal((batch, M, K)).astype(np.float32)

@@ -251,12 +251,12 @@ __kernel void sum_axis(const int I, const int J, __global const float *X, const 
 
 // dst[b][j][i] = src[b][i][j] for a (B, I, J) source: layout changes (conv, attention).
 // Generalised: dst index from src index by strides (d0, d1, d2) over a (B, I, J) walk.
-__kernel void permute3(const int B, const int I, const int J, __global const float *src,
+__kernel void permute3(const int B, const int I, const int J, __global const float *src, const int off,
                        const int s0, const int s1, const int s2,
                        __global float *dst, const int d0, const int d1, const int d2, const int accumulate) {
     const int j = get_global_id(0), i = get_global_id(1), b = get_global_id(2);
     if (j >= J || i >= I) return;
-    const float v = src[b * s0 + i * s1 + j * s2];
+    const float v = src[off + b * s0 + i * s1 + j * s2];
     const int o = b * d0 + i * d1 + j * d2;
     dst[o] = accumulate ? dst[o] + v : v;
 }

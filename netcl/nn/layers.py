@@ -210,7 +210,7 @@ class Conv2d(Module):
         k, s, p = self.kernel_size, self.stride, self.padding
         P, ckk = oh * ow, c * k * k
         cols = ops.new(q, (ckk, n * P))
-        ops.launch(q, "conv", "im2col", (n * P, ckk), (64, 1), n, c, h, w, k, s, p, oh, ow, x, cols)
+        ops.launch(q, "conv", "im2col", (n * oh, ckk), (8, 1), n, c, h, w, k, s, p, oh, ow, x, cols)
         y = ops.new(q, (n, oc, oh, ow))
         ops.gemm(oc, P, ckk, self.weight, (ckk, 1, 0), cols, (n * P, 1, P), y, (P, 1, oc * P),
                  bias=self.bias, bias_mode=2 if self.bias is not None else 0, batch=n)
@@ -234,7 +234,7 @@ class Conv2d(Module):
         dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)),
                          (NP, 1, 0))
         dx = ops.new(q, (n, c, h, w))
-        ops.launch1d(q, "conv", "col2im", dx.size, n, c, h, w, k, s, p, oh, ow, dcols, dx)
+        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), n, c, h, w, k, s, p, oh, ow, dcols, dx)
         return dx.mark_written()
 
 
