@@ -104,7 +104,8 @@ def cmd_verify(args):
 def cmd_bench(args):
     from netcl.bench import main as bench_main
 
-    return bench_main(args.bench_args)
+    rest = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    return bench_main(rest, prog="netcl bench")
 
 
 def build_parser():
@@ -147,7 +148,7 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the random input")
     p.set_defaults(fn=cmd_verify)
 
-    p = sub.add_parser("bench", help="benchmark netcl against onnxruntime (options: netcl bench -- --help)",
+    p = sub.add_parser("bench", help="benchmark netcl against onnxruntime (options: netcl bench --help)",
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_bench)
@@ -158,7 +159,11 @@ def main(argv=None):
     from netcl.errors import CompileError, FormatError, NoDeviceError
 
     ap = build_parser()
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # bench has its own option parser (netcl.bench.main)
+        args = argparse.Namespace(command="bench", fn=cmd_bench, bench_args=argv[1:])
+    else:
+        args = ap.parse_args(argv)
     if not getattr(args, "fn", None):
         ap.print_help()
         return 2
