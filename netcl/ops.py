@@ -88,7 +88,8 @@ def mul(a, b):
 # local sizes (PoCL compiles once per local size). On CPUs the vector width follows the
 # device's native float width (8 on AVX2, 16 on AVX-512): FM x VN = 8x8 beat 4x16, 6x16 and
 # 12x8 on a 2-core AVX2 PoCL, and DM x DN = 3x3 (9 accumulators + 6 loads fit 16 ymm
-# registers) beat 4x4 and 2x4 (tools/benchmark_training.py measures the result).
+# registers) beat 4x4 and 2x4 (measured on a busy shared machine, so by margins of 1.3-1.5x;
+# tools/benchmark_training.py measures the result). cpu16 (AVX-512) follows POCL.md's 4x16.
 _GEMM_CONFIG = {
     "cpu": {"FM": 8, "VN": 8, "DM": 3, "DN": 3, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
     "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
@@ -97,12 +98,19 @@ _GEMM_CONFIG = {
 _OPTION_KEYS = ("FM", "VN", "DM", "DN", "VK")
 
 
-def _gemm_config(q):
-    from netcl.runtime import device_class
+_config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
 
-    cls = device_class(q)
-    if cls == "cpu" and q.device.native_vector_width_float >= 16:
-        cls = "cpu16"
+
+def _gemm_config(q):
+    """(block and launch sizes, gemm.cl build options) for the queue's device."""
+    cls = _config_class.get(q.device.int_ptr)
+    if cls is None:
+        from netcl.runtime import device_class
+
+        cls = device_class(q)
+        if cls == "cpu" and q.device.native_vector_width_float >= 16:
+            cls = "cpu16"
+        _config_class[q.device.int_ptr] = cls
     cfg = _GEMM_CONFIG[cls]
     return cfg, tuple(f"-D{k}={cfg[k]}" for k in _OPTION_KEYS)
 

@@ -67,3 +67,16 @@ def test_gemm_batched_bias_beta(queue, rng, path, bias_mode, beta):
     got = C.to_host()[offc:].reshape(batch, M, ldc)
     assert_close(got, ref, what=f"{path} bias_mode={bias_mode} beta={beta}")
     assert np.array_equal(got[:, :, N:], c0[:, :, N:]), "wrote past the n tail into C's row padding"
+
+
+@pytest.mark.parametrize("config", ["cpu", "cpu16", "gpu"])
+def test_every_device_config(queue, rng, monkeypatch, config):
+    """The block sizes of every device class compile and agree with numpy on this device."""
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: config})
+    for M, N, K, ta, tb in [(37, 45, 29, True, False), (70, 33, 21, False, True), (9, 6, 3000, False, True),
+                            (5, 3, 7, False, False)]:
+        a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
+        got = ops.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b), trans_a=ta, trans_b=tb).to_host()
+        assert_close(got, ref, what=f"{config} {M}x{N}x{K} ta={ta} tb={tb}")
