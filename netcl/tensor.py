@@ -1,8 +1,9 @@
 """Tensor: float32 storage on the host, on an OpenCL device, or both.
 
 A tensor made without a queue lives on the host only (parameters of a model that is built,
-loaded or exported where pyopencl is absent); it moves to a device on first use. `version`
-counts writes, so that derived data (fused inference weights) can tell when it is stale.
+loaded or exported where pyopencl is absent); it moves to a device on first use. Views made by
+`reshape` share their storage: a write through any of them is seen by all. The storage's
+`version` counts writes, so that derived data (fused inference weights) can tell when it is stale.
 """
 import numpy as np
 
@@ -15,31 +16,42 @@ def _as_float32(x):
         # real numbers only: complex would silently lose its imaginary part
         if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating) or a.dtype == np.bool_):
             raise TypeError
-        return np.ascontiguousarray(a, dtype=np.float32)
+        return np.asarray(a, dtype=np.float32, order="C")
     except (TypeError, ValueError):
         raise TypeError(f"Tensor data must be an array-like of numbers convertible to float32, "
                         f"got {type(x).__name__}") from None
 
 
+class _Storage:
+    """What views of one tensor share: the queue, the device buffer, the host copy (flat), the write count.
+    `host` is None when the device holds newer data; `buf` is None for a host-only tensor."""
+
+    __slots__ = ("queue", "buf", "host", "version")
+
+    def __init__(self, queue, buf, host):
+        self.queue, self.buf, self.host, self.version = queue, buf, host, 0
+
+
 class Tensor:
     """A float32 array. `queue` is None for a host-only tensor."""
 
-    __slots__ = ("shape", "queue", "_host", "_buf", "grad", "version", "__weakref__")
+    __slots__ = ("shape", "_st", "grad", "__weakref__")
 
     def __init__(self, shape, queue=None, buf=None, host=None):
         self.shape = tuple(int(s) for s in shape)
-        self.queue = queue
-        self._buf = buf
-        self._host = host
+        if host is not None:
+            host = np.asarray(host, np.float32).reshape(-1)
+            if host.size != self.size:
+                raise ValueError(f"host data has {host.size} elements, shape {self.shape} needs {self.size}")
+        self._st = _Storage(queue, buf, host)
         self.grad = None
-        self.version = 0
 
     # -- construction ------------------------------------------------------------------
     @classmethod
     def from_host(cls, queue, x):
         """Copy array-like `x` (as float32) to the device of `queue` (None: keep it on the host)."""
         a = _as_float32(x)
-        t = cls(a.shape, None, None, a.copy() if a is x else a)
+        t = cls(a.shape, None, None, a.copy() if (a is x or a.base is not None) else a)
         return t.to(queue) if queue is not None else t
 
     @classmethod
@@ -47,7 +59,7 @@ class Tensor:
         from netcl.runtime import alloc
 
         t = cls(shape, queue)
-        t._buf = alloc(queue, t.nbytes)
+        t._st.buf = alloc(queue, t.nbytes)
         return t
 
     @classmethod
@@ -57,6 +69,14 @@ class Tensor:
         return t
 
     # -- properties --------------------------------------------------------------------
+    @property
+    def queue(self):
+        return self._st.queue
+
+    @property
+    def version(self):
+        return self._st.version
+
     @property
     def size(self):
         return int(np.prod(self.shape, dtype=np.int64))
@@ -71,14 +91,14 @@ class Tensor:
 
     @property
     def on_device(self):
-        return self._buf is not None
+        return self._st.buf is not None
 
     @property
     def buf(self):
         """The device buffer (the tensor must be on a device: see `to`)."""
-        if self._buf is None:
+        if self._st.buf is None:
             raise ValueError("tensor is on the host only; call .to(queue) first")
-        return self._buf
+        return self._st.buf
 
     def __repr__(self):
         where = "host" if self.queue is None else self.queue.device.name.strip()
@@ -89,17 +109,19 @@ class Tensor:
         """Make the data present on `queue`'s device (uploading host data once); returns self."""
         import pyopencl as cl
 
-        if self._buf is not None and self.queue is not None and self.queue.context == queue.context:
-            self.queue = queue
-            return self
-        host = self.to_host() if self._buf is not None else self._host
         from netcl.runtime import alloc
 
-        self.queue = queue
-        self._buf = alloc(queue, self.nbytes)
+        if not isinstance(queue, cl.CommandQueue):
+            raise TypeError(f"expected a pyopencl.CommandQueue (netcl.default_queue()), got {type(queue).__name__}")
+        st = self._st
+        if st.buf is not None and st.queue is not None and st.queue.context == queue.context:
+            st.queue = queue
+            return self
+        host = self.numpy().reshape(-1) if st.buf is not None else st.host
+        st.queue, st.buf = queue, alloc(queue, self.nbytes)
         if host is not None and host.size:
-            cl.enqueue_copy(queue, self._buf, np.ascontiguousarray(host, np.float32), is_blocking=False)
-            self._host = host  # keep the host copy: still valid, and the upload may still read it
+            cl.enqueue_copy(queue, st.buf, host, is_blocking=False)
+        st.host = host  # still valid; the upload may still be reading it
         return self
 
     def to_host(self):
@@ -107,21 +129,22 @@ class Tensor:
         return self.numpy().copy()
 
     def numpy(self):
-        """The data on the host (read from the device if needed); do not modify it."""
-        if self._host is None:
+        """The data on the host (read from the device once, then cached); do not modify it."""
+        st = self._st
+        if st.host is None:
             import pyopencl as cl
 
-            a = np.empty(self.shape, np.float32)
+            a = np.empty(self.size, np.float32)
             if a.size:
-                cl.enqueue_copy(self.queue, a, self._buf, is_blocking=True)
-            self._host = a
-        return self._host
+                cl.enqueue_copy(st.queue, a, st.buf, is_blocking=True)
+            st.host = a
+        return st.host.reshape(self.shape)
 
     # -- writes ------------------------------------------------------------------------
     def mark_written(self):
         """Record that a kernel wrote the device buffer: the host copy is stale."""
-        self._host = None
-        self.version += 1
+        self._st.host = None
+        self._st.version += 1
         return self
 
     def set_(self, x):
@@ -129,13 +152,14 @@ class Tensor:
         a = _as_float32(x)
         if a.shape != self.shape:
             raise ValueError(f"expected shape {self.shape}, got {a.shape}")
-        a = a.copy()
-        if self._buf is not None:
+        a = a.reshape(-1).copy()
+        st = self._st
+        if st.buf is not None and a.size:
             import pyopencl as cl
 
-            cl.enqueue_copy(self.queue, self._buf, a, is_blocking=True)
-        self._host = a
-        self.version += 1
+            cl.enqueue_copy(st.queue, st.buf, a, is_blocking=True)
+        st.host = a
+        st.version += 1
         return self
 
     def fill_(self, value):
@@ -145,14 +169,19 @@ class Tensor:
         return self
 
     def reshape(self, *shape):
-        """A view with a new shape sharing the same storage (the host copy is reshaped too)."""
+        """A view with a new shape sharing this tensor's storage."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        shape = list(shape)
-        if shape.count(-1) == 1:
-            known = int(np.prod([s for s in shape if s != -1]))
-            shape[shape.index(-1)] = self.size // max(known, 1)
-        if int(np.prod(shape)) != self.size:
-            raise ValueError(f"cannot reshape {self.shape} to {tuple(shape)}")
-        host = None if self._host is None else self._host.reshape(shape)
-        return Tensor(shape, self.queue, self._buf, host)
+        shape = [int(s) for s in shape]
+        if shape.count(-1) > 1 or any(s < -1 for s in shape):
+            raise ValueError(f"cannot reshape {self.shape} to {tuple(shape)}: at most one -1, no other negatives")
+        if -1 in shape:
+            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+            if known == 0 or self.size % known:
+                raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {tuple(shape)}")
+            shape[shape.index(-1)] = self.size // known
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {tuple(shape)}")
+        view = Tensor.__new__(Tensor)
+        view.shape, view._st, view.grad = tuple(shape), self._st, None
+        return view

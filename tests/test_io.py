@@ -395,9 +395,8 @@ def test_model_with_a_bad_tensor_is_not_saved(tmp_path):
     save(every_layer_cnn(), path)
     before = path.read_bytes()
     model = every_layer_cnn()
-    model[9]._params["bias"] = Tensor((7,), None, None, np.zeros(5, np.float32))  # data disagrees with its shape
-    with pytest.raises(ValueError, match="'9.bias' holds data of shape"):
-        save(model, path)
+    with pytest.raises(ValueError, match="host data has 5 elements"):  # data that disagrees with its shape
+        Tensor((7,), None, None, np.zeros(5, np.float32))
     model[9]._params["bias"] = np.zeros(7, np.float32)
     with pytest.raises(TypeError, match="'9.bias' is a ndarray"):
         save(model, path)
