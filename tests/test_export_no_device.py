@@ -83,11 +83,9 @@ def run_child(python, out, from_tree=True):
 
 
 def _model_file(tmp_path, rng):
-    """A .netcl file of the CNN with non-default batch-norm statistics (when netcl can save one)."""
-    try:
-        from netcl.io import save
-    except ImportError:
-        return None
+    """A .netcl file of the CNN with non-default batch-norm statistics."""
+    from netcl.io import save
+
     model = models.cnn().eval()
     for m in model:
         if isinstance(m, netcl.nn.BatchNorm2d):
@@ -104,9 +102,8 @@ def _check_outputs(tmp_path, model):
     netcl.manual_seed(7)
     export_onnx(models.cnn().eval(), (1, 3, 32, 32), tmp_path / "here.onnx", dynamic_batch=True)
     assert (tmp_path / "built.onnx").read_bytes() == (tmp_path / "here.onnx").read_bytes()
-    if model is not None:
-        export_onnx(model, (1, 3, 32, 32), tmp_path / "here-loaded.onnx", dynamic_batch=True)
-        assert (tmp_path / "loaded.onnx").read_bytes() == (tmp_path / "here-loaded.onnx").read_bytes()
+    export_onnx(model, (1, 3, 32, 32), tmp_path / "here-loaded.onnx", dynamic_batch=True)
+    assert (tmp_path / "loaded.onnx").read_bytes() == (tmp_path / "here-loaded.onnx").read_bytes()
 
 
 def test_export_without_pyopencl(tmp_path, rng):
@@ -120,8 +117,6 @@ def test_loaded_file_exported_without_device_runs_in_onnxruntime(tmp_path, rng, 
     """The .onnx exported where there is no device computes what netcl computes."""
     pytest.importorskip("onnxruntime")
     model = _model_file(tmp_path, rng)
-    if model is None:
-        pytest.skip("netcl.io.save is not available")
     r = run_child(bare_venv(), tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     from netcl.verify import verify

@@ -356,6 +356,10 @@ class _AtomicFile:
     def __init__(self, path):
         self.path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(self.path))
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"cannot export to {self.path!r}: it is a directory; give a file name")
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"cannot export to {self.path!r}: folder {folder!r} does not exist")
         self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         self.f = open(self.tmp, "wb")
 

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from netcl.tensor import Tensor
+from netcl.tensor import Tensor, _as_float32
 
 _rng = np.random.default_rng()
 
@@ -205,8 +205,8 @@ class Conv2d(Module):
         from netcl import ops
 
         q = self._on(x)
+        _, oc, oh, ow = self.output_shape(x.shape)  # checks the rank first
         n, c, h, w = x.shape
-        _, oc, oh, ow = self.output_shape(x.shape)
         k, s, p = self.kernel_size, self.stride, self.padding
         P, ckk = oh * ow, c * k * k
         cols = ops.new(q, (ckk, n * P))
@@ -267,6 +267,8 @@ class BatchNorm2d(Module):
         q = self._on(x)
         self.output_shape(x.shape)
         n, c, h, w = x.shape
+        if self.training and n * h * w < 2:
+            raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
         if self.training:
             mean, var = ops.new(q, (c,)), ops.new(q, (c,))
             ops.launch(q, "norm", "bn_stats", (c * 64,), (64,), n, c, h * w, x, mean, var, self.running_mean,
@@ -360,8 +362,8 @@ class _Pool2d(Module):
         return (n, c, oh, ow)
 
     def _geometry(self, shape):
+        _, _, oh, ow = self.output_shape(shape)  # checks the rank first
         n, c, h, w = shape
-        _, _, oh, ow = self.output_shape(shape)
         return n * c, h, w, self.kernel_size, self.stride, self.padding, oh, ow
 
 
@@ -602,7 +604,10 @@ class Sequential(Module):
         self._fused_input = None  # the input of a fused forward, which saves nothing for backward
 
     def __getitem__(self, i):
-        return Sequential(*self.layers[i]) if isinstance(i, slice) else self.layers[i]
+        if not isinstance(i, slice):
+            return self.layers[i]
+        part = Sequential(*self.layers[i])  # shares the layers; keeps this model's mode
+        return part.train(self.training)
 
     def __len__(self):
         return len(self.layers)
@@ -632,12 +637,16 @@ class Sequential(Module):
         unexpected = [k for k in state if k not in own and not k.endswith(".num_batches_tracked")]
         if missing or unexpected:
             raise ValueError(f"state_dict keys do not match the model: missing {missing}, unexpected {unexpected}")
+        arrays = {}
+        for k, t in own.items():  # check and convert everything before changing anything
+            try:
+                arrays[k] = _as_float32(state[k])
+            except TypeError as e:
+                raise TypeError(f"state_dict[{k!r}]: {e}") from None
+            if arrays[k].shape != t.shape:
+                raise ValueError(f"state_dict[{k!r}] has shape {arrays[k].shape}, the model expects {t.shape}")
         for k, t in own.items():
-            a = np.asarray(state[k])
-            if a.shape != t.shape:
-                raise ValueError(f"state_dict[{k!r}] has shape {a.shape}, the model expects {t.shape}")
-        for k, t in own.items():
-            t.set_(state[k])
+            t.set_(arrays[k])
         return self
 
     def train(self, mode=True):
@@ -673,14 +682,35 @@ class Sequential(Module):
                             "use Tensor.from_host(queue, array)")
         if not self.training and self._fused is not None:
             self._fused_input = x
-            return self._fused(x)
-        self._fused_input = None
-        for layer in self.layers:
-            x = layer(x)
-        return x
+            y = self._fused(x)
+        else:
+            self._fused_input = None
+            y = x
+            for layer in self.layers:
+                y = layer(y)
+        self._out_shape = y.shape
+        return y
+
+    def predict(self, x, queue=None):
+        """Inference on a host array: numpy in, numpy out (eval mode uses the fused path's
+        pinned-memory round trip). `queue` defaults to netcl.default_queue()."""
+        if self.training:
+            raise RuntimeError("predict() runs inference: call model.eval() first")
+        if self._fused is not None:
+            return self._fused.infer(x, queue)
+        from netcl.runtime import default_queue
+
+        return self.forward(Tensor.from_host(queue or default_queue(), x)).to_host()
 
     def backward(self, dy):
         """Back-propagate dL/d(output) through every layer; returns dL/d(input)."""
+        if not isinstance(dy, Tensor):
+            raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
+        if getattr(self, "_out_shape", None) is None:
+            raise RuntimeError("backward() needs a forward pass first")
+        if dy.shape != self._out_shape:
+            raise ValueError(f"backward expects a gradient of the last output's shape {self._out_shape}, "
+                             f"got {dy.shape}")
         x, self._fused_input = self._fused_input, None
         if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs
             for layer in self.layers:

@@ -1,0 +1,62 @@
+"""Sequential's contract at its edges: slicing, atomic load_state_dict, predict, clear errors."""
+import numpy as np
+import pytest
+
+from netcl import Tensor, models, nn
+
+
+def test_slice_keeps_the_mode():
+    model = models.cnn().eval()
+    assert model[0:3].training is False
+    assert models.cnn().train()[0:3].training is True
+
+
+def test_failed_load_state_dict_changes_nothing():
+    model = models.mlp()
+    before = model.state_dict()
+    bad = dict(before)
+    bad["0.weight"] = before["0.weight"] + 1
+    bad["4.bias"] = np.array(["a"] * 10)
+    with pytest.raises(TypeError, match="'4.bias'"):
+        model.load_state_dict(bad)
+    for k, v in model.state_dict().items():
+        assert np.array_equal(v, before[k]), k
+
+
+def test_predict_equals_forward(queue, rng):
+    model = models.cnn().eval()
+    x = rng.standard_normal((3, 3, 32, 32)).astype(np.float32)
+    y = model.predict(x, queue)
+    ref = Tensor.from_host(queue, x)
+    for layer in model:  # the unfused layers, one by one
+        ref = layer(ref)
+    assert y.shape == ref.shape == (3, 10)
+    np.testing.assert_allclose(y, ref.to_host(), atol=1e-5)
+
+
+def test_predict_needs_eval():
+    with pytest.raises(RuntimeError, match="eval"):
+        models.mlp().predict(np.zeros((1, 64), np.float32))
+
+
+def test_backward_errors(queue):
+    model = models.mlp()
+    with pytest.raises(RuntimeError, match="forward pass first"):
+        model.backward(Tensor.from_host(queue, np.zeros((2, 10))))
+    model(Tensor.from_host(queue, np.zeros((2, 64))))
+    with pytest.raises(TypeError, match="netcl Tensor"):
+        model.backward(np.zeros((2, 10)))
+    with pytest.raises(ValueError, match=r"\(2, 10\)"):
+        model.backward(Tensor.from_host(queue, np.zeros((3, 10))))
+
+
+def test_batchnorm_needs_two_values_per_channel_in_training(queue):
+    with pytest.raises(ValueError, match="more than one value per channel"):
+        nn.BatchNorm2d(2)(Tensor.from_host(queue, np.ones((1, 2, 1, 1))))
+    assert nn.BatchNorm2d(2).eval()(Tensor.from_host(queue, np.ones((1, 2, 1, 1)))).shape == (1, 2, 1, 1)
+
+
+@pytest.mark.parametrize("layer", [nn.Conv2d(3, 2, 3), nn.MaxPool2d(2), nn.AvgPool2d(2), nn.BatchNorm2d(3)])
+def test_four_d_layers_reject_other_ranks(queue, layer):
+    with pytest.raises(ValueError, match=r"4-D input"):
+        layer(Tensor.from_host(queue, np.zeros((3, 8, 8))))
