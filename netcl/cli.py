@@ -8,8 +8,9 @@ import sys
 
 
 def _shape(text):
+    parts = text.replace("x", ",").split(",")
     try:
-        dims = tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
+        dims = tuple(int(v) for v in parts)
     except ValueError:
         dims = ()
     if not dims or any(d < 1 for d in dims):
@@ -17,11 +18,14 @@ def _shape(text):
     return dims
 
 
-def _ints(text):
+def _positive_int(text):
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,8,32, got {text!r}") from None
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
 
 
 def _load_model(path):
@@ -36,13 +40,12 @@ def _load_model(path):
 def cmd_devices(args):
     import netcl
 
-    devs = netcl.devices()
     from netcl.runtime import select_device
+    from netcl.runtime.device import _all_devices
 
     chosen = select_device()
-    for d in devs:
-        mark = "*" if d.name == chosen.name.strip() else " "
-        print(f"{mark} {d}")
+    for d, (_, dev) in zip(netcl.devices(), _all_devices()):
+        print(f"{'*' if dev == chosen else ' '} {d}")
     print(f"(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose)")
     return 0
 
@@ -60,6 +63,10 @@ def cmd_train(args):
     if args.resume:
         model, opt, meta = load_checkpoint(args.resume)
         start = int(meta.get("epoch") or 0)
+        if meta.get("recipe") != "digits":
+            raise ValueError(f"{args.resume} is not a checkpoint of the digits recipe (recipe: {meta.get('recipe')!r})")
+        if start >= args.epochs:
+            raise ValueError(f"{args.resume} is already at epoch {start}; ask for more with --epochs N > {start}")
         print(f"resuming from {args.resume} at epoch {start}")
     else:
         model = recipes.digits_cnn()
@@ -97,7 +104,11 @@ def cmd_verify(args):
     model = _load_model(args.model).eval()
     report = verify(model, args.input_shape, provider=args.provider, atol=args.atol, rtol=args.rtol,
                     seed=args.seed, opset=args.opset)
-    print(report)
+    print(f"{args.model}: netcl vs onnxruntime on a standard-normal input of shape {tuple(args.input_shape)}, "
+          f"output {report.netcl_output.shape}")
+    print(report.HEADER)
+    print(report.row())
+    print("OK" if report.ok else f"MISMATCH: not allclose(atol={args.atol:g}, rtol={args.rtol:g})")
     return 0 if report.ok else 1
 
 
@@ -117,8 +128,8 @@ def build_parser():
 
     p = sub.add_parser("train", help="train the digits CNN recipe and save a .netcl model")
     p.add_argument("--out", default="model.netcl", help="where to save the trained model (default model.netcl)")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=_positive_int, default=10, help="total epochs (default 10)")
+    p.add_argument("--batch-size", type=_positive_int, default=64)
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save a training checkpoint here after every epoch")
@@ -172,7 +183,8 @@ def main(argv=None):
     except NoDeviceError as e:
         print(f"netcl: {e}", file=sys.stderr)
         return 3
-    except (FormatError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
+    except (FormatError, OSError, ValueError, TypeError, NotImplementedError, ImportError, CompileError,
+            RuntimeError) as e:  # exit 1 is reserved for a verification mismatch
         print(f"netcl {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,78 @@
+"""The `netcl` command end to end (in-process): outputs, files and exit codes."""
+import numpy as np
+import pytest
+
+from netcl.cli import main
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    assert main(["train", "--epochs", "1", "--quiet", "--out", str(d / "m.netcl"),
+                 "--checkpoint", str(d / "ck.netcl")]) == 0
+    return d
+
+
+def test_devices(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("*") >= 1 and "NETCL_DEVICE" in out
+
+
+def test_train_resume_export_verify(trained, capsys):
+    d = trained
+    assert main(["train", "--epochs", "2", "--quiet", "--resume", str(d / "ck.netcl"), "--out", str(d / "m2.netcl")]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert main(["export", str(d / "m2.netcl"), str(d / "m.onnx"), "--input-shape", "1,1,8,8", "--dynamic-batch"]) == 0
+    assert (d / "m.onnx").stat().st_size > 0
+    pytest.importorskip("onnxruntime")
+    assert main(["verify", str(d / "m2.netcl"), "--input-shape", "4,1,8,8"]) == 0
+    out = capsys.readouterr().out
+    assert "max abs diff" in out and "OK" in out
+
+
+def test_verify_mismatch_exits_1(trained, capsys):
+    pytest.importorskip("onnxruntime")
+    assert main(["verify", str(trained / "m.netcl"), "--input-shape", "2,1,8,8", "--atol", "0", "--rtol", "0"]) in (0, 1)
+    # a negative tolerance can never hold: the mismatch path must exit 1
+    assert main(["verify", str(trained / "m.netcl"), "--input-shape", "2,1,8,8", "--atol", "-1", "--rtol", "0"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "missing.netcl", "x.onnx", "--input-shape", "1,1,8,8"], "no such model file"),
+    (["verify", "{d}/m.netcl", "--input-shape", "2,3,8,8"], "does not fit"),
+    (["export", "{d}/m.netcl", "{d}", "--input-shape", "1,1,8,8"], "directory"),
+    (["train", "--resume", "{d}/m.netcl", "--epochs", "3", "--quiet"], "without optimizer state"),
+    (["train", "--resume", "{d}/ck.netcl", "--epochs", "1", "--quiet"], "already at epoch 1"),
+])
+def test_errors_exit_2_with_a_message(trained, capsys, argv, message):
+    argv = [a.format(d=trained) for a in argv]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_file_exits_2(tmp_path, capsys):
+    (tmp_path / "bad.netcl").write_bytes(b"garbage")
+    assert main(["export", str(tmp_path / "bad.netcl"), str(tmp_path / "x.onnx"), "--input-shape", "1,1,8,8"]) == 2
+    assert "not a .netcl file" in capsys.readouterr().err
+    assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "--epochs", "0"], ["train", "--batch-size", "-3"],
+                                  ["export", "a", "b", "--input-shape", "1,x"]])
+def test_usage_errors(argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_bench_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0 and "--batches" in capsys.readouterr().out
