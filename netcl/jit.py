@@ -149,6 +149,23 @@ def _cpu_conv_config(K, uw, ohu):
     return vw, min(rm, -(-K // 2) * 2) if K >= 2 else 1, 2
 
 
+def _cpu_wino_config(K, ntile, n_cu):
+    """(TB, RV, KBW, KBN) for the Winograd kernel: TB tiles x RV float8 channel vectors per
+    register block (TB * RV accumulators), KBW of the KBN channel blocks per work-item."""
+    import os
+
+    tb, rv = 3, 4
+    if K <= 16:
+        tb, rv = 5, 2
+    if os.environ.get("NETCL_CPU_WINO_BLOCK"):  # tuning: "tb,rv"
+        tb, rv = (int(v) for v in os.environ["NETCL_CPU_WINO_BLOCK"].split(","))
+    kbn = -(-K // (8 * rv))
+    groups = -(-ntile // tb)
+    split = max(1, min(kbn, -(-4 * n_cu // groups)))  # enough work-items for every core
+    kbw = -(-kbn // split)
+    return tb, rv, kbw, kbn
+
+
 def _largest_divisor(n, limit):
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
@@ -305,7 +322,23 @@ class _Executable:
         out_bytes = 4 * (n * k * (poh + 2 * ob) * (pow_ + 2 * ob) + 16)
         uw, ohu = (2 * pow_, 2 * poh) if pool else (ow, oh)
         cpu_cfg = None if self.gpu else _cpu_conv_config(k, uw, ohu)
-        if cpu_cfg is not None and s in (1, 2) and not (s == 2 and cpu_cfg[0] > 8):
+        import os
+
+        wino = (not self.gpu and ks == 3 and s == 1 and os.environ.get("NETCL_CPU_WINO", "1") != "0")
+        if wino:
+            thn, twn = (poh, pow_) if pool else (-(-oh // 2), -(-ow // 2))
+            ntile = n * thn * twn
+            tb, rv, kbw, kbn = _cpu_wino_config(k, ntile, self.n_cu)
+            check = int(ib != p or (not pool and (oh % 2 or ow % 2)))
+            opts.update(TB=tb, RV=rv, KBW=kbw, KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check)
+            r.kernel = self._build(opts, "conv_wino", ["-cl-mad-enable"])
+            r.gsize, r.lsize = (-(-ntile // tb), -(-kbn // kbw), 1), (1, 1, 1)
+            r.layout = ("wino", kbn, 8 * rv, c)
+            r.w_buf = self._buffer(4 * kbn * 8 * rv * 16 * c)
+            r.b_buf = self._buffer(4 * kbn * 8 * rv)
+            r.args = [None, r.w_buf, r.b_buf, None]
+            r.in_idx, r.out_idx = 0, 3
+        elif cpu_cfg is not None and s in (1, 2) and not (s == 2 and cpu_cfg[0] > 8):
             vw, rm, rr = cpu_cfg
             kb = -(-k // rm)
             gs = (uw // vw, ohu // rr, n * kb)
@@ -387,7 +420,14 @@ class _Executable:
                 k, c, kh, kw = w.shape
                 R = c * kh * kw
                 w2 = w.reshape(k, R)
-                if r.layout[0] == "cpu":
+                if r.layout[0] == "wino":  # U = G g G^T, packed [K block][16][C][KV]
+                    _, kbn, kv, _ = r.layout
+                    g = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
+                    u = np.zeros((kbn * kv, c, 4, 4))
+                    u[:k] = np.einsum("ai,kcij,bj->kcab", g, w.astype(np.float64), g)
+                    host_w = np.ascontiguousarray(u.reshape(kbn, kv, c, 16).transpose(0, 3, 2, 1), np.float32)
+                    host_b = np.zeros(kbn * kv, np.float32)
+                elif r.layout[0] == "cpu":
                     _, kb, rm, _ = r.layout
                     wp = np.zeros((kb * rm, R), np.float32)
                     wp[:k] = w2

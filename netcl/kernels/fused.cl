@@ -251,6 +251,132 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 }
 #endif  // VW
 
+#ifdef TB
+// ---------------------------------------------------------------------------------------
+// CPU (PoCL): Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions. Each 2x2 output tile costs
+// 16 multiplies per (input, output) channel pair instead of 36, and a tile is exactly one 2x2
+// pool window, so the pool is a max over the tile. The weights arrive transformed on the host
+// (U = G g G^T, the same fold that folds the batch norm) as [KBN][16][C][KV], KV = RV * 8
+// output channels per block, zero-padded past K.
+// A work-item owns TB tiles (flattened over batch and tile rows, so any image size fills the
+// block) and KBW blocks of KV output channels (get_global_id(1) picks which). It transforms its
+// tiles' inputs once, V = B^T d B for every channel, into private memory, then for each channel
+// block and each of the 16 transform points runs a TB x RV register block (scalar broadcasts
+// of V, float8 loads of U), and ends with Y = A^T M A, bias, activation and the pool.
+// Defines beyond the common ones: TB RV KBW KBN (channel blocks in all), TWN THN (tiles per
+// row / column), NTILE (tiles in the whole batch), CHECK (1: loads need bounds checks).
+#define KV (RV * 8)
+typedef float8 __attribute__((aligned(4))) uvec8;
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void conv_wino(__global const float *restrict x, __global const float *restrict u,
+               __global const float *restrict bias, __global float *restrict y) {
+    const int g0 = get_global_id(0) * TB;
+    float v[16][C][TB];  // transformed inputs of this work-item's tiles
+    int yoff[TB], valid[TB];
+
+#pragma unroll
+    for (int t = 0; t < TB; t++) {
+        const int g = min(g0 + t, NTILE - 1);
+        valid[t] = g0 + t < NTILE;
+        const int n = g / (THN * TWN), ty = (g / TWN) % THN, tx = g % TWN;
+        yoff[t] = n * (K * OHS * OWS) + ty * (POOL == 2 ? 1 : 2) * OWS + tx * (POOL == 2 ? 1 : 2);
+        const int ih0 = 2 * ty - PAD, iw0 = 2 * tx - PAD;
+        __global const float *xn = x + n * (C * IHS * IWS) + (ih0 + IPB) * IWS + iw0 + IPB;
+        for (int c = 0; c < C; c++) {
+            __global const float *xc = xn + c * (IHS * IWS);
+            float d[4][4], e[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+#if CHECK
+                    const int ih = ih0 + i, iw = iw0 + j;
+                    d[i][j] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xc[i * IWS + j] : 0.0f;
+#else
+                    d[i][j] = xc[i * IWS + j];
+#endif
+                }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                e[0][j] = d[0][j] - d[2][j];
+                e[1][j] = d[1][j] + d[2][j];
+                e[2][j] = d[2][j] - d[1][j];
+                e[3][j] = d[1][j] - d[3][j];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[i * 4 + 0][c][t] = e[i][0] - e[i][2];
+                v[i * 4 + 1][c][t] = e[i][1] + e[i][2];
+                v[i * 4 + 2][c][t] = e[i][2] - e[i][1];
+                v[i * 4 + 3][c][t] = e[i][1] - e[i][3];
+            }
+        }
+    }
+
+    for (int kb = get_global_id(1) * KBW; kb < min(KBN, (int)(get_global_id(1) + 1) * KBW); kb++) {
+        float8 m[16][TB][RV];
+        __global const float *ub = u + kb * (16 * C * KV);
+        for (int xi = 0; xi < 16; xi++) {
+            float8 acc[TB][RV];
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+#pragma unroll
+                for (int r = 0; r < RV; r++) acc[t][r] = (float8)(0.0f);
+            __global const float *uc = ub + xi * (C * KV);
+            for (int c = 0; c < C; c++) {
+#pragma unroll
+                for (int r = 0; r < RV; r++) {
+                    const float8 ur = *(__global const uvec8 *)(uc + c * KV + r * 8);
+#pragma unroll
+                    for (int t = 0; t < TB; t++) acc[t][r] += v[xi][c][t] * ur;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TB; t++)
+#pragma unroll
+                for (int r = 0; r < RV; r++) m[xi][t][r] = acc[t][r];
+        }
+#pragma unroll
+        for (int r = 0; r < RV; r++) {
+            const int k0 = kb * KV + r * 8;
+            const float8 bk = *(__global const uvec8 *)(bias + k0);
+#pragma unroll
+            for (int t = 0; t < TB; t++) {
+                if (!valid[t]) continue;
+                float8 s0[4], s1[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    s0[j] = m[j][t][r] + m[4 + j][t][r] + m[8 + j][t][r];
+                    s1[j] = m[4 + j][t][r] - m[8 + j][t][r] - m[12 + j][t][r];
+                }
+                const float8 o00 = ACTF(s0[0] + s0[1] + s0[2] + bk), o01 = ACTF(s0[1] - s0[2] - s0[3] + bk);
+                const float8 o10 = ACTF(s1[0] + s1[1] + s1[2] + bk), o11 = ACTF(s1[1] - s1[2] - s1[3] + bk);
+                __global float *yt = y + yoff[t] + OPB * OWS + OPB;
+#if POOL == 2
+                const float8 o = fmax(fmax(o00, o01), fmax(o10, o11));
+                const float ov[8] = {o.s0, o.s1, o.s2, o.s3, o.s4, o.s5, o.s6, o.s7};
+#pragma unroll
+                for (int l = 0; l < 8; l++)
+                    if (k0 + l < K) yt[(k0 + l) * (OHS * OWS)] = ov[l];
+#else
+                const float8 oo[4] = {o00, o01, o10, o11};
+                const int oy = (yoff[t] % (OHS * OWS)) / OWS, ox = yoff[t] % OWS;  // tile origin (unpadded)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    if (oy + q / 2 >= OH || ox + q % 2 >= OW) continue;
+                    const float ov[8] = {oo[q].s0, oo[q].s1, oo[q].s2, oo[q].s3, oo[q].s4, oo[q].s5, oo[q].s6, oo[q].s7};
+#pragma unroll
+                    for (int l = 0; l < 8; l++)
+                        if (k0 + l < K) yt[(k0 + l) * (OHS * OWS) + (q / 2) * OWS + q % 2] = ov[l];
+                }
+#endif
+            }
+        }
+    }
+}
+#endif  // TB
+
 #ifdef IN_F
 // ---------------------------------------------------------------------------------------
 // Linear + activation: y[row][j] = act(b[j] + sum_i x[row][i] * W[i][j]), W stored (in, out).
