@@ -1,9 +1,20 @@
 """Optimizers with torch.optim's update rules; updates run on the device.
 
 `state_dict()` returns plain arrays and numbers (checkpoints store it without pickle)."""
+import math
+
 import numpy as np
 
 from netcl.tensor import Tensor
+
+
+def _number(name, v, low=0.0, high=math.inf):
+    """`v` as a float in [low, high], or a clear error."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    if not low <= float(v) <= high:  # NaN fails too
+        raise ValueError(f"{name} must be in [{low}, {high}], got {v}")
+    return float(v)
 
 
 class Optimizer:
@@ -16,9 +27,7 @@ class Optimizer:
         for p in self.params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer parameters must be netcl Tensors, got {type(p).__name__}")
-        if lr < 0:
-            raise ValueError(f"invalid learning rate {lr}")
-        self.lr = float(lr)
+        self.lr = _number("lr", lr)
         self.state = [dict() for _ in self.params]  # per parameter: slot -> Tensor, "step" -> int
 
     def zero_grad(self):
@@ -58,8 +67,9 @@ class Optimizer:
     def load_state_dict(self, d):
         if d.get("type") != type(self).__name__:
             raise ValueError(f"optimizer state is for {d.get('type')!r}, not {type(self).__name__}")
-        for k, v in d["hyper"].items():
-            setattr(self, k, tuple(v) if isinstance(v, list) else v)
+        checked = type(self)(self.params, **d["hyper"])  # validates the hyperparameters
+        for k in d["hyper"]:
+            setattr(self, k, getattr(checked, k))
         self.state = [dict() for _ in self.params]
         for key, v in d["state"].items():
             i, name = key.split(".", 1)
@@ -80,12 +90,10 @@ class Optimizer:
 class SGD(Optimizer):
     def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
         super().__init__(params, lr)
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"momentum and weight_decay must be >= 0, got {momentum}, {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
+        self.momentum, self.dampening = _number("momentum", momentum), _number("dampening", dampening, 0.0, 1.0)
+        self.weight_decay, self.nesterov = _number("weight_decay", weight_decay), bool(nesterov)
+        if nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("Nesterov momentum requires momentum > 0 and zero dampening")
-        self.momentum, self.dampening = float(momentum), float(dampening)
-        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
 
     def hyperparameters(self):
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
@@ -105,9 +113,13 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"Adam betas must be a pair (beta1, beta2), got {betas!r}")
+        b1, b2 = (_number(f"betas[{i}]", b, 0.0, 1.0) for i, b in enumerate(betas))
+        if b1 >= 1.0 or b2 >= 1.0:
             raise ValueError(f"Adam betas must be in [0, 1), got {betas}")
-        self.betas, self.eps, self.weight_decay = (float(betas[0]), float(betas[1])), float(eps), float(weight_decay)
+        self.betas, self.eps = (b1, b2), _number("eps", eps)
+        self.weight_decay = _number("weight_decay", weight_decay)
 
     def hyperparameters(self):
         return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}

@@ -282,7 +282,7 @@ CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
     "code in config key": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
         __class__={"__init__": "os.system('echo pwned')"})), "'__class__' is not an argument of Linear"),
     "string config value": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
-        in_features="__import__('os')")), "expected a number"),
+        in_features="__import__('os')")), "expected a finite number"),
     "config allocates more than the file holds": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
         in_features=10**9, out_features=10**9)), "implies 1000000001000000000 parameter elements"),
     "invalid config value": (lambda b: edited(b, lambda h: h["architecture"][1].update(
@@ -314,7 +314,9 @@ def optimizer(h):
 CORRUPT_CHECKPOINT = {
     "unknown optimizer": (lambda h: optimizer(h).update(type="Evil"), "unknown optimizer type 'Evil'"),
     "optimizer hyper injection": (lambda h: optimizer(h)["hyper"].update(__init__="x"), "'__init__' is not an arg"),
-    "bad hyper value": (lambda h: optimizer(h)["hyper"].update(lr=-1.0), "invalid learning rate"),
+    "bad hyper value": (lambda h: optimizer(h)["hyper"].update(lr=-1.0), "lr must be in"),
+    "non-finite hyper value": (lambda h: optimizer(h)["hyper"].update(lr=float("nan")), "expected a finite number"),
+    "short betas": (lambda h: optimizer(h)["hyper"].update(betas=[0.9]), "pair"),
     "params out of range": (lambda h: optimizer(h).update(params=[0, 1, 2, 99]), "distinct indices"),
     "params repeated": (lambda h: optimizer(h).update(params=[0, 0, 1, 2]), "distinct indices"),
     "bad step": (lambda h: optimizer(h)["scalars"].update({"0.step": "1; rm"}), "non-negative integer"),

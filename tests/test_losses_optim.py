@@ -133,3 +133,26 @@ def test_zero_grad_and_argument_errors(queue):
         optim.Adam([p], betas=(1.0, 0.9))
     with pytest.raises(TypeError):
         optim.Adam([np.zeros(3)])
+
+
+# -- hyperparameter validation ---------------------------------------------------------------
+@pytest.mark.parametrize("make, error", [
+    (lambda p: optim.SGD(p, lr="0.1"), TypeError),
+    (lambda p: optim.SGD(p, lr=float("nan")), ValueError),
+    (lambda p: optim.SGD(p, lr=0.1, momentum=-1), ValueError),
+    (lambda p: optim.Adam(p, betas=0.9), ValueError),
+    (lambda p: optim.Adam(p, betas=(0.9,)), ValueError),
+    (lambda p: optim.Adam(p, betas=(0.9, 1.0)), ValueError),
+    (lambda p: optim.Adam(p, eps=-1.0), ValueError),
+])
+def test_optimizer_rejects_bad_hyperparameters(make, error):
+    with pytest.raises(error):
+        make(nn.Linear(2, 2).parameters())
+
+
+def test_optimizer_load_state_dict_validates_hyperparameters():
+    opt = optim.Adam(nn.Linear(2, 2).parameters())
+    sd = opt.state_dict()
+    sd["hyper"]["betas"] = [0.9, 0.99, 0.5]
+    with pytest.raises(ValueError, match="pair"):
+        opt.load_state_dict(sd)

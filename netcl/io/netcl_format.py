@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import math
 import os
 import re
 import secrets
@@ -425,7 +426,7 @@ def _build_optimizer(r, model):
     try:
         opt = cls([params[i] for i in idx], **o["hyper"])
         return opt.load_state_dict({"type": cls.__name__, "hyper": o["hyper"], "state": state})
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, IndexError, KeyError) as e:
         r.fail(f"optimizer {cls.__name__}: {e}")
 
 
@@ -462,8 +463,9 @@ def _config_problem(cls, config, lists=False):
         else:
             vs = [v]
         for x in vs:
-            if not (x is None or isinstance(x, (bool, float)) or (isinstance(x, int) and abs(x) <= _MAX_INT)):
-                return f"{k!r} = {v!r:.100}: expected a number, boolean or null"
+            if not (x is None or isinstance(x, bool) or (isinstance(x, float) and math.isfinite(x))
+                    or (isinstance(x, int) and abs(x) <= _MAX_INT)):
+                return f"{k!r} = {v!r:.100}: expected a finite number, boolean or null"
     return None
 
 

@@ -244,6 +244,9 @@ class BatchNorm2d(Module):
         super().__init__()
         self.num_features = _positive("num_features", num_features)
         self.eps, self.momentum = float(eps), float(momentum)
+        if not (0.0 < self.eps < math.inf and 0.0 <= self.momentum <= 1.0):
+            raise ValueError(f"BatchNorm2d needs eps > 0 (finite) and momentum in [0, 1], got eps={eps}, "
+                             f"momentum={momentum}")
         c = self.num_features
         self.weight = Tensor.from_host(None, np.ones(c, np.float32))
         self.bias = Tensor.from_host(None, np.zeros(c, np.float32))
@@ -327,6 +330,8 @@ class LeakyReLU(_Activation):
     def __init__(self, negative_slope=0.01):
         super().__init__()
         self.negative_slope = self.slope = float(negative_slope)
+        if not math.isfinite(self.slope):
+            raise ValueError(f"negative_slope must be finite, got {negative_slope}")
 
     def config(self):
         return {"negative_slope": self.negative_slope}
