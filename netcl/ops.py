@@ -34,9 +34,17 @@ def launch1d(queue, family, name, n, *args):
     return launch(queue, family, name, (max(n, 1),), (_LOCAL,), *args)
 
 
+_MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit ints
+
+
 def new(like_or_queue, shape):
     """An uninitialised device tensor on the queue (or the queue of a tensor)."""
     q = like_or_queue.queue if isinstance(like_or_queue, Tensor) else like_or_queue
+    size = int(np.prod(shape, dtype=np.int64))
+    if size > _MAX_ELEMENTS or 4 * size > q.device.max_mem_alloc_size:
+        raise ValueError(f"a tensor of shape {tuple(shape)} ({4 * size / 2**30:.2f} GiB) is too large: netcl's "
+                         f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
+                         f"{q.device.max_mem_alloc_size / 2**30:.2f} GiB per buffer; use a smaller batch")
     return Tensor.empty(q, shape)
 
 
@@ -49,17 +57,6 @@ def dummy(queue):
 def fill(t, value):
     launch1d(t.queue, "pointwise", "fill", t.size, t.size, t, float(value))
     t.mark_written()
-
-
-def copy(src, dst):
-    launch1d(src.queue, "pointwise", "copy", src.size, src.size, src, dst)
-    dst.mark_written()
-
-
-def axpby(a, x, b, y):
-    """y = a*x + b*y"""
-    launch1d(x.queue, "pointwise", "axpby", x.size, x.size, float(a), x, float(b), y)
-    y.mark_written()
 
 
 ACT = {"relu": 0, "leaky_relu": 1, "sigmoid": 2, "tanh": 3}
@@ -195,14 +192,6 @@ def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False, offset=
     launch(src.queue, "gemm", "permute3", (J, I, B), (16, 4, 1), B, I, J, src, offset, *src_strides, dst,
            *dst_strides, int(accumulate), options=_gemm_config(src.queue)[1])
     return dst.mark_written()
-
-
-def accumulate_grad(p, g):
-    """p.grad += g (or p.grad = g when there is none yet)."""
-    if p.grad is None:
-        p.grad = g
-    else:
-        axpby(1.0, g, 1.0, p.grad)
 
 
 def grad_target(p):

@@ -156,3 +156,23 @@ def test_optimizer_load_state_dict_validates_hyperparameters():
     sd["hyper"]["betas"] = [0.9, 0.99, 0.5]
     with pytest.raises(ValueError, match="pair"):
         opt.load_state_dict(sd)
+
+
+# -- argument errors -------------------------------------------------------------------------
+def test_loss_argument_errors(queue):
+    ce, mse = nn.CrossEntropyLoss(), nn.MSELoss()
+    logits = Tensor.from_host(queue, np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="netcl Tensor"):
+        ce(np.zeros((2, 3)), [0, 1])
+    with pytest.raises(TypeError, match="class indices"):
+        ce(logits, np.array(["a", "b"]))
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        ce(logits, [0, 3])
+    with pytest.raises(ValueError, match="non-empty"):
+        ce(Tensor.from_host(queue, np.zeros((0, 3))), np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="on the host"):
+        mse(Tensor.from_host(None, np.zeros(3)), np.zeros(3))
+    with pytest.raises(ValueError, match="differs"):
+        mse(logits, np.zeros(3))
+    with pytest.raises(RuntimeError, match="before the loss"):
+        nn.MSELoss().backward()

@@ -6,17 +6,6 @@ __kernel void fill(const int n, __global float *x, const float v) {
     if (i < n) x[i] = v;
 }
 
-__kernel void copy(const int n, __global const float *src, __global float *dst) {
-    int i = get_global_id(0);
-    if (i < n) dst[i] = src[i];
-}
-
-// y = a*x + b*y
-__kernel void axpby(const int n, const float a, __global const float *x, const float b, __global float *y) {
-    int i = get_global_id(0);
-    if (i < n) y[i] = a * x[i] + b * y[i];
-}
-
 // kind: 0 relu, 1 leaky relu (slope), 2 sigmoid, 3 tanh
 __kernel void act_fwd(const int n, const int kind, const float slope,
                       __global const float *x, __global float *y) {

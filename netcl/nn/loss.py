@@ -23,10 +23,24 @@ class _Loss:
             raise RuntimeError(f"{type(self).__name__}.backward() called before the loss was computed")
         return self._grad
 
-    def _target(self, pred, target):
+    def _check_prediction(self, pred, rank=None):
+        name = type(self).__name__
         if not isinstance(pred, Tensor):
-            raise TypeError(f"{type(self).__name__} expects a netcl Tensor prediction, got {type(pred).__name__}")
-        t = target.to_host() if isinstance(target, Tensor) else np.asarray(target, np.float32)
+            raise TypeError(f"{name} expects a netcl Tensor prediction, got {type(pred).__name__}")
+        if rank is not None and pred.ndim != rank:
+            raise ValueError(f"{name} expects a (N, C) prediction, got shape {pred.shape}")
+        if pred.size == 0:
+            raise ValueError(f"{name} needs a non-empty batch, got shape {pred.shape}")
+        if pred.queue is None:
+            raise ValueError(f"{name}: the prediction is on the host; losses run on the device (a model output, "
+                             "or Tensor.from_host(queue, x))")
+
+    def _target(self, pred, target):
+        self._check_prediction(pred)
+        try:
+            t = target.to_host() if isinstance(target, Tensor) else np.asarray(target, np.float32)
+        except (TypeError, ValueError):
+            raise TypeError(f"{type(self).__name__} targets must be numbers, got {type(target).__name__}") from None
         if t.shape != pred.shape:
             raise ValueError(f"{type(self).__name__}: target shape {t.shape} differs from prediction {pred.shape}")
         return Tensor.from_host(pred.queue, t)
@@ -56,11 +70,11 @@ class CrossEntropyLoss(_Loss):
     def __call__(self, logits, labels):
         from netcl import ops
 
-        if not isinstance(logits, Tensor) or logits.ndim != 2:
-            raise ValueError(f"CrossEntropyLoss expects logits as a (N, C) Tensor, got "
-                             f"{getattr(logits, 'shape', type(logits).__name__)}")
+        self._check_prediction(logits, rank=2)
         n, c = logits.shape
         y = labels.to_host() if isinstance(labels, Tensor) else np.asarray(labels)
+        if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+            raise TypeError(f"CrossEntropyLoss labels must be class indices (integers), got dtype {y.dtype}")
         if y.shape != (n,):
             raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {y.shape}")
         if y.size and (y.min() < 0 or y.max() >= c or not np.all(np.equal(np.mod(y, 1), 0))):
