@@ -86,7 +86,8 @@ def test_disk_cache_hit_in_a_second_process(queue, tmp_path):
 
     # a source no cache has seen (PoCL's own cache included): a fresh token in a comment
     src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
-    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=REPO)
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)  # keep site dirs of the caller
+    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
 
     def child():
         out = subprocess.run([sys.executable, "-c", _CHILD, src], env=env, capture_output=True, text=True,
