@@ -77,3 +77,17 @@ def pytest_terminal_summary(terminalreporter):
     tr.write_line(f"{'test':45s} {'cases':>5s} {'forward':>10s} {'backward':>10s}")
     for name, (n, f, b) in worst.items():
         tr.write_line(f"{name:45s} {n:5d} {f:10.2e} {'' if b is None else f'{b:10.2e}':>10s}")
+
+
+def randomize_batchnorm(model, rng):
+    """Non-default running statistics and affine parameters, so BatchNormalization is really tested."""
+    from netcl.nn import BatchNorm2d
+
+    for m in model:
+        if isinstance(m, BatchNorm2d):
+            c = m.num_features
+            m.running_mean.set_(rng.normal(0, 0.5, c))
+            m.running_var.set_(rng.uniform(0.5, 2.0, c))
+            m.weight.set_(rng.uniform(0.5, 1.5, c))
+            m.bias.set_(rng.normal(0, 0.2, c))
+    return model

@@ -12,6 +12,7 @@ from netcl import models, nn
 from netcl.io import export_onnx
 from netcl.io import onnx_export as ox
 from netcl.io.onnx_export import onnx_pb2 as P
+from conftest import randomize_batchnorm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL, RTOL = 1e-4, 1e-3
@@ -61,18 +62,6 @@ def every_layer_model():
         nn.Conv2d(8, 8, 3, bias=False), nn.LeakyReLU(0.2), nn.MaxPool2d(3, 2, 1), nn.Sigmoid(),
         nn.Flatten(), nn.Dropout(0.3), nn.Linear(8 * 2 * 2, 12), nn.Tanh(), nn.Linear(12, 5, bias=False),
         nn.Softmax(1))
-
-
-def randomize_batchnorm(model, rng):
-    """Non-default running statistics and affine parameters, so BatchNormalization is really tested."""
-    for m in model:
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean.set_(rng.normal(0, 0.5, c))
-            m.running_var.set_(rng.uniform(0.5, 2.0, c))
-            m.weight.set_(rng.uniform(0.5, 1.5, c))
-            m.bias.set_(rng.normal(0, 0.2, c))
-    return model
 
 
 # -- the reference models ----------------------------------------------------------------

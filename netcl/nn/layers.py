@@ -22,7 +22,11 @@ def manual_seed(seed):
 
 
 def _uniform(bound, shape):
-    return Tensor.from_host(None, _rng.uniform(-bound, bound, shape).astype(np.float32))
+    """U(-bound, bound) drawn directly in float32 (no float64 temporary for large layers)."""
+    a = _rng.random(shape, dtype=np.float32)
+    a *= 2 * bound
+    a -= bound
+    return Tensor.from_host(None, a)
 
 
 def _int(name, v):
