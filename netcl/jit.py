@@ -149,21 +149,39 @@ def _cpu_conv_config(K, uw, ohu):
     return vw, min(rm, -(-K // 2) * 2) if K >= 2 else 1, 2
 
 
-def _cpu_wino_config(K, ntile, n_cu):
-    """(TB, RV, KBW, KBN) for the Winograd kernel: TB tiles x RV float8 channel vectors per
-    register block (TB * RV accumulators), KBW of the KBN channel blocks per work-item."""
+def _cpu_wino_tile(K, n, oh, ow):
+    """Winograd output tile for the CPU: 4 (4x fewer multiplies than direct, but 2.25x the
+    transformed weights of tile 2, streamed once per group of tiles) where there are enough
+    output channels and 4x4 tiles to pay for it, else 2; 0 = direct (NETCL_CPU_WINO=0|2|4 forces)."""
     import os
 
-    tb, rv = 3, 4
-    if K <= 16:
-        tb, rv = 5, 2
-    if os.environ.get("NETCL_CPU_WINO_BLOCK"):  # tuning: "tb,rv"
-        tb, rv = (int(v) for v in os.environ["NETCL_CPU_WINO_BLOCK"].split(","))
+    if os.environ.get("NETCL_CPU_WINO"):
+        return int(os.environ["NETCL_CPU_WINO"])
+    return 4 if K >= 32 and n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
+
+
+def _cpu_wino_config(K, ntile, n_cu):
+    """(TB, RV, TT, KBW, KBN) for the Winograd kernel: TB tiles x RV float8 channel vectors per
+    register block (TB * RV accumulators), TT tiles per work-item, KBW of the KBN channel
+    blocks per work-item."""
+    import os
+
+    tb, rv, nsub = 3, (4 if K % 32 == 0 else 2), 2  # measured on a 2-core AVX2 PoCL
+    if os.environ.get("NETCL_CPU_WINO_BLOCK"):  # tuning: "tb,rv,nsub"
+        tb, rv, nsub = (int(v) for v in os.environ["NETCL_CPU_WINO_BLOCK"].split(","))
+    tt = tb * nsub
     kbn = -(-K // (8 * rv))
-    groups = -(-ntile // tb)
+    groups = -(-ntile // tt)
     split = max(1, min(kbn, -(-4 * n_cu // groups)))  # enough work-items for every core
     kbw = -(-kbn // split)
-    return tb, rv, kbw, kbn
+    return tb, rv, tt, kbw, kbn
+
+
+# Winograd weight transforms G (WA x 3) for output tiles of 2 and 4 (points 0, +-1, +-2, inf);
+# the matching input and output transforms are WIN_IN / WIN_OUT in fused.cl
+_WINO_G = {2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]]),
+           4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                        [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
 
 
 def _largest_divisor(n, limit):
@@ -324,17 +342,17 @@ class _Executable:
         cpu_cfg = None if self.gpu else _cpu_conv_config(k, uw, ohu)
         import os
 
-        wino = (not self.gpu and ks == 3 and s == 1 and os.environ.get("NETCL_CPU_WINO", "1") != "0")
-        if wino:
-            thn, twn = (poh, pow_) if pool else (-(-oh // 2), -(-ow // 2))
+        wm = 0 if self.gpu or ks != 3 or s != 1 else _cpu_wino_tile(k, n, ohu, uw)
+        if wm:
+            thn, twn = -(-ohu // wm), -(-uw // wm)
             ntile = n * thn * twn
-            tb, rv, kbw, kbn = _cpu_wino_config(k, ntile, self.n_cu)
-            check = int(ib != p or (not pool and (oh % 2 or ow % 2)))
-            opts.update(TB=tb, RV=rv, KBW=kbw, KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check)
+            tb, rv, tt, kbw, kbn = _cpu_wino_config(k, ntile, self.n_cu)
+            check = int(ib != p or ohu % wm or uw % wm)  # the last tiles read past the stored border
+            opts.update(WM=wm, TB=tb, TT=tt, RV=rv, KBW=kbw, KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check)
             r.kernel = self._build(opts, "conv_wino", ["-cl-mad-enable"])
-            r.gsize, r.lsize = (-(-ntile // tb), -(-kbn // kbw), 1), (1, 1, 1)
-            r.layout = ("wino", kbn, 8 * rv, c)
-            r.w_buf = self._buffer(4 * kbn * 8 * rv * 16 * c)
+            r.gsize, r.lsize = (-(-ntile // tt), -(-kbn // kbw), 1), (1, 1, 1)
+            r.layout = ("wino", kbn, 8 * rv, c, wm)
+            r.w_buf = self._buffer(4 * kbn * 8 * rv * (wm + 2) ** 2 * c)
             r.b_buf = self._buffer(4 * kbn * 8 * rv)
             r.args = [None, r.w_buf, r.b_buf, None]
             r.in_idx, r.out_idx = 0, 3
@@ -420,12 +438,13 @@ class _Executable:
                 k, c, kh, kw = w.shape
                 R = c * kh * kw
                 w2 = w.reshape(k, R)
-                if r.layout[0] == "wino":  # U = G g G^T, packed [K block][16][C][KV]
-                    _, kbn, kv, _ = r.layout
-                    g = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-                    u = np.zeros((kbn * kv, c, 4, 4))
+                if r.layout[0] == "wino":  # U = G g G^T, packed [K block][transform point][C][KV]
+                    _, kbn, kv, _, wm = r.layout
+                    g = _WINO_G[wm]
+                    wa = wm + 2
+                    u = np.zeros((kbn * kv, c, wa, wa))
                     u[:k] = np.einsum("ai,kcij,bj->kcab", g, w.astype(np.float64), g)
-                    host_w = np.ascontiguousarray(u.reshape(kbn, kv, c, 16).transpose(0, 3, 2, 1), np.float32)
+                    host_w = np.ascontiguousarray(u.reshape(kbn, kv, c, wa * wa).transpose(0, 3, 2, 1), np.float32)
                     host_b = np.zeros(kbn * kv, np.float32)
                 elif r.layout[0] == "cpu":
                     _, kb, rm, _ = r.layout

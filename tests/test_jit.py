@@ -174,3 +174,41 @@ def test_unfusable_layers_fall_back(q):
     model = nn.Sequential(nn.Linear(8, 16), nn.Softmax(dim=1), nn.Linear(16, 4), nn.Dropout(0.5), nn.Tanh()).eval()
     x = rng.normal(size=(3, 8)).astype(np.float32)
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def winograd_net():
+    """3x3 stride-1 convolutions at odd sizes and channel counts: pooled and not, padded and not,
+    the first one fed by an unfused layer (no stored border, so its loads are bounds-checked)."""
+    return nn.Sequential(
+        nn.Sigmoid(),
+        nn.Conv2d(5, 13, 3, padding=1), nn.BatchNorm2d(13), nn.LeakyReLU(0.1), nn.MaxPool2d(2),
+        nn.Conv2d(13, 40, 3, padding=1), nn.BatchNorm2d(40), nn.ReLU(),
+        nn.Conv2d(40, 9, 3, padding=1), nn.Tanh(),
+        nn.Conv2d(9, 8, 3), nn.BatchNorm2d(8), nn.MaxPool2d(2))
+
+
+@pytest.mark.parametrize("tile", ["0", "2", "4"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_winograd_equals_unfused(q, monkeypatch, tile, batch):
+    """The CPU Winograd kernels (output tiles 2 and 4; 0 = direct) against the unfused layers."""
+    monkeypatch.setenv("NETCL_CPU_WINO", tile)
+    rng = np.random.default_rng(10 + batch)
+    netcl.manual_seed(7)
+    model = _bn_stats(winograd_net(), rng).eval()
+    x = rng.normal(size=(batch, 5, 15, 13)).astype(np.float32)
+    ref = _unfused(model, q, x)
+    y = _fused(model, q, x)
+    assert y.shape == ref.shape == (batch, 8, 2, 2)
+    np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tile", ["2", "4"])
+def test_winograd_block_shapes(q, monkeypatch, tile):
+    """Register blocks that leave tiles and channel blocks partly empty still agree."""
+    monkeypatch.setenv("NETCL_CPU_WINO", tile)
+    monkeypatch.setenv("NETCL_CPU_WINO_BLOCK", "2,1,3")
+    rng = np.random.default_rng(12)
+    netcl.manual_seed(8)
+    model = _bn_stats(winograd_net(), rng).eval()
+    x = rng.normal(size=(2, 5, 15, 13)).astype(np.float32)
+    np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
