@@ -160,13 +160,15 @@ def _cpu_wino_tile(K, n, oh, ow):
     return 4 if K >= 32 and n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
 
 
-def _cpu_wino_config(K, ntile, n_cu):
+def _cpu_wino_config(K, C, wm, ntile, n_cu):
     """(TB, RV, TT, KBW, KBN) for the Winograd kernel: TB tiles x RV float8 channel vectors per
     register block (TB * RV accumulators), TT tiles per work-item, KBW of the KBN channel
     blocks per work-item."""
     import os
 
-    tb, rv, nsub = 3, (4 if K % 32 == 0 else 2), 2  # measured on a 2-core AVX2 PoCL
+    tb, rv = 3, (4 if K % 32 == 0 else 2)  # measured on a 2-core AVX2 PoCL
+    # transformed weights past L2 size: more tiles per work-item, so fewer passes stream them
+    nsub = 6 if (wm + 2) ** 2 * C * K * 4 > (2 << 20) else 2
     if os.environ.get("NETCL_CPU_WINO_BLOCK"):  # tuning: "tb,rv,nsub"
         tb, rv, nsub = (int(v) for v in os.environ["NETCL_CPU_WINO_BLOCK"].split(","))
     tt = tb * nsub
@@ -346,7 +348,7 @@ class _Executable:
         if wm:
             thn, twn = -(-ohu // wm), -(-uw // wm)
             ntile = n * thn * twn
-            tb, rv, tt, kbw, kbn = _cpu_wino_config(k, ntile, self.n_cu)
+            tb, rv, tt, kbw, kbn = _cpu_wino_config(k, c, wm, ntile, self.n_cu)
             check = int(ib != p or ohu % wm or uw % wm)  # the last tiles read past the stored border
             opts.update(WM=wm, TB=tb, TT=tt, RV=rv, KBW=kbw, KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check)
             r.kernel = self._build(opts, "conv_wino", ["-cl-mad-enable"])
