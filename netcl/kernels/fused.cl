@@ -24,6 +24,16 @@
 #else
 #define ACTF(v) tanh(v)
 #endif
+// the same on vectors for the CPU kernels: PoCL makes float8 fmax / select out-of-line calls,
+// while the vector ?: stays an inline blend
+#define VMAX(a, b) ((a) > (b) ? (a) : (b))
+#if ACT == 1
+#define VACT(v) ((v) > 0.0f ? (v) : 0.0f)
+#elif ACT == 2
+#define VACT(v) ((v) > 0.0f ? (v) : (v) * SLOPE)
+#else
+#define VACT(v) ACTF(v)
+#endif
 
 #ifdef KS
 #define R (C * KS * KS)      // reduction length
@@ -370,7 +380,7 @@ void conv_wino(__global const float *restrict x, __global const float *restrict 
                 for (int i = 0; i < WM; i++) {
                     WIN_OUT(s[i], oc);  // along the row
 #pragma unroll
-                    for (int j = 0; j < WM; j++) o[i][j] = ACTF(oc[j] + bk);
+                    for (int j = 0; j < WM; j++) o[i][j] = VACT(oc[j] + bk);
                 }
 #if POOL == 2
 #define PM (WM / 2)
@@ -380,8 +390,8 @@ void conv_wino(__global const float *restrict x, __global const float *restrict 
 #pragma unroll
                     for (int j = 0; j < PM; j++) {
                         if (PM * ty[t] + i >= POH || PM * tx[t] + j >= POW) continue;
-                        const float8 p = fmax(fmax(o[2 * i][2 * j], o[2 * i][2 * j + 1]),
-                                              fmax(o[2 * i + 1][2 * j], o[2 * i + 1][2 * j + 1]));
+                        const float8 p = VMAX(VMAX(o[2 * i][2 * j], o[2 * i][2 * j + 1]),
+                                              VMAX(o[2 * i + 1][2 * j], o[2 * i + 1][2 * j + 1]));
                         const float pv[8] = {p.s0, p.s1, p.s2, p.s3, p.s4, p.s5, p.s6, p.s7};
 #pragma unroll
                         for (int l = 0; l < 8; l++)
