@@ -7,7 +7,8 @@
 
 The layer list stays the source of truth: a plan only reads it. Each kernel is generated for
 its layer (netcl/kernels/fused.cl with shapes and constants as -D defines) and launch sizes
-follow the device class (GPU: local-memory implicit GEMM; CPU/PoCL: explicit vectors).
+follow the device class (GPU: local-memory implicit GEMM; CPU/PoCL: Winograd F(2x2 or 4x4, 3x3)
+for 3x3 stride-1 convolutions, explicit-vector direct convolution otherwise).
 
 Device state is made on the first call for a given (context, input shape) and kept: programs,
 folded weights, intermediate buffers, kernels with their arguments already set. Later calls of
