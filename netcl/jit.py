@@ -170,6 +170,8 @@ def _cpu_wino_config(K, C, wm, ntile, n_cu):
     tb, rv = 3, (4 if K % 32 == 0 else 2)  # measured on a 2-core AVX2 PoCL
     # transformed weights past L2 size: more tiles per work-item, so fewer passes stream them
     nsub = 6 if (wm + 2) ** 2 * C * K * 4 > (2 << 20) else 2
+    while nsub > 1 and (wm + 2) ** 2 * C * tb * nsub * 4 > (1 << 20):  # private inputs stay <= 1 MB
+        nsub -= 1
     if os.environ.get("NETCL_CPU_WINO_BLOCK"):  # tuning: "tb,rv,nsub"
         tb, rv, nsub = (int(v) for v in os.environ["NETCL_CPU_WINO_BLOCK"].split(","))
     tt = tb * nsub
