@@ -4,6 +4,7 @@ import pytest
 
 import netcl
 from netcl import Tensor, jit, models, nn, optim
+from conftest import randomize_batchnorm
 
 pytest.importorskip("pyopencl")
 
@@ -14,17 +15,6 @@ def q():
         return netcl.default_queue()
     except netcl.NoDeviceError as e:
         pytest.skip(str(e))
-
-
-def _bn_stats(model, rng):
-    for m in model:
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean.set_(rng.normal(0, 0.5, c))
-            m.running_var.set_(rng.uniform(0.5, 2.0, c))
-            m.weight.set_(rng.uniform(0.5, 1.5, c))
-            m.bias.set_(rng.normal(0, 0.2, c))
-    return model
 
 
 def _unfused(model, q, x):
@@ -56,7 +46,7 @@ CASES = [("mlp", models.mlp, (64,)), ("cnn", models.cnn, (3, 32, 32)), ("small_d
 def test_fused_equals_unfused(q, name, build, shape, batch):
     rng = np.random.default_rng(batch)
     netcl.manual_seed(1)
-    model = _bn_stats(build(), rng).eval()
+    model = randomize_batchnorm(build(), rng).eval()
     x = rng.normal(size=(batch,) + shape).astype(np.float32)
     ref = _unfused(model, q, x)
     y = _fused(model, q, x)
@@ -70,7 +60,7 @@ def test_gpu_kernels_on_this_device(q, monkeypatch):
     monkeypatch.setenv("NETCL_JIT_CLASS", "gpu")
     rng = np.random.default_rng(5)
     netcl.manual_seed(2)
-    model = _bn_stats(models.cnn(), rng).eval()
+    model = randomize_batchnorm(models.cnn(), rng).eval()
     x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
 
@@ -98,11 +88,11 @@ def test_train_mode_runs_unfused(q):
 def test_load_state_dict_after_eval_is_not_stale(q):
     rng = np.random.default_rng(3)
     netcl.manual_seed(3)
-    model = _bn_stats(models.cnn(), rng).eval()
+    model = randomize_batchnorm(models.cnn(), rng).eval()
     x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
     y0 = _fused(model, q, x)
     netcl.manual_seed(4)
-    other = _bn_stats(models.cnn(), np.random.default_rng(9))
+    other = randomize_batchnorm(models.cnn(), np.random.default_rng(9))
     model.load_state_dict(other.state_dict())
     y1 = _fused(model, q, x)
     assert np.abs(y1 - y0).max() > 1e-3
@@ -112,7 +102,7 @@ def test_load_state_dict_after_eval_is_not_stale(q):
 def test_optimizer_step_after_eval_is_not_stale(q):
     rng = np.random.default_rng(4)
     netcl.manual_seed(5)
-    model = _bn_stats(models.mlp(), rng)
+    model = randomize_batchnorm(models.mlp(), rng)
     x = rng.normal(size=(4, 64)).astype(np.float32)
     opt = optim.SGD(model.parameters(), lr=0.5)
     loss_fn = nn.CrossEntropyLoss()
@@ -133,7 +123,7 @@ def test_no_builds_or_allocations_after_first_call(q, monkeypatch):
     from netcl.runtime import program
 
     rng = np.random.default_rng(6)
-    model = _bn_stats(small_detector(), rng).eval()
+    model = randomize_batchnorm(small_detector(), rng).eval()
     x = rng.normal(size=(2, 3, 32, 32)).astype(np.float32)
     _fused(model, q, x)
     model._fused.infer(x, q)
@@ -194,7 +184,7 @@ def test_winograd_equals_unfused(q, monkeypatch, tile, batch):
     monkeypatch.setenv("NETCL_CPU_WINO", tile)
     rng = np.random.default_rng(10 + batch)
     netcl.manual_seed(7)
-    model = _bn_stats(winograd_net(), rng).eval()
+    model = randomize_batchnorm(winograd_net(), rng).eval()
     x = rng.normal(size=(batch, 5, 15, 13)).astype(np.float32)
     ref = _unfused(model, q, x)
     y = _fused(model, q, x)
@@ -209,6 +199,6 @@ def test_winograd_block_shapes(q, monkeypatch, tile):
     monkeypatch.setenv("NETCL_CPU_WINO_BLOCK", "2,1,3")
     rng = np.random.default_rng(12)
     netcl.manual_seed(8)
-    model = _bn_stats(winograd_net(), rng).eval()
+    model = randomize_batchnorm(winograd_net(), rng).eval()
     x = rng.normal(size=(2, 5, 15, 13)).astype(np.float32)
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
