@@ -61,6 +61,22 @@ def assert_close(got, ref, rtol=1e-5, atol=1e-6, what=""):
     return err
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes of PoCL compilation on a cold kernel cache; "
+                                       "runs when NETCL_SLOW_TESTS=1 (CI sets it)")
+
+
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    if os.environ.get("NETCL_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow to compile on a cold PoCL cache: set NETCL_SLOW_TESTS=1 (CI does)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_terminal_summary(terminalreporter):
     tr = terminalreporter
     for line in _NOTES:

@@ -55,6 +55,7 @@ def test_fused_equals_unfused(q, name, build, shape, batch):
     np.testing.assert_array_equal(model._fused.infer(x, q), y)
 
 
+@pytest.mark.slow  # PoCL compiles the GPU family's local-memory kernels slowly (about 45 s a program)
 def test_gpu_kernels_on_this_device(q, monkeypatch):
     """The GPU family (local-memory tiles, split-K) computes the same function on any device."""
     monkeypatch.setenv("NETCL_JIT_CLASS", "gpu")
@@ -177,7 +178,7 @@ def winograd_net():
         nn.Conv2d(9, 8, 3), nn.BatchNorm2d(8), nn.MaxPool2d(2))
 
 
-@pytest.mark.parametrize("tile", ["0", "2", "4"])
+@pytest.mark.parametrize("tile", [pytest.param("0", marks=pytest.mark.slow), "2", "4"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_winograd_equals_unfused(q, monkeypatch, tile, batch):
     """The CPU Winograd kernels (output tiles 2 and 4; 0 = direct) against the unfused layers."""
