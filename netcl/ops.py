@@ -35,13 +35,21 @@ def launch1d(queue, family, name, n, *args):
 
 
 _MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit ints
+_alloc_limits = {}  # device -> max_mem_alloc_size (a driver query: once, not per allocation)
+
+
+def _max_alloc(q):
+    limit = _alloc_limits.get(q.device.int_ptr)
+    if limit is None:
+        limit = _alloc_limits[q.device.int_ptr] = q.device.max_mem_alloc_size
+    return limit
 
 
 def new(like_or_queue, shape):
     """An uninitialised device tensor on the queue (or the queue of a tensor)."""
     q = like_or_queue.queue if isinstance(like_or_queue, Tensor) else like_or_queue
     size = int(np.prod(shape, dtype=np.int64))
-    if size > _MAX_ELEMENTS or 4 * size > q.device.max_mem_alloc_size:
+    if size > _MAX_ELEMENTS or 4 * size > _max_alloc(q):
         raise ValueError(f"a tensor of shape {tuple(shape)} ({4 * size / 2**30:.2f} GiB) is too large: netcl's "
                          f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
                          f"{q.device.max_mem_alloc_size / 2**30:.2f} GiB per buffer; use a smaller batch")
