@@ -7,8 +7,7 @@ from netcl import errors, nn, optim
 from netcl.errors import CompileError, FormatError, NetclError, NoDeviceError
 from netcl.nn.layers import manual_seed
 from netcl.tensor import Tensor
-
-__version__ = "0.1.0"
+from netcl.version import __version__
 
 
 def devices():

@@ -25,15 +25,12 @@ from netcl.tensor import Tensor
 # counters for tests and benchmarks: program builds, device buffers made, kernels launched
 STATS = {"builds": 0, "buffers": 0, "launches": 0, "folds": 0}
 
-_ACT = {L.ReLU: 1, L.LeakyReLU: 2, L.Sigmoid: 3, L.Tanh: 4}
-
-
 def _act_of(layer):
-    """(code, slope) of an activation layer, or None."""
-    code = _ACT.get(type(layer))
-    if code is None:
+    """(Act code, slope) of an activation layer, or None."""
+    act = getattr(layer, "act", None)
+    if act is None or layer is None:
         return None
-    return code, float(getattr(layer, "negative_slope", 0.0))
+    return int(act), float(layer.slope)
 
 
 # ---------------------------------------------------------------------------------------

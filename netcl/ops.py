@@ -67,18 +67,17 @@ def fill(t, value):
     t.mark_written()
 
 
-ACT = {"relu": 0, "leaky_relu": 1, "sigmoid": 2, "tanh": 3}
-
-
-def act_fwd(kind, x, slope=0.0, out=None):
+def act_fwd(act, x, slope=0.0, out=None):
+    """y = act(x) for a netcl.act.Act code."""
     y = out if out is not None else new(x, x.shape)
-    launch1d(x.queue, "pointwise", "act_fwd", x.size, x.size, ACT[kind], float(slope), x, y)
+    launch1d(x.queue, "pointwise", "act_fwd", x.size, x.size, int(act), float(slope), x, y)
     return y.mark_written()
 
 
-def act_bwd(kind, saved, dy, slope=0.0):
+def act_bwd(act, saved, dy, slope=0.0):
+    """dx = dy * act'(.) from what the forward saved (the output where act.saves_output, else the input)."""
     dx = new(dy, dy.shape)
-    launch1d(dy.queue, "pointwise", "act_bwd", dy.size, dy.size, ACT[kind], float(slope), saved, dy, dx)
+    launch1d(dy.queue, "pointwise", "act_bwd", dy.size, dy.size, int(act), float(slope), saved, dy, dx)
     return dx.mark_written()
 
 

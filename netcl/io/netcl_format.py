@@ -38,6 +38,7 @@ from netcl import optim
 from netcl.errors import FormatError
 from netcl.nn import layers as _layers
 from netcl.tensor import Tensor
+from netcl.version import __version__
 
 MAGIC = b"\x89NETCL\r\n"
 FORMAT_VERSION = 1
@@ -495,9 +496,7 @@ def _json_default(o):
 
 
 def _version():
-    import netcl
-
-    return netcl.__version__
+    return __version__
 
 
 @contextlib.contextmanager

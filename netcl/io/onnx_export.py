@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from netcl.nn import layers as L
+from netcl.version import __version__
 
 
 def _load_bindings():
@@ -389,8 +390,6 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
     input_shape that does not fit, NotImplementedError naming every unsupported layer; nothing is
     written then, and a failed export leaves any existing file untouched.
     """
-    from netcl import __version__
-
     graph, inits = _build(model, input_shape, opset, dynamic_batch, input_name, output_name)
     # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8)
     model_head = P.ModelProto(ir_version=OPSET_IR_VERSION[opset], producer_name="netcl",

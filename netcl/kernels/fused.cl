@@ -7,33 +7,16 @@
 // so that convolution loads without bounds checks.
 //
 // Common defines: C H W (input channels and size), K (output channels), KS STRIDE PAD, OH OW
-// (convolution output), POOL (1 or 2), ACT (0 none, 1 relu, 2 leaky relu, 3 sigmoid, 4 tanh),
+// (convolution output), POOL (1 or 2), ACT (a netcl.act.Act code, kernels/act.h),
 // SLOPE, IPB OPB (stored borders; IPB is 0 or PAD).
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-#if ACT == 0
-#define ACTF(v) (v)
-#elif ACT == 1
-#define ACTF(v) fmax((v), 0.0f)
-#elif ACT == 2
-#define ACTF(v) select((v) * SLOPE, (v), (v) > 0.0f)
-#elif ACT == 3
-#define ACTF(v) (1.0f / (1.0f + exp(-(v))))
-#else
-#define ACTF(v) tanh(v)
-#endif
-// the same on vectors for the CPU kernels: PoCL makes float8 fmax / select out-of-line calls,
-// while the vector ?: stays an inline blend
+#include "act.h"
+#define ACTF(v) ACT_APPLY(ACT, v, SLOPE)
+// PoCL makes float8 fmax an out-of-line call; the vector ?: stays an inline blend
 #define VMAX(a, b) ((a) > (b) ? (a) : (b))
-#if ACT == 1
-#define VACT(v) ((v) > 0.0f ? (v) : 0.0f)
-#elif ACT == 2
-#define VACT(v) ((v) > 0.0f ? (v) : (v) * SLOPE)
-#else
-#define VACT(v) ACTF(v)
-#endif
 
 #ifdef KS
 #define R (C * KS * KS)      // reduction length
@@ -380,7 +363,7 @@ void conv_wino(__global const float *restrict x, __global const float *restrict 
                 for (int i = 0; i < WM; i++) {
                     WIN_OUT(s[i], oc);  // along the row
 #pragma unroll
-                    for (int j = 0; j < WM; j++) o[i][j] = VACT(oc[j] + bk);
+                    for (int j = 0; j < WM; j++) o[i][j] = ACTF(oc[j] + bk);
                 }
 #if POOL == 2
 #define PM (WM / 2)

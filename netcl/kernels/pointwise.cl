@@ -6,30 +6,20 @@ __kernel void fill(const int n, __global float *x, const float v) {
     if (i < n) x[i] = v;
 }
 
-// kind: 0 relu, 1 leaky relu (slope), 2 sigmoid, 3 tanh
+#include "act.h"
+
+// kind: a netcl.act.Act code (act.h); slope: leaky relu's
 __kernel void act_fwd(const int n, const int kind, const float slope,
                       __global const float *x, __global float *y) {
     int i = get_global_id(0);
-    if (i >= n) return;
-    float v = x[i];
-    if (kind == 0) v = fmax(v, 0.0f);
-    else if (kind == 1) v = v > 0.0f ? v : v * slope;
-    else if (kind == 2) v = 1.0f / (1.0f + exp(-v));
-    else v = tanh(v);
-    y[i] = v;
+    if (i < n) y[i] = ACT_APPLY(kind, x[i], slope);
 }
 
-// relu/leaky use the input x, sigmoid/tanh the output y (saved by the forward pass).
+// saved: the forward's input (relu, leaky relu) or output (sigmoid, tanh)
 __kernel void act_bwd(const int n, const int kind, const float slope, __global const float *saved,
                       __global const float *dy, __global float *dx) {
     int i = get_global_id(0);
-    if (i >= n) return;
-    float s = saved[i], g = dy[i];
-    if (kind == 0) g = s > 0.0f ? g : 0.0f;
-    else if (kind == 1) g = s > 0.0f ? g : g * slope;
-    else if (kind == 2) g = g * s * (1.0f - s);
-    else g = g * (1.0f - s * s);
-    dx[i] = g;
+    if (i < n) dx[i] = ACT_GRAD(kind, saved[i], dy[i], slope);
 }
 
 // A counter-based hash (lowbias32): the mask of element i depends only on (seed, i).

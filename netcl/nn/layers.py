@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from netcl.act import Act
 from netcl.tensor import Tensor, _as_float32
 
 _rng = np.random.default_rng()
@@ -306,30 +307,29 @@ class BatchNorm2d(Module):
 
 
 class _Activation(Module):
-    kind = ""
+    act = Act.NONE  # the code shared with every kernel family (netcl/act.py, kernels/act.h)
     slope = 0.0
-    saves_output = False  # sigmoid/tanh differentiate through y, relu/leaky through x
 
     def forward(self, x):
         from netcl import ops
 
         self._on(x)
-        y = ops.act_fwd(self.kind, x, self.slope)
-        self._saved = y if self.saves_output else x
+        y = ops.act_fwd(self.act, x, self.slope)
+        self._saved = y if self.act.saves_output else x
         return y
 
     def backward(self, dy):
         from netcl import ops
 
-        return ops.act_bwd(self.kind, self._saved, dy, self.slope)
+        return ops.act_bwd(self.act, self._saved, dy, self.slope)
 
 
 class ReLU(_Activation):
-    kind = "relu"
+    act = Act.RELU
 
 
 class LeakyReLU(_Activation):
-    kind = "leaky_relu"
+    act = Act.LEAKY_RELU
 
     def __init__(self, negative_slope=0.01):
         super().__init__()
@@ -342,11 +342,11 @@ class LeakyReLU(_Activation):
 
 
 class Sigmoid(_Activation):
-    kind, saves_output = "sigmoid", True
+    act = Act.SIGMOID
 
 
 class Tanh(_Activation):
-    kind, saves_output = "tanh", True
+    act = Act.TANH
 
 
 class _Pool2d(Module):

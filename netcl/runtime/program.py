@@ -5,6 +5,7 @@ stores the device binary; a second process loads it instead of recompiling.
 """
 import hashlib
 import os
+import re
 import tempfile
 import warnings
 from importlib import resources
@@ -22,9 +23,14 @@ def cache_dir():
     return d
 
 
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.h)"[ \t]*$', re.M)
+
+
 def kernel_source(family):
-    """The text of netcl/kernels/<family>.cl."""
-    return resources.files("netcl.kernels").joinpath(f"{family}.cl").read_text()
+    """The text of netcl/kernels/<family>.cl, its `#include "x.h"` lines replaced by the headers
+    beside it (so the cache key covers the headers, and no -I path reaches the compiler)."""
+    folder = resources.files("netcl.kernels")
+    return _INCLUDE.sub(lambda m: folder.joinpath(m[1]).read_text(), folder.joinpath(f"{family}.cl").read_text())
 
 
 def _key(source, options, device):

@@ -1,0 +1,16 @@
+"""The activation codes shared by every kernel family: netcl/kernels/act.h defines the same
+numbers (ACT_<NAME>) and the arithmetic; adding an activation is one entry here and one there."""
+from enum import IntEnum
+
+
+class Act(IntEnum):
+    NONE = 0
+    RELU = 1
+    LEAKY_RELU = 2
+    SIGMOID = 3
+    TANH = 4
+
+    @property
+    def saves_output(self):
+        """Whether backward differentiates through the output (else through the input)."""
+        return self in (Act.SIGMOID, Act.TANH)

@@ -1,0 +1,56 @@
+"""The reference models export to exactly the bytes they did before the layer-protocol refactor
+(SHA-256 recorded at commit 53c4499): refactoring the layers, the walker or the writer must not
+change a single byte. A deliberate change to the exporter's output updates these digests in the
+same commit, saying why."""
+import hashlib
+
+import numpy as np
+import pytest
+
+import netcl
+from netcl import models, nn
+from netcl.io import export_onnx
+from netcl.io import onnx_export as ox
+
+GOLDEN = {
+    "mlp-o17-fix": "1773e425bbdcf55f1a4d9ffe6b8a73239b93bade1f8c5087981f07cf363fcd7d",
+    "mlp-o17-dyn": "214769456ae7a691e152e05fea0d7489a3606418aa8142d6936aa131b0c85829",
+    "mlp-o13-dyn": "67bf58b91c84d7ee1a7ba83e246e63dd0b9c1d8b307051a84ec206bb267fa812",
+    "mlp-o25-fix": "3f330a9cfde464fea30dc4ebb05c3fed1375b600a642699f788147524d7b667f",
+    "cnn-o17-fix": "d3c8cd33f86a0731fc104fe9112736e4c8c35a810d813e24d871aac501e94316",
+    "cnn-o17-dyn": "a7a712cb146092c44df6a8ff6197e299447595e9667ca0add2e859e407683abc",
+    "cnn-o13-dyn": "a7fc2a6fbe5f61a2a892583c764ca652f7932eb2ead579c7c8f455abea3da309",
+    "cnn-o25-fix": "c83942e7cc75b1a45437d3cea0a999b871b6c1e5dc3cc4f6fa0eeba2fb95be03",
+    "detector26-o17-fix": "49e83297062edbe45925fd612f8ec598cf01e1d87b4da30d0ccef1aacdda181f",
+    "detector26-o17-dyn": "3702c7026da0763405dc610b10a264219ec726ea2c13ae190a13d3ab9cbaafcc",
+    "detector26-o13-dyn": "ad9d18d46662a3e57aed33736e6bfe54d2e0ffb77a0d154d772f2db4a09a2b72",
+    "detector26-o25-fix": "50fc7795b3d3a6da7168f36fd5a39887a3d75b285e70ec8482830081673155b6",
+    "mha-o17-dyn": "2e807aba432b7af5d6d1911231c389c3c352e38203ce05c0c28686caa2d137ac",
+}
+
+
+def _model(name):
+    netcl.manual_seed(1234)
+    if name == "mha":
+        model = nn.Sequential(nn.Linear(8, 16), nn.MultiheadAttention(16, 4), nn.Softmax(dim=-1), nn.Dropout(0.1))
+        return model, (2, 5, 8)
+    model = models.build(name)
+    rng = np.random.default_rng(7)
+    for layer in model:
+        if isinstance(layer, nn.BatchNorm2d):
+            c = layer.num_features
+            layer.running_mean.set_(rng.normal(0, .5, c))
+            layer.running_var.set_(rng.uniform(.5, 2, c))
+            layer.weight.set_(rng.uniform(.5, 1.5, c))
+            layer.bias.set_(rng.normal(0, .2, c))
+    return model, (2,) + models.MODELS[name].input_shape
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_reference_exports_are_byte_identical(case, tmp_path, monkeypatch):
+    monkeypatch.setattr(ox, "__version__", "0.1.0")  # producer_version is part of the bytes
+    name, opset, batch = case.rsplit("-", 2)
+    model, shape = _model(name)
+    path = tmp_path / "m.onnx"
+    export_onnx(model.eval(), shape, path, opset=int(opset[1:]), dynamic_batch=batch == "dyn")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == GOLDEN[case]
