@@ -19,7 +19,11 @@ changed after eval() (load_state_dict, an optimizer step) are never run stale.
 """
 import numpy as np
 
-from netcl.nn import layers as L
+from netcl.nn.basic import Dropout, Flatten
+from netcl.nn.conv import Conv2d
+from netcl.nn.linear import Linear
+from netcl.nn.norm import BatchNorm2d
+from netcl.nn.pool import MaxPool2d
 from netcl.tensor import Tensor
 
 # counters for tests and benchmarks: program builds, device buffers made, kernels launched
@@ -76,26 +80,26 @@ class _Layer:  # not fused: the layer's own forward (allocates per call)
 
 def _stages(layers):
     out, i = [], 0
-    layers = [x for x in layers if not isinstance(x, L.Dropout)]  # identity in eval mode
+    layers = [x for x in layers if not isinstance(x, Dropout)]  # identity in eval mode
     while i < len(layers):
         lay = layers[i]
         nxt = lambda j: layers[i + j] if i + j < len(layers) else None  # noqa: E731
-        if isinstance(lay, L.Conv2d):
+        if isinstance(lay, Conv2d):
             j, bn, act, pool = 1, None, None, None
-            if isinstance(nxt(j), L.BatchNorm2d) and nxt(j).num_features == lay.out_channels:
+            if isinstance(nxt(j), BatchNorm2d) and nxt(j).num_features == lay.out_channels:
                 bn, j = nxt(j), j + 1
             if _act_of(nxt(j)) is not None:
                 act, j = _act_of(nxt(j)), j + 1
             p = nxt(j)
-            if isinstance(p, L.MaxPool2d) and p.kernel_size == 2 and p.stride == 2 and p.padding == 0:
+            if isinstance(p, MaxPool2d) and p.kernel_size == 2 and p.stride == 2 and p.padding == 0:
                 pool, j = p, j + 1
             out.append(_Conv(lay, bn, act, pool))
             i += j
-        elif isinstance(lay, L.Linear):
+        elif isinstance(lay, Linear):
             act = _act_of(nxt(1))
             out.append(_Linear(lay, act))
             i += 2 if act is not None else 1
-        elif isinstance(lay, L.Flatten):
+        elif isinstance(lay, Flatten):
             out.append(_View(lay))
             i += 1
         else:
@@ -106,7 +110,7 @@ def _stages(layers):
 
 def plan_fused(model):
     """A FusedPlan for `model` (a Sequential), or None when no stage would fuse."""
-    stages = _stages(model.layers)
+    stages = _stages([layer for _, layer in model.chain()])
     if not any(isinstance(s, (_Conv, _Linear)) for s in stages):
         return None
     return FusedPlan(model, stages)

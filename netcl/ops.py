@@ -2,7 +2,7 @@
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
 import numpy as np
 
-from netcl.runtime import alloc, kernels
+from netcl.runtime import alloc, device_class, kernels
 from netcl.tensor import Tensor
 
 _LOCAL = 64  # fixed 1-D work-group size: PoCL recompiles for every new local size
@@ -62,11 +62,6 @@ def dummy(queue):
 
 
 # -- element-wise ------------------------------------------------------------------------
-def fill(t, value):
-    launch1d(t.queue, "pointwise", "fill", t.size, t.size, t, float(value))
-    t.mark_written()
-
-
 def act_fwd(act, x, slope=0.0, out=None):
     """y = act(x) for a netcl.act.Act code."""
     y = out if out is not None else new(x, x.shape)
@@ -109,8 +104,6 @@ def _gemm_config(q):
     """(block and launch sizes, gemm.cl build options) for the queue's device."""
     cls = _config_class.get(q.device.int_ptr)
     if cls is None:
-        from netcl.runtime import device_class
-
         cls = device_class(q)
         if cls == "cpu" and q.device.native_vector_width_float >= 16:
             cls = "cpu16"

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from netcl import ops
 from netcl.tensor import Tensor
 
 
@@ -100,8 +101,6 @@ class SGD(Optimizer):
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
     def _update(self, i, p, st):
-        from netcl import ops
-
         first = "momentum_buffer" not in st
         buf = self._slot(i, "momentum_buffer") if self.momentum else p.grad
         ops.launch1d(p.queue, "optim", "sgd_step", p.size, p.size, p, p.grad, buf, self.lr, self.momentum,
@@ -125,8 +124,6 @@ class Adam(Optimizer):
         return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
 
     def _update(self, i, p, st):
-        from netcl import ops
-
         m, v = self._slot(i, "exp_avg"), self._slot(i, "exp_avg_sq")
         b1, b2 = self.betas
         t = st["step"]

@@ -7,6 +7,8 @@ loaded or exported where pyopencl is absent); it moves to a device on first use.
 """
 import numpy as np
 
+from netcl.runtime import alloc
+
 
 def _as_float32(x):
     if isinstance(x, Tensor):
@@ -56,8 +58,6 @@ class Tensor:
 
     @classmethod
     def empty(cls, queue, shape):
-        from netcl.runtime import alloc
-
         t = cls(shape, queue)
         t._st.buf = alloc(queue, t.nbytes)
         return t
@@ -108,8 +108,6 @@ class Tensor:
     def to(self, queue):
         """Make the data present on `queue`'s device (uploading host data once); returns self."""
         import pyopencl as cl
-
-        from netcl.runtime import alloc
 
         if not isinstance(queue, cl.CommandQueue):
             raise TypeError(f"expected a pyopencl.CommandQueue (netcl.default_queue()), got {type(queue).__name__}")
@@ -163,10 +161,12 @@ class Tensor:
         return self
 
     def fill_(self, value):
-        from netcl.ops import fill
+        """Set every element to `value` (a device fill: no kernel, no host copy)."""
+        import pyopencl as cl
 
-        fill(self, value)
-        return self
+        if self.size:
+            cl.enqueue_fill_buffer(self.queue, self.buf, np.float32(value), 0, self.nbytes)
+        return self.mark_written()
 
     def reshape(self, *shape):
         """A view with a new shape sharing this tensor's storage."""

@@ -66,15 +66,14 @@ def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     assert (tmp_path / "again.netcl").read_bytes() == path.read_bytes()
 
 
-def test_every_layer_type_is_covered_and_its_allocation_known():
-    """The round-trip models hold every registered layer; the loader's allocation table matches each."""
+def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
+    """The round-trip models hold every registered leaf layer; each class's tensor_shapes (what
+    the loader checks files against) names exactly the tensors a layer of that config holds."""
     layers = list(every_layer_cnn()) + list(attention_model())
-    assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
+    assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS) - {"Sequential"}
     for layer in layers:
-        held = sum(t.size for _, t in layer.named_parameters() + layer.named_buffers())
-        name = type(layer).__name__
-        implied = fmt._ALLOCATES[name](layer.config()) if name in fmt._ALLOCATES else 0
-        assert implied == held, name
+        held = {k: t.shape for k, t in layer.named_tensors()}
+        assert type(layer).tensor_shapes(**layer.config()) == held, type(layer).__name__
 
 
 def test_file_layout(tmp_path):
@@ -108,10 +107,10 @@ def test_load_needs_no_pyopencl(tmp_path):
 def test_load_leaves_the_random_stream_alone(tmp_path):
     save(every_layer_cnn(), tmp_path / "m.netcl")
     netcl.manual_seed(7)
-    want = nn.layers._rng.integers(0, 2**32, 4)
+    want = nn.module.rng().integers(0, 2**32, 4)
     netcl.manual_seed(7)
     load(tmp_path / "m.netcl")
-    assert np.array_equal(nn.layers._rng.integers(0, 2**32, 4), want)
+    assert np.array_equal(nn.module.rng().integers(0, 2**32, 4), want)
 
 
 # ---------------------------------------------------------------------------------------
@@ -236,6 +235,13 @@ def setitem(d, k, v):
     d[k] = v
 
 
+def _nested(depth):
+    entry = {"type": "ReLU", "config": {}}
+    for _ in range(depth):
+        entry = {"type": "Sequential", "config": {}, "children": [["0", entry]]}
+    return entry
+
+
 CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
     "empty": (lambda b: b"", "it is empty"),
     "cut in preamble": (lambda b: b[:5], "only 5 bytes"),
@@ -272,19 +278,23 @@ CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
     "missing tensor": (lambda b: edited(b, lambda h: table(h, "2.bias").update(name="2.bia")),
                        "missing tensor '2.bias'"),
     "fewer elements than the config": (lambda b: edited(b, lambda h: h["tensors"].pop()),
-                                       "implies 8 parameter elements, the file holds 6"),
+                                       "missing tensor '2.bias'"),
     "unused tensor": (lambda b: edited(b, lambda h: h["tensors"].append(
         {"name": "junk", "shape": [0], "dtype": "float32", "offset": 0, "nbytes": 0})), "does not use"),
     "unknown layer": (lambda b: edited(b, lambda h: h["architecture"][1].update(type="os.system")),
                       "unknown layer type"),
-    "layer type Sequential": (lambda b: edited(b, lambda h: h["architecture"][1].update(type="Sequential")),
-                              "unknown layer type"),
+    "children on a leaf layer": (lambda b: edited(b, lambda h: h["architecture"][1].update(
+        children=[["0", {"type": "ReLU", "config": {}}]])), "holds no layers"),
+    "nesting too deep": (lambda b: edited(b, lambda h: h["architecture"].append(_nested(40))), "levels of nesting"),
+    "children not pairs": (lambda b: edited(b, lambda h: h["architecture"][1].update(type="Sequential",
+                                                                                    children={"0": 1})),
+                           "distinct [name, layer] pairs"),
     "code in config key": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
         __class__={"__init__": "os.system('echo pwned')"})), "'__class__' is not an argument of Linear"),
     "string config value": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
         in_features="__import__('os')")), "expected a finite number"),
     "config allocates more than the file holds": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(
-        in_features=10**9, out_features=10**9)), "implies 1000000001000000000 parameter elements"),
+        in_features=10**9, out_features=10**9)), "the architecture needs (1000000000, 1000000000"),
     "invalid config value": (lambda b: edited(b, lambda h: h["architecture"][1].update(
         type="LeakyReLU", config={"negative_slope": None})), "invalid config"),
     "extra layer entry field": (lambda b: edited(b, lambda h: h["architecture"][1].update(code="x")), "fields 'type'"),
@@ -339,10 +349,10 @@ def test_corrupt_checkpoint_raises_format_error(good, tmp_path, case):
     path = tmp_path / "bad.netcl"
     path.write_bytes(edited(good[1], edit))
     netcl.manual_seed(5)
-    want = nn.layers._rng.bit_generator.state
+    want = nn.module.rng().bit_generator.state
     with pytest.raises(FormatError, match=message.replace("[", r"\[")):
         load_checkpoint(path)
-    assert nn.layers._rng.bit_generator.state == want  # a failed load leaves the generator alone
+    assert nn.module.rng().bit_generator.state == want  # a failed load leaves the generator alone
 
 
 def test_the_unedited_files_load(good, tmp_path):

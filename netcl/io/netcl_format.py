@@ -11,7 +11,8 @@ Layout (integers little-endian):
 
 The header holds "netcl_version", "kind" ("model" or "checkpoint"), "training", "architecture"
 (a list of {"type", "config"}: a layer's name in nn.LAYERS and its constructor's keyword
-arguments), "tensors" (a list of {"name", "shape", "dtype": "float32", "offset", "nbytes"}; names
+arguments, plus "children", a list of [name, entry] pairs, for a layer that holds layers such as
+a nested Sequential), "tensors" (a list of {"name", "shape", "dtype": "float32", "offset", "nbytes"}; names
 are state_dict keys such as "0.weight", and "optimizer.<i>.<slot>") and "data_bytes". A checkpoint
 adds "optimizer" ({"type", "hyper", "params": indices into model.parameters(), "scalars":
 {"<i>.step": int}}), "meta" (the epoch and the user's metadata) and "rng" (netcl's random
@@ -36,7 +37,8 @@ import numpy as np
 
 from netcl import optim
 from netcl.errors import FormatError
-from netcl.nn import layers as _layers
+from netcl import nn
+from netcl.nn import module as _module
 from netcl.tensor import Tensor
 from netcl.version import __version__
 
@@ -55,17 +57,9 @@ _CHUNK = 1 << 20
 OPTIMIZERS = {name: cls for name, cls in vars(optim).items()
               if isinstance(cls, type) and issubclass(cls, optim.Optimizer) and cls is not optim.Optimizer}
 
-# Elements each parametrised layer's constructor allocates, from its (bound) config. load() checks
-# this against the file's tensors before building the layer, so that a hostile config cannot make it
-# allocate what the file does not hold. Layers missing here must have no parameters or buffers
-# (tests/test_io.py checks both for every type in nn.LAYERS).
-_ALLOCATES = {
-    "Linear": lambda c: (c["in_features"] + c["bias"]) * c["out_features"],
-    "Conv2d": lambda c: (c["in_channels"] * c["kernel_size"] ** 2 + c["bias"]) * c["out_channels"],
-    "BatchNorm2d": lambda c: 4 * c["num_features"],
-    "MultiheadAttention": lambda c: 4 * c["embed_dim"] * (c["embed_dim"] + 1),
-}
+_MAX_DEPTH = 32  # nested blocks
 
+_CHILD = re.compile(r"[A-Za-z0-9_]{1,64}")
 _STATE_KEY = re.compile(r"(0|[1-9][0-9]{0,8})\.([A-Za-z_][A-Za-z0-9_]{0,63})")
 _RNG_TYPES = ("PCG64", "PCG64DXSM")  # numpy bit generators whose state is plain JSON
 
@@ -106,7 +100,7 @@ def save_checkpoint(path, model, optimizer, epoch=None, **meta):
                   optimizer={"type": sd["type"], "hyper": sd["hyper"],
                              "params": [index[id(p)] for p in optimizer.params], "scalars": scalars},
                   meta={"epoch": None if epoch is None else int(epoch), **meta},
-                  rng=_layers._rng.bit_generator.state)
+                  rng=_module.rng().bit_generator.state)
     try:
         json.dumps(header["meta"], default=_json_default)
     except (TypeError, ValueError) as e:
@@ -116,25 +110,32 @@ def save_checkpoint(path, model, optimizer, epoch=None, **meta):
 
 
 def _model_header(model):
-    if not isinstance(model, _layers.Sequential):
+    if not isinstance(model, nn.Sequential):
         raise TypeError(f"expected a netcl.nn.Sequential, got {type(model).__name__}")
-    arch = []
-    for i, layer in enumerate(model.layers):
-        name = type(layer).__name__
-        if _layers.LAYERS.get(name) is not type(layer):
-            raise ValueError(f"layer {i} ({name}) is not a netcl layer type that files can hold; "
-                             f"supported: {', '.join(_layers.LAYERS)}")
-        config = layer.config()
-        problem = _config_problem(type(layer), config)
-        if problem:
-            raise ValueError(f"cannot save layer {i} ({name}): config {problem}")
-        arch.append({"type": name, "config": config})
+    arch = [_entry(layer, name) for name, layer in model.named_children()]
     return {"netcl_version": _version(), "kind": "model", "training": bool(model.training), "architecture": arch}
+
+
+def _entry(layer, path):
+    """{"type", "config"} of a layer, plus "children" ([name, entry] pairs) for one that holds layers."""
+    name = type(layer).__name__
+    if nn.LAYERS.get(name) is not type(layer):
+        raise ValueError(f"layer {path} ({name}) is not a netcl layer type that files can hold; "
+                         f"supported: {', '.join(nn.LAYERS)}")
+    config = layer.config()
+    problem = _config_problem(type(layer), config)
+    if problem:
+        raise ValueError(f"cannot save layer {path} ({name}): config {problem}")
+    entry = {"type": name, "config": config}
+    children = layer.named_children()
+    if children:
+        entry["children"] = [[child, _entry(sub, f"{path}.{child}")] for child, sub in children]
+    return entry
 
 
 def _model_tensors(model):
     out = []
-    for name, t in model.named_parameters() + model.named_buffers():
+    for name, t in model.named_tensors():
         if not isinstance(t, Tensor):
             raise TypeError(f"model tensor {name!r} is a {type(t).__name__}, not a netcl Tensor")
         out.append((name, t.shape, t.numpy))
@@ -219,7 +220,7 @@ def load_checkpoint(path):
             raise FormatError(f"{r.path}: meta 'epoch' must be an integer or null, got {meta['epoch']!r}")
         rng = _rng_from(r)
         r.check_all_used()
-    _layers._rng = rng  # only now: a failed load leaves the generator alone
+    _module.set_rng(rng)  # only now: a failed load leaves the generator alone
     return model, opt, meta
 
 
@@ -333,6 +334,13 @@ class _Reader:
                 fail(f"tensors {a!r} and {b!r} overlap in the data section")
         return table
 
+    def check(self, name, shape):
+        """Fail unless the file holds tensor `name` with exactly `shape`."""
+        if name not in self.table:
+            self.fail(f"missing tensor {name!r} (shape {tuple(shape)})")
+        if self.table[name][0] != tuple(shape):
+            self.fail(f"tensor {name!r} has shape {self.table[name][0]}, the architecture needs {tuple(shape)}")
+
     def read(self, name, shape=None):
         """Tensor `name` as a float32 array (checked against `shape` when given)."""
         if name not in self.table:
@@ -357,40 +365,50 @@ def _build_model(r):
     arch = r.header["architecture"]
     if not isinstance(arch, list) or len(arch) > _MAX_LAYERS:
         r.fail(f"header 'architecture' must be a list of at most {_MAX_LAYERS} layers")
-    held = {}  # layer index -> float32 elements the file holds for it
-    for name, (shape, _, _) in r.table.items():
-        head = name.split(".", 1)[0]
-        if head.isdigit():
-            held[int(head)] = held.get(int(head), 0) + _prod(shape)
-    layers = []
+    budget = [_MAX_LAYERS]
     with _scratch_rng():  # building layers draws initial weights; keep the user's random stream untouched
-        for i, entry in enumerate(arch):
-            if not isinstance(entry, dict) or set(entry) != {"type", "config"}:
-                r.fail(f"layer {i}: expected an object with fields 'type' and 'config', got {entry!r:.200}")
-            kind, config = entry["type"], entry["config"]
-            cls = _layers.LAYERS.get(kind) if isinstance(kind, str) else None
-            if cls is None:
-                r.fail(f"layer {i}: unknown layer type {kind!r:.100}; expected one of {', '.join(_layers.LAYERS)}")
-            problem = _config_problem(cls, config)
-            if problem:
-                r.fail(f"layer {i} ({kind}): config {problem}")
-            try:
-                bound = inspect.signature(cls).bind(**config)
-                bound.apply_defaults()
-                need = _ALLOCATES[kind](bound.arguments) if kind in _ALLOCATES else 0
-                if need > held.get(i, 0):
-                    r.fail(f"layer {i} ({kind}): config {config} implies {need} parameter elements, the file "
-                           f"holds {held.get(i, 0)}")
-                layer = cls(**config)
-            except (TypeError, ValueError, ArithmeticError) as e:
-                if isinstance(e, FormatError):
-                    raise
-                r.fail(f"layer {i} ({kind}): invalid config {config}: {e}")
-            layers.append(layer)
-    model = _layers.Sequential(*layers)
-    for name, t in model.named_parameters() + model.named_buffers():
+        children = {str(i): _build_layer(r, entry, str(i), 1, budget) for i, entry in enumerate(arch)}
+    model = nn.Sequential(*children.values())
+    for name, t in model.named_tensors():
         t.set_(r.read(name, t.shape))
     return model.train(r.header["training"])
+
+
+def _build_layer(r, entry, path, depth, budget):
+    """The layer described by `entry` at state_dict prefix `path`. Its tensors' names and shapes
+    (the class's tensor_shapes of the config) are checked against the file's table before the
+    layer is built, so a config can never make netcl allocate what the file does not hold."""
+    budget[0] -= 1
+    if budget[0] < 0 or depth > _MAX_DEPTH:
+        r.fail(f"layer {path}: more than {_MAX_LAYERS} layers or {_MAX_DEPTH} levels of nesting")
+    if not isinstance(entry, dict) or not {"type", "config"} <= set(entry) <= {"type", "config", "children"}:
+        r.fail(f"layer {path}: expected an object with fields 'type', 'config' (and 'children'), got {entry!r:.200}")
+    kind, config = entry["type"], entry["config"]
+    cls = nn.LAYERS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        r.fail(f"layer {path}: unknown layer type {kind!r:.100}; expected one of {', '.join(nn.LAYERS)}")
+    problem = _config_problem(cls, config)
+    if problem:
+        r.fail(f"layer {path} ({kind}): config {problem}")
+    pairs = entry.get("children", [])
+    if (not isinstance(pairs, list) or any(not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str)
+                                           or not _CHILD.fullmatch(p[0]) for p in pairs)
+            or len({p[0] for p in pairs}) != len(pairs)):
+        r.fail(f"layer {path} ({kind}): 'children' must be a list of distinct [name, layer] pairs")
+    try:
+        shapes = cls.tensor_shapes(**_module.bound_config(cls, config))
+    except (TypeError, ValueError, ArithmeticError) as e:
+        r.fail(f"layer {path} ({kind}): invalid config {config}: {e}")
+    for name, shape in shapes.items():
+        r.check(f"{path}.{name}", shape)
+    children = {name: _build_layer(r, sub, f"{path}.{name}", depth + 1, budget) for name, sub in pairs}
+    try:
+        layer = cls.from_config(config, children)
+    except (TypeError, ValueError, ArithmeticError) as e:
+        r.fail(f"layer {path} ({kind}): invalid config {config}: {e}")
+    if [name for name, _ in layer.named_children()] != list(children):
+        r.fail(f"layer {path} ({kind}): children {list(children)} do not match the layer's structure")
+    return layer
 
 
 def _build_optimizer(r, model):
@@ -501,9 +519,9 @@ def _version():
 
 @contextlib.contextmanager
 def _scratch_rng():
-    saved = _layers._rng
-    _layers._rng = np.random.default_rng(0)
+    saved = _module.rng()
+    _module.set_rng(np.random.default_rng(0))
     try:
         yield
     finally:
-        _layers._rng = saved
+        _module.set_rng(saved)

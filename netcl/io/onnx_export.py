@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from netcl.nn import layers as L
+from netcl import nn
 from netcl.version import __version__
 
 
@@ -187,37 +187,33 @@ def _multihead_attention(g, m, x, s, out):
 
 
 EMITTERS = {
-    L.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
-    L.Conv2d: _conv2d,                          # Conv
-    L.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
-    L.ReLU: _pointwise("Relu"),
-    L.LeakyReLU: _pointwise("LeakyRelu", alpha="negative_slope"),
-    L.Sigmoid: _pointwise("Sigmoid"),
-    L.Tanh: _pointwise("Tanh"),
-    L.MaxPool2d: _pool("MaxPool"),
-    L.AvgPool2d: _pool("AveragePool", count_include_pad=1),
-    L.Flatten: _flatten,                        # Flatten(axis=1): works with a symbolic batch
-    L.Dropout: _dropout,                        # dropped
-    L.Softmax: _softmax,                        # Softmax(axis=dim)
-    L.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
+    nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
+    nn.Conv2d: _conv2d,                          # Conv
+    nn.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
+    nn.ReLU: _pointwise("Relu"),
+    nn.LeakyReLU: _pointwise("LeakyRelu", alpha="negative_slope"),
+    nn.Sigmoid: _pointwise("Sigmoid"),
+    nn.Tanh: _pointwise("Tanh"),
+    nn.MaxPool2d: _pool("MaxPool"),
+    nn.AvgPool2d: _pool("AveragePool", count_include_pad=1),
+    nn.Flatten: _flatten,                        # Flatten(axis=1): works with a symbolic batch
+    nn.Dropout: _dropout,                        # dropped
+    nn.Softmax: _softmax,                        # Softmax(axis=dim)
+    nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
+}
+
+# Registered layers that need no emitter of their own, with the reason (tests check that every
+# type in nn.LAYERS is in exactly one of the two tables).
+NOT_EMITTED = {
+    nn.Sequential: "walked by Module.chain(): a nested Sequential's layers are emitted in order",
 }
 
 
 # -- checks ------------------------------------------------------------------------------
-def _walk(model, prefix=""):
-    """(state_dict prefix, layer) for every leaf layer, nested Sequentials flattened."""
-    layers = model.layers if isinstance(model, L.Sequential) else [model]
-    for i, layer in enumerate(layers):
-        if isinstance(layer, L.Sequential):
-            yield from _walk(layer, f"{prefix}{i}.")
-        else:
-            yield f"{prefix}{i}", layer
-
-
 def _check(model, input_shape, opset, input_name, output_name):
-    if not isinstance(model, L.Module):
+    if not isinstance(model, nn.Module):
         raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
-    leaves = list(_walk(model))
+    leaves = list(model.chain())
     if model.training or any(m.training for _, m in leaves):
         raise ValueError("the model is in training mode; call model.eval() before exporting "
                          "(BatchNorm would otherwise bake in meaningless statistics)")

@@ -1,10 +1,5 @@
-// Element-wise kernels: activations (forward and backward), fill, axpy, dropout.
+// Element-wise kernels: activations (forward and backward), dropout, multiply.
 // One work-item per element; n is the element count (the launch is rounded up).
-
-__kernel void fill(const int n, __global float *x, const float v) {
-    int i = get_global_id(0);
-    if (i < n) x[i] = v;
-}
 
 #include "act.h"
 

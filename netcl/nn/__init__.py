@@ -1,7 +1,20 @@
-"""netcl.nn: layers, Sequential and losses."""
-from netcl.nn.layers import (LAYERS, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, LeakyReLU, Linear, MaxPool2d,
-                             Module, MultiheadAttention, ReLU, Sequential, Sigmoid, Softmax, Tanh, manual_seed)
+"""netcl.nn: layers, Sequential and losses.
+
+LAYERS is the registry of layer types that .netcl files can hold (by class name); the ONNX
+exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."""
+from netcl.nn.activation import LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
+from netcl.nn.attention import MultiheadAttention
+from netcl.nn.basic import Dropout, Flatten
+from netcl.nn.conv import Conv2d
+from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
+from netcl.nn.module import Module, manual_seed
+from netcl.nn.norm import BatchNorm2d
+from netcl.nn.pool import AvgPool2d, MaxPool2d
+from netcl.nn.sequential import Sequential
+
+LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
+                                        MaxPool2d, AvgPool2d, Flatten, Dropout, Softmax, MultiheadAttention)}
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
            "MaxPool2d", "AvgPool2d", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",

@@ -2,6 +2,7 @@
 float; `backward()` then returns the gradient of that mean loss w.r.t. the prediction."""
 import numpy as np
 
+from netcl import ops
 from netcl.tensor import Tensor
 
 
@@ -12,8 +13,6 @@ class _Loss:
         self._grad = None
 
     def _finish(self, terms):
-        from netcl import ops
-
         out = ops.new(terms, (1,))
         ops.launch(terms.queue, "loss", "sum_all", (64,), (64,), terms.size, terms, out)
         return float(out.mark_written().numpy()[0]) / terms.size
@@ -46,8 +45,6 @@ class _Loss:
         return Tensor.from_host(pred.queue, t)
 
     def __call__(self, pred, target):
-        from netcl import ops
-
         t = self._target(pred, target)
         terms, self._grad = ops.new(pred, pred.shape), ops.new(pred, pred.shape)
         ops.launch1d(pred.queue, "loss", self.kernel, pred.size, pred.size, pred, t, terms, self._grad)
@@ -68,8 +65,6 @@ class CrossEntropyLoss(_Loss):
     """log-softmax + negative log-likelihood over logits (N, C) and class indices (N,)."""
 
     def __call__(self, logits, labels):
-        from netcl import ops
-
         self._check_prediction(logits, rank=2)
         n, c = logits.shape
         y = labels.to_host() if isinstance(labels, Tensor) else np.asarray(labels)

@@ -1,0 +1,81 @@
+"""Activations (codes shared with every kernel family: netcl/act.py, kernels/act.h) and Softmax."""
+import math
+
+import numpy as np
+
+from netcl import ops
+from netcl.act import Act
+from netcl.nn.module import Module, as_int
+
+
+class _Activation(Module):
+    act = Act.NONE  # the code shared with every kernel family (netcl/act.py, kernels/act.h)
+    slope = 0.0
+
+    def forward(self, x):
+        self._on(x)
+        y = ops.act_fwd(self.act, x, self.slope)
+        self._saved = y if self.act.saves_output else x
+        return y
+
+    def backward(self, dy):
+        return ops.act_bwd(self.act, self._saved, dy, self.slope)
+
+
+class ReLU(_Activation):
+    act = Act.RELU
+
+
+class LeakyReLU(_Activation):
+    act = Act.LEAKY_RELU
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = self.slope = float(negative_slope)
+        if not math.isfinite(self.slope):
+            raise ValueError(f"negative_slope must be finite, got {negative_slope}")
+
+    def config(self):
+        return {"negative_slope": self.negative_slope}
+
+
+class Sigmoid(_Activation):
+    act = Act.SIGMOID
+
+
+class Tanh(_Activation):
+    act = Act.TANH
+
+
+class Softmax(Module):
+    # x: any shape -> same, normalised along `dim`
+    def __init__(self, dim=1):
+        super().__init__()
+        self.dim = as_int("dim", dim)
+
+    def config(self):
+        return {"dim": self.dim}
+
+    def _split(self, shape):
+        d = self.dim if self.dim >= 0 else self.dim + len(shape)
+        if not 0 <= d < len(shape):
+            raise ValueError(f"Softmax(dim={self.dim}) does not fit an input of shape {tuple(shape)}")
+        return int(np.prod(shape[:d], dtype=np.int64)), shape[d], int(np.prod(shape[d + 1:], dtype=np.int64))
+
+    def output_shape(self, shape):
+        self._split(shape)
+        return tuple(shape)
+
+    def forward(self, x):
+        q = self._on(x)
+        outer, D, inner = self._split(x.shape)
+        y = ops.new(q, x.shape)
+        ops.launch1d(q, "norm", "softmax_fwd", outer * inner, outer, D, inner, x, y)
+        self._y = y
+        return y.mark_written()
+
+    def backward(self, dy):
+        outer, D, inner = self._split(dy.shape)
+        dx = ops.new(dy, dy.shape)
+        ops.launch1d(dy.queue, "norm", "softmax_bwd", outer * inner, outer, D, inner, self._y, dy, dx, 1.0)
+        return dx.mark_written()

@@ -1,0 +1,226 @@
+"""Module: the layer protocol, and the helpers every layer module shares.
+
+A layer class is the one place that says what the layer is:
+
+    config()                     its constructor's keyword arguments (what a .netcl file records)
+    tensor_shapes(**config)      (classmethod) its parameters' and buffers' names and shapes, in
+                                 state_dict order, computed from the config alone: the constructor
+                                 allocates from it, and the .netcl reader checks a file against it
+                                 before building anything
+    output_shape(shape)          the output shape, or ValueError (no device needed)
+    forward(x) / backward(dy)    side by side; forward saves what backward needs
+    named_children()             the layers it holds (a Sequential's, later a residual block's),
+                                 and from_config(config, children) rebuilds it from them
+
+Everything else (parameters, state_dict, load_state_dict, train/eval, moving to a device) is
+derived here by walking that protocol, so that a layer never restates it. `chain()` is the one
+walk the exporter and the fused planner share: the layers a model applies in order.
+"""
+import inspect
+
+import numpy as np
+
+from netcl.runtime import default_queue
+from netcl.tensor import Tensor, _as_float32
+
+_rng = np.random.default_rng()
+
+
+def manual_seed(seed):
+    """Seed parameter initialisation and dropout masks."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+def rng():
+    """netcl's random generator (initial weights, dropout masks; checkpoints save its state)."""
+    return _rng
+
+
+def set_rng(generator):
+    global _rng
+    _rng = generator
+
+
+def uniform(bound, shape):
+    """U(-bound, bound) drawn directly in float32 (no float64 temporary for large layers)."""
+    a = _rng.random(shape, dtype=np.float32)
+    a *= 2 * bound
+    a -= bound
+    return Tensor.from_host(None, a)
+
+
+def constant(value, shape):
+    return Tensor.from_host(None, np.full(shape, value, np.float32))
+
+
+def as_int(name, v):
+    """An int argument (a square pair (k, k) is accepted as k), or a clear error."""
+    if isinstance(v, (tuple, list)):
+        if len(v) == 2 and v[0] == v[1]:
+            v = v[0]
+        else:
+            raise ValueError(f"{name} must be an int (square, symmetric), got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    return int(v)
+
+
+def positive(name, v):
+    v = as_int(name, v)
+    if v < 1:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
+
+
+def check_rank(layer, shape, rank, what):
+    if len(shape) != rank:
+        raise ValueError(f"{layer} expects a {rank}-D input {what}, got shape {tuple(shape)}")
+
+
+def conv_out(size, k, s, p):
+    """Output length of a convolution or pool window over `size` (PyTorch's floor rule)."""
+    return (size + 2 * p - k) // s + 1
+
+
+class Module:
+    """Base class of every layer. Subclasses fill `_params`/`_buffers` (name -> Tensor, in
+    state_dict order, as tensor_shapes declares them)."""
+
+    def __init__(self):
+        self.training = True
+        self._params = {}
+        self._buffers = {}
+
+    # -- the protocol: what a layer declares ----------------------------------------------
+    def config(self):
+        """The constructor's keyword arguments (how .netcl files record the architecture)."""
+        return {}
+
+    @classmethod
+    def tensor_shapes(cls, **config):
+        """{name: shape} of the parameters, then the buffers, that a layer of this config holds."""
+        return {}
+
+    def named_children(self):
+        """(name, layer) of the layers this one holds, in state_dict order."""
+        return []
+
+    @classmethod
+    def from_config(cls, config, children):
+        """The layer rebuilt from its config and its children ({name: layer}), as .netcl files do."""
+        if children:
+            raise ValueError(f"{cls.__name__} holds no layers, got children {list(children)}")
+        return cls(**config)
+
+    def output_shape(self, shape):
+        """The output shape for an input of `shape` (no device needed); ValueError if it does not fit."""
+        return tuple(shape)
+
+    def forward(self, x):
+        raise NotImplementedError(type(self).__name__)
+
+    def backward(self, dy):
+        raise NotImplementedError(type(self).__name__)
+
+    # -- derived by walking the protocol ------------------------------------------------------
+    def chain(self, prefix=""):
+        """(path, layer) for each layer this one applies in order: itself here; a Sequential
+        yields its layers' chains (nested Sequentials flattened), paths as in the state_dict."""
+        yield prefix, self
+
+    def named_parameters(self, prefix=""):
+        out = [(prefix + k, t) for k, t in self._params.items()]
+        for name, child in self.named_children():
+            out += child.named_parameters(f"{prefix}{name}.")
+        return out
+
+    def named_buffers(self, prefix=""):
+        out = [(prefix + k, t) for k, t in self._buffers.items()]
+        for name, child in self.named_children():
+            out += child.named_buffers(f"{prefix}{name}.")
+        return out
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def named_tensors(self, prefix=""):
+        """(key, Tensor) in state_dict order: each layer's parameters, then its buffers, then its children's."""
+        out = [(prefix + k, t) for k, t in list(self._params.items()) + list(self._buffers.items())]
+        for name, child in self.named_children():
+            out += child.named_tensors(f"{prefix}{name}.")
+        return out
+
+    def state_dict(self):
+        return {k: t.to_host() for k, t in self.named_tensors()}
+
+    def load_state_dict(self, state):
+        """Copy arrays into the parameters and buffers; every key must match, with its shape.
+        Everything is checked before anything changes."""
+        if not isinstance(state, dict):
+            raise TypeError(f"load_state_dict expects a dict of name -> array, got {type(state).__name__}")
+        own = dict(self.named_tensors())
+        missing = [k for k in own if k not in state]
+        # PyTorch's BatchNorm counter has no netcl counterpart: torch state dicts load as they are
+        unexpected = [k for k in state if k not in own and not k.endswith(".num_batches_tracked")]
+        if missing or unexpected:
+            raise ValueError(f"state_dict keys do not match the model: missing {missing}, unexpected {unexpected}")
+        arrays = {}
+        for k, t in own.items():
+            try:
+                arrays[k] = _as_float32(state[k])
+            except TypeError as e:
+                raise TypeError(f"state_dict[{k!r}]: {e}") from None
+            if arrays[k].shape != t.shape:
+                raise ValueError(f"state_dict[{k!r}] has shape {arrays[k].shape}, the model expects {t.shape}")
+        for k, t in own.items():
+            t.set_(arrays[k])
+        return self
+
+    def zero_grad(self):
+        """Drop every parameter's gradient (the next backward starts afresh), as torch.nn.Module."""
+        for p in self.parameters():
+            p.grad = None
+
+    def train(self, mode=True):
+        self.training = bool(mode)
+        for _, child in self.named_children():
+            child.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def to(self, queue):
+        """Move every parameter and buffer to `queue`'s device; returns the layer."""
+        for _, t in self.named_tensors():
+            t.to(queue)
+        return self
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def __call__(self, x):
+        return self.forward(x)
+
+    def _on(self, x):
+        """The queue of input `x` (uploading a host tensor to the default queue), parameters moved there."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{type(self).__name__} expects a netcl Tensor, got {type(x).__name__}")
+        if x.queue is None:
+            x.to(default_queue())
+        for _, t in self.named_tensors():
+            if t.queue is None or t.queue.context != x.queue.context:
+                t.to(x.queue)
+        return x.queue
+
+
+def bound_config(cls, config):
+    """`config` completed with the constructor's defaults (TypeError for unknown or missing keys)."""
+    bound = inspect.signature(cls).bind(**config)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+

@@ -1,0 +1,67 @@
+"""BatchNorm2d: batch statistics in training, running statistics in eval (kernels/norm.cl)."""
+import math
+
+from netcl import ops
+from netcl.nn.module import Module, check_rank, constant, positive
+
+
+class BatchNorm2d(Module):
+    # x: (N, C, H, W) -> same; batch statistics in training, running statistics in eval
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__()
+        self.num_features = positive("num_features", num_features)
+        self.eps, self.momentum = float(eps), float(momentum)
+        if not (0.0 < self.eps < math.inf and 0.0 <= self.momentum <= 1.0):
+            raise ValueError(f"BatchNorm2d needs eps > 0 (finite) and momentum in [0, 1], got eps={eps}, "
+                             f"momentum={momentum}")
+        init = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
+        for name, shape in self.tensor_shapes(self.num_features).items():
+            setattr(self, name, constant(init[name], shape))
+        self._params = {"weight": self.weight, "bias": self.bias}
+        self._buffers = {"running_mean": self.running_mean, "running_var": self.running_var}
+
+    @classmethod
+    def tensor_shapes(cls, num_features, eps=1e-5, momentum=0.1):
+        c = (num_features,)
+        return {"weight": c, "bias": c, "running_mean": c, "running_var": c}
+
+    def config(self):
+        return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum}
+
+    def output_shape(self, shape):
+        check_rank("BatchNorm2d", shape, 4, "(N, C, H, W)")
+        if shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
+        return tuple(shape)
+
+    def forward(self, x):
+        q = self._on(x)
+        self.output_shape(x.shape)
+        n, c, h, w = x.shape
+        if self.training and n * h * w < 2:
+            raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
+        if self.training:
+            mean, var = ops.new(q, (c,)), ops.new(q, (c,))
+            ops.launch(q, "norm", "bn_stats", (c * 64,), (64,), n, c, h * w, x, mean, var, self.running_mean,
+                       self.running_var, self.momentum)
+            self.running_mean.mark_written()
+            self.running_var.mark_written()
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = ops.new(q, x.shape)
+        ops.launch1d(q, "norm", "bn_apply", x.size, n, c, h * w, x, mean, var, self.weight, self.bias, self.eps, y)
+        self._saved = (x, mean, var, self.training)
+        return y.mark_written()
+
+    def backward(self, dy):
+        x, mean, var, training = self._saved  # eval mode (frozen statistics) differentiates as torch does
+        n, c, h, w = x.shape
+        dx = ops.new(dy, dy.shape)
+        gw, acc_w = ops.grad_target(self.weight)
+        gb, acc_b = ops.grad_target(self.bias)
+        assert acc_w == acc_b
+        ops.launch(dy.queue, "norm", "bn_bwd", (c * 64,), (64,), n, c, h * w, x, dy, mean, var, self.weight,
+                   self.eps, dx, gw, gb, int(acc_w), int(training))
+        gw.mark_written()
+        gb.mark_written()
+        return dx.mark_written()

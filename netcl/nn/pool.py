@@ -1,0 +1,66 @@
+"""MaxPool2d and AvgPool2d: square windows, symmetric padding (kernels/pool.cl)."""
+from netcl import ops
+from netcl.nn.module import Module, as_int, check_rank, conv_out, positive
+from netcl.runtime import alloc
+
+
+class _Pool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size = positive("kernel_size", kernel_size)
+        self.stride = self.kernel_size if stride is None else positive("stride", stride)
+        self.padding = as_int("padding", padding)
+        if not 0 <= self.padding <= self.kernel_size // 2:
+            raise ValueError(f"padding must be between 0 and kernel_size // 2 = {self.kernel_size // 2}, "
+                             f"got {self.padding}")
+
+    def config(self):
+        return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}
+
+    def output_shape(self, shape):
+        check_rank(type(self).__name__, shape, 4, "(N, C, H, W)")
+        n, c, h, w = shape
+        oh, ow = (conv_out(v, self.kernel_size, self.stride, self.padding) for v in (h, w))
+        if oh < 1 or ow < 1:
+            raise ValueError(f"{type(self).__name__} kernel {self.kernel_size} does not fit input {h}x{w}")
+        return (n, c, oh, ow)
+
+    def _geometry(self, shape):
+        _, _, oh, ow = self.output_shape(shape)  # checks the rank first
+        n, c, h, w = shape
+        return n * c, h, w, self.kernel_size, self.stride, self.padding, oh, ow
+
+
+class MaxPool2d(_Pool2d):
+    # x: (N, C, H, W) -> (N, C, H', W'); padded positions never win
+    def forward(self, x):
+        q = self._on(x)
+        g = self._geometry(x.shape)
+        y = ops.new(q, self.output_shape(x.shape))
+        arg = alloc(q, 4 * y.size)
+        ops.launch1d(q, "pool", "maxpool_fwd", y.size, *g, x, y, arg)
+        self._saved = (x.shape, g, arg)
+        return y.mark_written()
+
+    def backward(self, dy):
+        shape, g, arg = self._saved
+        dx = ops.new(dy, shape)
+        ops.launch1d(dy.queue, "pool", "maxpool_bwd", dx.size, *g, dy, arg, dx)
+        return dx.mark_written()
+
+
+class AvgPool2d(_Pool2d):
+    # x: (N, C, H, W) -> (N, C, H', W'); padding counts as zeros (count_include_pad=True)
+    def forward(self, x):
+        q = self._on(x)
+        g = self._geometry(x.shape)
+        y = ops.new(q, self.output_shape(x.shape))
+        ops.launch1d(q, "pool", "avgpool_fwd", y.size, *g, x, y)
+        self._saved = (x.shape, g)
+        return y.mark_written()
+
+    def backward(self, dy):
+        shape, g = self._saved
+        dx = ops.new(dy, shape)
+        ops.launch1d(dy.queue, "pool", "avgpool_bwd", dx.size, *g, dy, dx)
+        return dx.mark_written()

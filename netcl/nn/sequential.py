@@ -1,0 +1,109 @@
+"""Sequential: layers applied in order, the model type every part of netcl walks; in eval mode
+it prepares the fused inference path (netcl.jit) from its layer list."""
+from netcl.jit import plan_fused
+from netcl.nn.module import Module
+from netcl.runtime import default_queue
+from netcl.tensor import Tensor
+
+
+class Sequential(Module):
+    """Layers applied in order. The layer list is the single source of truth: training,
+    saving and export walk it; the fused inference path (eval mode) is derived from it."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+            layers = tuple(layers[0])
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"Sequential takes netcl.nn layers; argument {i} is {type(layer).__name__}")
+        self.layers = list(layers)
+        self._fused = None
+        self._fused_input = None  # the input of a fused forward, which saves nothing for backward
+
+    def __getitem__(self, i):
+        if not isinstance(i, slice):
+            return self.layers[i]
+        part = Sequential(*self.layers[i])  # shares the layers; keeps this model's mode
+        return part.train(self.training)
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def __repr__(self):
+        body = "".join(f"\n  ({i}): " + repr(layer).replace("\n", "\n  ") for i, layer in enumerate(self.layers))
+        return f"Sequential({body}\n)"
+
+    def named_children(self):
+        return [(str(i), layer) for i, layer in enumerate(self.layers)]
+
+    @classmethod
+    def from_config(cls, config, children):
+        if config:
+            raise ValueError(f"Sequential takes no config, got {config}")
+        return cls(*children.values())
+
+    def chain(self, prefix=""):
+        for name, layer in self.named_children():
+            yield from layer.chain(f"{prefix}{name}" if not prefix else f"{prefix}.{name}")
+
+    def train(self, mode=True):
+        super().train(mode)
+        self._fused = None
+        if not mode:
+            self._try_fuse_layers()
+        return self
+
+    def _try_fuse_layers(self):
+        """Prepare the fused inference path (netcl.jit) from the layer list; None when nothing fuses.
+        The plan holds no device state until its first call, so eval() needs no OpenCL."""
+        self._fused = plan_fused(self)
+
+    def output_shape(self, shape):
+        for layer in self.layers:
+            shape = layer.output_shape(shape)
+        return tuple(shape)
+
+    def forward(self, x):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "
+                            "use Tensor.from_host(queue, array)")
+        if not self.training and self._fused is not None:
+            self._fused_input = x
+            y = self._fused(x)
+        else:
+            self._fused_input = None
+            y = x
+            for layer in self.layers:
+                y = layer(y)
+        self._out_shape = y.shape
+        return y
+
+    def predict(self, x, queue=None):
+        """Inference on a host array: numpy in, numpy out (eval mode uses the fused path's
+        pinned-memory round trip). `queue` defaults to netcl.default_queue()."""
+        if self.training:
+            raise RuntimeError("predict() runs inference: call model.eval() first")
+        if self._fused is not None:
+            return self._fused.infer(x, queue)
+        return self.forward(Tensor.from_host(queue or default_queue(), x)).to_host()
+
+    def backward(self, dy):
+        """Back-propagate dL/d(output) through every layer; returns dL/d(input)."""
+        if not isinstance(dy, Tensor):
+            raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
+        if getattr(self, "_out_shape", None) is None:
+            raise RuntimeError("backward() needs a forward pass first")
+        if dy.shape != self._out_shape:
+            raise ValueError(f"backward expects a gradient of the last output's shape {self._out_shape}, "
+                             f"got {dy.shape}")
+        x, self._fused_input = self._fused_input, None
+        if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs
+            for layer in self.layers:
+                x = layer(x)
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return dy
