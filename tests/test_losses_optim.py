@@ -176,3 +176,16 @@ def test_loss_argument_errors(queue):
         mse(logits, np.zeros(3))
     with pytest.raises(RuntimeError, match="before the loss"):
         nn.MSELoss().backward()
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.25, float("nan")])
+def test_bce_refuses_predictions_outside_zero_one(queue, bad):
+    p = np.full((2, 3), 0.5, np.float32)
+    p[1, 2] = bad
+    loss_fn = nn.BCELoss()
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        loss_fn(Tensor.from_host(queue, p), np.ones((2, 3), np.float32))
+    with pytest.raises(RuntimeError):
+        loss_fn.backward()  # no gradient of a refused loss
+    p[1, 2] = 1.0  # the borders are probabilities
+    assert np.isfinite(loss_fn(Tensor.from_host(queue, p), np.zeros((2, 3), np.float32)))

@@ -60,3 +60,19 @@ def test_batchnorm_needs_two_values_per_channel_in_training(queue):
 def test_four_d_layers_reject_other_ranks(queue, layer):
     with pytest.raises(ValueError, match=r"4-D input"):
         layer(Tensor.from_host(queue, np.zeros((3, 8, 8))))
+
+
+def test_second_backward_without_forward_raises(queue):
+    model = nn.Sequential(nn.Linear(3, 2)).train()
+    y = model(Tensor.from_host(queue, np.ones((4, 3), np.float32)))
+    model.backward(Tensor.from_host(queue, np.ones(y.shape, np.float32)))
+    g = model[0].weight.grad.to_host()
+    with pytest.raises(RuntimeError, match="once per forward"):
+        model.backward(Tensor.from_host(queue, np.ones(y.shape, np.float32)))
+    assert np.array_equal(model[0].weight.grad.to_host(), g)  # not doubled
+
+
+@pytest.mark.parametrize("model", [nn.Sequential(nn.Linear(3, 2)), nn.Sequential(nn.Softmax(dim=1))])
+def test_predict_refuses_complex_input(queue, model):
+    with pytest.raises(TypeError, match="float32"):
+        model.eval().predict(np.ones((2, 3), np.complex64), queue)

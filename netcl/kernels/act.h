@@ -12,9 +12,9 @@
 #define ACT_SIGMOID 3
 #define ACT_TANH 4
 
-// y = act(v)
+// y = act(v); NaN stays NaN in every one, as in PyTorch (hence relu's v < 0 test, not v > 0 or fmax)
 #define ACT_APPLY(kind, v, slope)                                   \
-    ((kind) == ACT_RELU ? ((v) > 0.0f ? (v) : 0.0f) :               \
+    ((kind) == ACT_RELU ? ((v) < 0.0f ? 0.0f : (v)) :               \
      (kind) == ACT_LEAKY_RELU ? ((v) > 0.0f ? (v) : (v) * (slope)) : \
      (kind) == ACT_SIGMOID ? 1.0f / (1.0f + exp(-(v))) :            \
      (kind) == ACT_TANH ? tanh(v) : (v))

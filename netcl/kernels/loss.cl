@@ -18,8 +18,9 @@ __kernel void cross_entropy(const int N, const int C, __global const float *x, _
     for (int c = 0; c < C; c++) grad[i * C + c] = (exp(r[c] - lse) - (c == y ? 1.0f : 0.0f)) / (float)N;
 }
 
+// flag: out[1] of the sum (unused by mse)
 __kernel void mse(const int n, __global const float *x, __global const float *t, __global float *terms,
-                  __global float *grad) {
+                  __global float *grad, __global float *flag) {
     const int i = get_global_id(0);
     if (i >= n) return;
     const float d = x[i] - t[i];
@@ -27,12 +28,13 @@ __kernel void mse(const int n, __global const float *x, __global const float *t,
     grad[i] = 2.0f * d / (float)n;
 }
 
-// PyTorch clamps the logs at -100.
+// PyTorch clamps the logs at -100, and refuses a prediction outside [0, 1] (NaN too): flag[1] = 1
 __kernel void bce(const int n, __global const float *x, __global const float *t, __global float *terms,
-                  __global float *grad) {
+                  __global float *grad, __global float *flag) {
     const int i = get_global_id(0);
     if (i >= n) return;
     const float p = x[i], y = t[i];
+    if (!(p >= 0.0f && p <= 1.0f)) flag[1] = 1.0f;  // every writer writes the same value
     const float lp = fmax(log(p), -100.0f), lq = fmax(log(1.0f - p), -100.0f);
     terms[i] = -(y * lp + (1.0f - y) * lq);
     const float eps = 1e-12f;

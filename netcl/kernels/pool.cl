@@ -17,7 +17,7 @@ __kernel void maxpool_fwd(const int NC, const int H, const int W, const int k, c
             const int iw = ow * s - p + kw;
             if (iw < 0 || iw >= W) continue;
             const float v = xp[ih * W + iw];
-            if (v > best || bi < 0) { best = v; bi = ih * W + iw; }
+            if (v > best || isnan(v) || bi < 0) { best = v; bi = ih * W + iw; }  // NaN wins, as in PyTorch
         }
     }
     y[idx] = best;

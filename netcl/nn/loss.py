@@ -12,10 +12,12 @@ class _Loss:
     def __init__(self):
         self._grad = None
 
-    def _finish(self, terms):
-        out = ops.new(terms, (1,))
+    def _finish(self, terms, out=None):
+        """The mean of `terms`; `out` (2,) may carry a flag a loss kernel set in out[1], read in the same transfer."""
+        out = out if out is not None else ops.new(terms, (2,))
         ops.launch(terms.queue, "loss", "sum_all", (64,), (64,), terms.size, terms, out)
-        return float(out.mark_written().numpy()[0]) / terms.size
+        total, flag = out.mark_written().numpy()
+        return float(total) / terms.size, bool(flag)
 
     def backward(self):
         if self._grad is None:
@@ -47,9 +49,17 @@ class _Loss:
     def __call__(self, pred, target):
         t = self._target(pred, target)
         terms, self._grad = ops.new(pred, pred.shape), ops.new(pred, pred.shape)
-        ops.launch1d(pred.queue, "loss", self.kernel, pred.size, pred.size, pred, t, terms, self._grad)
+        out = Tensor.zeros(pred.queue, (2,))
+        ops.launch1d(pred.queue, "loss", self.kernel, pred.size, pred.size, pred, t, terms, self._grad, out)
         self._grad.mark_written()
-        return self._finish(terms.mark_written())
+        loss, flagged = self._finish(terms.mark_written(), out)
+        if flagged:
+            self._grad = None
+            self._refuse(pred)
+        return loss
+
+    def _refuse(self, pred):
+        raise AssertionError(f"{self.kernel} flags nothing")
 
 
 class MSELoss(_Loss):
@@ -57,8 +67,13 @@ class MSELoss(_Loss):
 
 
 class BCELoss(_Loss):
-    """Binary cross-entropy on probabilities (e.g. after Sigmoid); logs clamped at -100 as PyTorch."""
+    """Binary cross-entropy on probabilities (e.g. after Sigmoid); logs clamped at -100 as PyTorch.
+    Predictions outside [0, 1] (or NaN) raise ValueError, as PyTorch does."""
     kernel = "bce"
+
+    def _refuse(self, pred):
+        raise ValueError(f"BCELoss expects probabilities: every prediction must be between 0 and 1 (e.g. the "
+                         f"output of Sigmoid), but some of the {pred.size} values are outside [0, 1] or NaN")
 
 
 class CrossEntropyLoss(_Loss):
@@ -82,4 +97,4 @@ class CrossEntropyLoss(_Loss):
         terms, self._grad = ops.new(q, (n,)), ops.new(q, (n, c))
         ops.launch1d(q, "loss", "cross_entropy", n, n, c, logits, lab, terms, self._grad)
         self._grad.mark_written()
-        return self._finish(terms.mark_written())
+        return self._finish(terms.mark_written())[0]

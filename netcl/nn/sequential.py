@@ -3,7 +3,7 @@ it prepares the fused inference path (netcl.jit) from its layer list."""
 from netcl.jit import plan_fused
 from netcl.nn.module import Module
 from netcl.runtime import default_queue
-from netcl.tensor import Tensor
+from netcl.tensor import Tensor, _as_float32
 
 
 class Sequential(Module):
@@ -87,6 +87,7 @@ class Sequential(Module):
         pinned-memory round trip). `queue` defaults to netcl.default_queue()."""
         if self.training:
             raise RuntimeError("predict() runs inference: call model.eval() first")
+        x = _as_float32(x)  # real numbers only: TypeError for complex or non-numeric input
         if self._fused is not None:
             return self._fused.infer(x, queue)
         return self.forward(Tensor.from_host(queue or default_queue(), x)).to_host()
@@ -96,7 +97,8 @@ class Sequential(Module):
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
-            raise RuntimeError("backward() needs a forward pass first")
+            raise RuntimeError("backward() needs a forward pass first, and runs once per forward (a second "
+                               "backward would add every gradient again): call the model again before backward()")
         if dy.shape != self._out_shape:
             raise ValueError(f"backward expects a gradient of the last output's shape {self._out_shape}, "
                              f"got {dy.shape}")
@@ -106,4 +108,5 @@ class Sequential(Module):
                 x = layer(x)
         for layer in reversed(self.layers):
             dy = layer.backward(dy)
+        self._out_shape = None
         return dy
