@@ -24,6 +24,15 @@ class Linear(Module):
     def config(self):
         return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
 
+    def from_torch_layout(self, name, array):
+        # torch.nn.Linear stores weight (out, in) for y = x @ W^T; netcl (in, out) for y = x @ W
+        if name == "weight":
+            if array.shape != (self.out_features, self.in_features):
+                raise ValueError(f"Linear({self.in_features}, {self.out_features}): a PyTorch weight has shape "
+                                 f"({self.out_features}, {self.in_features}), got {array.shape}")
+            return array.T
+        return array
+
     def output_shape(self, shape):
         if len(shape) < 2 or shape[-1] != self.in_features:
             raise ValueError(f"Linear({self.in_features}, {self.out_features}) expects input (N, ..., "

@@ -146,34 +146,51 @@ class Module:
 
     def named_tensors(self, prefix=""):
         """(key, Tensor) in state_dict order: each layer's parameters, then its buffers, then its children's."""
-        out = [(prefix + k, t) for k, t in list(self._params.items()) + list(self._buffers.items())]
+        return [(key, t) for key, t, _, _ in self._owned_tensors(prefix)]
+
+    def _owned_tensors(self, prefix=""):
+        """(key, Tensor, the layer that holds it, its name there), in state_dict order."""
+        out = [(prefix + k, t, self, k) for k, t in list(self._params.items()) + list(self._buffers.items())]
         for name, child in self.named_children():
-            out += child.named_tensors(f"{prefix}{name}.")
+            out += child._owned_tensors(f"{prefix}{name}.")
         return out
+
+    def from_torch_layout(self, name, array):
+        """Tensor `name` given in PyTorch's layout -> netcl's (the same everywhere but Linear.weight)."""
+        return array
 
     def state_dict(self):
         return {k: t.to_host() for k, t in self.named_tensors()}
 
     def load_state_dict(self, state):
         """Copy arrays into the parameters and buffers; every key must match, with its shape.
-        Everything is checked before anything changes."""
+        Values that are torch tensors are read in PyTorch's layouts (Linear.weight (out, in)),
+        anything else in netcl's (Linear.weight (in, out)): the type decides, never the shape,
+        so a square matrix cannot slip through transposed. Everything is checked before
+        anything changes."""
         if not isinstance(state, dict):
             raise TypeError(f"load_state_dict expects a dict of name -> array, got {type(state).__name__}")
-        own = dict(self.named_tensors())
+        own = {key: (t, layer, name) for key, t, layer, name in self._owned_tensors()}
         missing = [k for k in own if k not in state]
         # PyTorch's BatchNorm counter has no netcl counterpart: torch state dicts load as they are
         unexpected = [k for k in state if k not in own and not k.endswith(".num_batches_tracked")]
         if missing or unexpected:
             raise ValueError(f"state_dict keys do not match the model: missing {missing}, unexpected {unexpected}")
         arrays = {}
-        for k, t in own.items():
+        for k, (t, layer, name) in own.items():
+            value, torch_layout = state[k], _is_torch_tensor(state[k])
             try:
-                arrays[k] = _as_float32(state[k])
+                arrays[k] = _as_float32(value.detach().cpu().float().numpy() if torch_layout else value)
             except TypeError as e:
                 raise TypeError(f"state_dict[{k!r}]: {e}") from None
+            if torch_layout:
+                try:
+                    arrays[k] = np.ascontiguousarray(layer.from_torch_layout(name, arrays[k]))
+                except ValueError as e:
+                    raise ValueError(f"state_dict[{k!r}]: {e}") from None
             if arrays[k].shape != t.shape:
                 raise ValueError(f"state_dict[{k!r}] has shape {arrays[k].shape}, the model expects {t.shape}")
-        for k, t in own.items():
+        for k, (t, _, _) in own.items():
             t.set_(arrays[k])
         return self
 
@@ -216,6 +233,11 @@ class Module:
             if t.queue is None or t.queue.context != x.queue.context:
                 t.to(x.queue)
         return x.queue
+
+
+def _is_torch_tensor(v):
+    """A torch.Tensor, recognised without importing torch."""
+    return any(c.__module__ == "torch" and c.__name__ == "Tensor" for c in type(v).__mro__)
 
 
 def bound_config(cls, config):
