@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from netcl.cli import main
+from netcl.apps.cli import main
 
 
 @pytest.fixture(scope="module")

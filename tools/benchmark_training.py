@@ -9,7 +9,7 @@ Sections (all by default, or pick with --only):
           drained after each) for the digits CNN at batch 64, netcl.models.cnn at batch 32,
           detector26's first conv blocks at batch 8 x 256x256 in training mode, and the MLP;
           against torch CPU (float32, same thread count) when torch is installed.
-  epoch   the digits classifier (netcl.recipes.train_classifier) seconds per epoch, median
+  epoch   the digits classifier (netcl.apps.recipes.train_classifier) seconds per epoch, median
           over epochs after the first (which pays kernel compiles).
 
 Every figure is a median of --repeat runs; ratios are netcl time / peer time (or GFLOP/s
@@ -199,7 +199,7 @@ def bench_layers(q, repeat, quick, torch):
 
 # -- digits epoch -------------------------------------------------------------------------
 def bench_epoch(q, epochs, torch):
-    from netcl.recipes import digits_cnn, digits_data, train_classifier
+    from netcl.apps.recipes import digits_cnn, digits_data, train_classifier
 
     data = digits_data()
     netcl.manual_seed(0)

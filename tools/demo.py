@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 import netcl
-from netcl import Tensor, models, recipes
+from netcl import Tensor, models
+from netcl.apps import recipes
 from netcl.io import export_onnx, load, load_checkpoint, save, save_checkpoint
 
 ATOL, RTOL = 1e-4, 1e-3

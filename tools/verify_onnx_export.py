@@ -32,7 +32,8 @@ def _ints(text):
 def reference_model(name, queue, seed):
     """A reference model with batch-norm statistics set from data, and its inputs' source."""
     import netcl
-    from netcl import models, nn, recipes
+    from netcl import models, nn
+    from netcl.apps import recipes
 
     netcl.manual_seed(seed)
     model = models.build(name)
@@ -73,7 +74,7 @@ def main(argv=None):
         ap.error("--input-shape is needed for .netcl files")
 
     import netcl
-    from netcl.verify import VerifyResult, verify
+    from netcl.apps.verify import VerifyResult, verify
 
     q = netcl.default_queue()
     print(f"netcl device: {q.device.name.strip()} ({q.device.platform.name.strip()})")

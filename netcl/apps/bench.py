@@ -31,7 +31,8 @@ def prepare_model(name, queue, seed=0):
     """A reference model in eval mode with realistic batch-norm statistics (calibrated on the
     photographs shipped with scikit-learn, or on uniform noise without it), and an input source."""
     import netcl
-    from netcl import models, nn, recipes
+    from netcl import models, nn
+    from netcl.apps import recipes
 
     netcl.manual_seed(seed)
     model = models.build(name)

@@ -1,7 +1,7 @@
 """Check an ONNX export against netcl: run the model in netcl and in onnxruntime on the same
 input and compare. Used by `netcl verify`, tools/verify_onnx_export.py and the tests.
 
-    from netcl.verify import verify
+    from netcl.apps.verify import verify
     r = verify(model.eval(), x)                 # x: np.ndarray (N, ...)
     print(r.max_abs_diff, r.allclose, r.provider)
 """

@@ -52,7 +52,7 @@ def cmd_devices(args):
 
 def cmd_train(args):
     import netcl
-    from netcl import recipes
+    from netcl.apps import recipes
     from netcl.io import load_checkpoint, save, save_checkpoint
 
     q = netcl.default_queue()
@@ -97,7 +97,7 @@ def cmd_export(args):
 
 
 def cmd_verify(args):
-    from netcl.verify import verify
+    from netcl.apps.verify import verify
 
     if args.device:
         os.environ["NETCL_DEVICE"] = args.device
@@ -113,7 +113,7 @@ def cmd_verify(args):
 
 
 def cmd_bench(args):
-    from netcl.bench import main as bench_main
+    from netcl.apps.bench import main as bench_main
 
     rest = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     return bench_main(rest, prog="netcl bench")
@@ -171,7 +171,7 @@ def main(argv=None):
 
     ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # bench has its own option parser (netcl.bench.main)
+    if argv[:1] == ["bench"]:  # bench has its own option parser (netcl.apps.bench.main)
         args = argparse.Namespace(command="bench", fn=cmd_bench, bench_args=argv[1:])
     else:
         args = ap.parse_args(argv)
