@@ -33,7 +33,7 @@ def ort():
 
 
 def run_ort(path, x):
-    from netcl.apps.verify import ort_session
+    from netcl.apps.common import ort_session
 
     return ort_session(path, "cpu").run(None, {"input": x})[0]
 

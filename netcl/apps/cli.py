@@ -6,26 +6,7 @@ import argparse
 import os
 import sys
 
-
-def _shape(text):
-    parts = text.replace("x", ",").split(",")
-    try:
-        dims = tuple(int(v) for v in parts)
-    except ValueError:
-        dims = ()
-    if not dims or any(d < 1 for d in dims):
-        raise argparse.ArgumentTypeError(f"expected a shape of positive integers like 1,3,256,256, got {text!r}")
-    return dims
-
-
-def _positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+from netcl.apps import common
 
 
 def _load_model(path):
@@ -128,8 +109,8 @@ def build_parser():
 
     p = sub.add_parser("train", help="train the digits CNN recipe and save a .netcl model")
     p.add_argument("--out", default="model.netcl", help="where to save the trained model (default model.netcl)")
-    p.add_argument("--epochs", type=_positive_int, default=10, help="total epochs (default 10)")
-    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--epochs", type=common.positive_int, default=10, help="total epochs (default 10)")
+    p.add_argument("--batch-size", type=common.positive_int, default=64)
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save a training checkpoint here after every epoch")
@@ -140,7 +121,7 @@ def build_parser():
     p = sub.add_parser("export", help="export a .netcl model to ONNX")
     p.add_argument("model", help="the .netcl file")
     p.add_argument("out", help="the .onnx file to write")
-    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,256,256 (batch first)")
+    p.add_argument("--input-shape", type=common.shape, required=True, help="e.g. 1,3,256,256 (batch first)")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
     p.add_argument("--input-name", default="input")
@@ -150,8 +131,8 @@ def build_parser():
 
     p = sub.add_parser("verify", help="run netcl and onnxruntime on the same input; exit 1 on mismatch")
     p.add_argument("model", help="the .netcl file")
-    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,256,256")
-    p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime execution provider")
+    p.add_argument("--input-shape", type=common.shape, required=True, help="e.g. 1,3,256,256")
+    p.add_argument("--provider", choices=common.PROVIDERS, default="cpu", help="onnxruntime execution provider")
     p.add_argument("--device", help="netcl's OpenCL device (gpu, cpu or a name substring)")
     p.add_argument("--atol", type=float, default=1e-4)
     p.add_argument("--rtol", type=float, default=1e-3)
