@@ -10,12 +10,12 @@ serialization of the whole ModelProto (fields in field-number order), hence dete
 import importlib.util
 import math
 import os
-import secrets
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from netcl.io.atomic import AtomicFile
 from netcl.nn import layers as L
 from netcl.version import __version__
 
@@ -351,31 +351,6 @@ def _write_tensor(f, source, nbytes):
         f.write(memoryview(a).cast("B"))
 
 
-class _AtomicFile:
-    """A temporary file next to `path`, moved over it by os.replace only on success."""
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if os.path.isdir(self.path):
-            raise IsADirectoryError(f"cannot export to {self.path!r}: it is a directory; give a file name")
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"cannot export to {self.path!r}: folder {folder!r} does not exist")
-        self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-        self.f = open(self.tmp, "wb")
-
-    def commit(self):
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self):
-        self.f.close()
-        if os.path.exists(self.tmp):
-            os.unlink(self.tmp)
-
-
 def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=False, input_name="input",
                 output_name="output", external_data=None, doc_string=""):
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
@@ -416,9 +391,9 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
 
     files = []
     try:
-        files.append(_AtomicFile(path))
+        files.append(AtomicFile(path, "export"))
         if external_data:
-            files.append(_AtomicFile(os.path.join(os.path.dirname(path), data_name)))
+            files.append(AtomicFile(os.path.join(os.path.dirname(path), data_name), "export"))
         f = files[0].f
         f.write(model_head + _field(7, size) + graph_head)
         for head, nbytes, source, offset in plan.items:
