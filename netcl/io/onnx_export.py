@@ -304,6 +304,13 @@ def _field(number, length):
     return _varint(number << 3 | 2) + _varint(length)
 
 
+# The length-delimited fields the writer streams itself (the rest is serialized by protobuf),
+# numbered as the generated bindings say, so proto/onnx.proto stays the one source of the schema.
+_RAW_DATA = P.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+_INITIALIZER = P.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_GRAPH = P.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+
+
 def _array(source):
     """A tensor's data as a contiguous little-endian numpy array (no copy when it already is one)."""
     a = source.numpy() if hasattr(source, "numpy") and not isinstance(source, np.ndarray) else source
@@ -332,7 +339,7 @@ class _Plan:
                 self.items.append((t.SerializeToString(), nbytes, source, self.data_size))
                 self.data_size += nbytes
             else:
-                head = _tensor_header(name, dims, dtype).SerializeToString() + _field(9, nbytes)
+                head = _tensor_header(name, dims, dtype).SerializeToString() + _field(_RAW_DATA, nbytes)
                 self.items.append((head, nbytes, source, None))
 
     def inline_size(self, head, tail):
@@ -340,7 +347,7 @@ class _Plan:
         size = len(head) + len(tail)
         for h, n, _, offset in self.items:
             t = len(h) + (n if offset is None else 0)
-            size += len(_field(5, t)) + t
+            size += len(_field(_INITIALIZER, t)) + t
         return size
 
 
@@ -379,7 +386,7 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
     data_name = os.path.basename(path) + ".data"
     plan = _Plan(inits, False, data_name)
     size = plan.inline_size(graph_head, graph_tail)
-    total = len(model_head) + len(_field(7, size)) + size + len(model_tail)
+    total = len(model_head) + len(_field(_GRAPH, size)) + size + len(model_tail)
     if external_data is None:
         external_data = total > PROTOBUF_LIMIT
     elif not external_data and total > PROTOBUF_LIMIT:
@@ -395,10 +402,10 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
         if external_data:
             files.append(AtomicFile(os.path.join(os.path.dirname(path), data_name), "export"))
         f = files[0].f
-        f.write(model_head + _field(7, size) + graph_head)
+        f.write(model_head + _field(_GRAPH, size) + graph_head)
         for head, nbytes, source, offset in plan.items:
             t = len(head) + (nbytes if offset is None else 0)
-            f.write(_field(5, t) + head)
+            f.write(_field(_INITIALIZER, t) + head)
             if offset is None:
                 _write_tensor(f, source, nbytes)
             else:
@@ -406,7 +413,7 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
                 data.write(b"\0" * (offset - data.tell()))
                 _write_tensor(data, source, nbytes)
         f.write(graph_tail + model_tail)
-        assert f.tell() == len(model_head) + len(_field(7, size)) + size + len(model_tail)
+        assert f.tell() == len(model_head) + len(_field(_GRAPH, size)) + size + len(model_tail)
         for af in reversed(files):  # the side file first: the model never points at a missing one
             af.commit()
     except BaseException:
