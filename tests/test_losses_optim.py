@@ -63,7 +63,7 @@ def test_bce_clamps_log_as_torch(queue, torch):
     np.testing.assert_allclose(fn.backward().to_host(), ref_grad, rtol=1e-6)
 
 
-def test_loss_argument_errors(queue):
+def test_loss_label_and_shape_errors(queue):
     x = Tensor.from_host(queue, np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="class indices"):
         nn.CrossEntropyLoss()(x, np.array([0, 1, 2]))

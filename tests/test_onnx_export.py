@@ -33,7 +33,7 @@ def ort():
 
 
 def run_ort(path, x):
-    from netcl.verify import ort_session
+    from netcl.apps.common import ort_session
 
     return ort_session(path, "cpu").run(None, {"input": x})[0]
 
@@ -76,7 +76,7 @@ def test_reference_model_matches_onnxruntime(name, ort, queue, rng, tmp_path):
 def test_detector26_on_photographs(ort, queue, rng, tmp_path):
     """detector26 with batch-norm statistics set from data (photo crops when scikit-learn and
     pillow are there, else noise), verified on the photographs (or noise) at 256x256."""
-    from netcl import recipes
+    from netcl.apps import recipes
 
     model = models.detector26()
     pytest.importorskip("sklearn")

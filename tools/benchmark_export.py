@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from netcl import nn  # noqa: E402
+from netcl.apps import common  # noqa: E402
 from netcl.io import export_onnx  # noqa: E402
 
 
@@ -71,9 +72,9 @@ def raw_write(model, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--features", type=int, default=8192)
-    ap.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
+    ap.add_argument("--layers", type=common.positive_int, default=4)
+    ap.add_argument("--features", type=common.positive_int, default=8192)
+    ap.add_argument("--repeat", type=common.positive_int, default=3, help="timed repetitions (best is reported)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
     ap.add_argument("--external-data", choices=["auto", "yes", "no"], default="auto")
     ap.add_argument("--onnxruntime", action="store_true",
@@ -119,7 +120,7 @@ def main(argv=None):
         for i, m in enumerate(model):
             ref = np.tanh(ref) if isinstance(m, nn.Tanh) else ref @ m.weight.numpy() + m.bias.numpy()
         t0 = time.perf_counter()
-        sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+        sess = common.ort_session(onnx_path, "cpu")
         y = sess.run(None, {"input": x})[0]
         diff = float(np.abs(y - ref).max())
         print(f"onnxruntime {ort.__version__}: loaded and ran in {time.perf_counter() - t0:.1f} s, output {y.shape}, "

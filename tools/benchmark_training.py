@@ -9,7 +9,7 @@ Sections (all by default, or pick with --only):
           drained after each) for the digits CNN at batch 64, netcl.models.cnn at batch 32,
           detector26's first conv blocks at batch 8 x 256x256 in training mode, and the MLP;
           against torch CPU (float32, same thread count) when torch is installed.
-  epoch   the digits classifier (netcl.recipes.train_classifier) seconds per epoch, median
+  epoch   the digits classifier (netcl.apps.recipes.train_classifier) seconds per epoch, median
           over epochs after the first (which pays kernel compiles).
 
 Every figure is a median of --repeat runs; ratios are netcl time / peer time (or GFLOP/s
@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -32,17 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import netcl  # noqa: E402
 from netcl import Tensor, nn, ops  # noqa: E402
-
-
-def median_time(fn, repeat, min_seconds=0.0):
-    """Median wall seconds of fn() over `repeat` runs (more while under min_seconds in total)."""
-    times = []
-    t_all = time.perf_counter()
-    while len(times) < repeat or (time.perf_counter() - t_all < min_seconds and len(times) < 50):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from netcl.apps import common  # noqa: E402
+from netcl.apps.common import median_time  # noqa: E402
 
 
 # -- GEMM ---------------------------------------------------------------------------------
@@ -78,8 +68,8 @@ def bench_gemm(q, repeat, quick):
         err = float(np.max(np.abs(out.to_host() - ref)) / max(np.max(np.abs(ref)), 1e-30))
         an, bn = (a.T if kw["trans_a"] else a), (b.T if kw["trans_b"] else b)
         flop = 2.0 * M * N * K
-        t_cl = median_time(run, repeat, 0.2)
-        t_np = median_time(lambda: an @ bn, repeat, 0.2)
+        t_cl = median_time(run, repeat, min_seconds=0.2)
+        t_np = median_time(lambda: an @ bn, repeat, min_seconds=0.2)
         rows.append({"label": label, "M": M, "N": N, "K": K, "layout": layout, "netcl_gflops": flop / t_cl / 1e9,
                      "numpy_gflops": flop / t_np / 1e9, "ratio": t_np / t_cl, "rel_err": err})
     print(f"\n== GEMM (ops.matmul) vs numpy float32 @ ({np.__version__}) ==")
@@ -169,8 +159,8 @@ def bench_layers(q, repeat, quick, torch):
             layer.backward(dy)
             q.finish()
 
-        t_f = median_time(fwd, repeat, 0.1)
-        t_fb = median_time(fwd_bwd, repeat, 0.1)
+        t_f = median_time(fwd, repeat, min_seconds=0.1)
+        t_fb = median_time(fwd_bwd, repeat, min_seconds=0.1)
         row = {"group": group, "layer": name, "shape": list(shape), "fwd_ms": t_f * 1e3,
                "bwd_ms": (t_fb - t_f) * 1e3, "fwd_bwd_ms": t_fb * 1e3}
         twin = _torch_twin(layer, torch) if torch is not None else None
@@ -185,7 +175,7 @@ def bench_layers(q, repeat, quick, torch):
                 twin(txx).backward(tdy)
 
             t_fb_fn()
-            row["torch_fwd_bwd_ms"] = median_time(t_fb_fn, repeat, 0.1) * 1e3
+            row["torch_fwd_bwd_ms"] = median_time(t_fb_fn, repeat, min_seconds=0.1) * 1e3
             row["ratio_vs_torch"] = row["fwd_bwd_ms"] / row["torch_fwd_bwd_ms"]
         rows.append(row)
     print("\n== layers: forward + backward, median ms ==" +
@@ -199,7 +189,7 @@ def bench_layers(q, repeat, quick, torch):
 
 # -- digits epoch -------------------------------------------------------------------------
 def bench_epoch(q, epochs, torch):
-    from netcl.recipes import digits_cnn, digits_data, train_classifier
+    from netcl.apps.recipes import digits_cnn, digits_data, train_classifier
 
     data = digits_data()
     netcl.manual_seed(0)
@@ -221,8 +211,10 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--only", nargs="+", choices=["gemm", "layers", "epoch"], default=["gemm", "layers", "epoch"],
                     help="sections to run (default: all)")
-    ap.add_argument("--repeat", type=int, default=5, help="repetitions per figure; the median is reported")
-    ap.add_argument("--epochs", type=int, default=4, help="digits epochs (the first is excluded from the median)")
+    ap.add_argument("--repeat", type=common.positive_int, default=5,
+                    help="repetitions per figure; the median is reported")
+    ap.add_argument("--epochs", type=common.positive_int, default=4,
+                    help="digits epochs (the first is excluded from the median)")
     ap.add_argument("--quick", action="store_true", help="skip the largest GEMMs and detector blocks")
     ap.add_argument("--no-torch", action="store_true", help="do not measure torch as a peer")
     ap.add_argument("--device", default=None, help="NETCL_DEVICE spec: gpu, cpu or a name substring")

@@ -18,28 +18,12 @@ import time
 import numpy as np
 
 import netcl
-from netcl import Tensor, models, recipes
+from netcl import Tensor, models
+from netcl.apps import common, recipes
+from netcl.apps.common import median_time, ort_session
 from netcl.io import export_onnx, load, load_checkpoint, save, save_checkpoint
 
 ATOL, RTOL = 1e-4, 1e-3
-
-
-def median_ms(fn, repeats):
-    fn()  # warm-up: builds kernels and buffers
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
-
-
-def ort_session(path):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
 def plot_history(history, path):
@@ -67,11 +51,11 @@ def plot_history(history, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out", help="output folder (default: out/)")
-    ap.add_argument("--epochs", type=int, default=12, help="training epochs (default 12)")
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=common.positive_int, default=12, help="training epochs (default 12)")
+    ap.add_argument("--batch-size", type=common.positive_int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=20, help="timed repetitions for latencies")
+    ap.add_argument("--repeats", type=common.positive_int, default=20, help="timed repetitions for latencies")
     ap.add_argument("--skip-detector", action="store_true", help="skip the detector26 part")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -106,8 +90,9 @@ def main(argv=None):
     acc_ort = float((logits_ort.argmax(1) == y_te).mean())
     same = float((logits_ort.argmax(1) == logits_nc.argmax(1)).mean())
     diff = float(np.abs(logits_ort - logits_nc).max())
-    lat_nc = median_ms(lambda: model(Tensor.from_host(q, x_te[:1])).to_host(), args.repeats)
-    lat_ort = median_ms(lambda: sess.run(None, {"input": x_te[:1]}), args.repeats)
+    # one warm-up run builds kernels and buffers
+    lat_nc = 1e3 * median_time(lambda: model(Tensor.from_host(q, x_te[:1])).to_host(), args.repeats, warmup=1)
+    lat_ort = 1e3 * median_time(lambda: sess.run(None, {"input": x_te[:1]}), args.repeats, warmup=1)
     ok_digits = np.allclose(logits_nc, logits_ort, atol=ATOL, rtol=RTOL)
     print("\ndigits CNN, test set of", len(x_te))
     print(f"  {'':14s} {'accuracy':>9s} {'latency (batch 1)':>18s}")

@@ -21,31 +21,20 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-
-def _ints(text):
-    try:
-        return tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+from netcl.apps import common  # noqa: E402
 
 
 def reference_model(name, queue, seed):
     """A reference model with batch-norm statistics set from data, and its inputs' source."""
     import netcl
-    from netcl import models, nn, recipes
+    from netcl import models
+    from netcl.apps import recipes
 
     netcl.manual_seed(seed)
     model = models.build(name)
     shape = models.MODELS[name].input_shape
-    rng = np.random.default_rng(seed)
-    photos = None
-    if any(isinstance(m, nn.BatchNorm2d) for m in model):
-        try:
-            calib = recipes.photo_crops(8, size=shape[-1], seed=seed)
-            photos = recipes.photos(shape[-1]) if name == "detector26" else None
-        except ImportError:
-            calib = rng.uniform(0, 1, (8,) + shape).astype(np.float32)
-        recipes.calibrate_batchnorm(model, queue, calib, batch_size=4)
+    source = recipes.calibrate_batchnorm_on_photos(model, queue, shape, count=8, batch_size=4, seed=seed)
+    photos = recipes.photos(shape[-1]) if source == "photos" and name == "detector26" else None
     return model.eval(), shape, photos
 
 
@@ -54,10 +43,10 @@ def main(argv=None):
     ap.add_argument("files", nargs="*", help=".netcl model files (need --input-shape)")
     ap.add_argument("--model", action="append", choices=["mlp", "cnn", "detector26"],
                     help="a reference model (repeatable); default: all three when no file is given")
-    ap.add_argument("--input-shape", type=_ints, help="per-sample input shape of the .netcl files, e.g. 3,32,32 "
-                                                      "(a leading batch size is also accepted and ignored)")
-    ap.add_argument("--batch", type=_ints, default=(1, 4), help="batch sizes to run (default 1,4)")
-    ap.add_argument("--provider", choices=["cpu", "cuda"], default="cpu",
+    ap.add_argument("--input-shape", type=common.shape, help="per-sample input shape of the .netcl files, e.g. 3,32,32 "
+                                                             "(a leading batch size is also accepted and ignored)")
+    ap.add_argument("--batch", type=common.positive_ints, default=(1, 4), help="batch sizes to run (default 1,4)")
+    ap.add_argument("--provider", choices=common.PROVIDERS, default="cpu",
                     help="onnxruntime execution provider; cuda means CUDAExecutionProvider with use_tf32=0, "
                          "checked to be really in use")
     ap.add_argument("--device", help="netcl's OpenCL device: gpu, cpu or a platform/device name substring "
@@ -73,7 +62,7 @@ def main(argv=None):
         ap.error("--input-shape is needed for .netcl files")
 
     import netcl
-    from netcl.verify import VerifyResult, verify
+    from netcl.apps.verify import VerifyResult, verify
 
     q = netcl.default_queue()
     print(f"netcl device: {q.device.name.strip()} ({q.device.platform.name.strip()})")

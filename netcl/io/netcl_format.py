@@ -30,7 +30,6 @@ import json
 import math
 import os
 import re
-import secrets
 import struct
 
 import numpy as np
@@ -38,6 +37,7 @@ import numpy as np
 from netcl import optim
 from netcl.errors import FormatError
 from netcl import nn
+from netcl.io.atomic import AtomicFile
 from netcl.nn import module as _module
 from netcl.tensor import Tensor
 from netcl.version import __version__
@@ -143,14 +143,9 @@ def _model_tensors(model):
 
 
 def _write(path, header, tensors):
-    """Stream the header and `tensors` ((name, shape, fetch) triples) into a temporary file in the
-    target's directory, fsync it and rename it over `path`; on any failure remove it."""
+    """Stream the header and `tensors` ((name, shape, fetch) triples) into a new file that replaces
+    `path` only once it is complete and on disk (AtomicFile): a failure leaves `path` as it was."""
     path = _path(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"cannot save to {path!r}: directory {folder!r} does not exist")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"cannot save to {path!r}: it is a directory")
     table, end = [], 0
     for name, shape, _ in tensors:
         offset = -(-end // ALIGN) * ALIGN
@@ -159,39 +154,23 @@ def _write(path, header, tensors):
         end = offset + nbytes
     text = json.dumps({**header, "tensors": table, "data_bytes": end}, default=_json_default).encode()
     text += b" " * (-(_PREAMBLE.size + len(text)) % ALIGN)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            digest = hashlib.sha256()
+    with AtomicFile(path, "save") as f:
+        digest = hashlib.sha256()
 
-            def put(b):
-                f.write(b)
-                digest.update(b)
+        def put(b):
+            f.write(b)
+            digest.update(b)
 
-            put(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(text)) + text)
-            pos = 0
-            for (name, shape, fetch), entry in zip(tensors, table):
-                a = np.ascontiguousarray(fetch(), dtype="<f4")
-                if a.shape != tuple(shape):
-                    raise ValueError(f"tensor {name!r} holds data of shape {a.shape}, expected {tuple(shape)}")
-                put(bytes(entry["offset"] - pos))
-                put(memoryview(a.reshape(-1)).cast("B"))
-                pos = entry["offset"] + entry["nbytes"]
-            f.write(digest.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX)
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        put(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(text)) + text)
+        pos = 0
+        for (name, shape, fetch), entry in zip(tensors, table):
+            a = np.ascontiguousarray(fetch(), dtype="<f4")
+            if a.shape != tuple(shape):
+                raise ValueError(f"tensor {name!r} holds data of shape {a.shape}, expected {tuple(shape)}")
+            put(bytes(entry["offset"] - pos))
+            put(memoryview(a.reshape(-1)).cast("B"))
+            pos = entry["offset"] + entry["nbytes"]
+        f.write(digest.digest())
 
 
 # ---------------------------------------------------------------------------------------

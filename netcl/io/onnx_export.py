@@ -10,13 +10,13 @@ serialization of the whole ModelProto (fields in field-number order), hence dete
 import importlib.util
 import math
 import os
-import secrets
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from netcl import nn
+from netcl.io.atomic import AtomicFile
 from netcl.version import __version__
 
 
@@ -300,6 +300,13 @@ def _field(number, length):
     return _varint(number << 3 | 2) + _varint(length)
 
 
+# The length-delimited fields the writer streams itself (the rest is serialized by protobuf),
+# numbered as the generated bindings say, so proto/onnx.proto stays the one source of the schema.
+_RAW_DATA = P.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+_INITIALIZER = P.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_GRAPH = P.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+
+
 def _array(source):
     """A tensor's data as a contiguous little-endian numpy array (no copy when it already is one)."""
     a = source.numpy() if hasattr(source, "numpy") and not isinstance(source, np.ndarray) else source
@@ -328,7 +335,7 @@ class _Plan:
                 self.items.append((t.SerializeToString(), nbytes, source, self.data_size))
                 self.data_size += nbytes
             else:
-                head = _tensor_header(name, dims, dtype).SerializeToString() + _field(9, nbytes)
+                head = _tensor_header(name, dims, dtype).SerializeToString() + _field(_RAW_DATA, nbytes)
                 self.items.append((head, nbytes, source, None))
 
     def inline_size(self, head, tail):
@@ -336,7 +343,7 @@ class _Plan:
         size = len(head) + len(tail)
         for h, n, _, offset in self.items:
             t = len(h) + (n if offset is None else 0)
-            size += len(_field(5, t)) + t
+            size += len(_field(_INITIALIZER, t)) + t
         return size
 
 
@@ -345,31 +352,6 @@ def _write_tensor(f, source, nbytes):
     assert a.nbytes == nbytes, f"initializer holds {a.nbytes} bytes, its header says {nbytes}"
     if a.size:
         f.write(memoryview(a).cast("B"))
-
-
-class _AtomicFile:
-    """A temporary file next to `path`, moved over it by os.replace only on success."""
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if os.path.isdir(self.path):
-            raise IsADirectoryError(f"cannot export to {self.path!r}: it is a directory; give a file name")
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"cannot export to {self.path!r}: folder {folder!r} does not exist")
-        self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-        self.f = open(self.tmp, "wb")
-
-    def commit(self):
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self):
-        self.f.close()
-        if os.path.exists(self.tmp):
-            os.unlink(self.tmp)
 
 
 def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=False, input_name="input",
@@ -400,7 +382,7 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
     data_name = os.path.basename(path) + ".data"
     plan = _Plan(inits, False, data_name)
     size = plan.inline_size(graph_head, graph_tail)
-    total = len(model_head) + len(_field(7, size)) + size + len(model_tail)
+    total = len(model_head) + len(_field(_GRAPH, size)) + size + len(model_tail)
     if external_data is None:
         external_data = total > PROTOBUF_LIMIT
     elif not external_data and total > PROTOBUF_LIMIT:
@@ -412,14 +394,14 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
 
     files = []
     try:
-        files.append(_AtomicFile(path))
+        files.append(AtomicFile(path, "export"))
         if external_data:
-            files.append(_AtomicFile(os.path.join(os.path.dirname(path), data_name)))
+            files.append(AtomicFile(os.path.join(os.path.dirname(path), data_name), "export"))
         f = files[0].f
-        f.write(model_head + _field(7, size) + graph_head)
+        f.write(model_head + _field(_GRAPH, size) + graph_head)
         for head, nbytes, source, offset in plan.items:
             t = len(head) + (nbytes if offset is None else 0)
-            f.write(_field(5, t) + head)
+            f.write(_field(_INITIALIZER, t) + head)
             if offset is None:
                 _write_tensor(f, source, nbytes)
             else:
@@ -427,7 +409,7 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
                 data.write(b"\0" * (offset - data.tell()))
                 _write_tensor(data, source, nbytes)
         f.write(graph_tail + model_tail)
-        assert f.tell() == len(model_head) + len(_field(7, size)) + size + len(model_tail)
+        assert f.tell() == len(model_head) + len(_field(_GRAPH, size)) + size + len(model_tail)
         for af in reversed(files):  # the side file first: the model never points at a missing one
             af.commit()
     except BaseException:

@@ -1,5 +1,5 @@
-"""Small end-to-end recipes used by `netcl train`, `make demo` and the tests: the digits
-classifier, photographs for detector26, and batch-norm calibration from data."""
+"""Small end-to-end recipes used by `netcl train`, `make demo`, the benchmarks and the tests: the
+digits classifier, photographs for detector26, and batch-norm calibration from data."""
 import sys
 import time
 
@@ -159,3 +159,21 @@ def calibrate_batchnorm(model, queue, x, batch_size=8):
     for m, mom in zip(bns, saved):
         m.momentum = mom
     return model.eval()
+
+
+def calibrate_batchnorm_on_photos(model, queue, input_shape, count=16, batch_size=8, seed=0, rng=None):
+    """calibrate_batchnorm on `count` crops of the sample photographs (photo_crops, seeded with
+    `seed`) at the model's input size; without scikit-learn or pillow, on uniform noise in [0, 1)
+    drawn from `rng` (default: a generator seeded with `seed`). input_shape: one sample's (C, H, W).
+    Returns where the statistics came from: "photos", "noise", or None for a model without
+    BatchNorm2d, which is left as it is."""
+    if not any(isinstance(m, nn.BatchNorm2d) for m in model):
+        return None
+    try:
+        calib, source = photo_crops(count, size=input_shape[-1], seed=seed), "photos"
+    except ImportError:
+        rng = np.random.default_rng(seed) if rng is None else rng
+        calib, source = rng.uniform(0, 1, (count,) + tuple(input_shape)).astype(np.float32), "noise"
+    calibrate_batchnorm(model, queue, calib, batch_size=batch_size)
+    return source
+

@@ -12,39 +12,24 @@ import time
 
 import numpy as np
 
+import netcl
+from netcl import Tensor, jit, models, nn
+from netcl.apps import common, recipes
+from netcl.apps.common import median_time, ort_session
+from netcl.io import export_onnx
+
 MODELS = ("detector26", "cnn", "mlp")
 BATCHES = (1, 8, 32)
-
-
-def _median_ms(fn, repeats, warmup):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(ts)
 
 
 def prepare_model(name, queue, seed=0):
     """A reference model in eval mode with realistic batch-norm statistics (calibrated on the
     photographs shipped with scikit-learn, or on uniform noise without it), and an input source."""
-    import netcl
-    from netcl import models, nn, recipes
-
     netcl.manual_seed(seed)
     model = models.build(name)
     shape = models.MODELS[name].input_shape
     rng = np.random.default_rng(seed)
-    source = "noise"
-    if any(isinstance(m, nn.BatchNorm2d) for m in model):
-        try:
-            calib = recipes.photo_crops(16, size=shape[-1], seed=seed)
-            source = "photos"
-        except ImportError:
-            calib = rng.uniform(0, 1, (16,) + shape).astype(np.float32)
-        recipes.calibrate_batchnorm(model, queue, calib, batch_size=8)
+    source = recipes.calibrate_batchnorm_on_photos(model, queue, shape, count=16, batch_size=8, seed=seed, rng=rng)
     model.to(queue).eval()
 
     def inputs(batch):
@@ -52,25 +37,6 @@ def prepare_model(name, queue, seed=0):
             return recipes.photo_crops(batch, size=shape[-1], seed=seed + 1)
         return rng.uniform(0, 1, (batch,) + shape).astype(np.float32)
     return model, shape, inputs
-
-
-def _ort_session(path, provider, threads=None, tf32=False):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = int(threads)
-    if provider == "cuda":
-        if hasattr(ort, "preload_dlls"):
-            ort.preload_dlls()
-        providers = [("CUDAExecutionProvider", {"use_tf32": int(bool(tf32))}), "CPUExecutionProvider"]
-        want = "CUDAExecutionProvider"
-    else:
-        providers, want = ["CPUExecutionProvider"], "CPUExecutionProvider"
-    sess = ort.InferenceSession(os.fspath(path), opts, providers=providers)
-    if sess.get_providers()[0] != want:  # a CUDA session silently falls back to the CPU when CUDA fails
-        raise RuntimeError(f"onnxruntime session runs on {sess.get_providers()}, not {want}")
-    return sess
 
 
 def cuda_available():
@@ -94,10 +60,6 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
     differences, launches per forward and host microseconds per launch of the netcl path.
     Raises RuntimeError when outputs disagree or the CUDA provider is not really in use.
     """
-    import netcl
-    from netcl import Tensor, jit
-    from netcl.io import export_onnx
-
     q = netcl.default_queue(device)
     providers = list(providers)
     if "cuda" in providers and not cuda_available():
@@ -112,11 +74,11 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
         export_onnx(model, (1,) + tuple(shape), path, dynamic_batch=True)
         sessions = {}
         if "cpu" in providers:
-            sessions["ort_cpu"] = _ort_session(path, "cpu", ort_threads)
+            sessions["ort_cpu"] = ort_session(path, "cpu", threads=ort_threads)
         if "cuda" in providers:
-            sessions["ort_cuda"] = _ort_session(path, "cuda", tf32=False)
+            sessions["ort_cuda"] = ort_session(path, "cuda", tf32=False)
             if tf32_column:
-                sessions["ort_cuda_tf32"] = _ort_session(path, "cuda", tf32=True)
+                sessions["ort_cuda_tf32"] = ort_session(path, "cuda", tf32=True)
         tmodel = _torch_model(model) if torch_column else None
         for b in batches:
             x = np.ascontiguousarray(inputs(b), np.float32)
@@ -146,8 +108,8 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             y_inf = fused.infer(x, q)
             if not np.array_equal(y_inf, y):
                 raise RuntimeError(f"{name} batch {b}: plan.infer differs from model(Tensor)")
-            row["netcl"] = _median_ms(lambda: fused.infer(x, q), repeats, warmup)
-            row["netcl_tensor"] = _median_ms(run_netcl, repeats, warmup)
+            row["netcl"] = 1e3 * median_time(lambda: fused.infer(x, q), repeats, warmup=warmup)
+            row["netcl_tensor"] = 1e3 * median_time(run_netcl, repeats, warmup=warmup)
             # host cost of enqueueing one forward (no wait), per kernel launch
             xt = Tensor.from_host(q, x)
             q.finish()
@@ -162,7 +124,7 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             row["launches"] = n_launch
             row["host_us_per_launch"] = 1e6 * statistics.median(t_host) / max(n_launch, 1)
             for key, sess in sessions.items():
-                row[key] = _median_ms(lambda: sess.run(None, {"input": x}), repeats, warmup)
+                row[key] = 1e3 * median_time(lambda: sess.run(None, {"input": x}), repeats, warmup=warmup)
             if tmodel is not None:
                 row["torch_cuda"], row["diff_torch_cuda"] = _time_torch(tmodel, x, y, repeats, warmup)
             log(format_row(row))
@@ -178,8 +140,6 @@ def _torch_model(model):
         return None
     if not torch.cuda.is_available():
         return None
-    from netcl import nn
-
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     mods = []
@@ -222,7 +182,7 @@ def _time_torch(tm, x, y_netcl, repeats, warmup):
         with torch.no_grad():
             return tm(torch.from_numpy(x).cuda()).cpu().numpy()
     d = float(np.abs(run() - y_netcl).max())
-    return _median_ms(run, repeats, warmup), d
+    return 1e3 * median_time(run, repeats, warmup=warmup), d
 
 
 # -- presentation ------------------------------------------------------------------------
@@ -300,10 +260,6 @@ a PNG plot of latency against batch size into --out-dir.
 """
 
 
-def _list(text, conv=str):
-    return tuple(conv(v) for v in text.split(",") if v.strip())
-
-
 def main(argv=None, prog=None):
     """`netcl bench` and tools/benchmark_onnx_vs_native.py: parse options, run, print, save."""
     import argparse
@@ -311,11 +267,12 @@ def main(argv=None, prog=None):
 
     ap = argparse.ArgumentParser(prog=prog, description=_CLI_DOC,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", type=_list, default=MODELS, help="comma-separated (default: %(default)s)")
-    ap.add_argument("--batches", type=lambda s: _list(s, int), default=BATCHES, help="default: 1,8,32")
-    ap.add_argument("--repeats", type=int, default=50, help="timed runs per figure; the median is reported")
+    ap.add_argument("--models", type=common.names, default=MODELS, help="comma-separated (default: %(default)s)")
+    ap.add_argument("--batches", type=common.positive_ints, default=BATCHES, help="default: 1,8,32")
+    ap.add_argument("--repeats", type=common.positive_int, default=50,
+                    help="timed runs per figure; the median is reported")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--providers", type=_list, default=("cpu", "cuda"),
+    ap.add_argument("--providers", type=common.names, default=("cpu", "cuda"),
                     help="onnxruntime providers: cpu, cuda (cuda is skipped when absent)")
     ap.add_argument("--ort-threads", type=int, default=None, help="onnxruntime CPU threads (default: all cores)")
     ap.add_argument("--device", default=None, help="netcl's OpenCL device: gpu, cpu or a name substring")

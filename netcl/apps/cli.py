@@ -6,31 +6,17 @@ import argparse
 import os
 import sys
 
-
-def _shape(text):
-    parts = text.replace("x", ",").split(",")
-    try:
-        dims = tuple(int(v) for v in parts)
-    except ValueError:
-        dims = ()
-    if not dims or any(d < 1 for d in dims):
-        raise argparse.ArgumentTypeError(f"expected a shape of positive integers like 1,3,256,256, got {text!r}")
-    return dims
-
-
-def _positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+import netcl
+from netcl.apps import common, recipes
+from netcl.apps.bench import main as bench_main
+from netcl.apps.verify import verify
+from netcl.errors import CompileError, FormatError, NoDeviceError
+from netcl.io import export_onnx, load, load_checkpoint, save, save_checkpoint
+from netcl.runtime import select_device
+from netcl.runtime.device import _all_devices
 
 
 def _load_model(path):
-    from netcl.io import load
-
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such model file: {path}")
     return load(path)
@@ -38,23 +24,14 @@ def _load_model(path):
 
 # -- commands ----------------------------------------------------------------------------
 def cmd_devices(args):
-    import netcl
-
-    from netcl.runtime import select_device
-    from netcl.runtime.device import _all_devices
-
     chosen = select_device()
     for d, (_, dev) in zip(netcl.devices(), _all_devices()):
         print(f"{'*' if dev == chosen else ' '} {d}")
-    print(f"(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose)")
+    print("(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose)")
     return 0
 
 
 def cmd_train(args):
-    import netcl
-    from netcl import recipes
-    from netcl.io import load_checkpoint, save, save_checkpoint
-
     q = netcl.default_queue()
     print(f"device: {q.device.name.strip()}")
     netcl.manual_seed(args.seed)
@@ -86,8 +63,6 @@ def cmd_train(args):
 
 
 def cmd_export(args):
-    from netcl.io import export_onnx
-
     model = _load_model(args.model).eval()
     export_onnx(model, args.input_shape, args.out, opset=args.opset, dynamic_batch=args.dynamic_batch,
                 input_name=args.input_name, output_name=args.output_name,
@@ -97,8 +72,6 @@ def cmd_export(args):
 
 
 def cmd_verify(args):
-    from netcl.verify import verify
-
     if args.device:
         os.environ["NETCL_DEVICE"] = args.device
     model = _load_model(args.model).eval()
@@ -113,8 +86,6 @@ def cmd_verify(args):
 
 
 def cmd_bench(args):
-    from netcl.bench import main as bench_main
-
     rest = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     return bench_main(rest, prog="netcl bench")
 
@@ -128,8 +99,8 @@ def build_parser():
 
     p = sub.add_parser("train", help="train the digits CNN recipe and save a .netcl model")
     p.add_argument("--out", default="model.netcl", help="where to save the trained model (default model.netcl)")
-    p.add_argument("--epochs", type=_positive_int, default=10, help="total epochs (default 10)")
-    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--epochs", type=common.positive_int, default=10, help="total epochs (default 10)")
+    p.add_argument("--batch-size", type=common.positive_int, default=64)
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save a training checkpoint here after every epoch")
@@ -140,7 +111,7 @@ def build_parser():
     p = sub.add_parser("export", help="export a .netcl model to ONNX")
     p.add_argument("model", help="the .netcl file")
     p.add_argument("out", help="the .onnx file to write")
-    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,256,256 (batch first)")
+    p.add_argument("--input-shape", type=common.shape, required=True, help="e.g. 1,3,256,256 (batch first)")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
     p.add_argument("--input-name", default="input")
@@ -150,8 +121,8 @@ def build_parser():
 
     p = sub.add_parser("verify", help="run netcl and onnxruntime on the same input; exit 1 on mismatch")
     p.add_argument("model", help="the .netcl file")
-    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,256,256")
-    p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime execution provider")
+    p.add_argument("--input-shape", type=common.shape, required=True, help="e.g. 1,3,256,256")
+    p.add_argument("--provider", choices=common.PROVIDERS, default="cpu", help="onnxruntime execution provider")
     p.add_argument("--device", help="netcl's OpenCL device (gpu, cpu or a name substring)")
     p.add_argument("--atol", type=float, default=1e-4)
     p.add_argument("--rtol", type=float, default=1e-3)
@@ -167,11 +138,9 @@ def build_parser():
 
 
 def main(argv=None):
-    from netcl.errors import CompileError, FormatError, NoDeviceError
-
     ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # bench has its own option parser (netcl.bench.main)
+    if argv[:1] == ["bench"]:  # bench has its own option parser (netcl.apps.bench.main)
         args = argparse.Namespace(command="bench", fn=cmd_bench, bench_args=argv[1:])
     else:
         args = ap.parse_args(argv)

@@ -1,7 +1,6 @@
 """Check an ONNX export against netcl: run the model in netcl and in onnxruntime on the same
 input and compare. Used by `netcl verify`, tools/verify_onnx_export.py and the tests.
 
-    from netcl.verify import verify
     r = verify(model.eval(), x)                 # x: np.ndarray (N, ...)
     print(r.max_abs_diff, r.allclose, r.provider)
 """
@@ -11,8 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import netcl
+from netcl.apps.common import ort_session
+from netcl.io.onnx_export import DEFAULT_OPSET, export_onnx
+
 ATOL, RTOL = 1e-4, 1e-3
-PROVIDERS = ("cpu", "cuda")
 
 
 @dataclass
@@ -43,32 +45,6 @@ class VerifyResult:
                 f"{'OK' if self.allclose else 'MISMATCH'}")
 
 
-def ort_session(path, provider="cpu"):
-    """An onnxruntime InferenceSession on `provider` ("cpu" or "cuda").
-
-    "cuda" uses the CUDA execution provider with TF32 off (so results are float32-exact enough
-    to compare) and CPU as fallback for unsupported nodes; it raises RuntimeError if onnxruntime
-    did not really put the CUDA provider first (e.g. a CPU-only onnxruntime build)."""
-    import onnxruntime as ort
-
-    if provider not in PROVIDERS:
-        raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if provider == "cuda":
-        if hasattr(ort, "preload_dlls"):  # onnxruntime-gpu >= 1.21: load the CUDA/cuDNN libraries of pip wheels
-            ort.preload_dlls()
-        providers = [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
-    else:
-        providers = ["CPUExecutionProvider"]
-    sess = ort.InferenceSession(os.fspath(path), opts, providers=providers)
-    want = "CUDAExecutionProvider" if provider == "cuda" else "CPUExecutionProvider"
-    if sess.get_providers()[0] != want:
-        raise RuntimeError(f"onnxruntime runs on {sess.get_providers()}, not {want} "
-                           f"(available: {ort.get_available_providers()})")
-    return sess
-
-
 def verify(model, x, *, provider="cpu", queue=None, onnx_path=None, opset=None, dynamic_batch=True,
            atol=ATOL, rtol=RTOL, seed=0):
     """Export `model` to ONNX and compare onnxruntime's output with netcl's on input `x`.
@@ -76,7 +52,7 @@ def verify(model, x, *, provider="cpu", queue=None, onnx_path=None, opset=None, 
     model: a netcl Sequential in eval mode (export refuses training mode).
     x: the input, array-like (N, ...), converted to float32; or an input shape (a tuple of ints,
         batch first), for which a standard-normal input is drawn with `seed`.
-    provider: onnxruntime execution provider, "cpu" or "cuda" (see ort_session).
+    provider: onnxruntime execution provider, "cpu" or "cuda" (see netcl.apps.common.ort_session).
     queue: the pyopencl queue netcl runs on (default: netcl.default_queue(), i.e. $NETCL_DEVICE).
     onnx_path: an existing .onnx file to check instead of exporting; None exports to a temporary
         file (with `opset`, default the exporter's, and `dynamic_batch`) and removes it afterwards.
@@ -84,9 +60,6 @@ def verify(model, x, *, provider="cpu", queue=None, onnx_path=None, opset=None, 
     Returns a VerifyResult (print it, or test `.ok`); raises what export_onnx raises (ValueError,
     NotImplementedError) and ImportError where onnxruntime is missing.
     """
-    import netcl
-    from netcl.io.onnx_export import DEFAULT_OPSET, export_onnx
-
     if isinstance(x, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in x):
         x = np.random.default_rng(seed).standard_normal(tuple(int(d) for d in x), dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)

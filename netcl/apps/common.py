@@ -1,0 +1,88 @@
+"""What the applications share: an onnxruntime session on a checked provider, a median timer and
+the command lines' argument types."""
+import argparse
+import os
+import statistics
+import time
+
+PROVIDERS = ("cpu", "cuda")
+
+
+def ort_session(path, provider="cpu", *, threads=None, tf32=False):
+    """An onnxruntime InferenceSession on `provider` ("cpu" or "cuda").
+
+    "cuda" uses the CUDA execution provider with TF32 off unless `tf32` (off, results are close
+    enough to float32 to compare) and the CPU as fallback for unsupported nodes; it raises
+    RuntimeError if onnxruntime did not really put the CUDA provider first (a CPU-only build, or
+    CUDA failing to load: the session then silently runs on the CPU). threads: onnxruntime's
+    intra-op threads (default: all cores)."""
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = int(threads)
+    if provider == "cuda":
+        if hasattr(ort, "preload_dlls"):  # onnxruntime-gpu >= 1.21: load the CUDA/cuDNN libraries of pip wheels
+            ort.preload_dlls()
+        providers = [("CUDAExecutionProvider", {"use_tf32": int(bool(tf32))}), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(os.fspath(path), opts, providers=providers)
+    want = "CUDAExecutionProvider" if provider == "cuda" else "CPUExecutionProvider"
+    if sess.get_providers()[0] != want:
+        raise RuntimeError(f"onnxruntime runs on {sess.get_providers()}, not {want} "
+                           f"(available: {ort.get_available_providers()})")
+    return sess
+
+
+def median_time(fn, repeats, *, warmup=0, min_seconds=0.0, max_repeats=50):
+    """Median wall seconds of fn() over `repeats` timed runs after `warmup` untimed ones; while
+    the timed runs total less than `min_seconds`, more of them (up to `max_repeats`)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < max_repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# -- argument types for argparse ---------------------------------------------------------
+def _positive_ints(text, expected):
+    try:
+        values = tuple(int(v) for v in text.replace("x", ",").split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return values
+
+
+def shape(text):
+    """'1,3,256,256' or '1x3x256x256' -> (1, 3, 256, 256): positive integers."""
+    return _positive_ints(text, "a shape of positive integers like 1,3,256,256")
+
+
+def positive_ints(text):
+    """'1,8,32' -> (1, 8, 32): a comma-separated list of positive integers (batch sizes)."""
+    return _positive_ints(text, "comma-separated positive integers like 1,8,32")
+
+
+def positive_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def names(text):
+    """'a,b' -> ('a', 'b'): a comma-separated list of names."""
+    return tuple(v for v in text.split(",") if v.strip())
