@@ -162,7 +162,8 @@ def test_no_builds_or_allocations_after_first_call(q, monkeypatch):
 
 def test_unfusable_layers_fall_back(q):
     rng = np.random.default_rng(7)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Softmax(dim=1), nn.Linear(16, 4), nn.Dropout(0.5), nn.Tanh()).eval()
+    model = nn.Sequential(nn.Linear(8, 16), nn.Softmax(dim=1), nn.Identity(), nn.Linear(16, 4), nn.Dropout(0.5),
+                          nn.Tanh()).eval()
     x = rng.normal(size=(3, 8)).astype(np.float32)
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
 

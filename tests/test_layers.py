@@ -189,6 +189,15 @@ def test_flatten(queue, rng, record_error):
     record_error(0.0, 0.0)
 
 
+def test_identity(queue, rng, record_error):
+    x, dy = rand(rng, 3, 1, 5), rand(rng, 3, 1, 5)
+    y, dx, g = run_netcl(queue, nn.Identity(), x, dy)
+    assert g == {}
+    np.testing.assert_array_equal(y, x)
+    np.testing.assert_array_equal(dx, dy)
+    record_error(0.0, 0.0)
+
+
 def test_dropout(queue, rng):
     p, shape = 0.3, (64, 50, 10)
     x = rng.uniform(1.0, 2.0, shape).astype(np.float32)

@@ -60,8 +60,8 @@ def every_layer_model():
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AvgPool2d(3, 2, 1),
         nn.Conv2d(8, 8, 3, bias=False), nn.LeakyReLU(0.2), nn.MaxPool2d(3, 2, 1), nn.Sigmoid(),
-        nn.Flatten(), nn.Dropout(0.3), nn.Linear(8 * 2 * 2, 12), nn.Tanh(), nn.Linear(12, 5, bias=False),
-        nn.Softmax(1))
+        nn.Flatten(), nn.Dropout(0.3), nn.Linear(8 * 2 * 2, 12), nn.Tanh(), nn.Identity(),
+        nn.Linear(12, 5, bias=False), nn.Softmax(1))
 
 
 # -- the reference models ----------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_graph_structure(tmp_path):
     attrs = {n.name: {a.name: a for a in n.attribute} for n in g.node}
     assert attrs["3.AveragePool"]["count_include_pad"].i == 1
     assert list(attrs["3.AveragePool"]["pads"].ints) == [1, 1, 1, 1]
-    assert attrs["10.Gemm"]["transB"].i == 0
+    assert attrs["10.Gemm"]["transB"].i == 0 and "13.Gemm" in attrs  # Dropout (9), Identity (12): no node
     assert attrs["5.LeakyRelu"]["alpha"].f == pytest.approx(0.2)
     assert attrs["1.BatchNormalization"]["epsilon"].f == pytest.approx(1e-5)
     for n in g.node:

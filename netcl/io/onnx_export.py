@@ -152,7 +152,7 @@ def _pointwise(op_type, **attrs):
     return emit
 
 
-def _dropout(g, m, x, s, out):  # identity at inference: no node
+def _identity(g, m, x, s, out):  # Identity, and Dropout at inference: no node
     return x
 
 
@@ -197,7 +197,8 @@ EMITTERS = {
     nn.MaxPool2d: _pool("MaxPool"),
     nn.AvgPool2d: _pool("AveragePool", count_include_pad=1),
     nn.Flatten: _flatten,                        # Flatten(axis=1): works with a symbolic batch
-    nn.Dropout: _dropout,                        # dropped
+    nn.Identity: _identity,                     # no node
+    nn.Dropout: _identity,                      # no node (identity at inference)
     nn.Softmax: _softmax,                        # Softmax(axis=dim)
     nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
 }

@@ -4,7 +4,7 @@ LAYERS is the registry of layer types that .netcl files can hold (by class name)
 exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."""
 from netcl.nn.activation import LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from netcl.nn.attention import MultiheadAttention
-from netcl.nn.basic import Dropout, Flatten
+from netcl.nn.basic import Dropout, Flatten, Identity
 from netcl.nn.conv import Conv2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
@@ -14,8 +14,9 @@ from netcl.nn.pool import AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
-                                        MaxPool2d, AvgPool2d, Flatten, Dropout, Softmax, MultiheadAttention)}
+                                        MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
+                                        MultiheadAttention)}
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
-           "MaxPool2d", "AvgPool2d", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
+           "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
            "MSELoss", "BCELoss", "LAYERS", "manual_seed"]

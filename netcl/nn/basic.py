@@ -1,8 +1,18 @@
-"""Layers without parameters that reshape or mask: Flatten, Dropout."""
+"""Layers without parameters that pass, reshape or mask their input: Identity, Flatten, Dropout."""
 import numpy as np
 
 from netcl import ops
 from netcl.nn.module import Module, rng
+
+
+class Identity(Module):
+    # x -> x (a placeholder, e.g. a block's shortcut); the same tensor, no copy
+    def forward(self, x):
+        self._on(x)
+        return x
+
+    def backward(self, dy):
+        return dy
 
 
 class Flatten(Module):
