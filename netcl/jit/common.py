@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from netcl import runtime
+import netcl.runtime as runtime  # module attributes: tests patch runtime.build
 from netcl.act import Act
 
 # counters for tests and benchmarks: program builds, device buffers made, kernels launched, weight folds

@@ -6,7 +6,7 @@ import numpy as np
 from netcl.jit.common import Launch
 
 
-def block(spec, config):
+def cpu_block(spec, config):
     """(VW, RM, RR) for this conv, or None when the shape does not suit the kernel.
     Sized for 16 vector registers (AVX2): RR x RM x VW/8 accumulators."""
     maxvw, rm = config.cpu_conv
@@ -26,7 +26,7 @@ class ConvCpu(Launch):
     in_arg, out_arg = 0, 3
 
     def __init__(self, target, spec):
-        vw, rm, rr = block(spec, target.config)
+        vw, rm, rr = cpu_block(spec, target.config)
         ohu, uw = spec.used
         kb = -(-spec.k // rm)
         gs = (uw // vw, ohu // rr, spec.n * kb)

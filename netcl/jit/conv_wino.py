@@ -12,7 +12,7 @@ _WINO_G = {2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2]
                         [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
 
 
-def tile(spec, config):
+def wino_tile(spec, config):
     """The output tile: 4 (4x fewer multiplies than direct, but 2.25x the transformed weights of
     tile 2, streamed once per group of tiles) where there are enough output channels and 4x4
     tiles to pay for it, else 2; 0 = not Winograd (not 3x3 stride 1, or config.cpu_wino = 0)."""
@@ -24,7 +24,7 @@ def tile(spec, config):
     return 4 if spec.k >= 32 and spec.n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
 
 
-def block(k, c, wm, ntile, n_cu, config):
+def wino_block(k, c, wm, ntile, n_cu, config):
     """(TB, RV, TT, KBW, KBN): TB tiles x RV float8 channel vectors per register block (TB * RV
     accumulators), TT tiles per work-item, KBW of the KBN channel blocks per work-item."""
     tb, rv = 3, (4 if k % 32 == 0 else 2)  # measured on a 2-core AVX2 PoCL
@@ -47,11 +47,11 @@ class ConvWino(Launch):
     in_arg, out_arg = 0, 3
 
     def __init__(self, target, spec):
-        wm = tile(spec, target.config)
+        wm = wino_tile(spec, target.config)
         ohu, uw = spec.used
         thn, twn = -(-ohu // wm), -(-uw // wm)
         ntile = spec.n * thn * twn
-        tb, rv, tt, kbw, kbn = block(spec.k, spec.c, wm, ntile, target.n_cu, target.config)
+        tb, rv, tt, kbw, kbn = wino_block(spec.k, spec.c, wm, ntile, target.n_cu, target.config)
         check = int(spec.ipb != spec.pad or ohu % wm or uw % wm)  # the last tiles read past the stored border
         self.kernel = target.kernel("conv_wino", "conv_wino", dict(spec.defines(), WM=wm, TB=tb, TT=tt, RV=rv, KBW=kbw,
                                                                    KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check),

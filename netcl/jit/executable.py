@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from netcl import runtime
+import netcl.runtime as runtime
 from netcl.jit.common import STATS, Launch, Target
 from netcl.jit.config import JitConfig
 from netcl.jit.linear import LinearLaunch

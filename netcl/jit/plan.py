@@ -2,7 +2,7 @@
 first use; plan_fused(model) makes one when any stage fuses."""
 import numpy as np
 
-from netcl import runtime
+import netcl.runtime as runtime
 from netcl.jit.executable import Executable
 from netcl.jit.stages import plan_stages
 

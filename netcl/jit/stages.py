@@ -11,11 +11,10 @@ An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slop
 """
 import numpy as np
 
-from netcl.jit import conv_cpu, conv_wino
 from netcl.jit.common import ConvSpec
-from netcl.jit.conv_cpu import ConvCpu
+from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_gpu import ConvGpu
-from netcl.jit.conv_wino import ConvWino
+from netcl.jit.conv_wino import ConvWino, wino_tile
 from netcl.nn.layers import BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d
 
 
@@ -144,8 +143,8 @@ def conv_family(spec, target):
     shape suits it, else the GPU family's kernel with CPU tiles."""
     if target.gpu:
         return ConvGpu
-    if conv_wino.tile(spec, target.config):
+    if wino_tile(spec, target.config):
         return ConvWino
-    if conv_cpu.block(spec, target.config) is not None:
+    if cpu_block(spec, target.config) is not None:
         return ConvCpu
     return ConvGpu
