@@ -68,10 +68,7 @@ def test_no_import_cycles_counting_function_level_imports():
 def test_function_level_imports_are_for_optional_dependencies_only():
     modules = _modules()
     bad = []
-    pending = {"netcl.jit"}  # being split now
     for m, path in modules.items():
-        if m in pending:
-            continue
         tree = ast.parse(path.read_text())
         top = set(map(id, tree.body))
         for node in ast.walk(tree):
