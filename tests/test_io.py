@@ -509,3 +509,49 @@ def test_a_save_killed_midway_leaves_the_old_file_and_the_next_save_cleans_up(tm
     assert all(np.array_equal(a, loaded.state_dict()[k]) for k, a in old.state_dict().items())
     save(loaded, path)
     assert only_file(tmp_path) == ["m.netcl"] and path.read_bytes() == before
+
+
+_BOMB_LOADER = """
+import resource, sys, time
+from netcl import FormatError
+from netcl.io import load
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+try:
+    load(sys.argv[1])
+except FormatError as e:
+    print(time.perf_counter() - t, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, e)
+"""
+
+
+@pytest.mark.parametrize("text, message", [
+    (b'{"x":[' + b"[]," * (21 << 20) + b"[]]}", "any model needs"),  # 63 MiB: 12 s and 1.4 GB before the cap
+    (b'{"x":[' + b"[]," * (2 << 20) + b"[]]}", "JSON values"),  # 6 MiB, under the length cap: 0.7 s, 180 MB
+    (b'{"x":' + b"[" * (6 << 20) + b"]" * (1 << 20) + b"}", "JSON values or brackets"),
+    (b'{"x":' + b"[" * 200000 + b"]" * 200000 + b"}", "nests 200001 levels deep"),
+    (b'{"x":' + b"]" * (1 << 20) + b"}", "JSON values or brackets"),
+])
+def test_a_header_bomb_is_refused_in_little_time_and_memory(tmp_path, text, message):
+    path = tmp_path / "bomb.netcl"
+    path.write_bytes(assemble_raw(text))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-c", _BOMB_LOADER, str(path)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    seconds, megabytes, error = out.split(" ", 2)
+    assert message in error
+    assert float(seconds) < 2.0 and float(megabytes) < 100, out  # measured: 0.04 s, 6 MB at most
+
+
+def test_save_refuses_a_header_that_load_would_refuse_and_keeps_what_it_accepts(tmp_path):
+    model = nn.Sequential(nn.Linear(2, 2))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="cannot save .* JSON values"):
+        save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=0, history=list(range(600000)))
+    with pytest.raises(ValueError, match="cannot save .* nests"):
+        save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=0, deep=json.loads("[" * 150 + "]" * 150))
+    assert only_file(tmp_path) == []
+    deepest = nn.ReLU()  # blocks nested as deep as the reader allows (32 levels) load back
+    for _ in range(fmt._MAX_DEPTH - 1):
+        deepest = nn.Sequential(deepest)
+    save(nn.Sequential(nn.Linear(2, 2), deepest), tmp_path / "m.netcl")
+    assert type(load(tmp_path / "m.netcl")[1]) is nn.Sequential
