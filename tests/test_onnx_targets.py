@@ -1,17 +1,15 @@
 """export_onnx's target=, metadata= and doc_string=: the opset and IR version each consumer reads,
 provenance without timestamps, errors that leave no file; and a real older consumer
 (onnxruntime==1.15.1 in a cached venv) running target="onnxruntime-1.15" exports."""
-import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import netcl
-from netcl import models, nn
+from netcl import models
 from netcl.io import export_onnx
 from netcl.io import onnx_export as ox
 from netcl.io.onnx_export import onnx_pb2 as P
@@ -98,3 +96,55 @@ def test_onnx_reads_the_metadata(tmp_path):
     m = onnx.load(str(tmp_path / "m.onnx"))
     onnx.checker.check_model(m, full_check=True)
     assert {p.key: p.value for p in m.metadata_props}["k"] == "v" and m.doc_string == "d"
+
+
+# -- a real older consumer ----------------------------------------------------------------------
+ORT115 = """
+import sys, numpy as np, onnxruntime as ort
+assert ort.__version__ == "1.15.1", ort.__version__
+model, x, out = sys.argv[1:]
+try:
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+except Exception as e:
+    print("REFUSED", type(e).__name__, str(e)[:300])
+    sys.exit(3)
+np.save(out, sess.run(None, {"input": np.load(x)})[0])
+"""
+
+
+@pytest.fixture(scope="module")
+def ort115():
+    from old_consumers import consumer_python
+
+    python = consumer_python("ort115")
+    if not python:
+        pytest.skip(str(python))
+    return python
+
+
+def run_ort115(python, model, x, tmp_path):
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([python, "-c", ORT115, str(model), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                       capture_output=True, text=True, timeout=300)
+    return r, (np.load(tmp_path / "y.npy") if r.returncode == 0 else None)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "detector26"])
+def test_onnxruntime_1_15_runs_its_target(name, ort115, queue, rng, tmp_path):
+    model = randomize_batchnorm(models.build(name), rng).eval()
+    x = rng.standard_normal((2,) + models.MODELS[name].input_shape).astype(np.float32)
+    export_onnx(model, x.shape, tmp_path / "m.onnx", target="onnxruntime-1.15", dynamic_batch=True)
+    assert read(tmp_path / "m.onnx").opset_import[0].version == 19
+    r, got = run_ort115(ort115, tmp_path / "m.onnx", x, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = model(netcl.Tensor.from_host(queue, x)).to_host()
+    err = float(np.abs(got - want).max())
+    print(f"{name}: onnxruntime 1.15.1 vs netcl max abs diff {err:.2e}")
+    assert err <= 1e-5
+
+
+def test_onnxruntime_1_15_refuses_what_its_row_excludes(ort115, rng, tmp_path):
+    """The table row is the boundary: opset 20 (IR 9) is already too new for 1.15."""
+    export_onnx(mlp(), (2, 64), tmp_path / "m.onnx", opset=20)
+    r, _ = run_ort115(ort115, tmp_path / "m.onnx", rng.standard_normal((2, 64)).astype(np.float32), tmp_path)
+    assert r.returncode == 3 and "REFUSED" in r.stdout
