@@ -12,6 +12,7 @@ from netcl.nn.module import Module, manual_seed
 from netcl.nn.norm import BatchNorm2d
 from netcl.nn.pool import AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
+from netcl.nn.torch_import import from_torch
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
@@ -19,4 +20,4 @@ LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d,
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
            "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed"]
+           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch"]
