@@ -65,6 +65,12 @@ class Conv2d(Module):
                 "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
                 "dilation": self.dilation, "groups": self.groups, "bias": self.bias is not None}
 
+    def extra_repr(self):
+        # dilation and groups only when set, as PyTorch prints them (ONNX doc strings quote the repr,
+        # so models without them keep exporting to the same bytes)
+        return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
+                         if not (k in ("dilation", "groups") and v == 1))
+
     def output_shape(self, shape):
         check_rank("Conv2d", shape, 4, "(N, C, H, W)")
         n, c, h, w = shape
