@@ -212,7 +212,8 @@ def test_export_attributes(tmp_path):
     cases = [(nn.Conv2d(4, 4, 3, padding=1), (1, 4, 5, 5), "Conv", {"kernel_shape", "pads", "strides"}),
              (nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=4), (1, 4, 5, 5), "Conv",
               {"kernel_shape", "pads", "strides", "dilations", "group"}),
-             (nn.ConvTranspose2d(4, 2, 3, stride=2), (1, 4, 3, 3), "ConvTranspose", {"kernel_shape", "pads", "strides"}),
+             (nn.ConvTranspose2d(4, 2, 3, stride=2), (1, 4, 3, 3), "ConvTranspose",
+              {"kernel_shape", "pads", "strides"}),
              (nn.ConvTranspose2d(4, 2, 3, stride=2, output_padding=1), (1, 4, 3, 3), "ConvTranspose",
               {"kernel_shape", "pads", "strides", "output_padding"})]
     for i, (layer, shape, op, names) in enumerate(cases):
