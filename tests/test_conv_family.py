@@ -32,6 +32,8 @@ CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
     (2, 3, 9, 10, 5, 3, 1, 2, 2, 1, True),     # dilation 2 with padding
     (1, 4, 12, 11, 6, 3, 2, 3, 3, 2, True),    # grouped, dilated, strided
     (2, 6, 5, 7, 8, 1, 1, 0, 1, 2, True),      # grouped 1x1
+    (2, 3, 2, 3, 6, 3, 2, 2, 2, 3, True),      # depthwise, dilated taps wider than the image
+    (1, 2, 10, 7, 6, 5, 3, 2, 1, 2, True),     # depthwise, multiplier 3, stride 3
 ]
 
 

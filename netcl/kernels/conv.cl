@@ -96,58 +96,61 @@ __kernel void channel_sum(const int N, const int C, const int P, __global const 
 // Depthwise convolution (groups == C, M output channels per input channel: o = c*M + m, weight
 // (C*M, 1, k, k)): direct kernels, as an im2col GEMM with K = k*k per group would be all overhead.
 
-// One work-item per output element (n, o, oh, ow).
+// Each work-item walks one image row, so the index divisions happen once per row.
+
+// One work-item per output row (n, o, oh).
 __kernel void dw_forward(const int N, const int C, const int H, const int W, const int M, const int k,
                          const int s, const int p, const int d, const int OH, const int OW,
                          __global const float *x, __global const float *w, __global const float *bias,
                          const int has_bias, __global float *y) {
     const int t = get_global_id(0);
-    if (t >= N * C * M * OH * OW) return;
-    const int ow = t % OW, oh = (t / OW) % OH, o = (t / (OW * OH)) % (C * M), n = t / (OW * OH * C * M);
+    if (t >= N * C * M * OH) return;
+    const int oh = t % OH, o = (t / OH) % (C * M), n = t / (OH * C * M);
     __global const float *src = x + (n * C + o / M) * H * W;
     __global const float *wk = w + o * k * k;
-    float acc = 0.0f;
-    for (int kh = 0; kh < k; kh++) {
-        const int ih = oh * s - p + kh * d;
-        if (ih < 0 || ih >= H) continue;
-        for (int kw = 0; kw < k; kw++) {
-            const int iw = ow * s - p + kw * d;
-            if (iw >= 0 && iw < W) acc = fma(src[ih * W + iw], wk[kh * k + kw], acc);
+    __global float *dst = y + t * OW;
+    for (int ow = 0; ow < OW; ow++) {
+        float acc = 0.0f;
+        for (int kh = 0; kh < k; kh++) {
+            const int ih = oh * s - p + kh * d;
+            if (ih < 0 || ih >= H) continue;
+            for (int kw = 0; kw < k; kw++) {
+                const int iw = ow * s - p + kw * d;
+                if (iw >= 0 && iw < W) acc = fma(src[ih * W + iw], wk[kh * k + kw], acc);
+            }
         }
+        dst[ow] = has_bias ? acc + bias[o] : acc;
     }
-    y[t] = has_bias ? acc + bias[o] : acc;
 }
 
-// dx(n, c, ih, iw): a gather over the M output channels of c and the taps that read it.
+// One work-item per input row (n, c, ih): it scatters into its own row only, so no atomics.
 __kernel void dw_backward_data(const int N, const int C, const int H, const int W, const int M, const int k,
                                const int s, const int p, const int d, const int OH, const int OW,
                                __global const float *dy, __global const float *w, __global float *dx) {
     const int t = get_global_id(0);
-    if (t >= N * C * H * W) return;
-    const int iw = t % W, ih = (t / W) % H, c = (t / (W * H)) % C, n = t / (W * H * C);
-    float acc = 0.0f;
+    if (t >= N * C * H) return;
+    const int ih = t % H, c = (t / H) % C, n = t / (H * C);
+    __global float *dst = dx + t * W;
+    for (int iw = 0; iw < W; iw++) dst[iw] = 0.0f;
     for (int m = 0; m < M; m++) {
         const int o = c * M + m;
-        __global const float *g = dy + (n * C * M + o) * OH * OW;
-        __global const float *wk = w + o * k * k;
         for (int kh = 0; kh < k; kh++) {
-            const int th = ih + p - kh * d;
-            if (th < 0 || th % s) continue;
-            const int oh = th / s;
-            if (oh >= OH) continue;
+            const int th = ih + p - kh * d;  // = oh * s for the output row that reads this one
+            if (th < 0 || th % s || th / s >= OH) continue;
+            __global const float *g = dy + ((n * C * M + o) * OH + th / s) * OW;
             for (int kw = 0; kw < k; kw++) {
-                const int tw = iw + p - kw * d;
-                if (tw < 0 || tw % s) continue;
-                const int ow = tw / s;
-                if (ow < OW) acc = fma(g[oh * OW + ow], wk[kh * k + kw], acc);
+                const float wv = w[(o * k + kh) * k + kw];
+                for (int ow = 0; ow < OW; ow++) {
+                    const int iw = ow * s - p + kw * d;
+                    if (iw >= 0 && iw < W) dst[iw] = fma(g[ow], wv, dst[iw]);
+                }
             }
         }
     }
-    dx[t] = acc;
 }
 
 // dW(o, kh, kw) (+)= sum over (n, oh, ow) of dy(n, o, oh, ow) * x(n, o / M, ih, iw): one
-// work-group per weight.
+// work-group per weight, its work-items over the output rows (n, oh).
 __kernel void dw_backward_weight(const int N, const int C, const int H, const int W, const int M, const int k,
                                  const int s, const int p, const int d, const int OH, const int OW,
                                  __global const float *x, __global const float *dy, __global float *dw,
@@ -155,13 +158,16 @@ __kernel void dw_backward_weight(const int N, const int C, const int H, const in
     __local float part[RED];
     const int g = get_group_id(0), l = get_local_id(0);
     const int o = g / (k * k), kh = (g / k) % k, kw = g % k, c = o / M;
-    const int P = OH * OW;
     float acc = 0.0f;
-    for (int i = l; i < N * P; i += RED) {
-        const int n = i / P, q = i - n * P, oh = q / OW, ow = q - oh * OW;
-        const int ih = oh * s - p + kh * d, iw = ow * s - p + kw * d;
-        if (ih >= 0 && ih < H && iw >= 0 && iw < W)
-            acc = fma(dy[(n * C * M + o) * P + q], x[((n * C + c) * H + ih) * W + iw], acc);
+    for (int r = l; r < N * OH; r += RED) {
+        const int n = r / OH, oh = r - n * OH, ih = oh * s - p + kh * d;
+        if (ih < 0 || ih >= H) continue;
+        __global const float *gy = dy + ((n * C * M + o) * OH + oh) * OW;
+        __global const float *src = x + ((n * C + c) * H + ih) * W;
+        for (int ow = 0; ow < OW; ow++) {
+            const int iw = ow * s - p + kw * d;
+            if (iw >= 0 && iw < W) acc = fma(gy[ow], src[iw], acc);
+        }
     }
     const float total = group_sum(acc, part);
     if (l == 0) dw[g] = accumulate ? dw[g] + total : total;

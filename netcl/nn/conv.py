@@ -97,7 +97,7 @@ class Conv2d(Module):
         y = ops.new(q, (n, oc, oh, ow))
         if self._depthwise():
             has_bias = self.bias is not None
-            ops.launch1d(q, "conv", "dw_forward", y.size, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
+            ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
                          self.bias if has_bias else ops.dummy(q), int(has_bias), y)
             self._saved = x
             return y.mark_written()
@@ -153,7 +153,7 @@ class Conv2d(Module):
         if self.bias is not None:
             _channel_sum(dy, self.bias)
         dx = ops.new(q, x.shape)
-        ops.launch1d(q, "conv", "dw_backward_data", dx.size, *geometry, dy, self.weight, dx)
+        ops.launch1d(q, "conv", "dw_backward_data", n * c * h, *geometry, dy, self.weight, dx)
         return dx.mark_written()
 
 
