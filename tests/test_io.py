@@ -36,6 +36,12 @@ def attention_model():
     return nn.Sequential(nn.Linear(6, 8), nn.MultiheadAttention(8, 2), nn.Tanh(), nn.Linear(8, 3), nn.Softmax(dim=-1))
 
 
+def transposed_conv_model():
+    # x: (N, 3, 5, 5) -> (N, 2, 10, 10); grouped and dilated convolutions: tests/test_conv_family.py
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
+                         nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1))
+
+
 def with_running_stats(model, rng):
     sd = model.state_dict()
     for k in sd:
@@ -48,7 +54,8 @@ def with_running_stats(model, rng):
 
 # ---------------------------------------------------------------------------------------
 # round trips
-@pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6))])
+@pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6)),
+                                          (transposed_conv_model, (2, 3, 5, 5))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -71,7 +78,7 @@ def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
 def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
     """The round-trip models hold every registered leaf layer; each class's tensor_shapes (what
     the loader checks files against) names exactly the tensors a layer of that config holds."""
-    layers = list(every_layer_cnn()) + list(attention_model())
+    layers = list(every_layer_cnn()) + list(attention_model()) + list(transposed_conv_model())
     assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS) - {"Sequential"}
     for layer in layers:
         held = {k: t.shape for k, t in layer.named_tensors()}

@@ -34,14 +34,14 @@ GRAPH_GOLDEN = {
 }
 
 GOLDEN = {
-    "cnn-o13-dyn": "cbfefb41b016151c9ca80a7b874a618867a4b6ecf28668b0dadb7fc996bb6d08",
-    "cnn-o17-dyn": "21e5b8ec54d25b02b95ac7d29e505aa1cbeb2c8fb55435a29a85588956881e00",
-    "cnn-o17-fix": "127a56334473fb5a9954368ae4523537a2582ab0f9b56750e592b66d2f5c6514",
-    "cnn-o25-fix": "cc9490549981a843ab316a4df5ed6f2f5ad5a2b1a9c95ab73bf84baf4b5b75ef",
-    "detector26-o13-dyn": "0d944727cf624cc508a16676e50a21faa4cc64e8793b591707b27dde18eaed6c",
-    "detector26-o17-dyn": "34ee2da31a5a5bdcd0fccd5132b242bba72f857d1373a2b19899f72281bf5465",
-    "detector26-o17-fix": "e3690007d70be27f9887e7a7f48f28da642608f1693e938c6557792a810d7322",
-    "detector26-o25-fix": "373123209b50db8d3c2da7d2dd97340fa10bc6f05e18d37b5bd41c5ec2c502ad",
+    "cnn-o13-dyn": "1026a1424baee20753c6f6fc24bb12e8cf16b1e412d8b15727c8e47507f01a64",
+    "cnn-o17-dyn": "ca24077b9a9d6465567ad98225da285a0fb028ff16d4253cd9886d19218e2aa1",
+    "cnn-o17-fix": "8d53349bca66efe2ba58c8268bcebc4b42c68c449d94b63a07292809a50c40eb",
+    "cnn-o25-fix": "edd89eaca1c13582b91f56243b0ad9bd4c904b1a57ebcae8c32f98f88efa7ca4",
+    "detector26-o13-dyn": "b3979097cf1177abf95e4a738012ae1f20319f9f7e54a9059f65a69c4ef00a02",
+    "detector26-o17-dyn": "261eb7be464fd3d769dac9cc9036c53a8b830cc86135c254829a797d440306f0",
+    "detector26-o17-fix": "bad9bf3fe074d601cfffdc9af621a7c1d1a14a9e30a3d0041d0bb054a00fdce5",
+    "detector26-o25-fix": "f2cf273d85eedc51ae35fa79501923608acb7f834b46e9d411ea257f00a4b044",
     "mha-o17-dyn": "5113234df6bd97f20a8f65b0302cbc77f3bba55ad2ffb809f99cfc7b035c6a39",
     "mlp-o13-dyn": "b50fd5174be8e795646ef2a637abc2bcf7bd2bb9cd9611e24d64af441ace7f5c",
     "mlp-o17-dyn": "d6704ca9b88aac11b0e799161ba0dd88f7a1908a868eb756df5e48d6707dd6e9",
@@ -75,9 +75,9 @@ def test_reference_exports_are_byte_identical(case, tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     export_onnx(model.eval(), shape, path, opset=int(opset[1:]), dynamic_batch=batch == "dyn")
     data = path.read_bytes()
-    assert hashlib.sha256(data).hexdigest() == GOLDEN[case]
     m = P.ModelProto.FromString(data)
     assert [p.key for p in m.metadata_props] == ["netcl.version", "netcl.input_layout", "netcl.input_shape",
                                                  "netcl.architecture"]
     del m.metadata_props[:]
-    assert hashlib.sha256(m.SerializeToString()).hexdigest() == GRAPH_GOLDEN[case]
+    assert hashlib.sha256(m.SerializeToString()).hexdigest() == GRAPH_GOLDEN[case]  # the graph: as before
+    assert hashlib.sha256(data).hexdigest() == GOLDEN[case]  # the whole file, provenance included

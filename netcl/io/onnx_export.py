@@ -161,7 +161,21 @@ def _linear(g, m, x, s, out):
 def _conv2d(g, m, x, s, out):
     k, p = m.kernel_size, m.padding
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
-    return g.op("Conv", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride])
+    extra = {}  # only where they differ from ONNX's defaults, so older models export to the same bytes
+    if m.dilation != 1:
+        extra["dilations"] = [m.dilation, m.dilation]
+    if m.groups != 1:
+        extra["group"] = m.groups
+    return g.op("Conv", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
+                **extra)
+
+
+def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, k, k) is ONNX's (C, M/group, kH, kW)
+    k, p, op = m.kernel_size, m.padding, m.output_padding
+    w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
+    extra = {"output_padding": [op, op]} if op else {}
+    return g.op("ConvTranspose", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p],
+                strides=[m.stride, m.stride], **extra)
 
 
 def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
@@ -218,7 +232,8 @@ def _multihead_attention(g, m, x, s, out):
 
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
-    nn.Conv2d: _conv2d,                          # Conv
+    nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
+    nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
     nn.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
     nn.ReLU: _pointwise("Relu"),
     nn.LeakyReLU: _pointwise("LeakyRelu", alpha="negative_slope"),

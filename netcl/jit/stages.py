@@ -1,7 +1,7 @@
 """The planner: the stages of a layer list, made without any device, and the kernel family that
 runs each.
 
-    Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> ConvStage   (a conv family)
+    Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> ConvStage   (a conv family; groups=1, dilation=1)
     Linear [+ activation]                                   -> LinearStage (the linear family)
     Flatten                                                 -> ViewStage   (no kernel)
     Dropout, Identity                                       -> dropped     (identity in eval mode)
@@ -117,7 +117,7 @@ def plan_stages(layers):
     while i < len(layers):
         lay = layers[i]
         nxt = lambda j: layers[i + j] if i + j < len(layers) else None  # noqa: E731
-        if isinstance(lay, Conv2d):
+        if isinstance(lay, Conv2d) and lay.groups == 1 and lay.dilation == 1:  # the families' geometry
             j, bn, act, pool = 1, None, None, None
             if isinstance(nxt(j), BatchNorm2d) and nxt(j).num_features == lay.out_channels:
                 bn, j = nxt(j), j + 1

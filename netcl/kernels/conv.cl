@@ -1,16 +1,17 @@
-// im2col / col2im for the training path of Conv2d (square kernel k, stride s, padding p).
-// cols is (C*k*k, N*OH*OW): row r = (c, kh, kw), column q = (n, oh, ow).
+// im2col / col2im for the training path of Conv2d and ConvTranspose2d (square kernel k, stride s,
+// padding p, dilation d). cols is (C*k*k, N*OH*OW): row r = (c, kh, kw), column q = (n, oh, ow).
 // Both walk whole image rows per work-item: the index divisions happen once per row instead of
 // once per element, and the row is read and written along w.
 
 // One work-item per (cols row r, output row (n, oh)).
 __kernel void im2col(const int N, const int C, const int H, const int W, const int k, const int s,
-                     const int p, const int OH, const int OW, __global const float *x, __global float *cols) {
+                     const int p, const int d, const int OH, const int OW, __global const float *x,
+                     __global float *cols) {
     const int t = get_global_id(0), r = get_global_id(1);
     if (t >= N * OH || r >= C * k * k) return;
     const int n = t / OH, oh = t - n * OH;
     const int c = r / (k * k), kh = (r / k) % k, kw = r % k;
-    const int ih = oh * s - p + kh;
+    const int ih = oh * s - p + kh * d;
     __global float *dst = cols + r * (N * OH * OW) + t * OW;
     if (ih < 0 || ih >= H) {
         for (int ow = 0; ow < OW; ow++) dst[ow] = 0.0f;
@@ -18,15 +19,17 @@ __kernel void im2col(const int N, const int C, const int H, const int W, const i
     }
     __global const float *src = x + ((n * C + c) * H + ih) * W;
     for (int ow = 0; ow < OW; ow++) {
-        const int iw = ow * s - p + kw;
+        const int iw = ow * s - p + kw * d;
         dst[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.0f;
     }
 }
 
-// dx(n, c, ih, iw) = sum over the (kh, kw, oh, ow) that read it of dcols; a gather, so no atomics.
+// dx(n, c, ih, iw) = sum over the (kh, kw, oh, ow) that read it of dcols (+ bias[c] when
+// has_bias: ConvTranspose2d's forward is this gather); a gather, so no atomics.
 // One work-item per input row (n, c, ih).
 __kernel void col2im(const int N, const int C, const int H, const int W, const int k, const int s,
-                     const int p, const int OH, const int OW, __global const float *dcols, __global float *dx) {
+                     const int p, const int d, const int OH, const int OW, __global const float *dcols,
+                     __global const float *bias, const int has_bias, __global float *dx) {
     const int t = get_global_id(0);
     if (t >= N * C * H) return;
     const int ih = t % H, c = (t / H) % C, n = t / (H * C);
@@ -35,19 +38,137 @@ __kernel void col2im(const int N, const int C, const int H, const int W, const i
     for (int iw = 0; iw < W; iw++) {
         float acc = 0.0f;
         for (int kh = 0; kh < k; kh++) {
-            const int th = ih + p - kh;
+            const int th = ih + p - kh * d;
             if (th < 0 || th % s) continue;
             const int oh = th / s;
             if (oh >= OH) continue;
             __global const float *src = dcols + (c * k + kh) * k * NP + (n * OH + oh) * OW;
             for (int kw = 0; kw < k; kw++) {
-                const int tw = iw + p - kw;
+                const int tw = iw + p - kw * d;
                 if (tw < 0 || tw % s) continue;
                 const int ow = tw / s;
                 if (ow >= OW) continue;
                 acc += src[kw * NP + ow];
             }
         }
-        dst[iw] = acc;
+        dst[iw] = has_bias ? acc + bias[c] : acc;
     }
+}
+
+// A grouped convolution's GEMMs write (OC, N*P); the layer's output is (N, OC, P), plus bias.
+__kernel void cn_to_nchw(const int N, const int OC, const int P, __global const float *src,
+                         __global const float *bias, const int has_bias, __global float *y) {
+    const int t = get_global_id(0);
+    if (t >= N * OC * P) return;
+    const int q = t % P, o = (t / P) % OC, n = t / (P * OC);
+    const float v = src[o * N * P + n * P + q];
+    y[t] = has_bias ? v + bias[o] : v;
+}
+
+// Work-group reductions: one group of RED work-items per output value.
+#define RED 64
+
+inline float group_sum(float acc, __local float *part) {
+    const int l = get_local_id(0);
+    part[l] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = RED / 2; h > 0; h >>= 1) {
+        if (l < h) part[l] += part[l + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return part[0];
+}
+
+// out[c] (+)= sum over n and the P positions of x(n, c, .): the bias gradient of an (N, C, P) dy.
+__kernel void channel_sum(const int N, const int C, const int P, __global const float *x,
+                          __global float *out, const int accumulate) {
+    __local float part[RED];
+    const int c = get_group_id(0), l = get_local_id(0);
+    float acc = 0.0f;
+    for (int n = 0; n < N; n++) {
+        __global const float *src = x + (n * C + c) * P;
+        for (int i = l; i < P; i += RED) acc += src[i];
+    }
+    const float total = group_sum(acc, part);
+    if (l == 0) out[c] = accumulate ? out[c] + total : total;
+}
+
+// Depthwise convolution (groups == C, M output channels per input channel: o = c*M + m, weight
+// (C*M, 1, k, k)): direct kernels, as an im2col GEMM with K = k*k per group would be all overhead.
+
+// Each work-item walks one image row, so the index divisions happen once per row.
+
+// One work-item per output row (n, o, oh).
+__kernel void dw_forward(const int N, const int C, const int H, const int W, const int M, const int k,
+                         const int s, const int p, const int d, const int OH, const int OW,
+                         __global const float *x, __global const float *w, __global const float *bias,
+                         const int has_bias, __global float *y) {
+    const int t = get_global_id(0);
+    if (t >= N * C * M * OH) return;
+    const int oh = t % OH, o = (t / OH) % (C * M), n = t / (OH * C * M);
+    __global const float *src = x + (n * C + o / M) * H * W;
+    __global const float *wk = w + o * k * k;
+    __global float *dst = y + t * OW;
+    for (int ow = 0; ow < OW; ow++) {
+        float acc = 0.0f;
+        for (int kh = 0; kh < k; kh++) {
+            const int ih = oh * s - p + kh * d;
+            if (ih < 0 || ih >= H) continue;
+            for (int kw = 0; kw < k; kw++) {
+                const int iw = ow * s - p + kw * d;
+                if (iw >= 0 && iw < W) acc = fma(src[ih * W + iw], wk[kh * k + kw], acc);
+            }
+        }
+        dst[ow] = has_bias ? acc + bias[o] : acc;
+    }
+}
+
+// One work-item per input row (n, c, ih): it scatters into its own row only, so no atomics.
+__kernel void dw_backward_data(const int N, const int C, const int H, const int W, const int M, const int k,
+                               const int s, const int p, const int d, const int OH, const int OW,
+                               __global const float *dy, __global const float *w, __global float *dx) {
+    const int t = get_global_id(0);
+    if (t >= N * C * H) return;
+    const int ih = t % H, c = (t / H) % C, n = t / (H * C);
+    __global float *dst = dx + t * W;
+    for (int iw = 0; iw < W; iw++) dst[iw] = 0.0f;
+    for (int m = 0; m < M; m++) {
+        const int o = c * M + m;
+        for (int kh = 0; kh < k; kh++) {
+            const int th = ih + p - kh * d;  // = oh * s for the output row that reads this one
+            if (th < 0 || th % s || th / s >= OH) continue;
+            __global const float *g = dy + ((n * C * M + o) * OH + th / s) * OW;
+            for (int kw = 0; kw < k; kw++) {
+                const float wv = w[(o * k + kh) * k + kw];
+                for (int ow = 0; ow < OW; ow++) {
+                    const int iw = ow * s - p + kw * d;
+                    if (iw >= 0 && iw < W) dst[iw] = fma(g[ow], wv, dst[iw]);
+                }
+            }
+        }
+    }
+}
+
+// dW(o, kh, kw) (+)= sum over (n, oh, ow) of dy(n, o, oh, ow) * x(n, o / M, ih, iw): one
+// work-group per weight, its work-items over the output rows (n, oh).
+__kernel void dw_backward_weight(const int N, const int C, const int H, const int W, const int M, const int k,
+                                 const int s, const int p, const int d, const int OH, const int OW,
+                                 __global const float *x, __global const float *dy, __global float *dw,
+                                 const int accumulate) {
+    __local float part[RED];
+    const int g = get_group_id(0), l = get_local_id(0);
+    const int o = g / (k * k), kh = (g / k) % k, kw = g % k, c = o / M;
+    float acc = 0.0f;
+    for (int r = l; r < N * OH; r += RED) {
+        const int n = r / OH, oh = r - n * OH, ih = oh * s - p + kh * d;
+        if (ih < 0 || ih >= H) continue;
+        __global const float *gy = dy + ((n * C * M + o) * OH + oh) * OW;
+        __global const float *src = x + ((n * C + c) * H + ih) * W;
+        for (int ow = 0; ow < OW; ow++) {
+            const int iw = ow * s - p + kw * d;
+            if (iw >= 0 && iw < W) acc = fma(gy[ow], src[iw], acc);
+        }
+    }
+    const float total = group_sum(acc, part);
+    if (l == 0) dw[g] = accumulate ? dw[g] + total : total;
 }

@@ -5,7 +5,7 @@ exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."
 from netcl.nn.activation import LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity
-from netcl.nn.conv import Conv2d
+from netcl.nn.conv import Conv2d, ConvTranspose2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
 from netcl.nn.module import Module, manual_seed
@@ -16,8 +16,8 @@ from netcl.nn.torch_import import from_torch
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
-                                        MultiheadAttention)}
+                                        MultiheadAttention, ConvTranspose2d)}
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
            "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch"]
+           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch", "ConvTranspose2d"]

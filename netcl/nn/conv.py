@@ -1,13 +1,37 @@
-"""Conv2d: square kernels, symmetric padding; trains as im2col + GEMM (kernels/conv.cl, gemm.cl)."""
+"""Conv2d (grouped, depthwise, dilated) and ConvTranspose2d: square kernels, symmetric padding.
+
+Training runs as im2col + GEMM (kernels/conv.cl, gemm.cl): groups=1 batches the GEMM over the
+images, other groups batch it over the groups; depthwise convolutions (groups == in_channels)
+run direct kernels instead. ConvTranspose2d is the convolution's data gradient: forward is
+GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 
 from netcl import ops
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
+_RED = 64  # work-group size of the reductions in conv.cl (RED)
+
+
+def _check_groups(in_channels, out_channels, groups):
+    groups = positive("groups", groups)
+    for what, c in (("in_channels", in_channels), ("out_channels", out_channels)):
+        if c % groups:
+            raise ValueError(f"{what} ({c}) must be divisible by groups ({groups})")
+    return groups
+
+
+def _channel_sum(dy, p):
+    """p.grad (+)= the sum of dy (N, C, ...) over everything but the channel axis."""
+    n, c = dy.shape[:2]
+    g, acc = ops.grad_target(p)
+    ops.launch(dy.queue, "conv", "channel_sum", (c * _RED,), (_RED,), n, c, dy.size // (n * c), dy, g, int(acc))
+    g.mark_written()
+
 
 class Conv2d(Module):
-    # x: (N, C, H, W) -> (N, K, H', W'); im2col + GEMM for training
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True):
+    # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, k, k)
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True):
         super().__init__()
         self.in_channels = positive("in_channels", in_channels)
         self.out_channels = positive("out_channels", out_channels)
@@ -15,61 +39,189 @@ class Conv2d(Module):
         self.stride = positive("stride", stride)
         self.padding = as_int("padding", padding, 0, MAX_PADDING)
         bias = as_bool("bias", bias)
-        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, bias=bias)
-        bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size ** 2)
+        self.dilation = positive("dilation", dilation)
+        self.groups = _check_groups(self.in_channels, self.out_channels, groups)
+        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, groups=self.groups,
+                                    bias=bias)
+        bound = 1.0 / math.sqrt(self.in_channels // self.groups * self.kernel_size ** 2)
         self.weight = uniform(bound, shapes["weight"])
         self.bias = uniform(bound, shapes["bias"]) if bias else None
         self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
 
     @classmethod
-    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, bias=True):
-        k = kernel_size
-        return {"weight": (out_channels, in_channels, k, k), **({"bias": (out_channels,)} if bias else {})}
+    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                      bias=True):
+        k, g = kernel_size, _check_groups(in_channels, out_channels, groups)
+        return {"weight": (out_channels, in_channels // g, k, k), **({"bias": (out_channels,)} if bias else {})}
 
     def config(self):
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
                 "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
-                "bias": self.bias is not None}
+                "dilation": self.dilation, "groups": self.groups, "bias": self.bias is not None}
+
+    def extra_repr(self):
+        # dilation and groups only when set, as PyTorch prints them (ONNX doc strings quote the repr,
+        # so models without them keep exporting to the same bytes)
+        return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
+                         if not (k in ("dilation", "groups") and v == 1))
 
     def output_shape(self, shape):
         check_rank("Conv2d", shape, 4, "(N, C, H, W)")
         n, c, h, w = shape
         if c != self.in_channels:
             raise ValueError(f"Conv2d expects {self.in_channels} input channels, got shape {tuple(shape)}")
-        oh, ow = (conv_out(v, self.kernel_size, self.stride, self.padding) for v in (h, w))
+        span = self.dilation * (self.kernel_size - 1) + 1
+        oh, ow = (conv_out(v, span, self.stride, self.padding) for v in (h, w))
         if oh < 1 or ow < 1:
-            raise ValueError(f"Conv2d kernel {self.kernel_size} (padding {self.padding}) does not fit input "
-                             f"{h}x{w}")
+            raise ValueError(f"Conv2d kernel {self.kernel_size} (dilation {self.dilation}, padding {self.padding}) "
+                             f"does not fit input {h}x{w}")
         return (n, self.out_channels, oh, ow)
+
+    def _geometry(self):
+        return self.kernel_size, self.stride, self.padding, self.dilation
+
+    def _depthwise(self):
+        return self.groups > 1 and self.groups == self.in_channels
 
     def forward(self, x):
         q = self._on(x)
         _, oc, oh, ow = self.output_shape(x.shape)  # checks the rank first
         n, c, h, w = x.shape
-        k, s, p = self.kernel_size, self.stride, self.padding
-        P, ckk = oh * ow, c * k * k
-        cols = ops.new(q, (ckk, n * P))
-        ops.launch(q, "conv", "im2col", (n * oh, ckk), (8, 1), n, c, h, w, k, s, p, oh, ow, x, cols)
+        k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
-        ops.gemm(oc, P, ckk, self.weight, (ckk, 1, 0), cols, (n * P, 1, P), y, (P, 1, oc * P),
-                 bias=self.bias, bias_mode=2 if self.bias is not None else 0, batch=n)
+        if self._depthwise():
+            has_bias = self.bias is not None
+            ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
+                         self.bias if has_bias else ops.dummy(q), int(has_bias), y)
+            self._saved = x
+            return y.mark_written()
+        G, P, ckk = self.groups, oh * ow, c * k * k
+        cols = ops.new(q, (ckk, n * P))
+        ops.launch(q, "conv", "im2col", (n * oh, ckk), (8, 1), n, c, h, w, k, s, p, d, oh, ow, x, cols)
+        if G == 1:
+            ops.gemm(oc, P, ckk, self.weight, (ckk, 1, 0), cols, (n * P, 1, P), y, (P, 1, oc * P),
+                     bias=self.bias, bias_mode=2 if self.bias is not None else 0, batch=n)
+        else:  # one GEMM batched over the groups into (OC, N*P), then into (N, OC, P) with the bias
+            ocg, ckg, NP = oc // G, ckk // G, n * P
+            t = ops.gemm(ocg, NP, ckg, self.weight, (ckg, 1, ocg * ckg), cols, (NP, 1, ckg * NP),
+                         ops.new(q, (oc, NP)), (NP, 1, ocg * NP), batch=G)
+            has_bias = self.bias is not None
+            ops.launch1d(q, "conv", "cn_to_nchw", y.size, n, oc, P, t, self.bias if has_bias else ops.dummy(q),
+                         int(has_bias), y)
+            y.mark_written()
         self._saved = (x.shape, cols)
         return y
 
     def backward(self, dy):
+        if self._depthwise():
+            return self._backward_depthwise(dy)
         (n, c, h, w), cols = self._saved
         _, oc, oh, ow = dy.shape
-        k, s, p = self.kernel_size, self.stride, self.padding
-        q, P, ckk = dy.queue, oh * ow, c * k * k
-        NP = n * P
+        k, s, p, d = self._geometry()
+        q, P, ckk, G = dy.queue, oh * ow, c * k * k, self.groups
+        NP, ocg, ckg = n * P, oc // G, ckk // G
         dyp = ops.permute3(dy, (n, oc, P), (oc * P, P, 1), ops.new(q, (oc, NP)), (P, NP, 1))
         gw, acc = ops.grad_target(self.weight)
-        ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
+        # per group: dW_g (ocg, ckg) = dy_g (ocg, NP) @ cols_g^T; dcols_g = W_g^T @ dy_g
+        ops.gemm(ocg, ckg, NP, dyp, (NP, 1, ocg * NP), cols, (1, NP, ckg * NP), gw, (ckg, 1, ocg * ckg),
+                 beta=float(acc), batch=G)
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
             ops.sum_axis(dyp, NP, oc, 1, NP, gb, accumulate=acc)
-        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)),
-                         (NP, 1, 0))
+        dcols = ops.gemm(ckg, NP, ocg, self.weight, (1, ckg, ocg * ckg), dyp, (NP, 1, ocg * NP),
+                         ops.new(q, (ckk, NP)), (NP, 1, ckg * NP), batch=G)
         dx = ops.new(q, (n, c, h, w))
-        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), n, c, h, w, k, s, p, oh, ow, dcols, dx)
+        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), n, c, h, w, k, s, p, d, oh, ow, dcols, ops.dummy(q), 0,
+                   dx)
         return dx.mark_written()
+
+    def _backward_depthwise(self, dy):
+        x = self._saved
+        n, c, h, w = x.shape
+        _, oc, oh, ow = dy.shape
+        k, s, p, d = self._geometry()
+        q, geometry = dy.queue, (n, c, h, w, oc // c, k, s, p, d, oh, ow)
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch(q, "conv", "dw_backward_weight", (oc * k * k * _RED,), (_RED,), *geometry, x, dy, gw, int(acc))
+        gw.mark_written()
+        if self.bias is not None:
+            _channel_sum(dy, self.bias)
+        dx = ops.new(q, x.shape)
+        ops.launch1d(q, "conv", "dw_backward_data", n * c * h, *geometry, dy, self.weight, dx)
+        return dx.mark_written()
+
+
+class ConvTranspose2d(Module):
+    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, k, k)
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True):
+        super().__init__()
+        self.in_channels = positive("in_channels", in_channels)
+        self.out_channels = positive("out_channels", out_channels)
+        self.kernel_size = positive("kernel_size", kernel_size)
+        self.stride = positive("stride", stride)
+        self.padding = as_int("padding", padding, 0, MAX_PADDING)
+        self.output_padding = as_int("output_padding", output_padding, 0, MAX_PADDING)
+        bias = as_bool("bias", bias)
+        if self.output_padding >= self.stride:
+            raise ValueError(f"output_padding ({self.output_padding}) must be smaller than stride ({self.stride})")
+        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, bias=bias)
+        bound = 1.0 / math.sqrt(self.out_channels * self.kernel_size ** 2)  # PyTorch's fan-in of (C, K, k, k)
+        self.weight = uniform(bound, shapes["weight"])
+        self.bias = uniform(bound, shapes["bias"]) if bias else None
+        self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
+
+    @classmethod
+    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
+                      bias=True):
+        k = kernel_size
+        return {"weight": (in_channels, out_channels, k, k), **({"bias": (out_channels,)} if bias else {})}
+
+    def config(self):
+        return {"in_channels": self.in_channels, "out_channels": self.out_channels,
+                "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "output_padding": self.output_padding, "bias": self.bias is not None}
+
+    def output_shape(self, shape):
+        check_rank("ConvTranspose2d", shape, 4, "(N, C, H, W)")
+        n, c, h, w = shape
+        if c != self.in_channels:
+            raise ValueError(f"ConvTranspose2d expects {self.in_channels} input channels, got shape {tuple(shape)}")
+        oh, ow = ((v - 1) * self.stride - 2 * self.padding + self.kernel_size + self.output_padding for v in (h, w))
+        if oh < 1 or ow < 1:
+            raise ValueError(f"ConvTranspose2d with padding {self.padding} leaves no output for input {h}x{w}")
+        return (n, self.out_channels, oh, ow)
+
+    def forward(self, x):
+        # the data gradient of a Conv2d(K -> C) with this weight: dcols = W^T x, then col2im (+ bias)
+        q = self._on(x)
+        _, oc, oh, ow = self.output_shape(x.shape)
+        n, c, h, w = x.shape
+        k, s, p = self.kernel_size, self.stride, self.padding
+        P, ckk = h * w, oc * k * k
+        dcols = ops.gemm(ckk, P, c, self.weight, (1, ckk, 0), x, (P, 1, c * P), ops.new(q, (ckk, n * P)),
+                         (n * P, 1, P), batch=n)
+        y = ops.new(q, (n, oc, oh, ow))
+        has_bias = self.bias is not None
+        ops.launch(q, "conv", "col2im", (n * oc * oh,), (8,), n, oc, oh, ow, k, s, p, 1, h, w, dcols,
+                   self.bias if has_bias else ops.dummy(q), int(has_bias), y)
+        self._saved = x
+        return y.mark_written()
+
+    def backward(self, dy):
+        # dx = Conv2d(K -> C) forward of dy: im2col + GEMM; dW = x (C, N*P) @ cols^T
+        x = self._saved
+        n, c, h, w = x.shape
+        _, oc, oh, ow = dy.shape
+        k, s, p = self.kernel_size, self.stride, self.padding
+        q, P, ckk = dy.queue, h * w, oc * k * k
+        NP = n * P
+        cols = ops.new(q, (ckk, NP))
+        ops.launch(q, "conv", "im2col", (n * h, ckk), (8, 1), n, oc, oh, ow, k, s, p, 1, h, w, dy, cols)
+        xp = ops.permute3(x, (n, c, P), (c * P, P, 1), ops.new(q, (c, NP)), (P, NP, 1))
+        gw, acc = ops.grad_target(self.weight)
+        ops.gemm(c, ckk, NP, xp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
+        if self.bias is not None:
+            _channel_sum(dy, self.bias)
+        dx = ops.new(q, (n, c, h, w))
+        ops.gemm(c, P, ckk, self.weight, (ckk, 1, 0), cols, (NP, 1, P), dx, (P, 1, c * P), batch=n)
+        return dx

@@ -1,0 +1,288 @@
+"""The convolution family: grouped, depthwise and dilated Conv2d and ConvTranspose2d against
+float64 PyTorch (forward, dx, dW, db), their errors, .netcl round trips, ONNX export through
+onnxruntime, the fused inference path, and a few training steps."""
+import numpy as np
+import pytest
+from conftest import assert_close
+from test_layers import compare, rand, run_netcl, run_torch
+
+import netcl
+from netcl import Tensor, nn, optim
+from netcl.io import export_onnx, load, save
+
+
+@pytest.fixture
+def torch():
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+def _same_weights(torch, layer, ref):
+    ref.load_state_dict({name: torch.tensor(a) for name, a in layer.state_dict().items()})
+    return ref
+
+
+CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
+    (2, 4, 7, 9, 6, 3, 1, 1, 1, 2, True),      # groups=2
+    (1, 6, 9, 8, 9, 3, 2, 1, 1, 3, False),     # groups=3, stride 2, batch 1
+    (2, 5, 9, 7, 5, 3, 1, 1, 1, 5, True),      # depthwise
+    (3, 3, 8, 9, 6, 3, 2, 1, 1, 3, True),      # depthwise, channel multiplier 2, stride 2
+    (1, 4, 11, 9, 4, 5, 1, 4, 2, 4, False),    # depthwise, dilated 5x5
+    (2, 3, 9, 10, 5, 3, 1, 2, 2, 1, True),     # dilation 2 with padding
+    (1, 4, 12, 11, 6, 3, 2, 3, 3, 2, True),    # grouped, dilated, strided
+    (2, 6, 5, 7, 8, 1, 1, 0, 1, 2, True),      # grouped 1x1
+    (2, 3, 2, 3, 6, 3, 2, 2, 2, 3, True),      # depthwise, dilated taps wider than the image
+    (1, 2, 10, 7, 6, 5, 3, 2, 1, 2, True),     # depthwise, multiplier 3, stride 3
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,g,bias", CONV_CASES)
+def test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, d, g, bias):
+    layer = nn.Conv2d(c, k, ks, stride=s, padding=p, dilation=d, groups=g, bias=bias)
+    ref = _same_weights(torch, layer, torch.nn.Conv2d(c, k, ks, stride=s, padding=p, dilation=d, groups=g, bias=bias))
+    x = rand(rng, n, c, h, w)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    assert layer.output_shape(x.shape) == tuple(ref(torch.tensor(x)).shape)
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+TRANSPOSE_CASES = [  # N, C, H, W, K, k, stride, padding, output_padding, bias
+    (2, 4, 5, 7, 3, 3, 2, 1, 1, True),   # stride 2, output_padding 1
+    (1, 3, 4, 5, 5, 4, 2, 1, 0, True),   # the usual 2x upsampling, batch 1
+    (2, 5, 3, 3, 2, 2, 2, 0, 0, False),  # non-overlapping
+    (3, 2, 6, 5, 7, 3, 1, 1, 0, True),   # stride 1: a padded convolution's adjoint
+    (1, 3, 4, 3, 2, 5, 3, 2, 2, True),   # stride 3, output_padding 2, odd sizes
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,op,bias", TRANSPOSE_CASES)
+def test_conv_transpose2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, op, bias):
+    layer = nn.ConvTranspose2d(c, k, ks, stride=s, padding=p, output_padding=op, bias=bias)
+    ref = _same_weights(torch, layer, torch.nn.ConvTranspose2d(c, k, ks, stride=s, padding=p, output_padding=op,
+                                                               bias=bias))
+    x = rand(rng, n, c, h, w)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    assert layer.output_shape(x.shape) == tuple(ref(torch.tensor(x)).shape)
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Conv2d(4, 8, 3, padding=1, groups=4),
+                                  lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2),
+                                  lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)])
+def test_parameter_gradients_accumulate(queue, rng, make):
+    layer = make()
+    x = rand(rng, 2, 4, 6, 5)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    first = run_netcl(queue, layer, x, dy)[2]
+    second = run_netcl(queue, layer, x, dy)[2]
+    for k in first:
+        assert_close(second[k], 2 * first[k], what=k)
+
+
+def test_torch_init_bounds():
+    """PyTorch's default init: U(+-1/sqrt(fan_in)), fan_in = in/groups*k*k (ConvTranspose2d: out*k*k)."""
+    for layer, fan_in in ((nn.Conv2d(8, 16, 3, groups=8), 9), (nn.Conv2d(8, 4, 3, groups=2), 36),
+                          (nn.ConvTranspose2d(2, 16, 3), 144)):
+        w = layer.weight.to_host()
+        assert np.abs(w).max() <= 1 / np.sqrt(fan_in) < 1.3 * np.abs(w).max()
+
+
+def test_tensor_shapes():
+    assert nn.Conv2d.tensor_shapes(8, 12, 3, groups=4) == {"weight": (12, 2, 3, 3), "bias": (12,)}
+    assert nn.ConvTranspose2d.tensor_shapes(3, 5, 4, bias=False) == {"weight": (3, 5, 4, 4)}
+    for layer in (nn.Conv2d(6, 4, 3, dilation=2, groups=2, bias=False), nn.ConvTranspose2d(3, 5, 2, 2)):
+        held = {k: t.shape for k, t in layer.named_tensors()}
+        assert type(layer).tensor_shapes(**layer.config()) == held
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: nn.Conv2d(6, 4, 3, groups=4), r"in_channels \(6\) must be divisible by groups \(4\)"),
+    (lambda: nn.Conv2d(4, 6, 3, groups=4), r"out_channels \(6\) must be divisible by groups \(4\)"),
+    (lambda: nn.Conv2d(4, 4, 3, groups=0), "groups must be >= 1"),
+    (lambda: nn.Conv2d(4, 4, 3, dilation=0), "dilation must be >= 1"),
+    (lambda: nn.Conv2d(4, 4, 3, padding=-1), "padding must be between 0 and"),
+    (lambda: nn.Conv2d.tensor_shapes(6, 4, 3, groups=4), "divisible by groups"),
+    (lambda: nn.ConvTranspose2d(4, 4, 3, stride=2, output_padding=2), r"output_padding \(2\) must be smaller"),
+    (lambda: nn.ConvTranspose2d(4, 4, 3, output_padding=-1), "output_padding must be between 0 and"),
+    (lambda: nn.Conv2d(4, 4, 3, dilation=3).output_shape((1, 4, 6, 6)), "does not fit"),
+    (lambda: nn.ConvTranspose2d(4, 4, 1, padding=1).output_shape((1, 4, 2, 2)), "no output"),
+    (lambda: nn.ConvTranspose2d(4, 4, 3).output_shape((1, 3, 5, 5)), "expects 4 input channels"),
+])
+def test_bad_arguments(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_types():
+    with pytest.raises(TypeError):
+        nn.Conv2d(4, 4, 3, groups=2.0)
+    with pytest.raises(TypeError):
+        nn.ConvTranspose2d(4, 4, 3, output_padding="1")
+
+
+# -- files ---------------------------------------------------------------------------------
+def conv_family_model():
+    # x: (N, 4, 9, 9) -> (N, 3, 10, 10): depthwise (multiplier 2), grouped dilated, transposed
+    return nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1, groups=4), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 6, 3, stride=2, padding=2, dilation=2, groups=2, bias=False), nn.ReLU(),
+        nn.ConvTranspose2d(6, 5, 3, stride=2, padding=1, output_padding=1), nn.Tanh(),
+        nn.Conv2d(5, 3, 1))
+
+
+def test_round_trip_is_bit_exact(queue, rng, tmp_path):
+    model = conv_family_model()
+    path = tmp_path / "m.netcl"
+    save(model, path)
+    loaded = load(str(path))
+    assert [(type(a), a.config()) for a in loaded] == [(type(b), b.config()) for b in model]
+    want, got = model.state_dict(), loaded.state_dict()
+    assert list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    x = rand(rng, 2, 4, 9, 9)
+    model.train(False)._fused, loaded.train(False)._fused = None, None  # the layers, not the pending planner
+    assert np.array_equal(model(Tensor.from_host(queue, x)).to_host(), loaded(Tensor.from_host(queue, x)).to_host())
+
+
+def test_file_with_indivisible_groups_is_refused(tmp_path):
+    import hashlib
+
+    from netcl import FormatError
+
+    path = tmp_path / "m.netcl"
+    save(nn.Sequential(nn.Conv2d(4, 4, 3, groups=2)), path)
+    body = path.read_bytes()[:-32]  # the file ends in the SHA-256 of the rest
+    bad = body.replace(b'"groups": 2', b'"groups": 3')  # the same length: the header size still holds
+    assert bad != body
+    (tmp_path / "bad.netcl").write_bytes(bad + hashlib.sha256(bad).digest())
+    with pytest.raises((FormatError, ValueError), match="divisible by groups"):
+        load(str(tmp_path / "bad.netcl"))
+
+
+# -- ONNX ----------------------------------------------------------------------------------
+EXPORT_CASES = {
+    "grouped": (lambda: nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU()), (4, 7, 9)),
+    "depthwise": (lambda: nn.Sequential(nn.Conv2d(5, 10, 3, stride=2, padding=1, groups=5)), (5, 9, 8)),
+    "dilated": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, padding=2, dilation=2, bias=False)), (3, 9, 10)),
+    "transposed": (lambda: nn.Sequential(nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)),
+                   (4, 5, 7)),
+    "transposed-plain": (lambda: nn.Sequential(nn.ConvTranspose2d(3, 2, 2, stride=2, bias=False)), (3, 4, 5)),
+    "family": (conv_family_model, (4, 9, 9)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPORT_CASES))
+def test_export_matches_onnxruntime(queue, rng, tmp_path, name):
+    pytest.importorskip("onnxruntime")
+    from netcl.apps.common import ort_session
+
+    build, shape = EXPORT_CASES[name]
+    model = build().eval()
+    model._fused = None  # netcl's own layers are the reference here
+    path = tmp_path / "m.onnx"
+    export_onnx(model, (2,) + shape, path, dynamic_batch=True)
+    session = ort_session(path, "cpu")
+    for n in (1, 3):
+        x = rand(rng, n, *shape)
+        got = session.run(None, {"input": x})[0]
+        want = model(Tensor.from_host(queue, x)).to_host()
+        assert got.shape == want.shape
+        assert_close(got, want, rtol=0, atol=1e-5, what=f"{name} batch {n}")
+
+
+def test_export_passes_onnx_checker(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    for name, (build, shape) in EXPORT_CASES.items():
+        for dyn in (False, True):
+            path = tmp_path / f"{name}{dyn}.onnx"
+            export_onnx(build().eval(), (2,) + shape, path, dynamic_batch=dyn)
+            m = onnx.load(str(path))
+            onnx.checker.check_model(m, full_check=True)
+            assert m.SerializeToString() == path.read_bytes()
+
+
+def _attributes(path):
+    from netcl.io.onnx_export import onnx_pb2 as P
+
+    with open(path, "rb") as f:
+        graph = P.ModelProto.FromString(f.read()).graph
+    return {n.op_type: {a.name: (list(a.ints) if a.ints else a.i) for a in n.attribute} for n in graph.node}
+
+
+def test_export_attributes(tmp_path):
+    """dilations/group and output_padding appear only when they differ from ONNX's defaults."""
+    cases = [(nn.Conv2d(4, 4, 3, padding=1), (1, 4, 5, 5), "Conv", {"kernel_shape", "pads", "strides"}),
+             (nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=4), (1, 4, 5, 5), "Conv",
+              {"kernel_shape", "pads", "strides", "dilations", "group"}),
+             (nn.ConvTranspose2d(4, 2, 3, stride=2), (1, 4, 3, 3), "ConvTranspose",
+              {"kernel_shape", "pads", "strides"}),
+             (nn.ConvTranspose2d(4, 2, 3, stride=2, output_padding=1), (1, 4, 3, 3), "ConvTranspose",
+              {"kernel_shape", "pads", "strides", "output_padding"})]
+    for i, (layer, shape, op, names) in enumerate(cases):
+        export_onnx(nn.Sequential(layer).eval(), shape, tmp_path / f"{i}.onnx")
+        attrs = _attributes(tmp_path / f"{i}.onnx")[op]
+        assert set(attrs) == names, op
+    assert attrs["output_padding"] == [1, 1] and attrs["strides"] == [2, 2]
+    assert _attributes(tmp_path / "1.onnx")["Conv"]["group"] == 4
+
+
+# -- the fused inference path ----------------------------------------------------------------
+def _eval_fused_and_unfused(queue, model, x):
+    model.eval()
+    y = model(Tensor.from_host(queue, x)).to_host()
+    plan, model._fused = model._fused, None
+    try:
+        ref = model(Tensor.from_host(queue, x)).to_host()
+    finally:
+        model._fused = plan
+    return y, ref
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_plan_runs_transposed_conv(queue, rng, batch):
+    """groups=1, dilation=1 convolutions fuse; ConvTranspose2d runs unfused inside the plan."""
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
+                          nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+                          nn.Conv2d(4, 2, 3, padding=1))
+    y, ref = _eval_fused_and_unfused(queue, model, rand(rng, batch, 3, 7, 5))
+    assert y.shape == ref.shape == (batch, 2, 14, 10)
+    np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_plan_grouped_and_dilated(queue, rng, batch):
+    y, ref = _eval_fused_and_unfused(queue, conv_family_model(), rand(rng, batch, 4, 9, 9))
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
+# -- training --------------------------------------------------------------------------------
+def test_sgd_steps_decrease_the_loss(queue, rng, torch):
+    """An encoder-decoder with a depthwise and a transposed conv: a few SGD steps lower the loss,
+    along the same trajectory as the same model in float64 PyTorch."""
+    netcl.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), nn.ReLU(),
+                          nn.ConvTranspose2d(8, 2, 3, stride=2, padding=1, output_padding=1))
+    ref = torch.nn.Sequential(torch.nn.Conv2d(2, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), torch.nn.ReLU(),
+                              torch.nn.ConvTranspose2d(8, 2, 3, stride=2, padding=1, output_padding=1)).double()
+    ref.load_state_dict({k: torch.tensor(a, dtype=torch.float64) for k, a in model.state_dict().items()})
+    opt, ref_opt = optim.SGD(model.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
+    loss_fn = nn.MSELoss()
+    x = rand(rng, 8, 2, 8, 8)
+    target = x.reshape(8, 2, 4, 2, 4, 2).mean(axis=(3, 5)).repeat(2, 2).repeat(2, 3)  # 2x2 block averages
+    losses, ref_losses = [], []
+    for _ in range(10):
+        losses.append(loss_fn(model(Tensor.from_host(queue, x)), target))
+        model.backward(loss_fn.backward())
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.mse_loss(ref(torch.tensor(x, dtype=torch.float64)),
+                                                torch.tensor(target, dtype=torch.float64))
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        ref_losses.append(ref_loss.item())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.95 * losses[0], losses
