@@ -5,6 +5,7 @@ exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."
 from netcl.nn.activation import LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity
+from netcl.nn.blocks import Concat, ModuleList, Residual
 from netcl.nn.conv import Conv2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
@@ -12,11 +13,13 @@ from netcl.nn.module import Module, manual_seed
 from netcl.nn.norm import BatchNorm2d
 from netcl.nn.pool import AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
+from netcl.nn.upsample import Upsample
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
-                                        MultiheadAttention)}
+                                        MultiheadAttention, Residual, Concat, ModuleList, Upsample)}
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
-           "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
+           "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat",
+           "ModuleList", "Upsample", "CrossEntropyLoss",
            "MSELoss", "BCELoss", "LAYERS", "manual_seed"]
