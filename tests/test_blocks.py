@@ -177,7 +177,7 @@ def test_state_dict_keys_follow_attribute_paths():
     for k in ("1.body.2.body.0.weight", "2.branches.0.1.body.0.bias", "2.branches.1.1.weight",
               "2.branches.3.body.0.weight", "2.branches.3.shortcut.weight"):
         assert k in keys
-    assert "5.shortcut.0.weight" in resnet_like().state_dict() and "5.shortcut.1.running_var" in resnet_like().state_dict()
+    assert {"5.shortcut.0.weight", "5.shortcut.1.running_var"} <= set(resnet_like().state_dict())
     # chain(): a block is one step of the model
     assert [type(m).__name__ for _, m in nested().chain()][1:3] == ["Residual", "Concat"]
 
@@ -360,6 +360,20 @@ def test_export_matches_onnxruntime_at_two_batch_sizes(queue, rng, torch, tmp_pa
         worst = max(worst, float(np.abs(got - want).max()))
     assert worst <= 1e-5, worst
     record_error(worst)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_upsample_export_reproduces_torch_semantics(queue, rng, tmp_path, mode):
+    """Resize's coordinate modes: asymmetric + floor (nearest) and half_pixel (bilinear) are
+    what PyTorch computes; scale 3 on odd sizes shows any other choice at once."""
+    ort = pytest.importorskip("onnxruntime")
+    model = nn.Sequential(nn.Conv2d(2, 3, 1), nn.Upsample(3, mode)).eval()
+    export_onnx(model, (1, 2, 5, 3), tmp_path / "m.onnx", dynamic_batch=True)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = rng.standard_normal((n, 2, 5, 3)).astype(np.float32)
+        got = sess.run(None, {"input": x})[0]
+        assert np.abs(got - model(Tensor.from_host(queue, x)).to_host()).max() <= 1e-5
 
 
 def test_export_names_nodes_after_state_dict_paths(rng, tmp_path):

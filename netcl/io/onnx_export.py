@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from netcl import nn
-from netcl.nn.module import ShapeError
 from netcl.io.atomic import AtomicFile
+from netcl.nn.module import ShapeError
 from netcl.version import __version__
 
 

@@ -20,6 +20,5 @@ LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d,
                                         MultiheadAttention, Residual, Concat, ModuleList, Upsample)}
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
-           "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat",
-           "ModuleList", "Upsample", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed"]
+           "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
+           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "Residual", "Concat", "ModuleList", "Upsample"]

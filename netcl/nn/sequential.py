@@ -80,9 +80,12 @@ class Sequential(Module):
                 y = x
                 for layer in self.layers:
                     y = layer(y)
-        except ShapeError:  # raised by a block, relative to it: the walk names the layer's full path
-            self.output_shape(x.shape)
-            raise
+        except ShapeError as e:  # raised by a block, relative to it: the walk names the layer's full path
+            try:
+                self.output_shape(x.shape)
+            except ShapeError as full:
+                raise full from None
+            raise e
         self._out_shape = y.shape
         return y
 
