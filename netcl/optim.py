@@ -1,21 +1,11 @@
 """Optimizers with torch.optim's update rules; updates run on the device.
 
 `state_dict()` returns plain arrays and numbers (checkpoints store it without pickle)."""
-import math
-
 import numpy as np
 
 from netcl import ops
+from netcl.nn.module import as_bool, as_float
 from netcl.tensor import Tensor
-
-
-def _number(name, v, low=0.0, high=math.inf):
-    """`v` as a float in [low, high], or a clear error."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-    if not low <= float(v) <= high:  # NaN fails too
-        raise ValueError(f"{name} must be in [{low}, {high}], got {v}")
-    return float(v)
 
 
 class Optimizer:
@@ -28,7 +18,7 @@ class Optimizer:
         for p in self.params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer parameters must be netcl Tensors, got {type(p).__name__}")
-        self.lr = _number("lr", lr)
+        self.lr = as_float("lr", lr, 0.0)
         self.state = [dict() for _ in self.params]  # per parameter: slot -> Tensor, "step" -> int
 
     def zero_grad(self):
@@ -91,8 +81,8 @@ class Optimizer:
 class SGD(Optimizer):
     def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
         super().__init__(params, lr)
-        self.momentum, self.dampening = _number("momentum", momentum), _number("dampening", dampening, 0.0, 1.0)
-        self.weight_decay, self.nesterov = _number("weight_decay", weight_decay), bool(nesterov)
+        self.momentum, self.dampening = as_float("momentum", momentum, 0.0), as_float("dampening", dampening, 0.0, 1.0)
+        self.weight_decay, self.nesterov = as_float("weight_decay", weight_decay, 0.0), as_bool("nesterov", nesterov)
         if nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("Nesterov momentum requires momentum > 0 and zero dampening")
 
@@ -114,11 +104,11 @@ class Adam(Optimizer):
         super().__init__(params, lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"Adam betas must be a pair (beta1, beta2), got {betas!r}")
-        b1, b2 = (_number(f"betas[{i}]", b, 0.0, 1.0) for i, b in enumerate(betas))
+        b1, b2 = (as_float(f"betas[{i}]", b, 0.0, 1.0) for i, b in enumerate(betas))
         if b1 >= 1.0 or b2 >= 1.0:
             raise ValueError(f"Adam betas must be in [0, 1), got {betas}")
-        self.betas, self.eps = (b1, b2), _number("eps", eps)
-        self.weight_decay = _number("weight_decay", weight_decay)
+        self.betas, self.eps = (b1, b2), as_float("eps", eps, 0.0)
+        self.weight_decay = as_float("weight_decay", weight_decay, 0.0)
 
     def hyperparameters(self):
         return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}

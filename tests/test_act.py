@@ -14,6 +14,6 @@ def test_enum_and_header_define_the_same_codes():
 
 
 def test_kernel_families_inline_the_header():
-    for family in ("pointwise", "fused"):
+    for family in ("pointwise", "conv_gpu", "conv_cpu", "conv_wino", "linear"):
         src = kernel_source(family)
         assert not re.search(r"^#include", src, re.M) and "#define ACT_RELU 1" in src, family

@@ -5,9 +5,11 @@ import hashlib
 import json
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -277,7 +279,11 @@ CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
     "pickle": (lambda b: pickle.dumps({"0.weight": np.zeros(3)}), "pickle"),
     "text": (lambda b: b"hello, this is not a model\n", "expected magic"),
     # well-formed checksums around hostile headers
-    "deeply nested header": (lambda b: assemble_raw(b"[" * 100000), "not valid UTF-8 JSON"),
+    "deeply nested header": (lambda b: assemble_raw(b"[" * 100000), "nests 100000 levels deep"),
+    "header of many values": (lambda b: assemble_raw(b'{"x": [' + b"[]," * 300000 + b"[]]}"), "JSON values"),
+    "header longer than any model's": (lambda b: b[:12] + struct.pack("<I", 9 << 20) + b[16:], "any model needs"),
+    "kind a list": (lambda b: edited(b, lambda h: setitem(h, "kind", ["model"])), "'kind' must be"),
+    "kind an object": (lambda b: edited(b, lambda h: setitem(h, "kind", {"model": 1})), "'kind' must be"),
     "header a list": (lambda b: assemble_raw(b"[1, 2]"), "must be a JSON object"),
     "unknown header field": (lambda b: edited(b, lambda h: setitem(h, "exec", "rm -rf /")), "unexpected ['exec']"),
     "huge data_bytes": (lambda b: edited(b, lambda h: setitem(h, "data_bytes", 2**50)), "truncated"),
@@ -303,7 +309,7 @@ CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
                       "unknown layer type"),
     "children on a leaf layer": (lambda b: edited(b, lambda h: h["architecture"][1].update(
         children=[["0", {"type": "ReLU", "config": {}}]])), "holds no layers"),
-    "nesting too deep": (lambda b: edited(b, lambda h: h["architecture"].append(_nested(40))), "levels of nesting"),
+    "nesting too deep": (lambda b: edited(b, lambda h: h["architecture"].append(_nested(33))), "levels of nesting"),
     "children not pairs": (lambda b: edited(b, lambda h: h["architecture"][1].update(type="Sequential",
                                                                                     children={"0": 1})),
                            "distinct [name, layer] pairs"),
@@ -315,6 +321,15 @@ CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
         in_features=10**9, out_features=10**9)), "the architecture needs (1000000000, 1000000000"),
     "invalid config value": (lambda b: edited(b, lambda h: h["architecture"][1].update(
         type="LeakyReLU", config={"negative_slope": None})), "invalid config"),
+    # configs no constructor accepts: the loader applies the constructors' own rules
+    "bias not a bool": (lambda b: edited(b, lambda h: h["architecture"][0]["config"].update(bias=-8)),
+                        "bias must be a bool"),
+    "probability a bool": (lambda b: edited(b, lambda h: h["architecture"].__setitem__(1, {
+        "type": "Dropout", "config": {"p": True}})), "p must be a number"),
+    "dim a bool": (lambda b: edited(b, lambda h: h["architecture"].__setitem__(1, {
+        "type": "Softmax", "config": {"dim": True}})), "dim must be an int"),
+    "stride 2**53": (lambda b: edited(b, lambda h: h["architecture"].__setitem__(1, {
+        "type": "MaxPool2d", "config": {"kernel_size": 2, "stride": 2**53}})), "stride must be between 1 and"),
     "extra layer entry field": (lambda b: edited(b, lambda h: h["architecture"][1].update(code="x")), "fields 'type'"),
 }
 
@@ -461,3 +476,100 @@ def test_bad_arguments(tmp_path):
     assert only_file(tmp_path) == []
     with pytest.raises(FileNotFoundError):
         load(tmp_path / "missing.netcl")
+
+
+_SAVER = """
+import sys
+import netcl
+from netcl import nn
+from netcl.io import save
+netcl.manual_seed(1)
+model = nn.Sequential(nn.Linear(2500, 2500), nn.ReLU(), nn.Linear(2500, 10))  # a 25 MB file
+while True:
+    save(model, sys.argv[1])
+"""
+
+
+def _size(p):
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:  # renamed into place meanwhile
+        return 0
+
+
+def test_a_save_killed_midway_leaves_the_old_file_and_the_next_save_cleans_up(tmp_path):
+    """SIGKILL (no handler runs, no cleanup) while a large model is being written over an existing
+    file: the old file still loads identically, and the next save removes the dead writer's
+    temporary file."""
+    path = tmp_path / "m.netcl"
+    netcl.manual_seed(0)
+    old = nn.Sequential(nn.Linear(2500, 2500), nn.ReLU(), nn.Linear(2500, 10))
+    save(old, path)
+    before = path.read_bytes()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)], env=env)
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # until its temporary file holds a megabyte: the kill lands mid-write
+                last = list(tmp_path.glob(f".m.netcl.{child.pid}-*.tmp"))
+                if last and _size(last[0]) > 1 << 20:
+                    break
+                assert time.monotonic() < deadline and child.poll() is None, "the saver never started writing"
+                time.sleep(0.002)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        assert path.read_bytes() == before
+    # each saver's first save removed the killed one's half-written file: the last one's is left
+    assert [p.name for p in tmp_path.glob(".m.netcl.*.tmp")] == [p.name for p in last]
+    loaded = load(path)
+    assert all(np.array_equal(a, loaded.state_dict()[k]) for k, a in old.state_dict().items())
+    save(loaded, path)
+    assert only_file(tmp_path) == ["m.netcl"] and path.read_bytes() == before
+
+
+_BOMB_LOADER = """
+import resource, sys, time
+from netcl import FormatError
+from netcl.io import load
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+try:
+    load(sys.argv[1])
+except FormatError as e:
+    print(time.perf_counter() - t, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, e)
+"""
+
+
+@pytest.mark.parametrize("text, message", [
+    (b'{"x":[' + b"[]," * (21 << 20) + b"[]]}", "any model needs"),  # 63 MiB: 12 s and 1.4 GB before the cap
+    (b'{"x":[' + b"[]," * (2 << 20) + b"[]]}", "JSON values"),  # 6 MiB, under the length cap: 0.7 s, 180 MB
+    (b'{"x":' + b"[" * (6 << 20) + b"]" * (1 << 20) + b"}", "JSON values or brackets"),
+    (b'{"x":' + b"[" * 200000 + b"]" * 200000 + b"}", "nests 200001 levels deep"),
+    (b'{"x":' + b"]" * (1 << 20) + b"}", "JSON values or brackets"),
+])
+def test_a_header_bomb_is_refused_in_little_time_and_memory(tmp_path, text, message):
+    path = tmp_path / "bomb.netcl"
+    path.write_bytes(assemble_raw(text))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-c", _BOMB_LOADER, str(path)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    seconds, megabytes, error = out.split(" ", 2)
+    assert message in error
+    assert float(seconds) < 2.0 and float(megabytes) < 100, out  # measured: 0.04 s, 6 MB at most
+
+
+def test_save_refuses_a_header_that_load_would_refuse_and_keeps_what_it_accepts(tmp_path):
+    model = nn.Sequential(nn.Linear(2, 2))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="cannot save .* JSON values"):
+        save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=0, history=list(range(600000)))
+    with pytest.raises(ValueError, match="cannot save .* nests"):
+        save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=0, deep=json.loads("[" * 150 + "]" * 150))
+    assert only_file(tmp_path) == []
+    deepest = nn.ReLU()  # blocks nested as deep as the reader allows (32 levels) load back
+    for _ in range(fmt._MAX_DEPTH - 1):
+        deepest = nn.Sequential(deepest)
+    save(nn.Sequential(nn.Linear(2, 2), deepest), tmp_path / "m.netcl")
+    assert type(load(tmp_path / "m.netcl")[1]) is nn.Sequential

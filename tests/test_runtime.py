@@ -1,6 +1,9 @@
 """Devices and NETCL_DEVICE selection, the errors (no device, failed build), the on-disk kernel
 cache across processes, and Tensor's host/device round trip."""
+import hashlib
+import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -10,7 +13,7 @@ import pytest
 
 import netcl
 from netcl import CompileError, NoDeviceError, Tensor
-from netcl.runtime import build, select_device
+from netcl.runtime import build, program, select_device
 from netcl.runtime import device as device_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,8 +85,6 @@ _CHILD = textwrap.dedent("""
 
 
 def test_disk_cache_hit_in_a_second_process(queue, tmp_path):
-    import json
-
     # a source no cache has seen (PoCL's own cache included): a fresh token in a comment
     src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
     path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)  # keep site dirs of the caller
@@ -99,12 +100,58 @@ def test_disk_cache_hit_in_a_second_process(queue, tmp_path):
     assert len(list(tmp_path.glob("*.bin"))) == 1
     second = child()
     assert (second["compiled"], second["disk"], second["kernels"]) == (0, 1, ["twice"])
-    # a corrupt cache file is rebuilt from source, not trusted
-    (binary,) = tmp_path.glob("*.bin")
-    binary.write_bytes(b"not a device binary")
+    # a whole entry whose binary the driver refuses (another driver's) is rebuilt from source
+    (entry,) = tmp_path.glob("*.bin")
+    foreign = b"not a device binary"
+    entry.write_bytes(program._ENTRY.pack(program._MAGIC, len(foreign), hashlib.sha256(foreign).digest()) + foreign)
     third = child()
-    assert (third["compiled"], third["disk"]) == (1, 0)
-    assert binary.read_bytes() != b"not a device binary"
+    assert (third["compiled"], third["disk"], third["damaged"]) == (1, 0, 0)
+    assert entry.read_bytes() != b"not a device binary"
+
+
+def _flip(b, i):
+    return b[:i] + bytes([b[i] ^ 0x10]) + b[i + 1:]
+
+
+DAMAGE = {  # what a crash, a full disk or a bad sector leaves of an entry; each crashed PoCL before
+    "truncated to half": lambda b: b[:len(b) // 2],
+    "truncated to its header": lambda b: b[:program._ENTRY.size],
+    "truncated to 10 bytes": lambda b: b[:10],
+    "empty": lambda b: b"",
+    "a byte flipped in the binary": lambda b: _flip(b, len(b) // 2),
+    "the last byte flipped": lambda b: _flip(b, len(b) - 1),
+    "a length that disagrees": lambda b: b[:8] + struct.pack("<Q", len(b)) + b[16:],
+    "a bare binary (the old format)": lambda b: b[program._ENTRY.size:],
+}
+
+
+def test_a_damaged_cache_entry_is_rebuilt_and_rewritten_never_loaded(queue, tmp_path):
+    """Damage the entry between processes: the next process detects it (length, checksum),
+    compiles from source and rewrites a whole entry, which the process after it loads."""
+    src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
+
+    def child():  # check=True: a driver crash (SIGSEGV) fails the test
+        out = subprocess.run([sys.executable, "-c", _CHILD, src], env=env, capture_output=True, text=True,
+                             check=True, timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert child()["compiled"] == 1
+    (entry,) = tmp_path.glob("*.bin")
+    good = entry.read_bytes()
+    magic, length, digest = program._ENTRY.unpack_from(good)
+    assert (magic, length, digest) == (program._MAGIC, len(good) - program._ENTRY.size,
+                                       hashlib.sha256(good[program._ENTRY.size:]).digest())
+    for name, damage in DAMAGE.items():
+        entry.write_bytes(damage(good))
+        got = child()
+        assert (got["damaged"], got["compiled"], got["disk"], got["kernels"]) == (1, 1, 0, ["twice"]), name
+        rewritten = entry.read_bytes()
+        assert program._read_entry(entry) == rewritten[program._ENTRY.size:], name  # whole again
+    got = child()
+    assert (got["damaged"], got["compiled"], got["disk"]) == (0, 0, 1)
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary files left
 
 
 def test_tensor_round_trip(queue):

@@ -37,7 +37,7 @@ import numpy as np
 from netcl import optim
 from netcl.errors import FormatError
 from netcl import nn
-from netcl.io.atomic import AtomicFile
+from netcl.io.atomic import AtomicFile, file_path
 from netcl.nn import module as _module
 from netcl.tensor import Tensor
 from netcl.version import __version__
@@ -47,7 +47,8 @@ FORMAT_VERSION = 1
 ALIGN = 64
 _PREAMBLE = struct.Struct("<8sII")  # magic, format version, header length
 _DIGEST = 32  # sha256
-_MAX_HEADER = 64 << 20
+_MAX_HEADER = 8 << 20  # bytes; a model of 10,000 layers and tensors needs about 3 MB
+_MAX_VALUES = 1 << 19  # JSON values in the header ("[", "{" and "," counted in its raw bytes)
 _MAX_TENSORS = 1 << 16
 _MAX_LAYERS = 1 << 16
 _MAX_NDIM = 8
@@ -58,6 +59,10 @@ OPTIMIZERS = {name: cls for name, cls in vars(optim).items()
               if isinstance(cls, type) and issubclass(cls, optim.Optimizer) and cls is not optim.Optimizer}
 
 _MAX_DEPTH = 32  # nested blocks
+_MAX_NESTING = 3 * _MAX_DEPTH + 16  # JSON levels: each block adds three (children, pair, entry)
+_BRACKET = np.zeros(256, np.int32)  # the nesting step of each byte value
+_BRACKET[list(b"[{")], _BRACKET[list(b"]}")] = 1, -1
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 _CHILD = re.compile(r"[A-Za-z0-9_]{1,64}")
 _STATE_KEY = re.compile(r"(0|[1-9][0-9]{0,8})\.([A-Za-z_][A-Za-z0-9_]{0,63})")
@@ -145,7 +150,7 @@ def _model_tensors(model):
 def _write(path, header, tensors):
     """Stream the header and `tensors` ((name, shape, fetch) triples) into a new file that replaces
     `path` only once it is complete and on disk (AtomicFile): a failure leaves `path` as it was."""
-    path = _path(path)
+    path = file_path(path, "save")
     table, end = [], 0
     for name, shape, _ in tensors:
         offset = -(-end // ALIGN) * ALIGN
@@ -154,6 +159,9 @@ def _write(path, header, tensors):
         end = offset + nbytes
     text = json.dumps({**header, "tensors": table, "data_bytes": end}, default=_json_default).encode()
     text += b" " * (-(_PREAMBLE.size + len(text)) % ALIGN)
+    problem = _header_problem(text)
+    if problem:
+        raise ValueError(f"cannot save to {path!r}: the header {problem} (the metadata is too large?)")
     with AtomicFile(path, "save") as f:
         digest = hashlib.sha256()
 
@@ -211,7 +219,7 @@ class _Reader:
     """An open .netcl file whose preamble, header, size, checksum and tensor table have been checked."""
 
     def __init__(self, path):
-        self.path = _path(path)
+        self.path = file_path(path, "load")
         self.f = open(self.path, "rb")
         try:
             self._check()
@@ -242,17 +250,24 @@ class _Reader:
         if not 1 <= version <= FORMAT_VERSION:
             fail(f"format version {version} is not supported: this netcl ({_version()}) reads versions "
                  f"1 to {FORMAT_VERSION}; a newer netcl wrote it?")
-        if hlen > min(_MAX_HEADER, size - _PREAMBLE.size - _DIGEST):
+        if hlen > _MAX_HEADER:
+            fail(f"header length {hlen} is more than the {_MAX_HEADER} bytes any model needs; corrupt or hostile")
+        if hlen > size - _PREAMBLE.size - _DIGEST:
             fail(f"header length {hlen} does not fit: the file has {size} bytes "
                  f"(preamble {_PREAMBLE.size} + header + data + {_DIGEST}-byte checksum); truncated or corrupt")
+        raw = f.read(hlen)
+        problem = _header_problem(raw)
+        if problem:
+            fail(f"the header {problem}; corrupt or hostile")
         try:
-            h = json.loads(f.read(hlen).decode("utf-8"))
+            h = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             fail(f"header is not valid UTF-8 JSON (corrupt file): {e}")
+        del raw
         if not isinstance(h, dict):
             fail(f"header must be a JSON object, got {type(h).__name__}")
         kind = h.get("kind")
-        if kind not in _FIELDS:
+        if not isinstance(kind, str) or kind not in _FIELDS:  # (a list or object is not hashable)
             fail(f"header 'kind' must be 'model' or 'checkpoint', got {kind!r}")
         if set(h) != _FIELDS[kind]:
             fail(f"header fields for a {kind} must be {sorted(_FIELDS[kind])}; missing "
@@ -469,6 +484,24 @@ def _config_problem(cls, config, lists=False):
     return None
 
 
+def _header_problem(raw):
+    """Why the header bytes `raw` are too costly to parse (None if they are not), found in C-speed
+    scans of the bytes before json.loads builds anything: a Python object per JSON value is what
+    makes a small hostile header cost gigabytes ({"x": [[], [], ...]}). Brackets and commas inside
+    strings count too, an overestimate the writer applies alike (save refuses what load would)."""
+    if len(raw) > _MAX_HEADER:
+        return f"has {len(raw)} bytes, more than the {_MAX_HEADER} any model needs"
+    opening, closing = raw.count(b"[") + raw.count(b"{"), raw.count(b"]") + raw.count(b"}")
+    values = opening + raw.count(b",")
+    if values > _MAX_VALUES or closing > _MAX_VALUES:
+        return f"holds {max(values, closing)} JSON values or brackets, more than the {_MAX_VALUES} any model needs"
+    steps = _BRACKET[np.frombuffer(raw.translate(None, _NOT_BRACKETS), np.uint8)]  # at most 2 * _MAX_VALUES
+    depth = int(np.cumsum(steps).max(initial=0))
+    if depth > _MAX_NESTING:
+        return f"nests {depth} levels deep, more than the {_MAX_NESTING} any model needs"
+    return None
+
+
 def _count(v, hi):
     """`v` if it is an int in [0, hi] (JSON booleans are not), else None."""
     return v if type(v) is int and 0 <= v <= hi else None
@@ -479,13 +512,6 @@ def _prod(shape):
     for s in shape:
         n *= s
     return n
-
-
-def _path(path):
-    try:
-        return os.fspath(path)
-    except TypeError:
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
 
 
 def _json_default(o):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from netcl import nn
-from netcl.io.atomic import AtomicFile
+from netcl.io.atomic import AtomicFile, file_path
 from netcl.nn.module import ShapeError
 from netcl.version import __version__
 
@@ -436,7 +436,7 @@ def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=
     graph_tail = P.GraphProto(input=graph.input, output=graph.output,
                               value_info=graph.value_info).SerializeToString()
 
-    path = os.fspath(path)
+    path = file_path(path, "export")
     data_name = os.path.basename(path) + ".data"
     plan = _Plan(inits, False, data_name)
     size = plan.inline_size(graph_head, graph_tail)

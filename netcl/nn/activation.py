@@ -1,11 +1,10 @@
 """Activations (codes shared with every kernel family: netcl/act.py, kernels/act.h) and Softmax."""
-import math
 
 import numpy as np
 
 from netcl import ops
 from netcl.act import Act
-from netcl.nn.module import Module, as_int
+from netcl.nn.module import Module, as_float, as_int
 
 
 class _Activation(Module):
@@ -31,9 +30,7 @@ class LeakyReLU(_Activation):
 
     def __init__(self, negative_slope=0.01):
         super().__init__()
-        self.negative_slope = self.slope = float(negative_slope)
-        if not math.isfinite(self.slope):
-            raise ValueError(f"negative_slope must be finite, got {negative_slope}")
+        self.negative_slope = self.slope = as_float("negative_slope", negative_slope)
 
     def config(self):
         return {"negative_slope": self.negative_slope}

@@ -2,7 +2,7 @@
 import numpy as np
 
 from netcl import ops
-from netcl.nn.module import Module, rng
+from netcl.nn.module import Module, as_float, rng
 
 
 class Identity(Module):
@@ -35,9 +35,7 @@ class Dropout(Module):
     # identity in eval; in training zeroes with probability p and scales the rest by 1/(1-p)
     def __init__(self, p=0.5):
         super().__init__()
-        if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"Dropout probability must be between 0 and 1, got {p}")
-        self.p = float(p)
+        self.p = as_float("p", p, 0.0, 1.0)  # the probability of zeroing
 
     def config(self):
         return {"p": self.p}

@@ -2,7 +2,7 @@
 import math
 
 from netcl import ops
-from netcl.nn.module import Module, as_int, check_rank, conv_out, positive, uniform
+from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 
 class Conv2d(Module):
@@ -13,9 +13,8 @@ class Conv2d(Module):
         self.out_channels = positive("out_channels", out_channels)
         self.kernel_size = positive("kernel_size", kernel_size)
         self.stride = positive("stride", stride)
-        self.padding = as_int("padding", padding)
-        if self.padding < 0:
-            raise ValueError(f"padding must be >= 0, got {self.padding}")
+        self.padding = as_int("padding", padding, 0, MAX_PADDING)
+        bias = as_bool("bias", bias)
         shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, bias=bias)
         bound = 1.0 / math.sqrt(self.in_channels * self.kernel_size ** 2)
         self.weight = uniform(bound, shapes["weight"])

@@ -2,7 +2,7 @@
 import math
 
 from netcl import ops
-from netcl.nn.module import Module, positive, uniform
+from netcl.nn.module import Module, as_bool, positive, uniform
 
 
 class Linear(Module):
@@ -11,6 +11,7 @@ class Linear(Module):
         super().__init__()
         self.in_features = positive("in_features", in_features)
         self.out_features = positive("out_features", out_features)
+        bias = as_bool("bias", bias)
         shapes = self.tensor_shapes(self.in_features, self.out_features, bias)
         bound = 1.0 / math.sqrt(self.in_features)
         self.weight = uniform(bound, shapes["weight"])

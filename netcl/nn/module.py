@@ -17,6 +17,7 @@ derived here by walking that protocol, so that a layer never restates it. `chain
 walk the exporter and the fused planner share: the layers a model applies in order.
 """
 import inspect
+import math
 
 import numpy as np
 
@@ -54,22 +55,45 @@ def constant(value, shape):
     return Tensor.from_host(None, np.full(shape, value, np.float32))
 
 
-def as_int(name, v):
-    """An int argument (a square pair (k, k) is accepted as k), or a clear error."""
+MAX_INT = 2**31 - 1  # int arguments: far past any real layer, and within the kernels' int arithmetic
+MAX_PADDING = 4096  # padding beyond this is a mistake (10**6 would ask for terabytes), not a model
+
+
+def as_int(name, v, low=-MAX_INT, high=MAX_INT):
+    """An int argument in [low, high] (a square pair (k, k) is accepted as k), or a clear error;
+    booleans are not ints here."""
     if isinstance(v, (tuple, list)):
         if len(v) == 2 and v[0] == v[1]:
             v = v[0]
         else:
             raise ValueError(f"{name} must be an int (square, symmetric), got {v!r}")
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    return int(v)
+    v = int(v)
+    if not low <= v <= high:
+        raise ValueError(f"{name} must be >= {low}, got {v}" if v < low and high == MAX_INT else
+                         f"{name} must be between {low} and {high}, got {v}")
+    return v
 
 
 def positive(name, v):
-    v = as_int(name, v)
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
+    return as_int(name, v, 1)
+
+
+def as_bool(name, v):
+    """A bool argument (True or False, numpy's included): 1, "yes" or -8 are refused, not coerced."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(v).__name__} {v!r:.50}")
+    return bool(v)
+
+
+def as_float(name, v, low=-math.inf, high=math.inf):
+    """A float argument: a real, finite number (int or float, not a bool) in [low, high], or a clear error."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r:.50}")
+    v = float(v)
+    if not low <= v <= high or not math.isfinite(v):  # NaN fails too
+        raise ValueError(f"{name} must be in [{low}, {high}] and finite, got {v}")
     return v
 
 

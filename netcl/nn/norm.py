@@ -2,7 +2,7 @@
 import math
 
 from netcl import ops
-from netcl.nn.module import Module, check_rank, constant, positive
+from netcl.nn.module import Module, as_float, check_rank, constant, positive
 
 
 class BatchNorm2d(Module):
@@ -10,7 +10,7 @@ class BatchNorm2d(Module):
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__()
         self.num_features = positive("num_features", num_features)
-        self.eps, self.momentum = float(eps), float(momentum)
+        self.eps, self.momentum = as_float("eps", eps), as_float("momentum", momentum)
         if not (0.0 < self.eps < math.inf and 0.0 <= self.momentum <= 1.0):
             raise ValueError(f"BatchNorm2d needs eps > 0 (finite) and momentum in [0, 1], got eps={eps}, "
                              f"momentum={momentum}")

@@ -9,10 +9,7 @@ class _Pool2d(Module):
         super().__init__()
         self.kernel_size = positive("kernel_size", kernel_size)
         self.stride = self.kernel_size if stride is None else positive("stride", stride)
-        self.padding = as_int("padding", padding)
-        if not 0 <= self.padding <= self.kernel_size // 2:
-            raise ValueError(f"padding must be between 0 and kernel_size // 2 = {self.kernel_size // 2}, "
-                             f"got {self.padding}")
+        self.padding = as_int("padding", padding, 0, self.kernel_size // 2)  # as PyTorch's pools
 
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}

@@ -1,19 +1,25 @@
 """Program builds: once per context in memory, and across processes on disk.
 
 The disk cache is keyed by source, build options, device, driver and platform version, and
-stores the device binary; a second process loads it instead of recompiling.
+stores the device binary; a second process loads it instead of recompiling. Each entry is
+`magic, u64 length, SHA-256 of the binary` then the binary, written atomically and synced
+(AtomicFile): a truncated or damaged entry (a crash, a full disk, a bad sector) is detected,
+rebuilt from source and rewritten, and never handed to the driver, which may crash on it.
 """
 import hashlib
 import os
 import re
-import tempfile
+import struct
 import warnings
 from importlib import resources
 
 from netcl.errors import CompileError
+from netcl.io.atomic import AtomicFile
 
 _memory = {}  # (context, key) -> pyopencl.Program
-stats = {"memory": 0, "disk": 0, "compiled": 0}  # where this process's builds came from (tests read it)
+stats = {"memory": 0, "disk": 0, "compiled": 0, "damaged": 0}  # where this process's builds came from (tests read it)
+_ENTRY = struct.Struct("<8sQ32s")  # magic, binary length, SHA-256 of the binary
+_MAGIC = b"NETCLBIN"
 
 
 def cache_dir():
@@ -51,14 +57,14 @@ def build(context, source, options=()):
         stats["memory"] += 1
         return prog
     path = os.path.join(cache_dir(), key + ".bin")
-    prog = None
-    if os.path.exists(path):
+    prog, binary = None, _read_entry(path)
+    if binary is not None:
         try:
-            with open(path, "rb") as f, warnings.catch_warnings():  # PoCL's build chatter is not for users
+            with warnings.catch_warnings():  # PoCL's build chatter is not for users
                 warnings.simplefilter("ignore", cl.CompilerWarning)
-                prog = cl.Program(context, [device], [f.read()]).build(options=list(options))
-        except (cl.Error, OSError):
-            prog = None  # stale or foreign binary: rebuild from source
+                prog = cl.Program(context, [device], [binary]).build(options=list(options))
+        except cl.Error:
+            prog = None  # a binary this driver refuses: rebuild from source
         else:
             stats["disk"] += 1
     if prog is None:
@@ -72,11 +78,24 @@ def build(context, source, options=()):
         try:
             binary = prog.get_info(cl.program_info.BINARIES)[0]
             if binary:
-                fd, tmp = tempfile.mkstemp(dir=cache_dir())
-                with os.fdopen(fd, "wb") as f:
-                    f.write(binary)
-                os.replace(tmp, path)  # atomic: a concurrent reader never sees half a binary
+                with AtomicFile(path, "cache a kernel") as f:  # synced, then renamed: whole or absent
+                    f.write(_ENTRY.pack(_MAGIC, len(binary), hashlib.sha256(binary).digest()) + binary)
         except (cl.Error, OSError):
             pass  # caching is an optimisation only
     _memory[(context, key)] = prog
     return prog
+
+
+def _read_entry(path):
+    """The binary of cache entry `path` if it is whole (its length and checksum agree), else None;
+    a damaged entry counts in stats["damaged"] and is rewritten by the rebuild."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None  # not cached yet
+    binary = data[_ENTRY.size:]
+    if len(data) >= _ENTRY.size and _ENTRY.unpack_from(data) == (_MAGIC, len(binary), hashlib.sha256(binary).digest()):
+        return binary
+    stats["damaged"] += 1
+    return None

@@ -1,0 +1,31 @@
+"""The fused inference path: Sequential.eval() turns the layer list into a plan of stages.
+
+    Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> one conv kernel (BN folded)
+    Linear [+ activation]                                   -> one linear kernel
+    Flatten, Dropout                                        -> no kernel (a view / identity)
+    anything else                                           -> the layer's own forward
+
+The layer list stays the source of truth: a plan only reads it (stages.py, no device). Each
+kernel is generated for its layer (shapes and constants as -D defines) by one of four kernel
+families, each a module next to its .cl source, owning its block sizes, build options, weight
+packing and argument order:
+
+    conv_gpu   local-memory implicit GEMM, split-K when tiles are few (GPUs; generic CPU shapes)
+    conv_wino  CPU Winograd F(2x2 or 4x4, 3x3) for 3x3 stride-1 convolutions
+    conv_cpu   CPU explicit-vector direct convolution otherwise
+    linear     Linear + activation
+
+Tuning knobs (NETCL_JIT_CLASS, NETCL_GPU_SPLIT, NETCL_CPU_CONV, NETCL_CPU_WINO,
+NETCL_CPU_WINO_BLOCK) are one JitConfig (config.py), read when an executable is made.
+
+Device state is made on the first call for a given (context, input shape) and kept
+(executable.py): programs, folded weights, intermediate buffers, kernels with their arguments
+already set. Later calls of that shape build nothing and allocate nothing but the output tensor
+(from the buffer pool): they enqueue the launches and return without waiting. Folded weights are
+checked against the `version` of every source tensor on each call and re-folded when any
+changed, so weights changed after eval() (load_state_dict, an optimizer step) are never run stale.
+"""
+from netcl.jit.common import STATS
+from netcl.jit.plan import FusedPlan, plan_fused
+
+__all__ = ["plan_fused", "FusedPlan", "STATS"]

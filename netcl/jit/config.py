@@ -1,0 +1,39 @@
+"""The fused path's tuning knobs: one frozen JitConfig, read from the environment by
+JitConfig.from_env() when an executable is made (never in the hot path or deep in a family)."""
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+
+def _ints(name):
+    """The comma-separated integers of $name, or None when it is unset or empty."""
+    text = os.environ.get(name)
+    return tuple(int(v) for v in text.split(",")) if text else None
+
+
+@dataclass(frozen=True)
+class JitConfig:
+    # NETCL_JIT_CLASS=gpu|cpu: the kernel families to use; None (unset) = the device's own class.
+    # Tests set "gpu" to run the GPU family on PoCL.
+    jit_class: Optional[str] = None
+    # NETCL_GPU_SPLIT: "0" turns split-K off in the GPU conv family; anything else (default "1") leaves it on.
+    gpu_split: bool = True
+    # NETCL_CPU_CONV="maxvw,rm": the CPU direct conv's widest vector and output channels per
+    # work-item; default 16,3 (measured best on a 2-core AVX2 PoCL).
+    cpu_conv: Tuple[int, int] = (16, 3)
+    # NETCL_CPU_WINO=0|2|4: forces the Winograd output tile on the CPU (0 = direct convolution);
+    # None (unset) = chosen by shape.
+    cpu_wino: Optional[int] = None
+    # NETCL_CPU_WINO_BLOCK="tb,rv,nsub": the Winograd register block (tiles x float8 channel
+    # vectors) and sub-blocks per work-item; None (unset) = chosen by shape.
+    cpu_wino_block: Optional[Tuple[int, int, int]] = None
+
+    @classmethod
+    def from_env(cls):
+        """The config that the environment variables above describe (unset or empty: the default)."""
+        wino = os.environ.get("NETCL_CPU_WINO")
+        return cls(jit_class=os.environ.get("NETCL_JIT_CLASS") or None,
+                   gpu_split=os.environ.get("NETCL_GPU_SPLIT", "1") != "0",
+                   cpu_conv=_ints("NETCL_CPU_CONV") or cls.cpu_conv,
+                   cpu_wino=int(wino) if wino else None,
+                   cpu_wino_block=_ints("NETCL_CPU_WINO_BLOCK"))

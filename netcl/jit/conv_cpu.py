@@ -1,0 +1,51 @@
+"""CPU direct conv family (kernels/conv_cpu.cl): explicit float<VW> vectors along a row and a
+register block of RM output channels x RR rows per work-item, for stride 1 and 2 when the used
+output width splits into vectors."""
+import numpy as np
+
+from netcl.jit.common import Launch
+
+
+def cpu_block(spec, config):
+    """(VW, RM, RR) for this conv, or None when the shape does not suit the kernel.
+    Sized for 16 vector registers (AVX2): RR x RM x VW/8 accumulators."""
+    maxvw, rm = config.cpu_conv
+    ohu, uw = spec.used
+    vw = next((v for v in (16, 8, 4, 2) if v <= maxvw and uw % v == 0), None)
+    if vw is None or ohu % 2 or spec.stride not in (1, 2) or (spec.stride == 2 and vw > 8):
+        return None
+    return vw, min(rm, -(-spec.k // 2) * 2) if spec.k >= 2 else 1, 2
+
+
+def _largest_divisor(n, limit):
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+class ConvCpu(Launch):
+    """Arguments: (x, wb, bias, y); weights [K / RM][R][RM]."""
+    in_arg, out_arg = 0, 3
+
+    def __init__(self, target, spec):
+        vw, rm, rr = cpu_block(spec, target.config)
+        ohu, uw = spec.used
+        kb = -(-spec.k // rm)
+        gs = (uw // vw, ohu // rr, spec.n * kb)
+        lx = gs[0] if gs[0] <= 16 else _largest_divisor(gs[0], 16)
+        ly = _largest_divisor(gs[1], max(1, 32 // lx))
+        self.kernel = target.kernel("conv_cpu", "conv_cpu", dict(spec.defines(), VW=vw, VW2=2 * vw, VWH=vw // 2,
+                                                                 RM=rm, RR=rr, KB=kb, LX=lx, LY=ly),
+                                    ["-cl-mad-enable"])
+        self.gsize, self.lsize = gs, (lx, ly, 1)
+        self.kb, self.rm, self.r, self.k = kb, rm, spec.r, spec.k
+        self.w_buf = target.buffer(4 * kb * rm * spec.r)
+        self.b_buf = target.buffer(4 * kb * rm)
+        self.args = [None, self.w_buf, self.b_buf, None]
+        self.out_shape, self.out_bytes, self.out_border = spec.out_shape, spec.out_bytes, spec.opb
+
+    def pack(self, w, b):
+        wp = np.zeros((self.kb * self.rm, self.r), np.float32)
+        wp[:self.k] = w.reshape(self.k, self.r)
+        host_w = np.ascontiguousarray(wp.reshape(self.kb, self.rm, self.r).transpose(0, 2, 1))
+        host_b = np.zeros(self.kb * self.rm, np.float32)
+        host_b[:self.k] = b
+        return host_w, host_b

@@ -1,0 +1,73 @@
+"""CPU Winograd conv family (kernels/conv_wino.cl): F(2x2, 3x3) or F(4x4, 3x3) for 3x3 stride-1
+convolutions. The weights are transformed on the host (U = G g G^T) when they are folded; each
+work-item transforms its tiles' inputs once and runs register blocks over channel blocks."""
+import numpy as np
+
+from netcl.jit.common import Launch
+
+# Winograd weight transforms G (WA x 3) for output tiles of 2 and 4 (points 0, +-1, +-2, inf);
+# the matching input and output transforms are WIN_IN / WIN_OUT in conv_wino.cl
+_WINO_G = {2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]]),
+           4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                        [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
+
+
+def wino_tile(spec, config):
+    """The output tile: 4 (4x fewer multiplies than direct, but 2.25x the transformed weights of
+    tile 2, streamed once per group of tiles) where there are enough output channels and 4x4
+    tiles to pay for it, else 2; 0 = not Winograd (not 3x3 stride 1, or config.cpu_wino = 0)."""
+    if spec.ks != 3 or spec.stride != 1:
+        return 0
+    if config.cpu_wino is not None:
+        return config.cpu_wino
+    oh, ow = spec.used
+    return 4 if spec.k >= 32 and spec.n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
+
+
+def wino_block(k, c, wm, ntile, n_cu, config):
+    """(TB, RV, TT, KBW, KBN): TB tiles x RV float8 channel vectors per register block (TB * RV
+    accumulators), TT tiles per work-item, KBW of the KBN channel blocks per work-item."""
+    tb, rv = 3, (4 if k % 32 == 0 else 2)  # measured on a 2-core AVX2 PoCL
+    # transformed weights past L2 size: more tiles per work-item, so fewer passes stream them
+    nsub = 6 if (wm + 2) ** 2 * c * k * 4 > (2 << 20) else 2
+    while nsub > 1 and (wm + 2) ** 2 * c * tb * nsub * 4 > (1 << 20):  # private inputs stay <= 1 MB
+        nsub -= 1
+    if config.cpu_wino_block is not None:
+        tb, rv, nsub = config.cpu_wino_block
+    tt = tb * nsub
+    kbn = -(-k // (8 * rv))
+    groups = -(-ntile // tt)
+    split = max(1, min(kbn, -(-4 * n_cu // groups)))  # enough work-items for every core
+    kbw = -(-kbn // split)
+    return tb, rv, tt, kbw, kbn
+
+
+class ConvWino(Launch):
+    """Arguments: (x, u, bias, y); weights U packed [K block][transform point][C][KV]."""
+    in_arg, out_arg = 0, 3
+
+    def __init__(self, target, spec):
+        wm = wino_tile(spec, target.config)
+        ohu, uw = spec.used
+        thn, twn = -(-ohu // wm), -(-uw // wm)
+        ntile = spec.n * thn * twn
+        tb, rv, tt, kbw, kbn = wino_block(spec.k, spec.c, wm, ntile, target.n_cu, target.config)
+        check = int(spec.ipb != spec.pad or ohu % wm or uw % wm)  # the last tiles read past the stored border
+        self.kernel = target.kernel("conv_wino", "conv_wino", dict(spec.defines(), WM=wm, TB=tb, TT=tt, RV=rv, KBW=kbw,
+                                                                   KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check),
+                                    ["-cl-mad-enable"])
+        self.gsize, self.lsize = (-(-ntile // tt), -(-kbn // kbw), 1), (1, 1, 1)
+        self.kbn, self.kv, self.wm, self.k, self.c = kbn, 8 * rv, wm, spec.k, spec.c
+        self.w_buf = target.buffer(4 * kbn * self.kv * (wm + 2) ** 2 * spec.c)
+        self.b_buf = target.buffer(4 * kbn * self.kv)
+        self.args = [None, self.w_buf, self.b_buf, None]
+        self.out_shape, self.out_bytes, self.out_border = spec.out_shape, spec.out_bytes, spec.opb
+
+    def pack(self, w, b):
+        g, wa, k, c = _WINO_G[self.wm], self.wm + 2, self.k, self.c
+        u = np.zeros((self.kbn * self.kv, c, wa, wa))
+        u[:k] = np.einsum("ai,kcij,bj->kcab", g, w.astype(np.float64), g)
+        host_w = np.ascontiguousarray(u.reshape(self.kbn, self.kv, c, wa * wa).transpose(0, 3, 2, 1), np.float32)
+        host_b = np.zeros(self.kbn * self.kv, np.float32)
+        host_b[:k] = b
+        return host_w, host_b

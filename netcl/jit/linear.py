@@ -1,0 +1,33 @@
+"""Fused linear family (kernels/linear.cl): Linear + activation, each work-item LJ adjacent
+outputs of one row, weights stored (in, out) with out padded to LJ."""
+import numpy as np
+
+from netcl.jit.common import Launch, act_defines
+
+LJ = 4  # outputs per work-item
+
+
+class LinearLaunch(Launch):
+    """Arguments: (rows, x, w, b, y); weights [in][out padded to LJ]."""
+    in_arg, out_arg = 1, 4
+
+    def __init__(self, target, stage, shape):
+        lin = stage.lin
+        rows = int(np.prod(shape[:-1]))
+        self.outp, self.out_f = -(-lin.out_features // LJ) * LJ, lin.out_features
+        self.kernel = target.kernel("linear", "linear", dict(IN_F=lin.in_features, OUT_F=lin.out_features,
+                                                             OUT_P=self.outp, LJ=LJ,
+                                                             **act_defines(stage.act, stage.slope)))
+        lx = 64 if target.gpu else 16
+        self.gsize, self.lsize = (-(-(self.outp // LJ) // lx) * lx, rows), (lx, 1)
+        self.w_buf = target.buffer(4 * lin.in_features * self.outp)
+        self.b_buf = target.buffer(4 * self.outp)
+        self.args = [np.int32(rows), None, self.w_buf, self.b_buf, None]
+        self.out_shape, self.out_bytes = lin.output_shape(shape), 4 * (rows * lin.out_features)
+
+    def pack(self, w, b):
+        host_w = np.zeros((w.shape[0], self.outp), np.float32)
+        host_w[:, :self.out_f] = w
+        host_b = np.zeros(self.outp, np.float32)
+        host_b[:self.out_f] = b
+        return host_w, host_b

@@ -1,0 +1,28 @@
+// What the fused conv families share (conv_gpu.cl, conv_cpu.cl, conv_wino.cl; netcl/jit/):
+// Conv2d with BatchNorm folded into its weights and bias, then the activation, then (POOL == 2)
+// a 2x2/2 max-pool, all in one pass. Each program is built for one layer: shapes and constants
+// arrive as -D defines, so loops unroll and index arithmetic folds. The stored input and output
+// planes may carry a zero border (IPB, OPB): a layer writes its output already padded for the
+// next convolution, so that convolution loads without bounds checks.
+//
+// Defines (netcl.jit.common.ConvSpec.defines): C H W (input channels and size), K (output
+// channels), KS STRIDE PAD, OH OW (convolution output), POOL (1 or 2), ACT (a netcl.act.Act
+// code, kernels/act.h), SLOPE, IPB OPB (stored borders; IPB is 0 or PAD).
+// Include act.h before this header.
+#ifndef NETCL_CONV_H
+#define NETCL_CONV_H
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
+#define ACTF(v) ACT_APPLY(ACT, v, SLOPE)
+
+#define R (C * KS * KS)      // reduction length
+#define POH (OH / POOL)      // output size after the pool (floor, as MaxPool2d)
+#define POW (OW / POOL)
+#define IHS (H + 2 * IPB)    // stored input plane
+#define IWS (W + 2 * IPB)
+#define OHS (POH + 2 * OPB)  // stored output plane
+#define OWS (POW + 2 * OPB)
+
+#endif

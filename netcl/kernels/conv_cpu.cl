@@ -1,0 +1,97 @@
+// Fused conv, CPU direct family (netcl/jit/conv_cpu.py). Defines: conv.h's, and VW VW2 VWH
+// (vector width, twice, half) RM RR KB (register block, channel blocks) LX LY (work-group).
+#include "act.h"
+#include "conv.h"
+
+// CPU (PoCL): explicit vectors and register blocking. A work-item computes RM output
+// channels x RR conv rows x VW adjacent conv columns (float<VW> accumulators); weights are
+// scalar broadcasts from a [K/RM][R][RM] layout, inputs vector loads along a row.
+// Global size (UW / VW, OHU / RR, N * KB), UW/OHU = conv columns/rows that are used.
+#define VEC CAT(float, VW)
+// unaligned vector loads and stores by dereference: PoCL's vloadN/fma on wide vectors are
+// out-of-line calls (the vectors go through memory), plain operators stay in registers
+typedef VEC __attribute__((aligned(4))) uvec;
+#if STRIDE == 2
+typedef CAT(float, VW2) __attribute__((aligned(4))) uvec2;
+#endif
+#define VLOAD(o, p) (*(const uvec *)(p))
+#define VSTORE(v, o, p) (*(uvec *)(p) = (v))
+#if STRIDE == 1
+#define LOADX(p) (*(__global const uvec *)(p))
+#else
+#define LOADX(p) (*(__global const uvec2 *)(p)).even
+#endif
+
+__kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
+void conv_cpu(__global const float *restrict x, __global const float *restrict wb,
+              __global const float *restrict bias, __global float *restrict y) {
+    const int seg = get_global_id(0), rp = get_global_id(1), z = get_global_id(2);
+    const int n = z / KB, kb = z % KB;
+    const int ow0 = seg * VW, oh0 = rp * RR;
+    VEC acc[RR][RM];
+#pragma unroll
+    for (int t = 0; t < RR; t++)
+#pragma unroll
+        for (int m = 0; m < RM; m++) acc[t][m] = (VEC)(0.0f);
+
+    __global const float *xn = x + n * (C * IHS * IWS);
+    __global const float *wk = wb + kb * (R * RM);
+    for (int c = 0; c < C; c++) {
+        __global const float *xc = xn + c * (IHS * IWS);
+        __global const float *wc = wk + c * (KS * KS * RM);
+#pragma unroll
+        for (int t = 0; t < (RR - 1) * STRIDE + KS; t++) {  // input rows feeding RR output rows
+            const int ih = oh0 * STRIDE - PAD + t;
+#if IPB != PAD
+            if (ih < 0 || ih >= H) continue;
+#endif
+#pragma unroll
+            for (int kw = 0; kw < KS; kw++) {
+                const int iw = ow0 * STRIDE - PAD + kw;
+                VEC xv;
+#if IPB == PAD
+                xv = LOADX(xc + (ih + IPB) * IWS + iw + IPB);
+#else
+                if (iw >= 0 && iw + (VW - 1) * STRIDE < W) {
+                    xv = LOADX(xc + ih * IWS + iw);
+                } else {
+                    float tmp[VW];
+                    for (int l = 0; l < VW; l++) {
+                        const int il = iw + l * STRIDE;
+                        tmp[l] = (il >= 0 && il < W) ? xc[ih * IWS + il] : 0.0f;
+                    }
+                    xv = VLOAD(0, tmp);
+                }
+#endif
+#pragma unroll
+                for (int r = 0; r < RR; r++) {
+                    const int kh = t - r * STRIDE;
+                    if (kh >= 0 && kh < KS) {
+#pragma unroll
+                        for (int m = 0; m < RM; m++) acc[r][m] += wc[(kh * KS + kw) * RM + m] * xv;
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int m = 0; m < RM; m++) {
+        const int k = kb * RM + m;
+        if (k >= K) break;
+        const float bm = bias[k];
+        __global float *yk = y + (n * K + k) * (OHS * OWS);
+#if POOL == 2
+        const VEC v = fmax(ACTF(acc[0][m] + bm), ACTF(acc[1][m] + bm));
+#if VW == 2
+        yk[(rp + OPB) * OWS + seg + OPB] = fmax(v.s0, v.s1);
+#else
+        typedef CAT(float, VWH) __attribute__((aligned(4))) uhvec;
+        *(__global uhvec *)(yk + (rp + OPB) * OWS + ow0 / 2 + OPB) = fmax(v.even, v.odd);
+#endif
+#else
+#pragma unroll
+        for (int r = 0; r < RR; r++) *(__global uvec *)(yk + (oh0 + r + OPB) * OWS + ow0 + OPB) = ACTF(acc[r][m] + bm);
+#endif
+    }
+}

@@ -1,0 +1,121 @@
+// Fused conv, GPU family (netcl/jit/conv_gpu.py): a local-memory implicit GEMM. Defines: conv.h's,
+// and BM BN RM RN BK SPLIT RCHUNK (tile, register block, reduction step, split-K).
+#include "act.h"
+#include "conv.h"
+
+// GPU: implicit GEMM out[k][pixel] = sum_r Wt[r][k] * im2col(x)[r][pixel]. A work-group
+// computes a BM x BN tile through local memory, BK reduction rows at a time; each work-item a
+// RM x RN register block. Columns are conv pixels; with POOL == 2 a work-item's RN = 4 columns
+// are one 2x2 pool window, so the pool is a max over its registers. SPLIT > 1 splits the
+// reduction over get_group_id(2); the last work-group of a tile to finish (atomic counter)
+// sums the partials in a fixed order and runs the epilogue.
+#define TX (BN / RN)
+#define TY (BM / RM)
+#define NT (TX * TY)
+#define Q (POOL * POOL)
+#define KP (((K + BM - 1) / BM) * BM)
+
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
+void conv_gpu(const int nout, __global const float *x, __global const float *wt, __global const float *bias,
+              __global float *y, __global float *part, __global int *counters) {
+    __local float As[BK][BM];
+    __local float Bs[BK][BN];
+    __local int last;
+    const int tid = get_local_id(0), tx = tid % TX, ty = tid / TX;
+    const int m0 = get_group_id(1) * BM;
+    const int o0 = get_group_id(0) * (BN / Q);  // first output pixel of the tile
+
+    // this work-item's B-loading column: fixed for the whole reduction
+    const int bcol = tid % BN;
+    int o = min(o0 + bcol / Q, nout - 1);
+    const int n = o / (POH * POW), pp = o % (POH * POW);
+#if POOL == 2
+    const int sub = bcol % 4;
+    const int oh = (pp / POW) * 2 + sub / 2, ow = (pp % POW) * 2 + sub % 2;
+#else
+    const int oh = pp / OW, ow = pp % OW;
+#endif
+    const int ih0 = oh * STRIDE - PAD, iw0 = ow * STRIDE - PAD;
+    __global const float *xb = x + n * (C * IHS * IWS) + (ih0 + IPB) * IWS + (iw0 + IPB);
+
+    float acc[RM][RN];
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
+
+    const int rbeg = get_group_id(2) * RCHUNK;
+    for (int r0 = rbeg; r0 < rbeg + RCHUNK; r0 += BK) {
+#pragma unroll
+        for (int i = 0; i < BK * BM / NT; i++) {
+            const int e = tid + i * NT;
+            As[e / BM][e % BM] = wt[(r0 + e / BM) * KP + m0 + e % BM];
+        }
+#pragma unroll
+        for (int i = 0; i < BK * BN / NT; i++) {
+            const int kk = tid / BN + i * (NT / BN);
+            const int r = min(r0 + kk, R - 1);  // padded rows have zero weights
+            const int c = r / (KS * KS), kh = (r / KS) % KS, kw = r % KS;
+#if IPB == PAD
+            Bs[kk][bcol] = xb[c * (IHS * IWS) + kh * IWS + kw];
+#else
+            const int ih = ih0 + kh, iw = iw0 + kw;
+            Bs[kk][bcol] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xb[c * (IHS * IWS) + kh * IWS + kw] : 0.0f;
+#endif
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+        for (int kk = 0; kk < BK; kk++) {
+            float a[RM], b[RN];
+            for (int i = 0; i < RM; i++) a[i] = As[kk][ty * RM + i];
+            for (int j = 0; j < RN; j++) b[j] = Bs[kk][tx * RN + j];
+            for (int i = 0; i < RM; i++)
+                for (int j = 0; j < RN; j++) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+#if SPLIT > 1
+    {
+        const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
+        const int ntile = get_num_groups(0) * get_num_groups(1);
+        __global float *mine = part + ((get_group_id(2) * ntile + tile) * (RM * RN)) * NT + tid;
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) mine[(i * RN + j) * NT] = acc[i][j];
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+        if (tid == 0) last = atomic_inc(counters + tile) == SPLIT - 1;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!last) return;
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        if (tid == 0) counters[tile] = 0;  // ready for the next launch
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
+        for (int s = 0; s < SPLIT; s++) {  // fixed order: the result does not depend on who came last
+            volatile __global float *ps = part + ((s * ntile + tile) * (RM * RN)) * NT + tid;
+            for (int i = 0; i < RM; i++)
+                for (int j = 0; j < RN; j++) acc[i][j] += ps[(i * RN + j) * NT];
+        }
+    }
+#endif
+
+    for (int i = 0; i < RM; i++) {
+        const int m = m0 + ty * RM + i;
+        if (m >= K) break;
+        const float bm = bias[m];
+#if POOL == 2
+        const int oo = o0 + tx;
+        if (oo < nout) {
+            float v = ACTF(acc[i][0] + bm);
+            for (int j = 1; j < 4; j++) v = fmax(v, ACTF(acc[i][j] + bm));
+            const int nn = oo / (POH * POW), q = oo % (POH * POW);
+            y[(nn * K + m) * (OHS * OWS) + (q / POW + OPB) * OWS + q % POW + OPB] = v;
+        }
+#else
+        for (int j = 0; j < RN; j++) {
+            const int oo = o0 + tx * RN + j;
+            if (oo >= nout) break;
+            const int nn = oo / (OH * OW), q = oo % (OH * OW);
+            y[(nn * K + m) * (OHS * OWS) + (q / OW + OPB) * OWS + q % OW + OPB] = ACTF(acc[i][j] + bm);
+        }
+#endif
+    }
+}

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Training-step speed: netcl against PyTorch (and tinygrad when installed), each runtime in its
+own process, alternated, so that an OpenCL and a CUDA context never share the GPU at once.
+
+A step is: forward, the loss (MSE for detector26, cross-entropy for the classifiers), backward,
+SGD with momentum 0.9, zero_grad; the loss is read back every step (netcl returns it as a float;
+PyTorch calls loss.item()). Each figure is the median of --steps steps after --warmup steps.
+
+    python tools/benchmark_training_step.py --models detector26,cnn,digits --batches 8,32
+    python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2
+    python tools/benchmark_training_step.py --profile detector26 --batches 32   # per-layer fwd/bwd
+
+--runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
+driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from netcl.apps import common  # noqa: E402
+
+MODELS = {  # name -> (per-sample input shape, loss, number of classes or None)
+    "detector26": ((3, 256, 256), "mse", None),
+    "cnn": ((3, 32, 32), "ce", 10),
+    "digits": ((1, 8, 8), "ce", 10),
+    "resnet8": ((3, 32, 32), "ce", 10),
+}
+
+
+def build_netcl(name):
+    import netcl
+    from netcl import models
+    from netcl.apps import recipes
+
+    netcl.manual_seed(0)
+    if name == "digits":
+        return recipes.digits_cnn()
+    return models.build(name)
+
+
+def data(name, batch, seed=0):
+    shape, loss, classes = MODELS[name]
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, (batch,) + shape).astype(np.float32)
+    if loss == "ce":
+        return x, rng.integers(0, classes, batch)
+    return x, None  # the target is made from the output's shape
+
+
+def time_steps(step, sync, steps, warmup):
+    for _ in range(warmup):
+        step()
+    sync()
+    ts = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        sync()
+        ts.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(ts)
+
+
+# -- netcl ----------------------------------------------------------------------------------
+def run_netcl(name, batch, args):
+    import netcl
+    from netcl import Tensor, nn, optim
+
+    q = netcl.default_queue(args.device)
+    model = build_netcl(name).to(q).train()
+    x, y = data(name, batch)
+    xt = Tensor.from_host(q, x)
+    out_shape = model.output_shape(x.shape)
+    target = y if y is not None else np.random.default_rng(1).uniform(0, 1, out_shape).astype(np.float32)
+    loss_fn = nn.MSELoss() if y is None else nn.CrossEntropyLoss()
+    opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step():
+        loss_fn(model(xt), target)  # returns a float: one read per step
+        model.backward(loss_fn.backward())
+        opt.step()
+        opt.zero_grad()
+
+    ms = time_steps(step, q.finish, args.steps, args.warmup)
+    return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms}
+
+
+def profile_netcl(name, batch, args):
+    """Per-layer forward and backward milliseconds (the queue drained after each)."""
+    import netcl
+    from netcl import Tensor
+
+    q = netcl.default_queue(args.device)
+    model = build_netcl(name).to(q).train()
+    x, _ = data(name, batch)
+    layers = [layer for _, layer in model.chain()]
+    rows = []
+    for rep in range(args.warmup + args.steps):
+        cur = Tensor.from_host(q, x)
+        outs = []
+        for i, layer in enumerate(layers):
+            q.finish()
+            t = time.perf_counter()
+            cur = layer(cur)
+            q.finish()
+            outs.append((cur, time.perf_counter() - t))
+        dy = Tensor.from_host(q, np.ones(cur.shape, np.float32))
+        back = []
+        for layer in reversed(layers):
+            q.finish()
+            t = time.perf_counter()
+            dy = layer.backward(dy)
+            q.finish()
+            back.append(time.perf_counter() - t)
+        if rep >= args.warmup:
+            rows.append(([o[1] for o in outs], back[::-1]))
+    print(f"== netcl per-layer profile: {name} batch {batch} on {q.device.name.strip()} (median ms) ==")
+    print(f"{'#':>3s} {'layer':48s} {'fwd':>8s} {'bwd':>8s}")
+    tf = tb = 0.0
+    for i, layer in enumerate(layers):
+        f = 1e3 * statistics.median(r[0][i] for r in rows)
+        b = 1e3 * statistics.median(r[1][i] for r in rows)
+        tf, tb = tf + f, tb + b
+        print(f"{i:3d} {repr(layer)[:48]:48s} {f:8.3f} {b:8.3f}")
+    print(f"    {'total':48s} {tf:8.3f} {tb:8.3f}")
+
+
+# -- PyTorch --------------------------------------------------------------------------------
+def torch_twin(model, torch):
+    """The same layers and weights in torch.nn (Linear weights transposed to torch's (out, in))."""
+    from netcl import nn
+
+    mods = []
+    for _, m in model.chain():
+        if isinstance(m, nn.Conv2d):
+            t = torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
+                                bias=m.bias is not None)
+        elif isinstance(m, nn.Linear):
+            t = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+        elif isinstance(m, nn.BatchNorm2d):
+            t = torch.nn.BatchNorm2d(m.num_features, m.eps, m.momentum)
+        elif isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
+            t = getattr(torch.nn, type(m).__name__)(m.kernel_size, m.stride, m.padding)
+        elif isinstance(m, nn.LeakyReLU):
+            t = torch.nn.LeakyReLU(m.negative_slope)
+        elif isinstance(m, nn.Dropout):
+            t = torch.nn.Dropout(m.p)
+        else:
+            t = getattr(torch.nn, type(m).__name__)()
+        state = {k: torch.tensor(v.T if isinstance(m, nn.Linear) and k == "weight" else v)
+                 for k, v in m.state_dict().items()}
+        t.load_state_dict(state, strict=False)
+        mods.append(t)
+    return torch.nn.Sequential(*mods)
+
+
+def run_torch(name, batch, args):
+    import torch
+
+    dev = torch.device(args.torch_device)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    if dev.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    model = torch_twin(build_netcl(name), torch).to(dev).train()
+    x, y = data(name, batch)
+    xt = torch.tensor(x, device=dev)
+    with torch.no_grad():
+        out_shape = model(xt).shape
+    if y is None:
+        target = torch.tensor(np.random.default_rng(1).uniform(0, 1, tuple(out_shape)).astype(np.float32), device=dev)
+        loss_fn = torch.nn.MSELoss()
+    else:
+        target, loss_fn = torch.tensor(y, device=dev), torch.nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step():
+        loss = loss_fn(model(xt), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss.item()
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ms = time_steps(step, sync, args.steps, args.warmup)
+    label = f"torch {torch.__version__} {dev.type}" + ("" if dev.type == "cuda" else f" {torch.get_num_threads()}t")
+    return {"runtime": "torch", "device": label, "model": name, "batch": batch, "step_ms": ms}
+
+
+RUNNERS = {"netcl": run_netcl, "torch": run_torch}
+
+
+def driver(args):
+    runtimes = ["netcl", "torch"]
+    results = {}
+    for rnd in range(args.rounds):
+        for rt in (runtimes if rnd % 2 == 0 else runtimes[::-1]):
+            cmd = [sys.executable, __file__, "--runtime", rt] + [a for a in sys.argv[1:] if a != "--runtime"]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                print(f"{rt}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+                continue
+            for line in out.stdout.splitlines():
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    results.setdefault((r["model"], r["batch"]), {}).setdefault(rt, []).append(r)
+    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s}  devices")
+    rows = []
+    for (model, batch), by in results.items():
+        n = statistics.median(r["step_ms"] for r in by.get("netcl", [])) if "netcl" in by else float("nan")
+        t = statistics.median(r["step_ms"] for r in by.get("torch", [])) if "torch" in by else float("nan")
+        devs = "; ".join(sorted({r["device"] for rs in by.values() for r in rs}))
+        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x  {devs}")
+        rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t, "devices": devs})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--models", type=common.names, default=["detector26", "cnn", "digits"],
+                    help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--batches", type=common.positive_ints, default=[8, 32], help="comma-separated batch sizes")
+    ap.add_argument("--steps", type=common.positive_int, default=20, help="timed steps (median)")
+    ap.add_argument("--warmup", type=common.positive_int, default=3, help="untimed steps first (compiles)")
+    ap.add_argument("--rounds", type=common.positive_int, default=2, help="alternations of the runtimes")
+    ap.add_argument("--device", default=None, help="netcl's device: gpu, cpu or a name substring")
+    ap.add_argument("--torch-device", default="cpu", help="PyTorch's device: cpu or cuda")
+    ap.add_argument("--threads", type=common.positive_int, default=None, help="PyTorch CPU threads")
+    ap.add_argument("--runtime", choices=sorted(RUNNERS), default=None, help="run one runtime here (JSON lines)")
+    ap.add_argument("--profile", default=None, help="print netcl's per-layer forward/backward times of this model")
+    ap.add_argument("--json", default=None, help="also write the table to this JSON file")
+    args = ap.parse_args(argv)
+    unknown = [m for m in list(args.models) + ([args.profile] if args.profile else []) if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
+    if args.profile:
+        for b in args.batches:
+            profile_netcl(args.profile, b, args)
+        return 0
+    if args.runtime:
+        for m in args.models:
+            for b in args.batches:
+                print(json.dumps(RUNNERS[args.runtime](m, b, args)), flush=True)
+        return 0
+    driver(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
