@@ -75,3 +75,59 @@ def test_bench_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "--help"])
     assert e.value.code == 0 and "--batches" in capsys.readouterr().out
+
+
+# -- ONNX interop: import, --target, --metadata, --test-case ------------------------------------
+def test_export_with_target_metadata_and_test_case(trained, capsys):
+    onnx = pytest.importorskip("onnx")
+    d = trained
+    argv = ["export", str(d / "m.netcl"), str(d / "t.onnx"), "--input-shape", "2,1,8,8", "--target", "onnxruntime-1.15",
+            "--metadata", "labels=0,1,2", "--metadata", "note=a=b", "--doc-string", "digits", "--test-case",
+            str(d / "case")]
+    assert main(argv) == 0
+    assert "opset 19" in capsys.readouterr().out
+    m = onnx.load(str(d / "t.onnx"))
+    props = {p.key: p.value for p in m.metadata_props}
+    assert m.opset_import[0].version == 19 and props["labels"] == "0,1,2" and props["note"] == "a=b"
+    assert m.doc_string == "digits"
+    assert (d / "case" / "model.onnx").exists() and (d / "case" / "test_data_set_0" / "output_0.pb").exists()
+
+
+def test_import_round_trip(trained, tmp_path, capsys):
+    import numpy as np
+
+    from netcl.io import load
+
+    assert main(["export", str(trained / "m.netcl"), str(tmp_path / "m.onnx"), "--input-shape", "1,1,8,8"]) == 0
+    assert main(["import", str(tmp_path / "m.onnx"), str(tmp_path / "back.netcl")]) == 0
+    assert "parameters" in capsys.readouterr().out
+    a, b = load(trained / "m.netcl").state_dict(), load(tmp_path / "back.netcl").state_dict()
+    assert list(a) == list(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "{d}/m.netcl", "{d}/x.onnx", "--input-shape", "1,1,8,8", "--target", "onnxruntime-0.1"],
+     "known targets: onnxruntime-1.15"),
+    (["export", "{d}/m.netcl", "{d}/x.onnx", "--input-shape", "1,1,8,8", "--target", "tensorrt-8.6", "--opset", "19"],
+     "tensorrt-8.6 reads opsets up to 17"),
+    (["import", "{d}/missing.onnx", "{d}/x.netcl"], "missing.onnx"),
+    (["import", "{d}/m.netcl", "{d}/x.netcl"], "not an ONNX model"),
+])
+def test_interop_errors_exit_2(trained, capsys, argv, message):
+    assert main([a.format(d=trained) for a in argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_metadata_flag_exits_2(trained):
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(trained / "m.netcl"), str(trained / "x.onnx"), "--input-shape", "1,1,8,8",
+              "--metadata", "novalue"])
+    assert e.value.code == 2
+
+
+def test_interop_help(capsys):
+    for cmd in ("import", "export"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+    out = capsys.readouterr().out
+    assert "ONNX" in out and "--target" in out and "onnxruntime-1.15" in out and "--test-case" in out

@@ -1,4 +1,4 @@
-"""The `netcl` command: devices, train, export, verify, bench. `netcl COMMAND --help` for each.
+"""The `netcl` command: devices, train, export, import, verify, bench. `netcl COMMAND --help` for each.
 
 Exit codes: 0 success, 1 verification mismatch, 2 bad usage or input, 3 no OpenCL device.
 """
@@ -6,12 +6,15 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 import netcl
 from netcl.apps import common, recipes
 from netcl.apps.bench import main as bench_main
 from netcl.apps.verify import verify
 from netcl.errors import CompileError, FormatError, NoDeviceError
-from netcl.io import export_onnx, load, load_checkpoint, save, save_checkpoint
+from netcl.io import export_onnx, export_test_case, import_onnx, load, load_checkpoint, save, save_checkpoint
+from netcl.io.onnx_export import TARGETS, resolve_opset
 from netcl.runtime import select_device
 from netcl.runtime.device import _all_devices
 
@@ -64,11 +67,33 @@ def cmd_train(args):
 
 def cmd_export(args):
     model = _load_model(args.model).eval()
-    export_onnx(model, args.input_shape, args.out, opset=args.opset, dynamic_batch=args.dynamic_batch,
-                input_name=args.input_name, output_name=args.output_name,
-                **({"external_data": True} if args.external_data else {}))
-    print(f"wrote {args.out} (opset {args.opset}, input {args.input_name} {tuple(args.input_shape)})")
+    options = dict(opset=args.opset, target=args.target, dynamic_batch=args.dynamic_batch,
+                   input_name=args.input_name, output_name=args.output_name, metadata=dict(args.metadata or []),
+                   doc_string=args.doc_string)
+    export_onnx(model, args.input_shape, args.out, **options, **({"external_data": True} if args.external_data else {}))
+    opset, _ = resolve_opset(args.opset, args.target)
+    print(f"wrote {args.out} (opset {opset}, input {args.input_name} {tuple(args.input_shape)})")
+    if args.test_case:
+        x = np.random.default_rng(0).standard_normal(args.input_shape).astype(np.float32)
+        export_test_case(model, x, args.test_case, **options)
+        print(f"wrote the test case {os.path.join(args.test_case, 'model.onnx')} and test_data_set_0/ "
+              "(a standard-normal input and netcl's output)")
     return 0
+
+
+def cmd_import(args):
+    model = import_onnx(args.model)
+    save(model, args.out)
+    print(f"wrote {args.out}: {len(list(model.chain()))} layers, "
+          f"{sum(int(np.prod(p.shape)) for p in model.parameters())} parameters")
+    return 0
+
+
+def _metadata(text):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key, value
 
 
 def cmd_verify(args):
@@ -112,12 +137,26 @@ def build_parser():
     p.add_argument("model", help="the .netcl file")
     p.add_argument("out", help="the .onnx file to write")
     p.add_argument("--input-shape", type=common.shape, required=True, help="e.g. 1,3,256,256 (batch first)")
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=int, help="ONNX opset, 13 to 25 (default 17, or the highest --target reads)")
+    p.add_argument("--target", metavar="CONSUMER-VERSION",
+                   help="the consumer that will read the file; the export takes the highest opset and IR version it "
+                        f"reads. Known: {', '.join(TARGETS)}")
+    p.add_argument("--metadata", type=_metadata, action="append", metavar="KEY=VALUE",
+                   help="a metadata_props entry (repeatable), e.g. --metadata labels=cat,dog")
+    p.add_argument("--doc-string", default="", help="the model's doc_string")
+    p.add_argument("--test-case", metavar="DIR",
+                   help="also write DIR/model.onnx and DIR/test_data_set_0/{input_0,output_0}.pb (the ONNX "
+                        "backend-test layout: a standard-normal input and netcl's output)")
     p.add_argument("--dynamic-batch", action="store_true", help="make the batch dimension symbolic")
     p.add_argument("--input-name", default="input")
     p.add_argument("--output-name", default="output")
     p.add_argument("--external-data", action="store_true", help="store weights in a side file (.onnx.data)")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("import", help="import an ONNX model into a .netcl file")
+    p.add_argument("model", help="the .onnx file (netcl's own, or a graph of the ops netcl converts)")
+    p.add_argument("out", help="the .netcl file to write")
+    p.set_defaults(fn=cmd_import)
 
     p = sub.add_parser("verify", help="run netcl and onnxruntime on the same input; exit 1 on mismatch")
     p.add_argument("model", help="the .netcl file")

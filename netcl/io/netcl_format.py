@@ -117,8 +117,14 @@ def save_checkpoint(path, model, optimizer, epoch=None, **meta):
 def _model_header(model):
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"expected a netcl.nn.Sequential, got {type(model).__name__}")
-    arch = [_entry(layer, name) for name, layer in model.named_children()]
-    return {"netcl_version": _version(), "kind": "model", "training": bool(model.training), "architecture": arch}
+    return {"netcl_version": _version(), "kind": "model", "training": bool(model.training),
+            "architecture": architecture(model)}
+
+
+def architecture(model):
+    """The header's "architecture": one {"type", "config"(, "children")} entry per layer of `model`
+    (also written into ONNX files, whose importer restores layers that emit no node from it)."""
+    return [_entry(layer, name) for name, layer in model.named_children()]
 
 
 def _entry(layer, path):

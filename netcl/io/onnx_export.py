@@ -8,6 +8,7 @@ them, so peak memory stays near the size of the weights. The bytes are exactly t
 serialization of the whole ModelProto (fields in field-number order), hence deterministic.
 """
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -17,6 +18,7 @@ import numpy as np
 
 from netcl import nn
 from netcl.io.atomic import AtomicFile, file_path
+from netcl.io.netcl_format import architecture
 from netcl.nn.module import ShapeError
 from netcl.version import __version__
 
@@ -50,6 +52,34 @@ P = onnx_pb2
 # what the tests run through onnxruntime; every emitter below means the same in all of it.
 OPSET_IR_VERSION = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13}
 DEFAULT_OPSET = 17
+
+# A consumer and version -> (the highest ai.onnx opset, the highest IR version) it reads. The
+# export takes the highest opset within both that netcl writes (OPSET_IR_VERSION), so a file for an
+# older consumer is only ever a lower stamp of the same graph.
+TARGETS = {
+    # onnxruntime: the version matrix in onnxruntime's docs/reference/compatibility.md
+    # (onnxruntime.ai/docs/reference/compatibility.html); 1.15 is checked against the real
+    # onnxruntime==1.15.1 wheel by tests/test_onnx_targets.py (it refuses opset 20 and IR 10)
+    "onnxruntime-1.15": (19, 9), "onnxruntime-1.16": (19, 9), "onnxruntime-1.17": (20, 9),
+    "onnxruntime-1.18": (21, 10), "onnxruntime-1.19": (21, 10), "onnxruntime-1.20": (22, 10),
+    "onnxruntime-1.21": (22, 10), "onnxruntime-1.22": (23, 11),
+    # TensorRT: onnx-tensorrt docs/operators.md, release/8.6-GA: "TensorRT 8.6 supports operators up
+    # to Opset 17"; release/10.0-GA: opset 9 to 20 (the 10.0 line is from its release notes, not seen
+    # in a stored copy). IR: the version those opsets came with
+    "tensorrt-8.6": (17, 8), "tensorrt-10.0": (20, 9),
+    # OpenVINO: the ONNX frontend implements the opsets of the onnx release in its thirdparty/onnx
+    # submodule (2023.0: onnx 1.13, opset 18; 2024.0: onnx 1.15, opset 20). Not measured here
+    "openvino-2023.0": (18, 8), "openvino-2024.0": (20, 9),
+    # OpenCV DNN (modules/dnn/src/onnx/onnx_importer.cpp) has no opset cap but refuses newer forms of
+    # some ops (4.6: "Unsupported ReduceSum operation of opset 13", opencv/opencv issues); the rows
+    # are the opsets of the onnx schema each release vendors. Not measured here
+    "opencv-4.8": (17, 8), "opencv-5.0": (19, 9),
+    # onnx2torch 1.5: node_converters/average_pool.py registers AveragePool for versions 7, 10 and 11
+    # only (and the issue lists no Reshape-19/21, Flatten-21, Conv-22): opset 18 is its highest
+    "onnx2torch-1.5": (18, 8),
+    # tract 0.21: runs the onnx backend tests of onnx 1.14 (opset 19) in its CI. Not measured here
+    "tract-0.21": (19, 9),
+}
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses to parse a message of 2 GiB or more
 EXTERNAL_MIN_BYTES = 1024  # with external data, smaller tensors stay inline (as onnx does)
 ALIGN_MIN_BYTES, ALIGN = 1 << 20, 1 << 16  # large external tensors start on 64 KiB boundaries (mmap)
@@ -266,7 +296,7 @@ NOT_EMITTED = {
 
 
 # -- checks ------------------------------------------------------------------------------
-def _check(model, input_shape, opset, input_name, output_name):
+def _check(model, input_shape, input_name, output_name):
     if not isinstance(model, nn.Module):
         raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
     leaves = list(model.chain())
@@ -280,8 +310,6 @@ def _check(model, input_shape, opset, input_name, output_name):
         supported = ", ".join(sorted(t.__name__ for t in EMITTERS))
         raise NotImplementedError(f"cannot export to ONNX: unsupported {', '.join(unsupported)}; "
                                   f"supported layers: {supported}")
-    if opset not in OPSET_IR_VERSION:
-        raise ValueError(f"opset must be between {min(OPSET_IR_VERSION)} and {max(OPSET_IR_VERSION)}, got {opset!r}")
     for what, v in (("input_name", input_name), ("output_name", output_name)):
         if not isinstance(v, str) or not v:
             raise ValueError(f"{what} must be a non-empty string, got {v!r}")
@@ -322,9 +350,9 @@ def _value_info(name, shape):
     return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
 
 
-def _build(model, input_shape, opset, dynamic_batch, input_name, output_name):
-    """The graph without the weights' bytes: (graph, initializer list)."""
-    shapes = _check(model, input_shape, opset, input_name, output_name)
+def _build(model, input_shape, dynamic_batch, input_name, output_name):
+    """The graph without the weights' bytes: (graph, initializer list, the input's shape)."""
+    shapes = _check(model, input_shape, input_name, output_name)
     g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0])
     sym = g.sym
     x = g.chain(model, "", input_name, shapes[0])
@@ -340,7 +368,55 @@ def _build(model, input_shape, opset, dynamic_batch, input_name, output_name):
                          output=[_value_info(output_name, sym(shapes[-1]))],
                          value_info=[_value_info(n, s) for n, s in g.shapes.items()
                                      if s is not None and n not in (input_name, output_name)])
-    return graph, g.inits
+    return graph, g.inits, sym(shapes[0])
+
+
+# -- opset, target and metadata -----------------------------------------------------------
+def resolve_opset(opset=None, target=None):
+    """(opset, ir_version) for an explicit `opset`, a `target` consumer, both, or neither (17)."""
+    if target is None:
+        opset = DEFAULT_OPSET if opset is None else opset
+        if opset not in OPSET_IR_VERSION:
+            raise ValueError(f"opset must be between {min(OPSET_IR_VERSION)} and {max(OPSET_IR_VERSION)}, "
+                             f"got {opset!r}")
+        return opset, OPSET_IR_VERSION[opset]
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; known targets: {', '.join(TARGETS)}")
+    max_opset, max_ir = TARGETS[target]
+    readable = [o for o, ir in OPSET_IR_VERSION.items() if o <= max_opset and ir <= max_ir]
+    if not readable:
+        raise ValueError(f"{target} reads opsets up to {max_opset} (IR {max_ir}); netcl writes opsets "
+                         f"{min(OPSET_IR_VERSION)} to {max(OPSET_IR_VERSION)}")
+    if opset is None:
+        opset = max(readable)
+    elif opset not in readable:
+        raise ValueError(f"{target} reads opsets up to {max_opset} (IR {max_ir}), got opset={opset!r}; "
+                         f"leave opset out to get {max(readable)}")
+    return opset, OPSET_IR_VERSION[opset]
+
+
+_LAYOUTS = {2: "NC", 3: "NLC", 4: "NCHW"}
+
+
+def _metadata_props(model, input_shape, batch, metadata):
+    """netcl's provenance keys, then the user's (sorted): no timestamps or paths, so the same
+    model and options always give the same bytes. netcl.architecture (the .netcl header's layer
+    list) lets import_onnx restore layers that emit no node (Dropout, Identity) and exact configs."""
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"metadata must map str -> str, got {k!r}: {type(v).__name__}")
+        if k.startswith("netcl."):
+            raise ValueError(f"metadata key {k!r}: keys starting with 'netcl.' are netcl's own provenance")
+    rank = len(input_shape)
+    own = {"netcl.version": __version__,
+           "netcl.input_layout": _LAYOUTS.get(rank, "N" + "D" * (rank - 1)),
+           "netcl.input_shape": ",".join(str(d) for d in (batch,) + tuple(input_shape[1:])),
+           "netcl.architecture": json.dumps(architecture(model), sort_keys=True, separators=(",", ":"))}
+    return [P.StringStringEntryProto(key=k, value=v) for k, v in list(own.items()) + sorted(metadata.items())]
 
 
 # -- writing -----------------------------------------------------------------------------
@@ -412,25 +488,37 @@ def _write_tensor(f, source, nbytes):
         f.write(memoryview(a).cast("B"))
 
 
-def export_onnx(model, input_shape, path, *, opset=DEFAULT_OPSET, dynamic_batch=False, input_name="input",
-                output_name="output", external_data=None, doc_string=""):
+def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_batch=False, input_name="input",
+                output_name="output", external_data=None, metadata=None, doc_string=""):
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
 
     input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
-    opset: ai.onnx opset version, 13 to 25 (default 17); ir_version follows from OPSET_IR_VERSION.
+    opset: ai.onnx opset version, 13 to 25 (default 17, or the highest that `target` reads);
+        ir_version follows from OPSET_IR_VERSION.
+    target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the export
+        takes the highest opset and IR version it reads; an explicit opset it cannot read: ValueError.
     dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
     input_name, output_name: names of the graph input and output.
     external_data: None chooses a side file (`<path>.data`) only if the model would pass protobuf's
         2 GB limit; True forces it; False refuses (ValueError) a model that would pass the limit.
+    metadata: dict str -> str, written (keys sorted) as ModelProto.metadata_props after netcl's own
+        provenance keys (netcl.version, netcl.input_layout, netcl.input_shape, netcl.architecture).
+    doc_string: the ModelProto's doc_string.
     Returns the list of files written. Raises ValueError for a model in training mode or an
-    input_shape that does not fit, NotImplementedError naming every unsupported layer; nothing is
-    written then, and a failed export leaves any existing file untouched.
+    input_shape that does not fit, NotImplementedError naming every unsupported layer, TypeError
+    for metadata that is not str -> str; nothing is written then, and a failed export leaves any
+    existing file untouched.
     """
-    graph, inits = _build(model, input_shape, opset, dynamic_batch, input_name, output_name)
-    # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8)
-    model_head = P.ModelProto(ir_version=OPSET_IR_VERSION[opset], producer_name="netcl",
+    opset, ir_version = resolve_opset(opset, target)
+    if not isinstance(doc_string, str):
+        raise TypeError(f"doc_string must be a str, got {type(doc_string).__name__}")
+    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name)
+    props = _metadata_props(model, in_shape, in_shape[0], metadata)
+    # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8), metadata_props (14)
+    model_head = P.ModelProto(ir_version=ir_version, producer_name="netcl",
                               producer_version=__version__, doc_string=doc_string).SerializeToString()
-    model_tail = P.ModelProto(opset_import=[P.OperatorSetIdProto(domain="", version=opset)]).SerializeToString()
+    model_tail = P.ModelProto(opset_import=[P.OperatorSetIdProto(domain="", version=opset)],
+                              metadata_props=props).SerializeToString()
     # GraphProto fields: node (1), name (2) | initializer (5) | input, output, value_info (11-13)
     graph_head = P.GraphProto(node=graph.node, name=graph.name).SerializeToString()
     graph_tail = P.GraphProto(input=graph.input, output=graph.output,

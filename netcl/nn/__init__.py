@@ -13,6 +13,7 @@ from netcl.nn.module import Module, manual_seed
 from netcl.nn.norm import BatchNorm2d
 from netcl.nn.pool import AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
+from netcl.nn.torch_import import from_torch
 from netcl.nn.upsample import Upsample
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
@@ -21,4 +22,4 @@ LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d,
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
            "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "Residual", "Concat", "ModuleList", "Upsample"]
+           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch", "Residual", "Concat", "ModuleList", "Upsample"]

@@ -1,0 +1,43 @@
+"""export_test_case: a model and an input -> the ONNX backend-test layout, for any consumer to check.
+
+    folder/model.onnx
+    folder/test_data_set_0/input_0.pb     TensorProto of the input
+    folder/test_data_set_0/output_0.pb    TensorProto of netcl's output for it
+
+(onnx's backend tests and `onnx_test_runner` read this layout; the .pb files load with
+onnx.numpy_helper.to_array(onnx.load_tensor(path))). Written with netcl's own bindings.
+"""
+import os
+
+import numpy as np
+
+from netcl.io.atomic import AtomicFile
+from netcl.io.onnx_export import export_onnx, onnx_pb2 as P
+from netcl.tensor import Tensor, _as_float32
+
+
+def tensor_proto(array, name):
+    """A float32 TensorProto (raw little-endian bytes) of `array`."""
+    a = np.ascontiguousarray(array, dtype="<f4")
+    return P.TensorProto(dims=a.shape, data_type=P.TensorProto.FLOAT, name=name, raw_data=a.tobytes())
+
+
+def export_test_case(model, x, folder, **export_options):
+    """Write `model` (eval mode) as folder/model.onnx for input shape x.shape, with x and netcl's
+    output for it as folder/test_data_set_0/{input_0,output_0}.pb. `export_options` go to
+    export_onnx (opset, target, dynamic_batch, input_name, output_name, metadata, ...).
+    Returns the list of files written."""
+    x = _as_float32(x)
+    if model.training:
+        raise ValueError("the model is in training mode; call model.eval() before exporting a test case")
+    folder = os.fspath(folder)
+    data = os.path.join(folder, "test_data_set_0")
+    os.makedirs(data, exist_ok=True)
+    files = export_onnx(model, x.shape, os.path.join(folder, "model.onnx"), **export_options)
+    y = model(Tensor.from_host(None, x)).to_host()
+    names = (export_options.get("input_name", "input"), export_options.get("output_name", "output"))
+    for (array, name), file in zip(((x, names[0]), (y, names[1])), ("input_0.pb", "output_0.pb")):
+        with AtomicFile(os.path.join(data, file), "write test case") as f:
+            f.write(tensor_proto(array, name).SerializeToString())
+        files.append(os.path.join(data, file))
+    return files

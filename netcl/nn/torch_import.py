@@ -1,0 +1,206 @@
+"""from_torch: a torch.nn model -> the netcl Sequential with the same layers and weights.
+
+Read `CONVERTERS`: one entry per torch class, which says the netcl layer it becomes and which of
+the torch module's attributes are its config. torch is never imported: a torch module is
+recognised by its class's module path and read through its attributes, and the weights go
+through load_state_dict, which reads torch tensors in torch's layouts (Linear transposed).
+"""
+import inspect
+
+from netcl.nn.module import Module, bound_config
+from netcl.nn.sequential import Sequential
+
+
+class _Unsupported(Exception):
+    """A torch setting netcl has no equivalent for (collected, then raised as NotImplementedError)."""
+
+
+def _pair(name, v):
+    """A torch int-or-pair attribute as one int; a non-square pair is not something netcl has."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2 or v[0] != v[1]:
+            raise _Unsupported(f"{name}={tuple(v)} (netcl takes square, symmetric values)")
+        v = v[0]
+    if isinstance(v, str):
+        raise _Unsupported(f"{name}={v!r} (netcl takes explicit integers)")
+    return v
+
+
+def _layer(kind, **config):
+    """netcl layer `kind` from `config`, dropping values equal to the constructor's defaults; a
+    value that the netcl class does not take at all (e.g. groups on a Conv2d without them) is
+    unsupported rather than silently ignored."""
+    cls = _netcl_layers()[kind]
+    params = inspect.signature(cls).parameters
+    kwargs = {}
+    for k, v in config.items():
+        if k in params:
+            kwargs[k] = v
+        elif v != _TORCH_DEFAULTS.get(k):
+            raise _Unsupported(f"{k}={v!r} (netcl's {kind} has no {k!r})")
+    return cls(**bound_config(cls, kwargs))
+
+
+# torch settings that netcl does not need to be told when they hold these values
+_TORCH_DEFAULTS = {"dilation": 1, "groups": 1, "start_dim": 1, "end_dim": -1, "output_padding": 0}
+
+
+def _require(m, **expected):
+    for k, v in expected.items():
+        if getattr(m, k) != v:
+            raise _Unsupported(f"{k}={getattr(m, k)!r} (netcl supports only {k}={v!r})")
+
+
+def _linear(m):
+    return _layer("Linear", in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None)
+
+
+def _conv2d(m):
+    _require(m, padding_mode="zeros")
+    return _layer("Conv2d", in_channels=m.in_channels, out_channels=m.out_channels,
+                  kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
+                  padding=_pair("padding", m.padding), dilation=_pair("dilation", m.dilation), groups=m.groups,
+                  bias=m.bias is not None)
+
+
+def _conv_transpose2d(m):
+    _require(m, padding_mode="zeros")
+    return _layer("ConvTranspose2d", in_channels=m.in_channels, out_channels=m.out_channels,
+                  kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
+                  padding=_pair("padding", m.padding), output_padding=_pair("output_padding", m.output_padding),
+                  dilation=_pair("dilation", m.dilation), groups=m.groups, bias=m.bias is not None)
+
+
+def _batchnorm2d(m):
+    _require(m, affine=True, track_running_stats=True)
+    if m.momentum is None:
+        raise _Unsupported("momentum=None (a cumulative average; netcl keeps an exponential one)")
+    return _layer("BatchNorm2d", num_features=m.num_features, eps=m.eps, momentum=m.momentum)
+
+
+def _layernorm(m):
+    shape = tuple(m.normalized_shape)
+    if len(shape) != 1:
+        raise _Unsupported(f"normalized_shape={shape} (netcl normalises over the last dimension only)")
+    _require(m, elementwise_affine=True)
+    if getattr(m, "bias", True) is None:
+        raise _Unsupported("bias=False")
+    return _layer("LayerNorm", normalized_shape=shape[0], eps=m.eps)
+
+
+def _pool(kind):
+    def convert(m):
+        if kind == "MaxPool2d":
+            _require(m, ceil_mode=False, return_indices=False)
+            if _pair("dilation", m.dilation) != 1:
+                raise _Unsupported(f"dilation={m.dilation}")
+        else:
+            _require(m, ceil_mode=False, count_include_pad=True, divisor_override=None)
+        return _layer(kind, kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
+                      padding=_pair("padding", m.padding))
+    return convert
+
+
+def _same(kind, *attrs):
+    """A layer whose netcl config is the torch module's attributes of the same names."""
+    return lambda m: _layer(kind, **{a: getattr(m, a) for a in attrs})
+
+
+def _softmax(m):
+    if m.dim is None:
+        raise _Unsupported("dim=None (torch's implicit dimension; give dim explicitly)")
+    return _layer("Softmax", dim=m.dim)
+
+
+# torch class name -> converter (the netcl class has the same name); entries whose netcl class does
+# not exist yet are left out of supported(), so a layer added to netcl.nn under its API name is
+# supported here by the entry already written for it
+CONVERTERS = {
+    "Linear": _linear,
+    "Conv2d": _conv2d,
+    "ConvTranspose2d": _conv_transpose2d,
+    "BatchNorm2d": _batchnorm2d,
+    "LayerNorm": _layernorm,
+    "MaxPool2d": _pool("MaxPool2d"),
+    "AvgPool2d": _pool("AvgPool2d"),
+    "AdaptiveAvgPool2d": _same("AdaptiveAvgPool2d", "output_size"),
+    "AdaptiveAvgPool1d": _same("AdaptiveAvgPool1d", "output_size"),
+    "ReLU": _same("ReLU"),
+    "LeakyReLU": _same("LeakyReLU", "negative_slope"),
+    "Sigmoid": _same("Sigmoid"),
+    "Tanh": _same("Tanh"),
+    "GELU": _same("GELU", "approximate"),
+    "SiLU": _same("SiLU"),
+    "ReLU6": _same("ReLU6"),
+    "Hardswish": _same("Hardswish"),
+    "Hardsigmoid": _same("Hardsigmoid"),
+    "Softmax": _softmax,
+    "Flatten": _same("Flatten", "start_dim", "end_dim"),
+    "Dropout": _same("Dropout", "p"),
+    "Identity": _same("Identity"),
+}
+
+
+def _netcl_layers():
+    """netcl's public layer classes by name, found as Module's subclasses: this module sits inside
+    netcl.nn and cannot import the package's registry without an import cycle."""
+    found, todo = {}, [Module]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.startswith("netcl.nn.") and not cls.__name__.startswith("_"):
+            found[cls.__name__] = cls
+    return found
+
+
+def supported():
+    """The torch classes from_torch converts with this netcl (Sequential nests them)."""
+    have = _netcl_layers()
+    return ["Sequential"] + [k for k in CONVERTERS if k in have]
+
+
+def _torch_class(m):
+    """The torch.nn class name of `m`, or None if it is not a torch.nn module (checked by module path,
+    so a user's class that happens to be called Linear is not mistaken for torch's)."""
+    cls = type(m)
+    return cls.__name__ if cls.__module__.startswith("torch.nn.modules.") else None
+
+
+def _convert(m, path, problems):
+    kind = _torch_class(m)
+    where = f"layer {path or '(top)'} ({type(m).__name__})"
+    if kind == "Sequential":
+        layers = [_convert(child, f"{path}.{name}" if path else name, problems) for name, child in m.named_children()]
+        return None if None in layers else Sequential(*layers)
+    if kind not in supported():
+        problems.append(f"{where}: not supported")
+        return None
+    try:
+        return CONVERTERS[kind](m)
+    except _Unsupported as e:
+        problems.append(f"{where}: {e}")
+        return None
+
+
+def from_torch(module):
+    """A netcl Sequential with the layers and weights of `module`: a torch.nn.Sequential of
+    supported layers (nested Sequentials included), or one supported layer. The result is in
+    the torch module's mode (train or eval) and holds its weights on the host.
+
+    Raises TypeError if `module` is not a torch.nn module, NotImplementedError naming every
+    unsupported layer (its path and class) or setting and listing the supported classes."""
+    if not any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in type(module).__mro__):
+        raise TypeError(f"from_torch expects a torch.nn.Sequential, got {type(module).__name__}")
+    problems = []
+    model = _convert(module, "", problems)
+    if problems:
+        raise NotImplementedError("cannot convert the torch model: " + "; ".join(problems)
+                                  + f". Supported torch layers: {', '.join(supported())}")
+    if not isinstance(model, Sequential):
+        model = Sequential(model)
+        state = {f"0.{k}": v for k, v in module.state_dict().items()}
+    else:
+        state = module.state_dict()
+    model.load_state_dict(state)
+    return model.train(bool(module.training))
+
