@@ -12,7 +12,7 @@ from conftest import assert_close
 
 import netcl
 from netcl import FormatError, Tensor, nn, optim
-from netcl.io import export_onnx, load, load_checkpoint, save, save_checkpoint
+from netcl.io import export_onnx, import_onnx, load, load_checkpoint, save, save_checkpoint
 
 
 @pytest.fixture
@@ -360,6 +360,9 @@ def test_export_matches_onnxruntime_at_two_batch_sizes(queue, rng, torch, tmp_pa
         worst = max(worst, float(np.abs(got - want).max()))
     assert worst <= 1e-5, worst
     record_error(worst)
+    back = import_onnx(path)  # netcl's own file comes back as the same blocks and weights
+    assert repr(back) == repr(model)
+    assert all(np.array_equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
 
 
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
