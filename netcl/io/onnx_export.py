@@ -19,6 +19,7 @@ import numpy as np
 from netcl import nn
 from netcl.io.atomic import AtomicFile, file_path
 from netcl.io.netcl_format import architecture
+from netcl.nn.module import ShapeError
 from netcl.version import __version__
 
 
@@ -89,12 +90,12 @@ FLOAT, INT64 = P.TensorProto.FLOAT, P.TensorProto.INT64
 class _Graph:
     """Nodes, initializers and value infos, named after the netcl layer being emitted.
 
-    Emitters call `param`, `const` and `op`; `op` returns the name of its output value.
-    Shapes use `self.batch` for the batch dimension (an int, or a name when symbolic) and
-    None for a dimension that is known only at run time."""
+    Emitters call `param`, `const` and `op`; `op` returns the name of its output value; a
+    block's emitter calls `emit` for each layer it holds. Shapes use `self.batch` for the batch
+    dimension (an int, or a name when symbolic) and None for a dimension known only at run time."""
 
-    def __init__(self, batch):
-        self.batch = batch
+    def __init__(self, batch, n):
+        self.batch, self.n = batch, n  # n: the concrete batch, for the layers' output_shape
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
         self.layer = self.path = None
 
@@ -129,6 +130,34 @@ class _Graph:
             self.shapes[out] = shape
         return out
 
+    def chain(self, layer, path, x, shape):
+        """Emit the layers `layer` applies in order (itself, or a Sequential's chain) at state_dict
+        path `path` on value `x` of `shape`; returns the output value, named "<path>.<type>"."""
+        shape = (self.n,) + tuple(shape[1:])
+        for p, leaf in layer.chain(path):
+            out = tuple(leaf.output_shape(shape))
+            self.begin(p, leaf)
+            first = len(self.nodes)
+            y = EMITTERS[type(leaf)](self, leaf, x, self.sym(shape), self.sym(out))
+            if y != x:  # name each layer's output after the layer
+                name = f"{p}.{type(leaf).__name__}"
+                self.rename(y, name, first)
+                self.shapes[name] = self.sym(out)
+                y = name
+            x, shape = y, out
+        return x
+
+    def emit(self, layer, name, x, shape):
+        """For a block's emitter: emit its child `name` (a layer or a Sequential) on `x`; returns
+        the child's output value. Names follow the state_dict ("3.body.0.Conv")."""
+        outer = self.path, self.layer, self._count
+        y = self.chain(layer, f"{self.path}.{name}", x, shape)
+        self.path, self.layer, self._count = outer
+        return y
+
+    def sym(self, shape):
+        return (self.batch,) + tuple(shape[1:])
+
     def rename(self, old, new, first_node):
         """Give value `old` (made by nodes[first_node:]) the name `new`."""
         for node in self.nodes[first_node:]:
@@ -145,6 +174,8 @@ def _attribute(name, v):
         return A(name=name, type=A.INT, i=v)
     if isinstance(v, (list, tuple)):
         return A(name=name, type=A.INTS, ints=[int(i) for i in v])
+    if isinstance(v, str):
+        return A(name=name, type=A.STRING, s=v.encode())
     raise TypeError(f"attribute {name}: unsupported value {v!r}")
 
 
@@ -230,6 +261,26 @@ def _multihead_attention(g, m, x, s, out):
     return g.op("Reshape", [y, g.const("shape_out", [-1, length, e])], out)
 
 
+def _residual(g, m, x, s, out):
+    y = g.emit(m.body, "body", x, s)
+    return g.op("Add", [y, x if m.shortcut is None else g.emit(m.shortcut, "shortcut", x, s)], out)
+
+
+def _concat(g, m, x, s, out):
+    ys = [g.emit(branch, f"branches.{b}", x, s) for b, branch in enumerate(m.branches.layers)]
+    return g.op("Concat", ys, out, axis=m.dim)
+
+
+def _upsample(g, m, x, s, out):
+    # the modes that reproduce PyTorch: floor(out / s) for nearest, half_pixel = align_corners=False
+    k = float(m.scale_factor)
+    ins = [x, g.const("roi", [], np.float32), g.const("scales", [1.0, 1.0, k, k], np.float32)]
+    if m.mode == "nearest":
+        return g.op("Resize", ins, out, mode="nearest", coordinate_transformation_mode="asymmetric",
+                    nearest_mode="floor")
+    return g.op("Resize", ins, out, mode="linear", coordinate_transformation_mode="half_pixel")
+
+
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
@@ -246,12 +297,16 @@ EMITTERS = {
     nn.Dropout: _identity,                      # no node (identity at inference)
     nn.Softmax: _softmax,                        # Softmax(axis=dim)
     nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
+    nn.Residual: _residual,                      # the body's nodes, the shortcut's (if any), Add
+    nn.Concat: _concat,                          # each branch's nodes, Concat(axis=dim)
+    nn.Upsample: _upsample,                      # Resize (scales initializer, empty roi)
 }
 
 # Registered layers that need no emitter of their own, with the reason (tests check that every
 # type in nn.LAYERS is in exactly one of the two tables).
 NOT_EMITTED = {
     nn.Sequential: "walked by Module.chain(): a nested Sequential's layers are emitted in order",
+    nn.ModuleList: "Concat's branches: emitted by Concat, branch by branch",
 }
 
 
@@ -260,10 +315,12 @@ def _check(model, input_shape, input_name, output_name):
     if not isinstance(model, nn.Module):
         raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
     leaves = list(model.chain())
-    if model.training or any(m.training for _, m in leaves):
+    held = list(_held(model))
+    if model.training or any(m.training for _, m in held):
         raise ValueError("the model is in training mode; call model.eval() before exporting "
                          "(BatchNorm would otherwise bake in meaningless statistics)")
-    unsupported = [f"layer {p} ({type(m).__name__})" for p, m in leaves if type(m) not in EMITTERS]
+    unsupported = [f"layer {p} ({type(m).__name__})" for p, m in held
+                   if type(m) not in EMITTERS and type(m) not in NOT_EMITTED]
     if unsupported:
         supported = ", ".join(sorted(t.__name__ for t in EMITTERS))
         raise NotImplementedError(f"cannot export to ONNX: unsupported {', '.join(unsupported)}; "
@@ -283,10 +340,20 @@ def _check(model, input_shape, input_name, output_name):
     for p, m in leaves:
         try:
             shapes.append(tuple(m.output_shape(shapes[-1])))
+        except ShapeError as e:  # inside a block: name the layer's full path
+            raise ValueError(f"input_shape {shape} does not fit the model: {e.at(p)}") from None
         except ValueError as e:
             raise ValueError(f"input_shape {shape} does not fit the model: layer {p} ({type(m).__name__}) "
                              f"gets {shapes[-1]}: {e}") from None
-    return leaves, shapes
+    return shapes
+
+
+def _held(layer, path=""):
+    """(path, layer) for every layer the model holds, blocks' children included."""
+    for name, child in layer.named_children():
+        p = f"{path}.{name}" if path else name
+        yield p, child
+        yield from _held(child, p)
 
 
 # -- building ----------------------------------------------------------------------------
@@ -300,20 +367,10 @@ def _value_info(name, shape):
 
 def _build(model, input_shape, dynamic_batch, input_name, output_name):
     """The graph without the weights' bytes: (graph, initializer list, the input's shape)."""
-    leaves, shapes = _check(model, input_shape, input_name, output_name)
-    batch = "batch" if dynamic_batch else shapes[0][0]
-    sym = lambda s: (batch,) + tuple(s[1:])  # noqa: E731
-    g = _Graph(batch)
-    x = input_name
-    for (path, layer), s_in, s_out in zip(leaves, shapes, shapes[1:]):
-        g.begin(path, layer)
-        first = len(g.nodes)
-        y = EMITTERS[type(layer)](g, layer, x, sym(s_in), sym(s_out))
-        if y != x:  # name each layer's output after the layer
-            g.rename(y, f"{path}.{type(layer).__name__}", first)
-            y = f"{path}.{type(layer).__name__}"
-            g.shapes[y] = sym(s_out)
-        x = y
+    shapes = _check(model, input_shape, input_name, output_name)
+    g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0])
+    sym = g.sym
+    x = g.chain(model, "", input_name, shapes[0])
     if x == input_name:  # nothing but dropped layers
         g.begin("output", None)
         g.nodes.append(P.NodeProto(input=[x], output=[output_name], name="output", op_type="Identity"))

@@ -5,6 +5,7 @@ exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."
 from netcl.nn.activation import LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity
+from netcl.nn.blocks import Concat, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
@@ -13,11 +14,13 @@ from netcl.nn.norm import BatchNorm2d
 from netcl.nn.pool import AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
 from netcl.nn.torch_import import from_torch
+from netcl.nn.upsample import Upsample
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
-                                        MultiheadAttention, ConvTranspose2d)}
+                                        MultiheadAttention, ConvTranspose2d, Residual, Concat, ModuleList, Upsample)}
 
 __all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
            "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch", "ConvTranspose2d"]
+           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch", "ConvTranspose2d", "Residual", "Concat",
+           "ModuleList", "Upsample"]
