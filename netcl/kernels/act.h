@@ -35,7 +35,7 @@
      (kind) == ACT_SIGMOID ? 1.0f / (1.0f + exp(-(v))) :                            \
      (kind) == ACT_TANH ? tanh(v) :                                                 \
      (kind) == ACT_GELU ? (v) * 0.5f * (1.0f + erf((v) * ACT_SQRT1_2)) :            \
-     (kind) == ACT_GELU_TANH ? 0.5f * (v) * (1.0f + tanh(ACT_GELU_INNER(v))) :      \
+     (kind) == ACT_GELU_TANH ? (v) / (1.0f + exp(-2.0f * ACT_GELU_INNER(v))) :      \
      (kind) == ACT_SILU ? (v) / (1.0f + exp(-(v))) :                                \
      (kind) == ACT_RELU6 ? ACT_CLAMP6(v) :                                          \
      (kind) == ACT_HARDSWISH ? (v) * ACT_CLAMP6((v) + 3.0f) / 6.0f :                \
@@ -45,7 +45,8 @@
 // for all others (netcl.act.Act.saves_output). The piecewise ones use PyTorch's boundaries:
 // relu6 (hardtanh) passes g strictly inside (0, 6) and for NaN; hardswish is 0 up to -3
 // (inclusive), g from 3 on and for NaN; hardsigmoid g/6 strictly inside (-3, 3), 0 for NaN.
-// GELU tanh's 1 - tanh(u)^2 is written 1 / cosh(u)^2: no cancellation where tanh(u) nears 1.
+// GELU tanh uses 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)) and 1 - tanh(u)^2 = 1 / cosh(u)^2: no
+// cancellation in the tails (PoCL's tanh also stops one ulp short of +-1, so -inf would not give NaN).
 #define ACT_GRAD(kind, s, g, slope)                                                          \
     ((kind) == ACT_RELU ? ((s) > 0.0f ? (g) : 0.0f) :                                        \
      (kind) == ACT_LEAKY_RELU ? ((s) > 0.0f ? (g) : (g) * (slope)) :                          \
@@ -53,7 +54,7 @@
      (kind) == ACT_TANH ? (g) * (1.0f - (s) * (s)) :                                         \
      (kind) == ACT_GELU ? (g) * (0.5f * (1.0f + erf((s) * ACT_SQRT1_2)) +                   \
                                  (s) * ACT_INV_SQRT_2PI * exp(-0.5f * (s) * (s))) :           \
-     (kind) == ACT_GELU_TANH ? (g) * (0.5f * (1.0f + tanh(ACT_GELU_INNER(s))) +               \
+     (kind) == ACT_GELU_TANH ? (g) * (1.0f / (1.0f + exp(-2.0f * ACT_GELU_INNER(s))) +          \
                                       0.5f * (s) / (cosh(ACT_GELU_INNER(s)) * cosh(ACT_GELU_INNER(s))) * \
                                       ACT_SQRT_2_PI * (1.0f + 3.0f * ACT_GELU_KAPPA * (s) * (s))) : \
      (kind) == ACT_SILU ? (g) / (1.0f + exp(-(s))) * (1.0f + (s) * (1.0f - 1.0f / (1.0f + exp(-(s))))) : \

@@ -146,8 +146,10 @@ __kernel void ln_bwd_dx(const int M, const int D, __global const float *x, __glo
     }
     const float a = group_sum(part, sa) / (float)D;
     const float b = group_sum(part, sb) / (float)D;
-    for (int d = t; d < D; d += RED)
-        dx[base + d] = inv * (dy[base + d] * gamma[d] - a - (x[base + d] - mu) * inv * b);
+    for (int d = t; d < D; d += RED) {
+        const float g = dy[base + d] * gamma[d];  // its own statement: not contracted into an fma with - a
+        dx[base + d] = inv * ((g - a) - (x[base + d] - mu) * inv * b);
+    }
 }
 
 // dgamma[d] = sum_m dy * xhat, dbeta[d] = sum_m dy (accumulated when acc), one work-group per column
