@@ -258,20 +258,14 @@ def _hardswish(g, m, x, s, out):
     return g.op("Mul", [x, _hardsigmoid(g, m, x, s, s)], out)
 
 
-def _reduce_mean_last(g, x, shape):
-    """Mean over the last axis, kept: axes an attribute before opset 18, an input from 18."""
-    if g.opset >= 18:
-        return g.op("ReduceMean", [x, g.const("axes", [-1])], shape, keepdims=1)
-    return g.op("ReduceMean", [x], shape, axes=[-1], keepdims=1)
-
-
 def _layernorm(g, m, x, s, out):
     w, b = g.param("weight"), g.param("bias")
     if g.opset >= 17:  # LayerNormalization appeared in opset 17
         return g.op("LayerNormalization", [x, w, b], out, axis=-1, epsilon=m.eps)
+    # below 17, ReduceMean takes its axes as an attribute (an input only from opset 18)
     row = tuple(s[:-1]) + (1,)
-    d = g.op("Sub", [x, _reduce_mean_last(g, x, row)], s)
-    var = _reduce_mean_last(g, g.op("Mul", [d, d], s), row)
+    d = g.op("Sub", [x, g.op("ReduceMean", [x], row, axes=[-1], keepdims=1)], s)
+    var = g.op("ReduceMean", [g.op("Mul", [d, d], s)], row, axes=[-1], keepdims=1)
     std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
     return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
 

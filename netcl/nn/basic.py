@@ -31,6 +31,9 @@ class Flatten(Module):
         self.start_dim, self.end_dim = as_int("start_dim", start_dim), as_int("end_dim", end_dim)
 
     def config(self):
+        # the default records nothing: files, repr and ONNX doc strings stay as they were before the arguments
+        if (self.start_dim, self.end_dim) == (1, -1):
+            return {}
         return {"start_dim": self.start_dim, "end_dim": self.end_dim}
 
     def output_shape(self, shape):
