@@ -206,10 +206,11 @@ def test_winograd_block_shapes(q, monkeypatch, tile):
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
 
 
-ACTIVATIONS = [nn.GELU, lambda: nn.GELU("tanh"), nn.SiLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid]
+ACTIVATIONS = {"GELU": nn.GELU, "GELU-tanh": lambda: nn.GELU("tanh"), "SiLU": nn.SiLU, "ReLU6": nn.ReLU6,
+               "Hardswish": nn.Hardswish, "Hardsigmoid": nn.Hardsigmoid}
 
 
-@pytest.mark.parametrize("make_act", ACTIVATIONS, ids=["GELU", "GELU-tanh", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid"])
+@pytest.mark.parametrize("make_act", ACTIVATIONS.values(), ids=ACTIVATIONS.keys())
 def test_new_activations_fuse(q, make_act):
     """Each activation rides in the convolution (Winograd and direct) and linear kernels' epilogues
     (act.h), and equals the layer-by-layer forward."""
