@@ -141,8 +141,11 @@ def test_activation_at_its_kinks_vs_torch(queue, torch, record_error, name, kw):
 
 
 def test_gelu_approximate_is_checked():
-    for bad in ("erf", "TANH", None, 1):
+    for bad in ("erf", "TANH", ""):
         with pytest.raises(ValueError, match="approximate must be one of"):
+            nn.GELU(approximate=bad)
+    for bad in (None, 1, True):
+        with pytest.raises(TypeError, match="approximate must be a string"):
             nn.GELU(approximate=bad)
 
 
@@ -173,8 +176,11 @@ def test_layernorm_accumulates_gradients_and_takes_pytorch_arguments(queue, rng)
             nn.LayerNorm(bad)
     with pytest.raises(ValueError, match=r"expects input \(\.\.\., 6\)"):
         layer.output_shape((2, 5))
-    with pytest.raises(ValueError, match="eps"):
-        nn.LayerNorm(4, eps=0.0)
+    for eps in (0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps"):
+            nn.LayerNorm(4, eps=eps)
+    with pytest.raises(TypeError, match="eps must be a number"):
+        nn.LayerNorm(4, eps=True)
 
 
 class _TorchTranspose:

@@ -51,7 +51,9 @@ class GELU(_Activation):
     # x * Phi(x): "none" with erf, "tanh" with PyTorch's tanh approximation
     def __init__(self, approximate="none"):
         super().__init__()
-        if not isinstance(approximate, str) or approximate not in _GELU_ACTS:
+        if not isinstance(approximate, str):
+            raise TypeError(f"GELU approximate must be a string, got {type(approximate).__name__}")
+        if approximate not in _GELU_ACTS:
             raise ValueError(f"GELU approximate must be one of {list(_GELU_ACTS)}, got {approximate!r}")
         self.approximate = approximate
         self.act = _GELU_ACTS[approximate]

@@ -77,9 +77,9 @@ class LayerNorm(Module):
                                  f"int or a 1-tuple, got {normalized_shape!r}")
             normalized_shape = normalized_shape[0]
         self.normalized_shape = positive("normalized_shape", normalized_shape)
-        self.eps = float(eps)
-        if not 0.0 < self.eps < math.inf:
-            raise ValueError(f"LayerNorm needs eps > 0 (finite), got {eps}")
+        self.eps = as_float("eps", eps)
+        if not self.eps > 0.0:
+            raise ValueError(f"LayerNorm needs eps > 0, got {eps}")
         shapes = self.tensor_shapes(self.normalized_shape)
         self.weight, self.bias = constant(1.0, shapes["weight"]), constant(0.0, shapes["bias"])
         self._params = {"weight": self.weight, "bias": self.bias}
