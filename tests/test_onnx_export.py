@@ -9,7 +9,7 @@ import pytest
 
 import netcl
 from netcl import models, nn
-from netcl.io import export_onnx
+from netcl.io import export_onnx, import_onnx
 from netcl.io import onnx_export as ox
 from netcl.io.onnx_export import onnx_pb2 as P
 from conftest import randomize_batchnorm
@@ -343,6 +343,9 @@ def test_modern_layers_match_onnxruntime(ort, queue, rng, tmp_path, opset):
     for n in (2, 5):
         x = rng.normal(0, 2, (n, 3, 12, 12)).astype(np.float32)
         assert compare(f"modern-layers-opset{opset}", run_ort(path, x), run_netcl(queue, model, x)) <= 1e-5
+    back = import_onnx(path)  # netcl's own file: the recorded layers rebuild the same graph at this opset
+    assert repr(back) == repr(model) and all(np.array_equal(a, b) for a, b in
+                                             zip(back.state_dict().values(), model.state_dict().values()))
 
 
 def test_gelu_tanh_attribute_at_opset_20(tmp_path):

@@ -372,8 +372,8 @@ def _value_info(name, shape):
     return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
 
 
-def _build(model, input_shape, dynamic_batch, input_name, output_name):
-    """The graph without the weights' bytes: (graph, initializer list, the input's shape)."""
+def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset):
+    """The graph for `opset` without the weights' bytes: (graph, initializer list, the input's shape)."""
     leaves, shapes = _check(model, input_shape, input_name, output_name)
     batch = "batch" if dynamic_batch else shapes[0][0]
     sym = lambda s: (batch,) + tuple(s[1:])  # noqa: E731
@@ -544,7 +544,7 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
     opset, ir_version = resolve_opset(opset, target)
     if not isinstance(doc_string, str):
         raise TypeError(f"doc_string must be a str, got {type(doc_string).__name__}")
-    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name)
+    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name, opset=opset)
     props = _metadata_props(model, in_shape, in_shape[0], metadata)
     # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8), metadata_props (14)
     model_head = P.ModelProto(ir_version=ir_version, producer_name="netcl",
