@@ -92,10 +92,11 @@ class _Graph:
 
     Emitters call `param`, `const` and `op`; `op` returns the name of its output value; a
     block's emitter calls `emit` for each layer it holds. Shapes use `self.batch` for the batch
-    dimension (an int, or a name when symbolic) and None for a dimension known only at run time."""
+    dimension (an int, or a name when symbolic) and None for a dimension known only at run time;
+    `self.opset` is the target opset."""
 
-    def __init__(self, batch, n):
-        self.batch, self.n = batch, n  # n: the concrete batch, for the layers' output_shape
+    def __init__(self, batch, n, opset):
+        self.batch, self.n, self.opset = batch, n, opset  # n: the concrete batch, for the layers' output_shape
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
         self.layer = self.path = None
 
@@ -170,6 +171,8 @@ def _attribute(name, v):
     A = P.AttributeProto
     if isinstance(v, float):
         return A(name=name, type=A.FLOAT, f=v)
+    if isinstance(v, str):
+        return A(name=name, type=A.STRING, s=v.encode())
     if isinstance(v, int):
         return A(name=name, type=A.INT, i=v)
     if isinstance(v, (list, tuple)):
@@ -231,8 +234,86 @@ def _identity(g, m, x, s, out):  # Identity, and Dropout at inference: no node
     return x
 
 
+def _batch_stays_first(g, m, dims):
+    """Refuse a layer that moves the batch dimension: every shape the exporter writes has it first."""
+    if 0 in dims:
+        raise NotImplementedError(f"cannot export layer {g.path} ({m!r}): it moves the batch dimension, and "
+                                  "the exported graph keeps the batch first (dynamic_batch)")
+
+
 def _flatten(g, m, x, s, out):
-    return g.op("Flatten", [x], out, axis=1)
+    if (m.start_dim, m.end_dim) == (1, -1):  # (N, prod(...)), the form every consumer reads
+        return g.op("Flatten", [x], out, axis=1)
+    start = m.start_dim % len(s)
+    _batch_stays_first(g, m, [start])
+    # 0 copies the leading dimensions (the batch stays symbolic), -1 infers the merged one
+    return g.op("Reshape", [x, g.const("shape", [0] * start + [-1] + list(out[start + 1:]))], out)
+
+
+def _transpose(g, m, x, s, out):
+    lo, hi = m.dims(s)
+    if lo == hi:
+        return x
+    _batch_stays_first(g, m, [lo])
+    perm = list(range(len(s)))
+    perm[lo], perm[hi] = hi, lo
+    return g.op("Transpose", [x], out, perm=perm)
+
+
+def _adaptive_avg_pool(g, m, x, s, out):
+    size, spatial = m.output_size, s[2:]
+    if size == 1:
+        return g.op("GlobalAveragePool", [x], out)
+    if any(n % size for n in spatial):  # PyTorch's windows then differ in size (or overlap)
+        raise NotImplementedError(f"cannot export layer {g.path} ({m!r}) on input {tuple(s)}: its windows are "
+                                  f"uniform (an AveragePool) only when every spatial size is a multiple of "
+                                  f"output_size {size}")
+    k = [n // size for n in spatial]
+    return g.op("AveragePool", [x], out, kernel_shape=k, strides=k)
+
+
+# Opset-dependent forms: each layer's choice in one small helper.
+def _gelu(g, m, x, s, out):
+    if g.opset >= 20:  # Gelu appeared in opset 20
+        return g.op("Gelu", [x], out, **({"approximate": "tanh"} if m.approximate == "tanh" else {}))
+    half, one = g.const("half", 0.5, np.float32), g.const("one", 1.0, np.float32)
+    if m.approximate == "none":  # x * 0.5 * (1 + erf(x / sqrt(2)))
+        phi = g.op("Erf", [g.op("Mul", [x, g.const("rsqrt2", math.sqrt(0.5), np.float32)], s)], s)
+    else:  # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+        cube = g.op("Mul", [g.op("Mul", [x, x], s), x], s)
+        inner = g.op("Add", [x, g.op("Mul", [cube, g.const("kappa", 0.044715, np.float32)], s)], s)
+        phi = g.op("Tanh", [g.op("Mul", [inner, g.const("beta", math.sqrt(2 / math.pi), np.float32)], s)], s)
+    return g.op("Mul", [g.op("Mul", [x, half], s), g.op("Add", [phi, one], s)], out)
+
+
+def _silu(g, m, x, s, out):
+    return g.op("Mul", [x, g.op("Sigmoid", [x], s)], out)
+
+
+def _relu6(g, m, x, s, out):
+    return g.op("Clip", [x, g.const("min", 0.0, np.float32), g.const("max", 6.0, np.float32)], out)
+
+
+def _hardsigmoid(g, m, x, s, out):  # PyTorch's relu6(x + 3) / 6
+    return g.op("HardSigmoid", [x], out, alpha=1.0 / 6.0, beta=0.5)
+
+
+def _hardswish(g, m, x, s, out):
+    if g.opset >= 14:  # HardSwish appeared in opset 14
+        return g.op("HardSwish", [x], out)
+    return g.op("Mul", [x, _hardsigmoid(g, m, x, s, s)], out)
+
+
+def _layernorm(g, m, x, s, out):
+    w, b = g.param("weight"), g.param("bias")
+    if g.opset >= 17:  # LayerNormalization appeared in opset 17
+        return g.op("LayerNormalization", [x, w, b], out, axis=-1, epsilon=m.eps)
+    # below 17, ReduceMean takes its axes as an attribute (an input only from opset 18)
+    row = tuple(s[:-1]) + (1,)
+    d = g.op("Sub", [x, g.op("ReduceMean", [x], row, axes=[-1], keepdims=1)], s)
+    var = g.op("ReduceMean", [g.op("Mul", [d, d], s)], row, axes=[-1], keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
+    return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
 
 
 def _softmax(g, m, x, s, out):
@@ -292,7 +373,16 @@ EMITTERS = {
     nn.Tanh: _pointwise("Tanh"),
     nn.MaxPool2d: _pool("MaxPool"),
     nn.AvgPool2d: _pool("AveragePool", count_include_pad=1),
-    nn.Flatten: _flatten,                        # Flatten(axis=1): works with a symbolic batch
+    nn.Flatten: _flatten,                        # Flatten(axis=1) for (1, -1), else Reshape [0.., -1, dims]
+    nn.Transpose: _transpose,                    # Transpose(perm)
+    nn.AdaptiveAvgPool2d: _adaptive_avg_pool,    # GlobalAveragePool (size 1), AveragePool (uniform windows)
+    nn.AdaptiveAvgPool1d: _adaptive_avg_pool,
+    nn.LayerNorm: _layernorm,                    # LayerNormalization (opset >= 17), else its decomposition
+    nn.GELU: _gelu,                              # Gelu (opset >= 20), else the Erf / Tanh formula
+    nn.SiLU: _silu,                              # Mul(x, Sigmoid(x))
+    nn.ReLU6: _relu6,                            # Clip(0, 6)
+    nn.Hardswish: _hardswish,                    # HardSwish (opset >= 14), else Mul(x, HardSigmoid(x))
+    nn.Hardsigmoid: _hardsigmoid,                # HardSigmoid(alpha=1/6, beta=0.5)
     nn.Identity: _identity,                     # no node
     nn.Dropout: _identity,                      # no node (identity at inference)
     nn.Softmax: _softmax,                        # Softmax(axis=dim)
@@ -365,10 +455,10 @@ def _value_info(name, shape):
     return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
 
 
-def _build(model, input_shape, dynamic_batch, input_name, output_name):
-    """The graph without the weights' bytes: (graph, initializer list, the input's shape)."""
+def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset):
+    """The graph for `opset` without the weights' bytes: (graph, initializer list, the input's shape)."""
     shapes = _check(model, input_shape, input_name, output_name)
-    g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0])
+    g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0], opset)
     sym = g.sym
     x = g.chain(model, "", input_name, shapes[0])
     if x == input_name:  # nothing but dropped layers
@@ -527,7 +617,7 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
     opset, ir_version = resolve_opset(opset, target)
     if not isinstance(doc_string, str):
         raise TypeError(f"doc_string must be a str, got {type(doc_string).__name__}")
-    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name)
+    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name, opset=opset)
     props = _metadata_props(model, in_shape, in_shape[0], metadata)
     # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8), metadata_props (14)
     model_head = P.ModelProto(ir_version=ir_version, producer_name="netcl",

@@ -1,5 +1,5 @@
-// BatchNorm2d and Softmax. BatchNorm works on (N, C, HW); reductions use one work-group of
-// RED work-items per channel.
+// BatchNorm2d, LayerNorm and Softmax. BatchNorm works on (N, C, HW), LayerNorm on (M, D);
+// reductions use one work-group of RED work-items per channel (LayerNorm: per row, per column).
 #define RED 64
 
 float group_sum(__local float *part, float v) {
@@ -106,5 +106,68 @@ __kernel void softmax_bwd(const int outer, const int D, const int inner, __globa
     for (int d = 0; d < D; d++) {
         const int o = base + d * inner;
         dx[o] = y[o] * (dy[o] - s) * scale;
+    }
+}
+
+// LayerNorm over the last axis of (M, D): one work-group of RED work-items per row (two passes,
+// as bn_stats); mean and rstd = 1/sqrt(var + eps) are kept for the backward.
+__kernel void ln_fwd(const int M, const int D, __global const float *x, __global const float *gamma,
+                     __global const float *beta, const float eps, __global float *y, __global float *mean,
+                     __global float *rstd) {
+    __local float part[RED];
+    const int m = get_group_id(0), t = get_local_id(0);
+    __global const float *xr = x + (long)m * D;
+    float s = 0.0f;
+    for (int d = t; d < D; d += RED) s += xr[d];
+    const float mu = group_sum(part, s) / (float)D;
+    float q = 0.0f;
+    for (int d = t; d < D; d += RED) q += (xr[d] - mu) * (xr[d] - mu);
+    const float inv = rsqrt(group_sum(part, q) / (float)D + eps);
+    for (int d = t; d < D; d += RED) y[(long)m * D + d] = (xr[d] - mu) * inv * gamma[d] + beta[d];
+    if (t == 0) {
+        mean[m] = mu;
+        rstd[m] = inv;
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma, one work-group per row
+__kernel void ln_bwd_dx(const int M, const int D, __global const float *x, __global const float *dy,
+                        __global const float *gamma, __global const float *mean, __global const float *rstd,
+                        __global float *dx) {
+    __local float part[RED];
+    const int m = get_group_id(0), t = get_local_id(0);
+    const long base = (long)m * D;
+    const float mu = mean[m], inv = rstd[m];
+    float sa = 0.0f, sb = 0.0f;
+    for (int d = t; d < D; d += RED) {
+        const float g = dy[base + d] * gamma[d];
+        sa += g;
+        sb += g * (x[base + d] - mu) * inv;
+    }
+    const float a = group_sum(part, sa) / (float)D;
+    const float b = group_sum(part, sb) / (float)D;
+    for (int d = t; d < D; d += RED) {
+        const float g = dy[base + d] * gamma[d];  // its own statement: not contracted into an fma with - a
+        dx[base + d] = inv * ((g - a) - (x[base + d] - mu) * inv * b);
+    }
+}
+
+// dgamma[d] = sum_m dy * xhat, dbeta[d] = sum_m dy (accumulated when acc), one work-group per column
+__kernel void ln_bwd_params(const int M, const int D, __global const float *x, __global const float *dy,
+                            __global const float *mean, __global const float *rstd, __global float *dgamma,
+                            __global float *dbeta, const int acc) {
+    __local float part[RED];
+    const int d = get_group_id(0), t = get_local_id(0);
+    float sg = 0.0f, sb = 0.0f;
+    for (int m = t; m < M; m += RED) {
+        const long o = (long)m * D + d;
+        sg += dy[o] * (x[o] - mean[m]) * rstd[m];
+        sb += dy[o];
+    }
+    const float dg = group_sum(part, sg);
+    const float db = group_sum(part, sb);
+    if (t == 0) {
+        dgamma[d] = acc ? dgamma[d] + dg : dg;
+        dbeta[d] = acc ? dbeta[d] + db : db;
     }
 }

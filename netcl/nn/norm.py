@@ -1,4 +1,4 @@
-"""BatchNorm2d: batch statistics in training, running statistics in eval (kernels/norm.cl)."""
+"""BatchNorm2d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
 import math
 
 from netcl import ops
@@ -62,6 +62,61 @@ class BatchNorm2d(Module):
         assert acc_w == acc_b
         ops.launch(dy.queue, "norm", "bn_bwd", (c * 64,), (64,), n, c, h * w, x, dy, mean, var, self.weight,
                    self.eps, dx, gw, gb, int(acc_w), int(training))
+        gw.mark_written()
+        gb.mark_written()
+        return dx.mark_written()
+
+
+class LayerNorm(Module):
+    # x: (..., D) -> same, normalised over the last dimension (biased variance), then * weight + bias
+    def __init__(self, normalized_shape, eps=1e-5):
+        super().__init__()
+        if isinstance(normalized_shape, (tuple, list)):  # PyTorch's form; netcl normalises one dimension
+            if len(normalized_shape) != 1:
+                raise ValueError(f"LayerNorm normalises the last dimension only: normalized_shape must be an "
+                                 f"int or a 1-tuple, got {normalized_shape!r}")
+            normalized_shape = normalized_shape[0]
+        self.normalized_shape = positive("normalized_shape", normalized_shape)
+        self.eps = as_float("eps", eps)
+        if not self.eps > 0.0:
+            raise ValueError(f"LayerNorm needs eps > 0, got {eps}")
+        shapes = self.tensor_shapes(self.normalized_shape)
+        self.weight, self.bias = constant(1.0, shapes["weight"]), constant(0.0, shapes["bias"])
+        self._params = {"weight": self.weight, "bias": self.bias}
+
+    @classmethod
+    def tensor_shapes(cls, normalized_shape, eps=1e-5):
+        return {"weight": (normalized_shape,), "bias": (normalized_shape,)}
+
+    def config(self):
+        return {"normalized_shape": self.normalized_shape, "eps": self.eps}
+
+    def output_shape(self, shape):
+        if len(shape) < 1 or shape[-1] != self.normalized_shape:
+            raise ValueError(f"LayerNorm({self.normalized_shape}) expects input (..., {self.normalized_shape}), "
+                             f"got {tuple(shape)}")
+        return tuple(shape)
+
+    def forward(self, x):
+        q = self._on(x)
+        self.output_shape(x.shape)
+        d = self.normalized_shape
+        m = x.size // d
+        y, mean, rstd = ops.new(q, x.shape), ops.new(q, (m,)), ops.new(q, (m,))
+        ops.launch(q, "norm", "ln_fwd", (m * 64,), (64,), m, d, x, self.weight, self.bias, self.eps, y, mean, rstd)
+        self._saved = (x, mean.mark_written(), rstd.mark_written())
+        return y.mark_written()
+
+    def backward(self, dy):
+        x, mean, rstd = self._saved
+        d = self.normalized_shape
+        m = x.size // d
+        dx = ops.new(dy, dy.shape)
+        ops.launch(dy.queue, "norm", "ln_bwd_dx", (m * 64,), (64,), m, d, x, dy, self.weight, mean, rstd, dx)
+        gw, acc_w = ops.grad_target(self.weight)
+        gb, acc_b = ops.grad_target(self.bias)
+        assert acc_w == acc_b
+        ops.launch(dy.queue, "norm", "ln_bwd_params", (d * 64,), (64,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()
