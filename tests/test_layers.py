@@ -82,6 +82,16 @@ def test_conv2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, 
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
 
 
+def test_conv2d_gpu_gemm_vs_torch(queue, rng, torch, record_error, monkeypatch):
+    """Conv2d trained through ops.gemm's GPU path (gemm_tile, forced on this device): the batched
+    forward with bias, the split-K weight gradient and the data gradient."""
+    from netcl import ops
+
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    monkeypatch.setattr(ops, "_compute_units", {queue.device.int_ptr: 8})
+    test_conv2d_vs_torch(queue, rng, torch, record_error, 2, 4, 9, 9, 40, 3, 1, 1, True)
+
+
 @pytest.mark.parametrize("shape,momentum", [((4, 3, 5, 5), 0.1), ((1, 6, 3, 7), 0.3), ((8, 5, 1, 1), 0.1),
                                             ((2, 17, 4, 3), 0.5)])
 def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):

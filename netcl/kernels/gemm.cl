@@ -276,14 +276,19 @@ void gemm_tile(const int M, const int N, const int K,
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+        float blk[RM][RN];  // this step's sums, then added to acc: rounding grows with BK + K / BK, not K
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) blk[i][j] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < BK; kk++) {
             float a[RM], bv[RN];
             for (int i = 0; i < RM; i++) a[i] = As[kk][ty * RM + i];
             for (int j = 0; j < RN; j++) bv[j] = Bs[kk][tx * RN + j];
             for (int i = 0; i < RM; i++)
-                for (int j = 0; j < RN; j++) acc[i][j] = fma(a[i], bv[j], acc[i][j]);
+                for (int j = 0; j < RN; j++) blk[i][j] = fma(a[i], bv[j], blk[i][j]);
         }
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) acc[i][j] += blk[i][j];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int i = 0; i < RM; i++) {
