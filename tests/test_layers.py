@@ -84,9 +84,34 @@ def test_conv2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, 
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
 
 
+def test_conv2d_gpu_gemm_vs_torch(queue, rng, torch, record_error, monkeypatch):
+    """Conv2d trained through ops.gemm's GPU path (gemm_tile, forced on this device): the batched
+    forward with bias, the split-K weight gradient and the data gradient."""
+    from netcl import ops
+
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    monkeypatch.setattr(ops, "_compute_units", {queue.device.int_ptr: 8})
+    test_conv2d_vs_torch(queue, rng, torch, record_error, 2, 4, 9, 9, 40, 3, 1, 1, True)
+
+
 @pytest.mark.parametrize("shape,momentum", [((4, 3, 5, 5), 0.1), ((1, 6, 3, 7), 0.3), ((8, 5, 1, 1), 0.1),
                                             ((2, 17, 4, 3), 0.5)])
 def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
+    check_batchnorm(queue, rng, torch, record_error, shape, momentum)
+
+
+@pytest.mark.parametrize("shape,part_len,offset", [((3, 5, 7, 9), 37, 0.5), ((5, 4, 13, 11), 100, 0.5),
+                                                   ((70, 3, 1, 1), 37, 0.5), ((2, 3, 16, 16), 64, 30.0)])
+def test_batchnorm2d_many_parts_vs_torch(queue, rng, torch, record_error, monkeypatch, shape, part_len, offset):
+    """Statistics and gradients reduced over several parts per channel (a tail part; parts
+    shorter than a work-group; rows shorter than a work-group's stride; data far from zero)."""
+    from netcl.nn import norm
+
+    monkeypatch.setattr(norm, "PART_LEN", {"cpu": part_len, "gpu": part_len})
+    check_batchnorm(queue, rng, torch, record_error, shape, 0.1, offset)
+
+
+def check_batchnorm(queue, rng, torch, record_error, shape, momentum, offset=0.5):
     c = shape[1]
     layer = nn.BatchNorm2d(c, eps=1e-4, momentum=momentum)
     ref = torch.nn.BatchNorm2d(c, eps=1e-4, momentum=momentum).double()
@@ -98,7 +123,7 @@ def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
         ref.bias.copy_(torch.tensor(beta))
     # two training steps (batch statistics; running stats with the unbiased variance), then eval
     for step in range(2):
-        x = (rand(rng, *shape) * 2 + 0.5).astype(np.float32)
+        x = (rand(rng, *shape) * 2 + offset).astype(np.float32)
         dy = rand(rng, *shape)
         for p in layer.parameters():
             p.grad = None

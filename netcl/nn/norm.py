@@ -3,6 +3,18 @@ import math
 
 from netcl import ops
 from netcl.nn.module import Module, as_float, check_rank, constant, positive
+from netcl.runtime import device_class
+
+# Values per part of a channel in the two-stage reductions (kernels/norm.cl): a GPU wants
+# thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
+# pass reads from its cache). Starting values: to be tuned per device.
+PART_LEN = {"gpu": 4096, "cpu": 16384}
+
+
+def _parts(q, m):
+    """(values per part, parts) for a channel of m values."""
+    length = PART_LEN[device_class(q)]
+    return length, -(-m // length)
 
 
 class BatchNorm2d(Module):
@@ -41,9 +53,11 @@ class BatchNorm2d(Module):
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
         if self.training:
-            mean, var = ops.new(q, (c,)), ops.new(q, (c,))
-            ops.launch(q, "norm", "bn_stats", (c * 64,), (64,), n, c, h * w, x, mean, var, self.running_mean,
-                       self.running_var, self.momentum)
+            length, parts = _parts(q, n * h * w)
+            mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
+            ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
+            ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean, var,
+                       self.running_mean, self.running_var, self.momentum)
             self.running_mean.mark_written()
             self.running_var.mark_written()
         else:
@@ -60,8 +74,14 @@ class BatchNorm2d(Module):
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias)
         assert acc_w == acc_b
-        ops.launch(dy.queue, "norm", "bn_bwd", (c * 64,), (64,), n, c, h * w, x, dy, mean, var, self.weight,
-                   self.eps, dx, gw, gb, int(acc_w), int(training))
+        q = dy.queue
+        length, parts = _parts(q, n * h * w)
+        part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
+        ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, part)
+        ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
+                   sums)
+        ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.eps,
+                     sums, dx, int(training))
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()
