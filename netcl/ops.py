@@ -9,15 +9,13 @@ _LOCAL = 64  # fixed 1-D work-group size: PoCL recompiles for every new local si
 
 
 def _arg(a):
+    """A kernel argument: a Tensor's buffer; numbers go as they are (runtime.kernels declares each
+    kernel's scalar types from its signature, and pyopencl converts to them)."""
     if isinstance(a, Tensor):
         return a.buf
     if isinstance(a, (bool, np.bool_)):
-        return np.int32(a)
-    if isinstance(a, (int, np.integer)):
-        return np.int32(a)
-    if isinstance(a, (float, np.floating)):
-        return np.float32(a)
-    return a  # a buffer, or None for an unused pointer
+        return int(a)
+    return a  # a number, a buffer, or None for an unused pointer
 
 
 def launch(queue, family, name, gsize, lsize, *args, options=()):
