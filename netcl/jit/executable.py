@@ -130,12 +130,18 @@ class Executable:
                 self.nbytes += out_bytes
             self.steps.append(_Bound(step, launch, kernel, gsize, out_shape, out_bytes, out_buf))
         self.fused = [s for s in self.steps if isinstance(s, _Bound)]
+        self._sources = [t for s in self.fused for t in s.stage.sources]
+        self._versions = None  # of _sources, when this executable last made sure its weights were current
         self.host_in = None
 
     def refresh(self):
-        """Fold and upload the weights of every stage whose source tensors changed."""
-        for s in self.fused:
-            s.launch.refresh(self.target, s.stage)
+        """Fold and upload the weights of every stage whose source tensors changed (one version list
+        per call; the launches, shared with other executables, know what they last uploaded)."""
+        vers = [t.version for t in self._sources]
+        if vers != self._versions:
+            for s in self.fused:
+                s.launch.refresh(self.target, s.stage)
+            self._versions = vers
 
     # -- running (the caller, FusedPlan, holds its lock) ---------------------------------------
     def _staging(self):
