@@ -106,6 +106,24 @@ def test_every_batch_size_equals_unfused_through_one_plan(q):
     assert jit.STATS["builds"] == builds
 
 
+@pytest.mark.slow  # PoCL compiles the GPU family's local-memory kernels slowly
+def test_gpu_family_every_batch_size_through_one_plan(q, monkeypatch):
+    """The GPU family's split-K parts are kernel arguments: batch 1 splits both reductions (too few
+    output tiles for the device), batch 8 one or none; one program each all the same."""
+    monkeypatch.setenv("NETCL_JIT_CLASS", "gpu")
+    rng = np.random.default_rng(24)
+    netcl.manual_seed(24)
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(32, 8, 3, padding=1), nn.Sigmoid()).eval()
+    builds = None
+    for n in (1, 8, 3):
+        x = rng.normal(size=(n, 16, 6, 6)).astype(np.float32)
+        ref = _unfused(model, lambda: model(Tensor.from_host(q, x)).to_host())
+        np.testing.assert_allclose(model.predict(x, q), ref, atol=1e-5, rtol=1e-5)
+        builds = jit.STATS["builds"] if builds is None else builds
+    assert jit.STATS["builds"] == builds
+
+
 # -- bad inputs ---------------------------------------------------------------------------------
 def _both_paths(model, q, x):
     """[(path, result or exception)] for the layer path and the fused path, each via model(Tensor)

@@ -58,9 +58,9 @@ class Launch:
       in_arg, out_arg         the positions of the input and output buffers (the executable binds them)
       w_buf, b_buf            device weights and bias, which refresh() fills from pack()
       out_border              the zero border the output plane carries (conv families)
-      sources                 the tensors the folded weights come from (stage.sources)
     """
     out_border = 0
+    _versions = None  # of the stage's source tensors at the last upload
 
     def sized(self, target, shape):
         """(args, gsize, out_shape, out_bytes) for input `shape`: the kernel's arguments in order with
@@ -74,7 +74,7 @@ class Launch:
     def refresh(self, target, stage):
         """Fold and upload the weights when any source tensor of `stage` changed since the last upload."""
         vers = [(id(t), t.version) for t in stage.sources]
-        if vers == getattr(self, "_versions", None):
+        if vers == self._versions:
             return
         STATS["folds"] += 1
         host_w, host_b = self.pack(*stage.folded())

@@ -5,6 +5,8 @@ import numpy as np
 
 from netcl.jit.common import Launch
 
+_MAX_SPLIT = 64  # reduction parts at most
+
 
 def gpu_tiles(k):
     """(BM, BN, RM, RN, BK) for the GPU: tile, register block, reduction step."""
@@ -18,8 +20,8 @@ def cpu_tiles(k):
 
 
 def gpu_split(k, r, nout, pool, n_cu, bm, bn, bk, split_k=True):
-    """(SPLIT, RCHUNK): the reduction parts (when there are too few output tiles to fill the
-    device) and the rows each part reduces; a kernel argument, so any batch runs one program."""
+    """(split, rchunk): the reduction parts (when there are too few output tiles to fill the
+    device) and the rows each part reduces; kernel arguments, so every batch runs one program."""
     tiles = -(-k // bm) * -(-nout * (4 if pool else 1) // bn)
     rtiles = -(-r // bk)
     split = 1
@@ -28,9 +30,6 @@ def gpu_split(k, r, nout, pool, n_cu, bm, bn, bk, split_k=True):
         split = max(1, min(-(-enough // tiles), rtiles // 4, _MAX_SPLIT))
     rchunk = -(-rtiles // split) * bk
     return -(-r // rchunk), rchunk
-
-
-_MAX_SPLIT = 64
 
 
 class ConvGpu(Launch):
