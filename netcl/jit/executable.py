@@ -84,8 +84,9 @@ class Compiled:
 class _Bound:
     """One fused stage's launch in an Executable."""
 
-    def __init__(self, step, launch, kernel, gsize, out_shape, out_bytes, out_buf):
+    def __init__(self, step, launch, kernel, args, gsize, out_shape, out_bytes, out_buf):
         self.stage, self.launch, self.kernel, self.gsize = step.stage, launch, kernel, gsize
+        self.args = args  # held: a kernel argument does not keep its buffer alive
         self.lsize, self.in_arg, self.out_arg = launch.lsize, launch.in_arg, launch.out_arg
         self.out_shape, self.out_bytes, self.out_buf = out_shape, out_bytes, out_buf
         self.bound_in = None
@@ -128,7 +129,7 @@ class Executable:
                 out_buf = target.buffer(out_bytes, zero=launch.out_border > 0)
                 kernel.set_arg(launch.out_arg, out_buf)
                 self.nbytes += out_bytes
-            self.steps.append(_Bound(step, launch, kernel, gsize, out_shape, out_bytes, out_buf))
+            self.steps.append(_Bound(step, launch, kernel, args, gsize, out_shape, out_bytes, out_buf))
         self.fused = [s for s in self.steps if isinstance(s, _Bound)]
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current

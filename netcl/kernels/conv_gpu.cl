@@ -74,7 +74,7 @@ void conv_gpu(const int nout, const int split, const int rchunk, __global const 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    if (split > 1) {
+    if (split > 1) {  // uniform over the work-group, so its barriers are too
         const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
         const int ntile = get_num_groups(0) * get_num_groups(1);
         __global float *mine = part + ((get_group_id(2) * ntile + tile) * (RM * RN)) * NT + tid;
