@@ -1,10 +1,13 @@
 """Thin launchers for the kernels in netcl/kernels: Python picks shapes and launch sizes,
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
+import threading
+
 import numpy as np
 
 from netcl.runtime import alloc, device_class, kernels
 from netcl.tensor import Tensor
 
+_launch_lock = threading.Lock()
 _LOCAL = 64  # fixed 1-D work-group size: PoCL recompiles for every new local size
 
 
@@ -24,8 +27,10 @@ def launch(queue, family, name, gsize, lsize, *args, options=()):
 
     k = kernels(queue, family, options)[name]
     gsize = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
-    k.set_args(*[_arg(a) for a in args])
-    return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
+    args = [_arg(a) for a in args]
+    with _launch_lock:  # the cached kernel object is shared: its arguments must be the ones enqueued
+        k.set_args(*args)
+        return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
 
 
 def launch1d(queue, family, name, n, *args):
@@ -43,14 +48,21 @@ def _max_alloc(q):
     return limit
 
 
+def check_size(q, shape, nbytes=None):
+    """ValueError unless a float32 buffer of `shape` (stored in `nbytes`, default 4 per element) fits
+    the kernels' 32-bit indices and the device's largest allocation."""
+    size = int(np.prod(shape, dtype=np.int64))
+    nbytes = 4 * size if nbytes is None else int(nbytes)
+    if max(size, nbytes // 4) > _MAX_ELEMENTS or nbytes > _max_alloc(q):
+        raise ValueError(f"a tensor of shape {tuple(shape)} ({nbytes / 2**30:.2f} GiB) is too large: netcl's "
+                         f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
+                         f"{q.device.max_mem_alloc_size / 2**30:.2f} GiB per buffer; use a smaller batch")
+
+
 def new(like_or_queue, shape):
     """An uninitialised device tensor on the queue (or the queue of a tensor)."""
     q = like_or_queue.queue if isinstance(like_or_queue, Tensor) else like_or_queue
-    size = int(np.prod(shape, dtype=np.int64))
-    if size > _MAX_ELEMENTS or 4 * size > _max_alloc(q):
-        raise ValueError(f"a tensor of shape {tuple(shape)} ({4 * size / 2**30:.2f} GiB) is too large: netcl's "
-                         f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
-                         f"{q.device.max_mem_alloc_size / 2**30:.2f} GiB per buffer; use a smaller batch")
+    check_size(q, shape)
     return Tensor.empty(q, shape)
 
 
