@@ -1,7 +1,7 @@
 """Sequential: layers applied in order, the model type every part of netcl walks; in eval mode
 it prepares the fused inference path (netcl.jit) from its layer list."""
 from netcl.jit import plan_fused
-from netcl.nn.module import Module, ShapeError, child_shape
+from netcl.nn.module import Module, child_shape
 from netcl.runtime import default_queue
 from netcl.tensor import Tensor, _as_float32
 
@@ -71,21 +71,15 @@ class Sequential(Module):
         if not isinstance(x, Tensor):
             raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "
                             "use Tensor.from_host(queue, array)")
-        try:
-            if not self.training and self._fused is not None:
-                self._fused_input = x
-                y = self._fused(x)
-            else:
-                self._fused_input = None
-                y = x
-                for layer in self.layers:
-                    y = layer(y)
-        except ShapeError as e:  # raised by a block, relative to it: the walk names the layer's full path
-            try:
-                self.output_shape(x.shape)
-            except ShapeError as full:
-                raise full from None
-            raise e
+        self.output_shape(x.shape)  # a shape that does not fit: the same message, naming the layer, on both paths
+        if not self.training and self._fused is not None:
+            self._fused_input = x
+            y = self._fused(x)
+        else:
+            self._fused_input = None
+            y = x
+            for layer in self.layers:
+                y = layer(y)
         self._out_shape = y.shape
         return y
 
