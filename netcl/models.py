@@ -39,7 +39,87 @@ def detector26():
 
 
 def build(name):
-    """A reference model by name ('mlp', 'cnn', 'detector26')."""
+    """A reference model by name (one of MODELS)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
     return MODELS[name]()
+
+
+# -- architectures with blocks (docs/MODELS.md) ---------------------------------------------
+def _conv_bn(c_in, c_out, k=3, stride=1, act=None, groups=1):
+    """Conv2d (no bias: the batch norm's shift replaces it) + BatchNorm2d [+ activation]."""
+    layers = [nn.Conv2d(c_in, c_out, k, stride=stride, padding=k // 2, groups=groups, bias=False),
+              nn.BatchNorm2d(c_out)]
+    return layers + ([act()] if act is not None else [])
+
+
+@_register((3, 32, 32))
+def resnet8():
+    """ResNet-8 (spec/MODELS.md): a 16-channel stem, three residual stages (16, 32, 64 channels;
+    the last two halve the size through a strided conv and a 1x1 conv + BN shortcut), global
+    average pooling, Linear(64, 10). Input (N, 3, 32, 32)."""
+    stages = [nn.Residual(*_conv_bn(16, 16, act=nn.ReLU), *_conv_bn(16, 16)), nn.ReLU()]
+    for c_in, c_out in ((16, 32), (32, 64)):
+        stages += [nn.Residual(*_conv_bn(c_in, c_out, stride=2, act=nn.ReLU), *_conv_bn(c_out, c_out),
+                               shortcut=nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=2, bias=False),
+                                                      nn.BatchNorm2d(c_out))),
+                   nn.ReLU()]
+    return nn.Sequential(*_conv_bn(3, 16, act=nn.ReLU), *stages, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(64, 10))
+
+
+def _inverted_residual(c_in, c_out, stride, expand):
+    """MobileNetV2's block: 1x1 expand (unless expand == 1), 3x3 depthwise, 1x1 linear projection;
+    a residual connection where the shape is kept."""
+    hidden = c_in * expand
+    layers = _conv_bn(c_in, hidden, 1, act=nn.ReLU6) if expand != 1 else []
+    layers += _conv_bn(hidden, hidden, 3, stride, act=nn.ReLU6, groups=hidden) + _conv_bn(hidden, c_out, 1)
+    return nn.Residual(*layers) if stride == 1 and c_in == c_out else nn.Sequential(*layers)
+
+
+@_register((3, 32, 32))
+def mobilenetv2_tiny():
+    """A small MobileNetV2 for (N, 3, 32, 32), 10 classes: stem, five inverted residual blocks
+    (16 -> 16 -> 24 -> 24 -> 32 -> 32 channels, strides 1, 2, 1, 2, 1, expansion 1 then 4), a 1x1
+    conv to 64, global average pooling, Linear(64, 10). ReLU6 throughout."""
+    blocks = [_inverted_residual(a, b, s, t) for a, b, s, t in
+              ((16, 16, 1, 1), (16, 24, 2, 4), (24, 24, 1, 4), (24, 32, 2, 4), (32, 32, 1, 4))]
+    return nn.Sequential(*_conv_bn(3, 16, act=nn.ReLU6), *blocks, *_conv_bn(32, 64, 1, act=nn.ReLU6),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
+def _unet_level(c, depth):
+    """One U-Net level at `c` channels: its features concatenated (a skip connection) with the
+    upsampled result of the level below, which works at half the size and twice the channels."""
+    if depth == 0:
+        return nn.Sequential(*_conv_bn(c, c, act=nn.ReLU))
+    inner = nn.Sequential(nn.MaxPool2d(2), *_conv_bn(c, 2 * c, act=nn.ReLU), _unet_level(2 * c, depth - 1),
+                          nn.Upsample(scale_factor=2, mode="nearest"), *_conv_bn(2 * c, c, act=nn.ReLU))
+    return nn.Sequential(nn.Concat(nn.Identity(), inner, dim=1), *_conv_bn(2 * c, c, act=nn.ReLU))
+
+
+@_register((3, 64, 64))
+def unet_tiny():
+    """A three-level U-Net for (N, 3, 64, 64) -> (N, 1, 64, 64) segmentation logits: 8, 16 and 32
+    channels, max-pool down, nearest upsampling up, Concat skip connections."""
+    return nn.Sequential(*_conv_bn(3, 8, act=nn.ReLU), _unet_level(8, 2), nn.Conv2d(8, 1, 1))
+
+
+def _encoder_block(dim, heads, hidden):
+    """Pre-norm transformer encoder block: attention and MLP, each in a residual."""
+    return [nn.Residual(nn.LayerNorm(dim), nn.MultiheadAttention(dim, heads)),
+            nn.Residual(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))]
+
+
+@_register((1, 8, 8))
+def vit_tiny():
+    """A vision transformer sized for the 8x8 digits (N, 1, 8, 8), 10 classes: a convolutional
+    patch embedding (3x3, stride 2, padding 1: 16 tokens of 32), a learned token mixing in a
+    residual (Linear over the token axis: where each token sits, which attention and the final
+    average alone would not see), two pre-norm encoder blocks (4 heads, MLP 64 with GELU),
+    LayerNorm, the average over tokens, Linear(32, 10)."""
+    dim, tokens = 32, 16
+    return nn.Sequential(nn.Conv2d(1, dim, 3, stride=2, padding=1), nn.Flatten(2), nn.Transpose(1, 2),
+                         nn.Residual(nn.Transpose(1, 2), nn.Linear(tokens, tokens), nn.Transpose(1, 2)),
+                         *_encoder_block(dim, 4, 2 * dim), *_encoder_block(dim, 4, 2 * dim), nn.LayerNorm(dim),
+                         nn.Transpose(1, 2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(dim, 10))

@@ -1,5 +1,6 @@
 """Small end-to-end recipes used by `netcl train`, `make demo`, the benchmarks and the tests: the
 digits classifier, photographs for detector26, and batch-norm calibration from data."""
+import math
 import sys
 import time
 
@@ -77,9 +78,11 @@ def accuracy(model, queue, x, y, batch_size=256):
 
 
 def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed=0, progress=True,
-                     optimizer=None, start_epoch=0, on_epoch=None):
+                     optimizer=None, start_epoch=0, on_epoch=None, cosine=False, augment=None):
     """Adam + cross-entropy over shuffled mini-batches. Returns (optimizer, history); history holds
-    per-epoch train loss, train accuracy and test accuracy. `on_epoch(epoch, model, opt)` runs after each."""
+    per-epoch train loss, train accuracy and test accuracy. `on_epoch(epoch, model, opt)` runs after each.
+    `cosine`: the learning rate follows a half cosine from `lr` down to 0 over the epochs.
+    `augment(x, rng)`: a function of a training batch (host array) and a generator, e.g. random_shift."""
     x_tr, y_tr, x_te, y_te = data
     loss_fn = nn.CrossEntropyLoss()
     model.to(queue)
@@ -88,13 +91,17 @@ def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed
     steps = -(-len(x_tr) // batch_size)
     t0 = time.perf_counter()
     for epoch in range(start_epoch, epochs):
+        if cosine:
+            opt.lr = lr * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
         bar = Progress(steps, f"epoch {epoch + 1}/{epochs}", progress)
         model.train()
         order = np.random.default_rng([seed, epoch]).permutation(len(x_tr))  # resumable: depends on the epoch only
+        aug_rng = np.random.default_rng([seed, epoch, 1])
         losses, correct = [], 0
         for s in range(steps):
             idx = order[s * batch_size:(s + 1) * batch_size]
-            logits = model(Tensor.from_host(queue, x_tr[idx]))
+            xb = x_tr[idx] if augment is None else augment(x_tr[idx], aug_rng)
+            logits = model(Tensor.from_host(queue, xb))
             loss = loss_fn(logits, y_tr[idx])
             model.backward(loss_fn.backward())
             opt.step()
@@ -112,6 +119,17 @@ def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed
         if on_epoch is not None:
             on_epoch(epoch + 1, model, opt)
     return opt, history
+
+
+def random_shift(x, rng, pixels=1):
+    """Each image of a batch (N, C, H, W) shifted by up to `pixels` in each direction, zeros filled in:
+    the digits' only augmentation (a digit drawn a pixel off is still the same digit)."""
+    out = np.zeros_like(x)
+    h, w = x.shape[-2:]
+    for i, (dy, dx) in enumerate(rng.integers(-pixels, pixels + 1, (len(x), 2))):
+        out[i, :, max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+            x[i, :, max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)]
+    return out
 
 
 def photos(size=256):
