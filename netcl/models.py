@@ -118,8 +118,8 @@ def vit_tiny():
     residual (Linear over the token axis: where each token sits, which attention and the final
     average alone would not see), two pre-norm encoder blocks (4 heads, MLP 64 with GELU),
     LayerNorm, the average over tokens, Linear(32, 10)."""
-    dim, tokens = 32, 16
-    return nn.Sequential(nn.Conv2d(1, dim, 3, stride=2, padding=1), nn.Flatten(2), nn.Transpose(1, 2),
+    dim, tokens = 32, 64
+    return nn.Sequential(nn.Conv2d(1, dim, 3, stride=1, padding=1), nn.Flatten(2), nn.Transpose(1, 2),
                          nn.Residual(nn.Transpose(1, 2), nn.Linear(tokens, tokens), nn.Transpose(1, 2)),
                          *_encoder_block(dim, 4, 2 * dim), *_encoder_block(dim, 4, 2 * dim), nn.LayerNorm(dim),
                          nn.Transpose(1, 2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(dim, 10))
