@@ -1,5 +1,7 @@
 """Thin launchers for the kernels in netcl/kernels: Python picks shapes and launch sizes,
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
+import math
+
 import numpy as np
 
 from netcl.runtime import alloc, device_class, kernels
@@ -8,16 +10,22 @@ from netcl.tensor import Tensor
 _LOCAL = 64  # fixed 1-D work-group size: PoCL recompiles for every new local size
 
 
-def _arg(a):
-    if isinstance(a, Tensor):
-        return a.buf
-    if isinstance(a, (bool, np.bool_)):
-        return np.int32(a)
-    if isinstance(a, (int, np.integer)):
-        return np.int32(a)
-    if isinstance(a, (float, np.floating)):
-        return np.float32(a)
-    return a  # a buffer, or None for an unused pointer
+# Scalar arguments by Python type: the kernels take 32-bit ints and floats.
+_SCALAR_DTYPES = {t: np.dtype(np.int32) for t in (int, bool, np.bool_, np.int32, np.int64)}
+_SCALAR_DTYPES.update({t: np.dtype(np.float32) for t in (float, np.float32, np.float64)})
+_scalar_dtypes = {}  # kernel int_ptr -> the scalar argument dtypes its pyopencl invoker packs
+
+
+def _set_args(k, args):
+    """k.set_args with declared scalar dtypes: pyopencl then packs scalars itself (under 1 us each);
+    undeclared, each scalar argument costs ~8 us (pyopencl 2026.1 on PoCL 3.0), 0.2 ms for a GEMM's 25.
+    Tensors pass their buffer; None is an unused pointer."""
+    args = [a.buf if isinstance(a, Tensor) else a for a in args]
+    dtypes = tuple(_SCALAR_DTYPES.get(type(a)) for a in args)
+    if _scalar_dtypes.get(k.int_ptr) != dtypes:
+        k.set_scalar_arg_dtypes(dtypes)
+        _scalar_dtypes[k.int_ptr] = dtypes
+    k.set_args(*args)
 
 
 def launch(queue, family, name, gsize, lsize, *args, options=()):
@@ -26,7 +34,7 @@ def launch(queue, family, name, gsize, lsize, *args, options=()):
 
     k = kernels(queue, family, options)[name]
     gsize = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
-    k.set_args(*[_arg(a) for a in args])
+    _set_args(k, args)
     return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
 
 
@@ -48,7 +56,7 @@ def _max_alloc(q):
 def new(like_or_queue, shape):
     """An uninitialised device tensor on the queue (or the queue of a tensor)."""
     q = like_or_queue.queue if isinstance(like_or_queue, Tensor) else like_or_queue
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(int(s) for s in shape)
     if size > _MAX_ELEMENTS or 4 * size > _max_alloc(q):
         raise ValueError(f"a tensor of shape {tuple(shape)} ({4 * size / 2**30:.2f} GiB) is too large: netcl's "
                          f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
@@ -117,7 +125,7 @@ def _launch_flat(q, name, options, total, local, *args):
     import pyopencl as cl
 
     k = kernels(q, "gemm", options)[name]
-    k.set_args(*[_arg(a) for a in args], np.int32(total))
+    _set_args(k, (*args, total))
     cl.enqueue_nd_range_kernel(q, k, (-(-total // local) * local,), (local,))
 
 
@@ -126,10 +134,17 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     """C[b] = alpha * A[b] @ B[b] + beta * C[b] (+ bias) with element strides
     sa = (m, k, batch), sb = (k, n, batch), sc = (m, n, batch).
 
-    Three kernels, picked by layout: gemm_vn when B and C are contiguous along n (row-major B,
-    any A: the forward and data-gradient GEMMs), gemm_dot (+ split-K) when A and B are both
-    contiguous along k (the weight gradients, x @ W^T), the strided gemm otherwise."""
+    CPUs run gemm_cpu.cl (any layout). Elsewhere three kernels, picked by layout: gemm_vn when
+    B and C are contiguous along n (row-major B, any A: the forward and data-gradient GEMMs),
+    gemm_dot (+ split-K) when A and B are both contiguous along k (the weight gradients,
+    x @ W^T), the strided gemm otherwise."""
     q = C.queue
+    if q.device.int_ptr not in _config_class:
+        _gemm_config(q)  # classifies the device
+    cls = _config_class[q.device.int_ptr]
+    if cls in _CPU_GEMM:
+        _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets)
+        return C.mark_written()
     bias_arg = bias if bias is not None else dummy(q)
     cfg, options = _gemm_config(q)
     vn_ok = sb[1] == 1 and sc[1] == 1
@@ -164,6 +179,81 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
                M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc,
                float(alpha), float(beta), bias_arg, bias_mode, options=options)
     return C.mark_written()
+
+
+# CPU classes (gemm_cpu.cl): the outer-product tile MR x NV vectors of VW floats, its K block
+# KC, and the dot-product block DM x DN; measured with tools/benchmark_training.py --only gemm
+# on a 2-core AVX-512 PoCL (8 x 32 with 16 accumulators of 32 zmm registers). "cpu" (AVX2, 16
+# ymm registers) takes the classic 6 x 16 tile and a 3 x 3 dot block.
+_CPU_GEMM = {
+    "cpu": {"VW": 8, "NV": 2, "MR": 6, "KC": 256, "DM": 3, "DN": 3},
+    "cpu16": {"VW": 16, "NV": 2, "MR": 8, "KC": 256, "DM": 4, "DN": 4},
+}
+_CPU_ITEMS = 8  # work-items per compute unit a CPU GEMM aims for (rows split first, then K)
+_CPU_MSTEP = 256  # most rows per work-item (its A block, MSTEP x KC floats, stays in L2)
+_CPU_KMIN = 1024  # fewest k per split-K chunk
+_CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds than this: no split-K for parallelism (a second launch costs more)
+_CPU_DOT_ROWS = 128  # fewer rows than this with A and B contiguous along k: dot products
+_CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
+
+
+_cpu_plans = {}  # (context, class, M, N, K, batch, dot) -> _cpu_plan(): small GEMMs are host-bound
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _cpu_plan(q, cls, M, N, K, batch, dot):
+    """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM."""
+    cfg = _CPU_GEMM[cls]
+    ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
+    want = _CPU_ITEMS * q.device.max_compute_units
+    split = batch * M * N * K >= _CPU_SPLIT_WORK
+    if dot:
+        mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
+        items = batch * mblocks * nblocks
+        chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
+        kchunk = _cdiv(_cdiv(K, chunks), cfg["VW"]) * cfg["VW"]  # whole vectors per chunk
+        grid = (mblocks, nblocks)
+    else:
+        MR, NR, KC = cfg["MR"], cfg["NV"] * cfg["VW"], cfg["KC"]
+        nblocks, mblocks = _cdiv(N, NR), _cdiv(M, MR)
+        per_item = min(mblocks, _cdiv(_CPU_MSTEP, MR))  # row blocks per work-item
+        while per_item > 1 and batch * nblocks * _cdiv(mblocks, per_item) < want:
+            per_item = _cdiv(per_item, 2)
+        mgroups = _cdiv(mblocks, per_item)
+        items = batch * nblocks * mgroups
+        chunks = max(1, min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
+        kchunk = _cdiv(_cdiv(K, chunks), KC) * KC  # whole K blocks per chunk
+        grid = (nblocks, mgroups, per_item * MR)
+    chunks = _cdiv(K, kchunk)
+    return (ks["gemm_cpu_dot" if dot else "gemm_cpu"], grid + (kchunk, chunks), items * chunks, chunks,
+            ks["gemm_cpu_reduce"])
+
+
+def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets):
+    """gemm() on a CPU: gemm_cpu (any layout) or, for A and B both contiguous along k with few
+    rows, gemm_cpu_dot; split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks
+    of C alone leave the cores idle or K is long."""
+    import pyopencl as cl
+
+    dot = sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS
+    key = (q.context, cls, M, N, K, batch, dot)
+    plan = _cpu_plans.get(key)
+    if plan is None:
+        plan = _cpu_plans[key] = _cpu_plan(q, *key[1:])
+    k, grid, total, chunks, reduce = plan
+    P = new(q, (batch, chunks, M, N)) if chunks > 1 else None
+    if dot:
+        sa, sb = (sa[0], sa[2]), (sb[1], sb[2])  # the k strides are 1
+    _set_args(k, (M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc, float(alpha), float(beta),
+                  bias, bias_mode, *grid, P, total))
+    cl.enqueue_nd_range_kernel(q, k, (total,), (1,))
+    if chunks > 1:
+        _set_args(reduce, (M, N, chunks, P, C, offsets[2], *sc, float(alpha), float(beta), bias, bias_mode,
+                           batch * M * N))
+        cl.enqueue_nd_range_kernel(q, reduce, (_cdiv(batch * M * N, _LOCAL) * _LOCAL,), (_LOCAL,))
 
 
 def matmul(a, b, trans_a=False, trans_b=False, out=None, beta=0.0, bias=None, bias_mode=0):
