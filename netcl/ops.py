@@ -97,6 +97,7 @@ def mul(a, b):
 # 12x8 on a 2-core AVX2 PoCL, and DM x DN = 3x3 (9 accumulators + 6 loads fit 16 ymm
 # registers) beat 4x4 and 2x4 (measured on a busy shared machine, so by margins of 1.3-1.5x;
 # tools/benchmark_training.py measures the result). cpu16 (AVX-512) follows POCL.md's 4x16.
+# (ops.gemm runs _CPU_GEMM's gemm_cpu.cl on CPUs: their rows here build sum_axis and permute3.)
 _GEMM_CONFIG = {
     "cpu": {"FM": 8, "VN": 8, "DM": 3, "DN": 3, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
     "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
@@ -182,9 +183,10 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
 
 
 # CPU classes (gemm_cpu.cl): the outer-product tile MR x NV vectors of VW floats, its K block
-# KC, and the dot-product block DM x DN; measured with tools/benchmark_training.py --only gemm
-# on a 2-core AVX-512 PoCL (8 x 32 with 16 accumulators of 32 zmm registers). "cpu" (AVX2, 16
-# ymm registers) takes the classic 6 x 16 tile and a 3 x 3 dot block.
+# KC, and the dot-product block DM x DN. On a 2-core AVX-512 PoCL 8 x 32 (16 of the 32 zmm
+# registers) ran 2x faster than 4 x 16 and 8 x 16; 6 or 12 x 32, 16 x 16, KC 128 or 512 and 4 or
+# 16 work-items per core were within the shared machine's noise of it. "cpu" (AVX2, 16 ymm
+# registers) takes the classic 6 x 16 tile and a 3 x 3 dot block (not measured here).
 _CPU_GEMM = {
     "cpu": {"VW": 8, "NV": 2, "MR": 6, "KC": 256, "DM": 3, "DN": 3},
     "cpu16": {"VW": 16, "NV": 2, "MR": 8, "KC": 256, "DM": 4, "DN": 4},
@@ -192,8 +194,8 @@ _CPU_GEMM = {
 _CPU_ITEMS = 8  # work-items per compute unit a CPU GEMM aims for (rows split first, then K)
 _CPU_MSTEP = 256  # most rows per work-item (its A block, MSTEP x KC floats, stays in L2)
 _CPU_KMIN = 1024  # fewest k per split-K chunk
-_CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds than this: no split-K for parallelism (a second launch costs more)
-_CPU_DOT_ROWS = 128  # fewer rows than this with A and B contiguous along k: dot products
+_CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds: no split-K for parallelism (a second launch costs more)
+_CPU_DOT_ROWS = 128  # fewer rows, A and B contiguous along k: dot products (1.2-3x faster at 32-64 rows)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
 
 
