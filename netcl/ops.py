@@ -216,7 +216,7 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
         mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
         items = batch * mblocks * nblocks
         chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
-        kchunk = _cdiv(_cdiv(K, chunks), cfg["VW"]) * cfg["VW"]  # whole vectors per chunk
+        kchunk = max(1, _cdiv(_cdiv(K, chunks), cfg["VW"])) * cfg["VW"]  # whole vectors per chunk
         grid = (mblocks, nblocks)
     else:
         MR, NR, KC = cfg["MR"], cfg["NV"] * cfg["VW"], cfg["KC"]
@@ -227,9 +227,9 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
         mgroups = _cdiv(mblocks, per_item)
         items = batch * nblocks * mgroups
         chunks = max(1, min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
-        kchunk = _cdiv(_cdiv(K, chunks), KC) * KC  # whole K blocks per chunk
+        kchunk = max(1, _cdiv(_cdiv(K, chunks), KC)) * KC  # whole K blocks per chunk
         grid = (nblocks, mgroups, per_item * MR)
-    chunks = _cdiv(K, kchunk)
+    chunks = max(1, _cdiv(K, kchunk))  # one with K == 0: C = beta * C + bias
     return (ks["gemm_cpu_dot" if dot else "gemm_cpu"], grid + (kchunk, chunks), items * chunks, chunks,
             ks["gemm_cpu_reduce"])
 

@@ -87,7 +87,8 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # gemm_cpu.cl's paths (the "cpu" and "cpu16" classes), with the kernel each case must reach:
 # tails of every block (MR, NR, KC, the dot block, vector k), several K blocks (the first one
 # writes the epilogue, later ones add), rows split over work-items, split-K for parallelism and
-# for a long K, B packed from contiguous rows, from k-contiguous columns and from a stride.
+# for a long K, B packed from contiguous rows, from k-contiguous columns and from a stride, and
+# K == 0 (C = beta * C + bias).
 _CPU_PATHS = {
     "outer": (3, 13, 45, 11, False, "kn", "gemm_cpu", 1),
     "outer_kblocks": (2, 19, 37, 600, False, "kn", "gemm_cpu", 1),
@@ -98,6 +99,8 @@ _CPU_PATHS = {
     "dot": (3, 13, 21, 11, True, "nk", "gemm_cpu_dot", 1),
     "dot_vectors": (2, 7, 10, 211, True, "nk", "gemm_cpu_dot", 1),
     "dot_long_k": (2, 5, 6, 9000, True, "nk", "gemm_cpu_dot", 3),
+    "outer_k0": (2, 5, 7, 0, False, "kn", "gemm_cpu", 1),
+    "dot_k0": (2, 5, 7, 0, True, "nk", "gemm_cpu_dot", 1),
 }
 
 

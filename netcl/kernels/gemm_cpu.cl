@@ -50,7 +50,8 @@ void gemm_cpu(const int M, const int N, const int K,
     A += a_off + b * sab;
     B += b_off + b * sbb + n0 * sbn;
     const bool split = chunks > 1;
-    for (int kc = k_lo; kc < k_hi; kc += KC) {
+    int kc = k_lo;
+    do {  // at least once: with K == 0 the epilogue still writes beta * C + bias
         const int kl = MIN(KC, k_hi - kc);
         for (int k = 0; k < kl; k++) {
             __global const float *src = B + (kc + k) * sbk;
@@ -123,7 +124,8 @@ void gemm_cpu(const int M, const int N, const int K,
                 }
             }
         }
-    }
+        kc += KC;
+    } while (kc < k_hi);
 }
 
 // Dot-product kernel for A and B both contiguous along k (sak == sbk == 1: the weight
