@@ -1,5 +1,6 @@
 """Thin launchers for the kernels in netcl/kernels: Python picks shapes and launch sizes,
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
+import math
 import threading
 
 import numpy as np
@@ -21,16 +22,22 @@ def _arg(a):
     return a  # a number, a buffer, or None for an unused pointer
 
 
-def launch(queue, family, name, gsize, lsize, *args, options=()):
-    """Enqueue kernel `name` of `family` (built with `options`); the global size is rounded up to the local size."""
+def _enqueue(queue, k, gsize, lsize, args):
+    """Set `args` on the (cached, shared) kernel and enqueue it, under one lock: another thread's
+    launch of the same kernel object must not change the arguments in between."""
     import pyopencl as cl
 
-    k = kernels(queue, family, options)[name]
-    gsize = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
     args = [_arg(a) for a in args]
-    with _launch_lock:  # the cached kernel object is shared: its arguments must be the ones enqueued
+    with _launch_lock:
         k.set_args(*args)
         return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
+
+
+def launch(queue, family, name, gsize, lsize, *args, options=()):
+    """Enqueue kernel `name` of `family` (built with `options`); the global size is rounded up to the local size."""
+    k = kernels(queue, family, options)[name]
+    gsize = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
+    return _enqueue(queue, k, gsize, lsize, args)
 
 
 def launch1d(queue, family, name, n, *args):
@@ -51,7 +58,7 @@ def _max_alloc(q):
 def check_size(q, shape, nbytes=None):
     """ValueError unless a float32 buffer of `shape` (stored in `nbytes`, default 4 per element) fits
     the kernels' 32-bit indices and the device's largest allocation."""
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(int(s) for s in shape)  # np.prod costs ~4 us a call: this runs for every new tensor
     nbytes = 4 * size if nbytes is None else int(nbytes)
     if max(size, nbytes // 4) > _MAX_ELEMENTS or nbytes > _max_alloc(q):
         raise ValueError(f"a tensor of shape {tuple(shape)} ({nbytes / 2**30:.2f} GiB) is too large: netcl's "
@@ -105,6 +112,8 @@ def mul(a, b):
 # small). Split-K aims at groups_per_cu work-groups per compute unit, each summing at least
 # min_kchunk values of k. These are starting values, not measurements: to be tuned on the
 # H200 (tools/benchmark_training.py --only gemm --device gpu).
+#
+# (ops.gemm runs _CPU_GEMM's gemm_cpu.cl on CPUs: their rows here build sum_axis and permute3.)
 _GEMM_CONFIG = {
     "cpu": {"FM": 8, "VN": 8, "DM": 3, "DN": 3, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
     "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
@@ -131,11 +140,8 @@ def _gemm_config(q):
 
 def _launch_flat(q, name, options, total, local, *args):
     """A 1-D launch of `total` work-items of a gemm.cl kernel whose last argument is `total`."""
-    import pyopencl as cl
-
     k = kernels(q, "gemm", options)[name]
-    k.set_args(*[_arg(a) for a in args], np.int32(total))
-    cl.enqueue_nd_range_kernel(q, k, (-(-total // local) * local,), (local,))
+    _enqueue(q, k, (-(-total // local) * local,), (local,), (*args, total))
 
 
 def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode=0, batch=1,
@@ -143,11 +149,19 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     """C[b] = alpha * A[b] @ B[b] + beta * C[b] (+ bias) with element strides
     sa = (m, k, batch), sb = (k, n, batch), sc = (m, n, batch).
 
-    On GPUs gemm_tile (see _gemm_tile). On CPUs three kernels, picked by layout: gemm_vn when B
-    and C are contiguous along n (row-major B, any A: the forward and data-gradient GEMMs),
+    On GPUs gemm_tile (see _gemm_tile); on CPUs gemm_cpu.cl (see _gemm_cpu). The older CPU
+    kernels, picked by layout: gemm_vn when B and C are contiguous along n (row-major B, any A: the forward and data-gradient GEMMs),
     gemm_dot (+ split-K) when A and B are both contiguous along k (the weight gradients,
     x @ W^T), the strided gemm otherwise."""
     q = C.queue
+    if M == 0 or N == 0 or batch == 0:  # an empty C: nothing to compute (an empty batch)
+        return C.mark_written()
+    if q.device.int_ptr not in _config_class:
+        _gemm_config(q)  # classifies the device
+    cls = _config_class[q.device.int_ptr]
+    if cls in _CPU_GEMM:
+        _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets)
+        return C.mark_written()
     bias_arg = bias if bias is not None else dummy(q)
     cfg, options = _gemm_config(q)
     if "BM" in cfg:
@@ -221,6 +235,78 @@ def _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias_arg, bias
     if splits > 1:
         _launch_flat(q, "gemm_reduce", options, batch * M * N, _LOCAL, M, N, splits, P,
                      C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode)
+
+
+# CPU classes (gemm_cpu.cl): the outer-product tile MR x NV vectors of VW floats, its K block
+# KC, and the dot-product block DM x DN. On a 2-core AVX-512 PoCL 8 x 32 (16 of the 32 zmm
+# registers) ran 2x faster than 4 x 16 and 8 x 16; 6 or 12 x 32, 16 x 16, KC 128 or 512 and 4 or
+# 16 work-items per core were within the shared machine's noise of it. "cpu" (AVX2, 16 ymm
+# registers) takes the classic 6 x 16 tile and a 3 x 3 dot block (not measured here).
+_CPU_GEMM = {
+    "cpu": {"VW": 8, "NV": 2, "MR": 6, "KC": 256, "DM": 3, "DN": 3},
+    "cpu16": {"VW": 16, "NV": 2, "MR": 8, "KC": 256, "DM": 4, "DN": 4},
+}
+_CPU_ITEMS = 8  # work-items per compute unit a CPU GEMM aims for (rows split first, then K)
+_CPU_MSTEP = 256  # most rows per work-item (its A block, MSTEP x KC floats, stays in L2)
+_CPU_KMIN = 1024  # fewest k per split-K chunk
+_CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds: no split-K for parallelism (a second launch costs more)
+_CPU_DOT_ROWS = 128  # fewer rows, A and B contiguous along k: dot products (1.2-3x faster at 32-64 rows)
+_CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
+
+
+_cpu_plans = {}  # (context, class, M, N, K, batch, dot) -> _cpu_plan(): small GEMMs are host-bound
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _cpu_plan(q, cls, M, N, K, batch, dot):
+    """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM."""
+    cfg = _CPU_GEMM[cls]
+    ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
+    want = _CPU_ITEMS * q.device.max_compute_units
+    split = batch * M * N * K >= _CPU_SPLIT_WORK
+    if dot:
+        mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
+        items = batch * mblocks * nblocks
+        chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
+        kchunk = max(1, _cdiv(_cdiv(K, chunks), cfg["VW"])) * cfg["VW"]  # whole vectors per chunk
+        grid = (mblocks, nblocks)
+    else:
+        MR, NR, KC = cfg["MR"], cfg["NV"] * cfg["VW"], cfg["KC"]
+        nblocks, mblocks = _cdiv(N, NR), _cdiv(M, MR)
+        per_item = min(mblocks, _cdiv(_CPU_MSTEP, MR))  # row blocks per work-item
+        while per_item > 1 and batch * nblocks * _cdiv(mblocks, per_item) < want:
+            per_item = _cdiv(per_item, 2)
+        mgroups = _cdiv(mblocks, per_item)
+        items = batch * nblocks * mgroups
+        chunks = max(1, min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
+        kchunk = max(1, _cdiv(_cdiv(K, chunks), KC)) * KC  # whole K blocks per chunk
+        grid = (nblocks, mgroups, per_item * MR)
+    chunks = max(1, _cdiv(K, kchunk))  # one with K == 0: C = beta * C + bias
+    return (ks["gemm_cpu_dot" if dot else "gemm_cpu"], grid + (kchunk, chunks), items * chunks, chunks,
+            ks["gemm_cpu_reduce"])
+
+
+def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets):
+    """gemm() on a CPU: gemm_cpu (any layout) or, for A and B both contiguous along k with few
+    rows, gemm_cpu_dot; split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks
+    of C alone leave the cores idle or K is long."""
+    dot = sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS
+    key = (q.context, cls, M, N, K, batch, dot)
+    plan = _cpu_plans.get(key)
+    if plan is None:
+        plan = _cpu_plans[key] = _cpu_plan(q, *key[1:])
+    k, grid, total, chunks, reduce = plan
+    P = new(q, (batch, chunks, M, N)) if chunks > 1 else None
+    if dot:
+        sa, sb = (sa[0], sa[2]), (sb[1], sb[2])  # the k strides are 1
+    _enqueue(q, k, (total,), (1,), (M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc,
+                                    float(alpha), float(beta), bias, bias_mode, *grid, P, total))
+    if chunks > 1:
+        _enqueue(q, reduce, (_cdiv(batch * M * N, _LOCAL) * _LOCAL,), (_LOCAL,),
+                 (M, N, chunks, P, C, offsets[2], *sc, float(alpha), float(beta), bias, bias_mode, batch * M * N))
 
 
 def matmul(a, b, trans_a=False, trans_b=False, out=None, beta=0.0, bias=None, bias_mode=0):

@@ -1,6 +1,8 @@
-"""ops.gemm against numpy on every kernel path: gemm_vn (B and C contiguous along n), gemm_dot
-with and without split-K (A and B contiguous along k), B^T copied then gemm_vn, the strided fallback; transposes, sizes
-that are not multiples of any block, tails, batches with offsets, both bias modes, beta."""
+"""ops.gemm against numpy on every kernel path: for GPUs gemm_vn (B and C contiguous along n),
+gemm_dot with and without split-K (A and B contiguous along k), B^T copied then gemm_vn, the
+strided fallback; for CPUs gemm_cpu (packed B panels, K blocks, split-K) and gemm_cpu_dot;
+transposes, sizes that are not multiples of any block, tails, batches with offsets, both bias
+modes, beta, alpha."""
 import numpy as np
 import pytest
 from conftest import assert_close
@@ -24,28 +26,23 @@ def test_matmul_layouts(queue, rng, M, N, K, ta, tb):
     assert_close(got, ref, what=f"matmul {M}x{N}x{K} ta={ta} tb={tb}")
 
 
-@pytest.mark.parametrize("path", ["vn", "dot", "dot_splitk", "nt_transposed", "strided"])
-@pytest.mark.parametrize("bias_mode", [0, 1, 2])
-@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
-def test_gemm_batched_bias_beta(queue, rng, path, bias_mode, beta):
-    """Batched, with offsets into every buffer and a C whose rows are padded, alpha != 1."""
-    batch, M, N = 3, 70 if path == "nt_transposed" else 13, 21  # M >= 64: B^T copied, then gemm_vn
-    K = 2200 if path == "dot_splitk" else 11
+def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, what):
+    """ops.gemm batched, with offsets into every buffer, a C whose rows are padded and alpha != 1,
+    against float64 numpy. a_kmajor: A stored (M, K) (contiguous along k), else (K, M).
+    b_layout: "kn" stored (K, N), "nk" stored (N, K), "strided" n-stride 2 over a (K, 2N) buffer."""
     alpha = 0.75
-    a_t = path in ("dot", "dot_splitk", "nt_transposed")  # A (M, K) row-major for dot, else stored (K, M) for vn/strided
-    b_kn = path == "vn"  # B stored (K, N) for vn, (N, K) for dot, and a strided view for the fallback
     offa, offb, offc, ldc = 5, 7, 3, N + 4
     a = rng.standard_normal((batch, M, K)).astype(np.float32)
     b = rng.standard_normal((batch, K, N)).astype(np.float32)
     c0 = rng.standard_normal((batch, M, ldc)).astype(np.float32)
     bias = rng.standard_normal(N if bias_mode == 1 else M).astype(np.float32)
-    if a_t:
+    if a_kmajor:
         abuf, sa = a, (K, 1, M * K)
     else:
         abuf, sa = a.transpose(0, 2, 1).copy(), (1, M, M * K)
-    if b_kn:
+    if b_layout == "kn":
         bbuf, sb = b, (N, 1, K * N)
-    elif path == "strided":  # n-stride 2 over a (K, 2N) buffer: no fast path applies
+    elif b_layout == "strided":  # no fast path applies
         bbuf = np.zeros((batch, K, 2 * N), np.float32)
         bbuf[:, :, ::2] = b
         sb = (2 * N, 2, 2 * K * N)
@@ -65,8 +62,58 @@ def test_gemm_batched_bias_beta(queue, rng, path, bias_mode, beta):
         full += bias[None, :, None]
     ref[:, :, :N] = full + beta * ref[:, :, :N]
     got = C.to_host()[offc:].reshape(batch, M, ldc)
-    assert_close(got, ref, what=f"{path} bias_mode={bias_mode} beta={beta}")
+    assert_close(got, ref, what=f"{what} bias_mode={bias_mode} beta={beta}")
     assert np.array_equal(got[:, :, N:], c0[:, :, N:]), "wrote past the n tail into C's row padding"
+
+
+# (path, batch, M, N, K, A contiguous along k, B layout) for the "gpu" class's kernels (gemm.cl)
+_GEMM_PATHS = {
+    "vn": (3, 13, 21, 11, False, "kn"),
+    "dot": (3, 13, 21, 11, True, "nk"),
+    "dot_splitk": (3, 13, 21, 2200, True, "nk"),
+    "nt_transposed": (3, 70, 21, 11, True, "nk"),  # M >= 64: B^T copied, then gemm_vn
+    "strided": (3, 13, 21, 11, False, "strided"),
+}
+
+
+@pytest.mark.parametrize("path", list(_GEMM_PATHS))
+@pytest.mark.parametrize("bias_mode", [0, 1, 2])
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})  # these kernels on any device
+    _check_gemm(queue, rng, *_GEMM_PATHS[path], bias_mode, beta, path)
+
+
+# gemm_cpu.cl's paths (the "cpu" and "cpu16" classes), with the kernel each case must reach:
+# tails of every block (MR, NR, KC, the dot block, vector k), several K blocks (the first one
+# writes the epilogue, later ones add), rows split over work-items, split-K for parallelism and
+# for a long K, B packed from contiguous rows, from k-contiguous columns and from a stride, and
+# K == 0 (C = beta * C + bias).
+_CPU_PATHS = {
+    "outer": (3, 13, 45, 11, False, "kn", "gemm_cpu", 1),
+    "outer_kblocks": (2, 19, 37, 600, False, "kn", "gemm_cpu", 1),
+    "outer_row_groups": (1, 300, 40, 70, True, "kn", "gemm_cpu", 1),
+    "outer_b_transposed": (2, 130, 35, 300, True, "nk", "gemm_cpu", 1),
+    "outer_strided": (3, 13, 21, 11, False, "strided", "gemm_cpu", 1),
+    "outer_splitk": (2, 13, 21, 33000, False, "kn", "gemm_cpu", 2),
+    "dot": (3, 13, 21, 11, True, "nk", "gemm_cpu_dot", 1),
+    "dot_vectors": (2, 7, 10, 211, True, "nk", "gemm_cpu_dot", 1),
+    "dot_long_k": (2, 5, 6, 9000, True, "nk", "gemm_cpu_dot", 3),
+    "outer_k0": (2, 5, 7, 0, False, "kn", "gemm_cpu", 1),
+    "dot_k0": (2, 5, 7, 0, True, "nk", "gemm_cpu_dot", 1),
+}
+
+
+@pytest.mark.parametrize("config", ["cpu", "cpu16"])
+@pytest.mark.parametrize("path", list(_CPU_PATHS))
+def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: config})
+    batch, M, N, K, a_kmajor, b_layout, kernel, chunks = _CPU_PATHS[path]
+    for bias_mode in (0, 1, 2):
+        for beta in (0.0, 1.0, 0.5):
+            _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} {path}")
+    plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, kernel == "gemm_cpu_dot")]
+    assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"
 
 
 @pytest.mark.parametrize("config", ["cpu", "cpu16", "gpu"])

@@ -185,6 +185,7 @@ def test_every_kernel_declares_its_scalar_argument_types(queue):
     import glob
     import os
 
+    from netcl import ops
     from netcl.runtime import arg_dtypes, kernel_source, kernels
 
     for path in sorted(glob.glob(os.path.join(os.path.dirname(netcl.__file__), "kernels", "*.cl"))):
@@ -192,6 +193,7 @@ def test_every_kernel_declares_its_scalar_argument_types(queue):
         if family.startswith("conv_") or family == "linear":
             continue  # the fused families are built by netcl.jit with their -D defines
         types = arg_dtypes(kernel_source(family))
-        options = ("-DFM=4", "-DVN=8", "-DDM=2", "-DDN=2", "-DVK=8") if family == "gemm" else ()
+        options = {"gemm": ("-DFM=4", "-DVN=8", "-DDM=2", "-DDN=2", "-DVK=8"),
+                   "gemm_cpu": tuple(f"-D{k}={v}" for k, v in ops._CPU_GEMM["cpu16"].items())}.get(family, ())
         for name, k in kernels(queue, family, options).items():
             assert len(types[name]) == k.num_args, (family, name)

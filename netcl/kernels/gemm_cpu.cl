@@ -1,0 +1,238 @@
+// GEMM for CPU devices (PoCL), the training path's device classes "cpu" and "cpu16":
+//   C[b](m, n) = alpha * sum_k A[b](m, k) * B[b](k, n) + beta * C[b](m, n) + bias
+// for any strides (transposes are strides). Defines: VW (float vector width: the device's
+// native one), NV (vectors per tile row: a tile is MR x NR, NR = NV * VW), MR, KC (K block).
+//
+// One work-item per work-group (local size 1: no barriers, PoCL compiles one local size) owns
+// an NR-column panel of C over a range of rows and one K chunk. Per K block it packs the
+// KC x NR panel of B into local memory (contiguous, aligned, zero-padded past N: the
+// microkernel has no tails and no strided or 4K-aliased loads, and the panel stays in L1 for
+// every row block), then runs an MR x NR register tile per MR rows: NV vector loads of the
+// panel and MR scalar broadcasts of A per k, MR * NV accumulators (16 of the 32 zmm
+// registers at 8 x 32). The first K block writes the epilogue (alpha, bias, beta * C); later
+// blocks add alpha * acc. Split-K (the weight gradients' huge K) writes each chunk's raw sums
+// to P[b][chunk][m][n] and gemm_cpu_reduce finishes.
+//
+// PoCL 3.0's vloadN/vstoreN/fma on wide vectors are out-of-line calls that send the
+// accumulators through memory: loads and stores are pointer dereferences, and a * b + c
+// contracts to an FMA (OpenCL's FP_CONTRACT is on by default).
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define VEC CAT(float, VW)
+#define NR (NV * VW)
+typedef VEC __attribute__((aligned(4))) uvec;  // unaligned vector access
+#define MIN(a, b) ((a) < (b) ? (a) : (b))  // integer min() is an out-of-line call too
+
+// min_vector_width: clang marks a function whose signature has no wide vector as preferring
+// 256-bit vectors, and LLVM then splits every float16 into two ymm halves (32 accumulators
+// spill); the attribute keeps the zmm registers.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(8 * 4 * VW)))
+void gemm_cpu(const int M, const int N, const int K,
+              __global const float *A, const int a_off, const int sam, const int sak, const int sab,
+              __global const float *B, const int b_off, const int sbk, const int sbn, const int sbb,
+              __global float *C, const int c_off, const int scm, const int scn, const int scb,
+              const float alpha, const float beta, __global const float *bias, const int bias_mode,
+              const int nblocks, const int mgroups, const int mstep, const int kchunk, const int chunks,
+              __global float *P, const int total) {
+    __local VEC panel[KC * NV];
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    // n fastest: neighbouring work-items (on both cores) read the same rows of A
+    int r = gid;
+    const int nb = r % nblocks;
+    r /= nblocks;
+    const int mg = r % mgroups;
+    r /= mgroups;
+    const int ch = r % chunks, b = r / chunks;
+    const int n0 = nb * NR, nl = MIN(NR, N - n0);
+    const int m_lo = mg * mstep, m_hi = MIN(M, m_lo + mstep);
+    const int k_lo = ch * kchunk, k_hi = MIN(K, k_lo + kchunk);
+    A += a_off + b * sab;
+    B += b_off + b * sbb + n0 * sbn;
+    const bool split = chunks > 1;
+    int kc = k_lo;
+    do {  // at least once: with K == 0 the epilogue still writes beta * C + bias
+        const int kl = MIN(KC, k_hi - kc);
+        for (int k = 0; k < kl; k++) {
+            __global const float *src = B + (kc + k) * sbk;
+            if (sbn == 1 && nl == NR) {
+#pragma unroll
+                for (int v = 0; v < NV; v++) panel[k * NV + v] = *(__global const uvec *)(src + v * VW);
+            } else {
+                float t[NR];
+                for (int j = 0; j < NR; j++) t[j] = j < nl ? src[j * sbn] : 0.0f;
+#pragma unroll
+                for (int v = 0; v < NV; v++) panel[k * NV + v] = *(const uvec *)(t + v * VW);
+            }
+        }
+        const bool first = kc == k_lo;
+        for (int m0 = m_lo; m0 < m_hi; m0 += MR) {
+            __global const float *ar[MR];  // rows past M repeat the last row (computed, not stored)
+#pragma unroll
+            for (int i = 0; i < MR; i++) ar[i] = A + MIN(m0 + i, M - 1) * sam + kc * sak;
+            VEC acc[MR][NV];
+#pragma unroll
+            for (int i = 0; i < MR; i++)
+#pragma unroll
+                for (int v = 0; v < NV; v++) acc[i][v] = (VEC)(0.0f);
+            for (int k = 0; k < kl; k++) {
+                VEC bv[NV];
+#pragma unroll
+                for (int v = 0; v < NV; v++) bv[v] = panel[k * NV + v];
+#pragma unroll
+                for (int i = 0; i < MR; i++) {
+                    const VEC a = (VEC)(ar[i][k * sak]);
+#pragma unroll
+                    for (int v = 0; v < NV; v++) acc[i][v] += a * bv[v];
+                }
+            }
+            for (int i = 0; i < MR; i++) {
+                const int m = m0 + i;
+                if (m >= m_hi) break;
+                // split-K: raw sums into this chunk's plane of P (row-major M x N)
+                __global float *c = split ? P + ((b * chunks + ch) * M + m) * N + n0
+                                          : C + c_off + b * scb + m * scm + n0 * scn;
+                const int cs = split ? 1 : scn;
+                const float al = split ? 1.0f : alpha;
+                if (nl == NR && cs == 1) {
+#pragma unroll
+                    for (int v = 0; v < NV; v++) {
+                        __global uvec *cv = (__global uvec *)(c + v * VW);
+                        VEC y = al * acc[i][v];
+                        if (!first) y += *cv;
+                        else if (!split) {
+                            if (bias_mode == 1) y += *(__global const uvec *)(bias + n0 + v * VW);
+                            else if (bias_mode == 2) y += (VEC)(bias[m]);
+                            if (beta != 0.0f) y += beta * *cv;
+                        }
+                        *cv = y;
+                    }
+                } else {
+                    float t[NR];
+#pragma unroll
+                    for (int v = 0; v < NV; v++) *(uvec *)(t + v * VW) = al * acc[i][v];
+                    for (int j = 0; j < nl; j++) {
+                        float y = t[j];
+                        if (!first) y += c[j * cs];
+                        else if (!split) {
+                            if (bias_mode == 1) y += bias[n0 + j];
+                            else if (bias_mode == 2) y += bias[m];
+                            if (beta != 0.0f) y += beta * c[j * cs];
+                        }
+                        c[j * cs] = y;
+                    }
+                }
+            }
+        }
+        kc += KC;
+    } while (kc < k_hi);
+}
+
+// Dot-product kernel for A and B both contiguous along k (sak == sbk == 1: the weight
+// gradients dY @ cols^T and x @ W^T with few rows), where gemm_cpu would have to transpose B
+// into its panels: a work-item computes a DM x DN block of C as DM * DN vector dot products
+// over one K chunk (VW-wide loads of DM rows of A and DN rows of B, reduced across lanes once
+// at the end). Chunks are the outermost work-item index after the batch, so the work-items
+// running together read the same chunk of rows (it stays in L2 for every block of C).
+#ifndef DM
+#define DM 4
+#endif
+#ifndef DN
+#define DN 4
+#endif
+
+inline float hsum(VEC v) {
+#if VW == 16
+    const float8 h8 = v.lo + v.hi;
+    const float4 h4 = h8.lo + h8.hi;
+#else
+    const float4 h4 = v.lo + v.hi;
+#endif
+    const float2 h2 = h4.lo + h4.hi;
+    return h2.x + h2.y;
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(8 * 4 * VW)))
+void gemm_cpu_dot(const int M, const int N, const int K,
+                  __global const float *A, const int a_off, const int sam, const int sab,
+                  __global const float *B, const int b_off, const int sbn, const int sbb,
+                  __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                  const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                  const int mblocks, const int nblocks, const int kchunk, const int chunks,
+                  __global float *P, const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int per_chunk = mblocks * nblocks, per_batch = per_chunk * chunks;
+    const int b = gid / per_batch, r0 = gid - b * per_batch;
+    const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;
+    const int m0 = (r % mblocks) * DM, n0 = (r / mblocks) * DN;
+    const int k0 = ch * kchunk, k1 = MIN(K, k0 + kchunk);
+    __global const float *ap[DM], *bp[DN];  // rows past M or N repeat the last one (not stored)
+#pragma unroll
+    for (int i = 0; i < DM; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
+#pragma unroll
+    for (int j = 0; j < DN; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
+    VEC acc[DM][DN];
+#pragma unroll
+    for (int i = 0; i < DM; i++)
+#pragma unroll
+        for (int j = 0; j < DN; j++) acc[i][j] = (VEC)(0.0f);
+    int k = k0;
+    for (; k + VW <= k1; k += VW) {
+        VEC av[DM], bv[DN];
+#pragma unroll
+        for (int i = 0; i < DM; i++) av[i] = *(__global const uvec *)(ap[i] + k);
+#pragma unroll
+        for (int j = 0; j < DN; j++) bv[j] = *(__global const uvec *)(bp[j] + k);
+#pragma unroll
+        for (int i = 0; i < DM; i++)
+#pragma unroll
+            for (int j = 0; j < DN; j++) acc[i][j] += av[i] * bv[j];
+    }
+    float s[DM][DN];
+#pragma unroll
+    for (int i = 0; i < DM; i++)
+#pragma unroll
+        for (int j = 0; j < DN; j++) s[i][j] = hsum(acc[i][j]);
+    for (; k < k1; k++)
+#pragma unroll
+        for (int i = 0; i < DM; i++)
+#pragma unroll
+            for (int j = 0; j < DN; j++) s[i][j] += ap[i][k] * bp[j][k];
+    for (int i = 0; i < DM; i++) {
+        const int m = m0 + i;
+        if (m >= M) break;
+        for (int j = 0; j < DN; j++) {
+            const int n = n0 + j;
+            if (n >= N) break;
+            if (chunks > 1) {
+                P[((b * chunks + ch) * M + m) * N + n] = s[i][j];
+                continue;
+            }
+            float y = alpha * s[i][j];
+            if (bias_mode == 1) y += bias[n];
+            else if (bias_mode == 2) y += bias[m];
+            const int c = c_off + b * scb + m * scm + n * scn;
+            if (beta != 0.0f) y += beta * C[c];
+            C[c] = y;
+        }
+    }
+}
+
+// C[b](m, n) = alpha * sum_chunk P[b][chunk][m][n] + bias + beta * C[b](m, n): split-K's second step.
+__kernel void gemm_cpu_reduce(const int M, const int N, const int chunks, __global const float *P,
+                              __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                              const float alpha, const float beta, __global const float *bias,
+                              const int bias_mode, const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int MN = M * N, b = gid / MN, mn = gid - b * MN, m = mn / N, n = mn - m * N;
+    float s = 0.0f;
+    for (int ch = 0; ch < chunks; ch++) s += P[(b * chunks + ch) * MN + mn];
+    float y = alpha * s;
+    if (bias_mode == 1) y += bias[n];
+    else if (bias_mode == 2) y += bias[m];
+    const int c = c_off + b * scb + m * scm + n * scn;
+    if (beta != 0.0f) y += beta * C[c];
+    C[c] = y;
+}
