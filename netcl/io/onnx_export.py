@@ -48,8 +48,10 @@ onnx_pb2 = _load_bindings()
 P = onnx_pb2
 
 # ai.onnx opset -> the IR version that introduced it (onnx.helper.VERSION_TABLE). The range is
-# what the tests run through onnxruntime; every emitter below means the same in all of it.
-OPSET_IR_VERSION = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13}
+# what the tests run through onnxruntime; emitters whose ops changed meaning inside it write the
+# form of the opset being exported through the helpers `_softmax_at` and `_axes_op`.
+OPSET_IR_VERSION = {11: 6, 12: 7, 13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10,
+                    23: 11, 24: 12, 25: 13}
 DEFAULT_OPSET = 17
 
 # A consumer and version -> (the highest ai.onnx opset, the highest IR version) it reads. The
@@ -91,10 +93,10 @@ class _Graph:
 
     Emitters call `param`, `const` and `op`; `op` returns the name of its output value.
     Shapes use `self.batch` for the batch dimension (an int, or a name when symbolic) and
-    None for a dimension that is known only at run time."""
+    None for a dimension that is known only at run time; `self.opset` is the target opset."""
 
-    def __init__(self, batch):
-        self.batch = batch
+    def __init__(self, batch, opset):
+        self.batch, self.opset = batch, opset
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
         self.layer = self.path = None
 
@@ -146,6 +148,36 @@ def _attribute(name, v):
     if isinstance(v, (list, tuple)):
         return A(name=name, type=A.INTS, ints=[int(i) for i in v])
     raise TypeError(f"attribute {name}: unsupported value {v!r}")
+
+
+# -- opset-dependent forms: emitters call these, so one emitter serves every opset ------------
+def _softmax_at(g, x, axis, shape, out):
+    """Softmax over `axis` of a value of `shape`. Softmax-11/12 coerce the input to 2-D at `axis`
+    (normalising every dimension from it on together), so before opset 13 an axis other than the
+    last is swapped with the last around a last-axis Softmax (exact: a Transpose only moves data)."""
+    last = len(shape) - 1
+    if g.opset >= 13 or axis % len(shape) == last:
+        return g.op("Softmax", [x], out, axis=axis)
+    perm = list(range(len(shape)))
+    perm[axis % len(shape)], perm[last] = last, axis % len(shape)
+    swapped = tuple(shape[i] for i in perm)
+    y = g.op("Softmax", [g.op("Transpose", [x], swapped, perm=perm)], swapped, axis=last)
+    last_axis = g._name("softmax_last_axis")  # not "<path>.Softmax", the name the layer's output gets
+    g.rename(y, last_axis, len(g.nodes) - 1)
+    return g.op("Transpose", [last_axis], out, perm=perm)  # the swap is its own inverse
+
+
+# the opset from which each op takes `axes` as an input instead of an attribute
+_AXES_INPUT_SINCE = {"Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18,
+                     "ReduceMin": 18, "ReduceProd": 18, "ReduceL2": 18, "ReduceSumSquare": 18}
+
+
+def _axes_op(g, op_type, x, axes, out, **attrs):
+    """Squeeze, Unsqueeze or a Reduce* over `axes`: an attribute before the opset that made it an
+    input (13 for Squeeze/Unsqueeze/ReduceSum, 18 for the other reductions), an input from it on."""
+    if g.opset >= _AXES_INPUT_SINCE[op_type]:
+        return g.op(op_type, [x, g.const("axes", list(axes))], out, **attrs)
+    return g.op(op_type, [x], out, axes=list(axes), **attrs)
 
 
 # -- the converter table: one function per layer type ------------------------------------
@@ -204,8 +236,8 @@ def _flatten(g, m, x, s, out):
     return g.op("Flatten", [x], out, axis=1)
 
 
-def _softmax(g, m, x, s, out):
-    return g.op("Softmax", [x], out, axis=m.dim)
+def _softmax(g, m, x, s, out):  # before opset 13, Transposes around a last-axis Softmax
+    return _softmax_at(g, x, m.dim, s, out)
 
 
 def _multihead_attention(g, m, x, s, out):
@@ -222,7 +254,7 @@ def _multihead_attention(g, m, x, s, out):
     kt = g.op("Transpose", [k], (n, h, d, length), perm=[0, 1, 3, 2])
     scores = g.op("MatMul", [q, kt], (n, h, length, length))
     scores = g.op("Mul", [scores, g.const("scale", 1.0 / math.sqrt(d), np.float32)], (n, h, length, length))
-    attn = g.op("Softmax", [scores], (n, h, length, length), axis=-1)
+    attn = _softmax_at(g, scores, -1, (n, h, length, length), (n, h, length, length))
     o = g.op("MatMul", [attn, v], (n, h, length, d))
     o = g.op("Transpose", [o], (n, length, h, d), perm=[0, 2, 1, 3])
     o = g.op("Reshape", [o, g.const("shape_heads", [-1, e])], (nl, e))
@@ -298,12 +330,12 @@ def _value_info(name, shape):
     return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
 
 
-def _build(model, input_shape, dynamic_batch, input_name, output_name):
-    """The graph without the weights' bytes: (graph, initializer list, the input's shape)."""
+def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset):
+    """The graph for `opset` without the weights' bytes: (graph, initializer list, the input's shape)."""
     leaves, shapes = _check(model, input_shape, input_name, output_name)
     batch = "batch" if dynamic_batch else shapes[0][0]
     sym = lambda s: (batch,) + tuple(s[1:])  # noqa: E731
-    g = _Graph(batch)
+    g = _Graph(batch, opset)
     x = input_name
     for (path, layer), s_in, s_out in zip(leaves, shapes, shapes[1:]):
         g.begin(path, layer)
@@ -451,7 +483,7 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
 
     input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
-    opset: ai.onnx opset version, 13 to 25 (default 17, or the highest that `target` reads);
+    opset: ai.onnx opset version, 11 to 25 (default 17, or the highest that `target` reads);
         ir_version follows from OPSET_IR_VERSION.
     target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the export
         takes the highest opset and IR version it reads; an explicit opset it cannot read: ValueError.
@@ -470,7 +502,7 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
     opset, ir_version = resolve_opset(opset, target)
     if not isinstance(doc_string, str):
         raise TypeError(f"doc_string must be a str, got {type(doc_string).__name__}")
-    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name)
+    graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name, opset=opset)
     props = _metadata_props(model, in_shape, in_shape[0], metadata)
     # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8), metadata_props (14)
     model_head = P.ModelProto(ir_version=ir_version, producer_name="netcl",

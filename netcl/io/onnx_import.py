@@ -671,7 +671,7 @@ def _recorded_model(m, g, shape, dynamic):
             t.set_(g.consts[name])
         graph = m.graph
         rebuilt, inits, _ = ox._build(model.eval(), (shape[0] or 1,) + tuple(shape[1:]), dynamic,
-                                      graph.input[0].name, graph.output[0].name)
+                                      graph.input[0].name, graph.output[0].name, opset=g.opset)
     except (FormatError, ValueError, TypeError, KeyError, NotImplementedError, RecursionError):
         return None
     same = ([n.SerializeToString() for n in rebuilt.node] == [n.SerializeToString() for n in graph.node]
