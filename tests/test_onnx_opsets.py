@@ -84,8 +84,8 @@ def check_at_opset(queue, rng, model, shape, opset, path, record_error):
     assert err <= 1e-5, f"opset {opset}: onnxruntime vs netcl max abs diff {err:.2e}"
     back = import_onnx(path)
     assert architecture(back) == architecture(model)
-    want = model.state_dict()
-    assert all(np.array_equal(v, want[k]) for k, v in back.state_dict().items()) and back.state_dict().keys() == want.keys()
+    want, got = model.state_dict(), back.state_dict()
+    assert got.keys() == want.keys() and all(np.array_equal(v, want[k]) for k, v in got.items())
 
 
 def test_layer_models_cover_every_emitter():

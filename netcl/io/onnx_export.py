@@ -58,28 +58,33 @@ DEFAULT_OPSET = 17
 # export takes the highest opset within both that netcl writes (OPSET_IR_VERSION), so a file for an
 # older consumer is only ever a lower stamp of the same graph.
 TARGETS = {
-    # onnxruntime: the version matrix in onnxruntime's docs/reference/compatibility.md
-    # (onnxruntime.ai/docs/reference/compatibility.html); 1.15 is checked against the real
-    # onnxruntime==1.15.1 wheel by tests/test_onnx_targets.py (it refuses opset 20 and IR 10)
-    "onnxruntime-1.15": (19, 9), "onnxruntime-1.16": (19, 9), "onnxruntime-1.17": (20, 9),
-    "onnxruntime-1.18": (21, 10), "onnxruntime-1.19": (21, 10), "onnxruntime-1.20": (22, 10),
-    "onnxruntime-1.21": (22, 10), "onnxruntime-1.22": (23, 11),
+    # onnxruntime: measured by tools/verify_consumers.py on 2026-11-30 with each line's last wheel
+    # (1.15.1 ... 1.22.1): 1.15 has no AveragePool-19 or Reshape-19 kernels; 1.16, 1.18, 1.19 and
+    # 1.20 call the next opset "under development"; 1.17 reads IR 9 at most, 1.21 and 1.22 IR 10.
+    # (The matrix in onnxruntime's docs/reference/compatibility.md says one opset more for 1.15,
+    # 1.20 and 1.22.)
+    # tests/test_onnx_targets.py checks the 1.15 row against the real wheel, both sides of it
+    "onnxruntime-1.15": (18, 8), "onnxruntime-1.16": (19, 9), "onnxruntime-1.17": (20, 9),
+    "onnxruntime-1.18": (21, 10), "onnxruntime-1.19": (21, 10), "onnxruntime-1.20": (21, 10),
+    "onnxruntime-1.21": (22, 10), "onnxruntime-1.22": (22, 10),
     # TensorRT: onnx-tensorrt docs/operators.md, release/8.6-GA: "TensorRT 8.6 supports operators up
     # to Opset 17"; release/10.0-GA: opset 9 to 20 (the 10.0 line is from its release notes, not seen
     # in a stored copy). IR: the version those opsets came with
     "tensorrt-8.6": (17, 8), "tensorrt-10.0": (20, 9),
-    # OpenVINO: the ONNX frontend implements the opsets of the onnx release in its thirdparty/onnx
-    # submodule (2023.0: onnx 1.13, opset 18; 2024.0: onnx 1.15, opset 20). Not measured here
+    # The rows below are the opsets of the onnx release each consumer vendors (OpenVINO's frontend:
+    # thirdparty/onnx, 2023.0 onnx 1.13, 2024.0 onnx 1.15; OpenCV's onnx_importer; tract 0.21's CI runs
+    # onnx 1.14's backend tests), kept although tools/verify_consumers.py measured on 2026-11-30 that
+    # OpenVINO 2023.0.2 and 2024.0.0 (f32), OpenCV 4.8.1 and 5.0.0 and tract 0.21.19 read netcl's
+    # files at every opset 11-25: an op newer than what a consumer vendors (Gelu-20, say) is written
+    # decomposed only below its opset. Measured bugs, whatever the opset: OpenCV 4.x and OpenCV 5's
+    # classic engine loading from a path ignore AveragePool's count_include_pad; OpenCV 4.8 fails on
+    # MultiheadAttention's graph
     "openvino-2023.0": (18, 8), "openvino-2024.0": (20, 9),
-    # OpenCV DNN (modules/dnn/src/onnx/onnx_importer.cpp) has no opset cap but refuses newer forms of
-    # some ops (4.6: "Unsupported ReduceSum operation of opset 13", opencv/opencv issues); the rows
-    # are the opsets of the onnx schema each release vendors. Not measured here
     "opencv-4.8": (17, 8), "opencv-5.0": (19, 9),
-    # onnx2torch 1.5: node_converters/average_pool.py registers AveragePool for versions 7, 10 and 11
-    # only (and the issue lists no Reshape-19/21, Flatten-21, Conv-22): opset 18 is its highest
-    "onnx2torch-1.5": (18, 8),
-    # tract 0.21: runs the onnx backend tests of onnx 1.14 (opset 19) in its CI. Not measured here
     "tract-0.21": (19, 9),
+    # onnx2torch 1.5: measured (1.5.15, 2026-11-30): no converters for AveragePool-19, Reshape-19 and
+    # later, Flatten-21, Conv-22, so opset 18 is its highest
+    "onnx2torch-1.5": (18, 8),
 }
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses to parse a message of 2 GiB or more
 EXTERNAL_MIN_BYTES = 1024  # with external data, smaller tensors stay inline (as onnx does)
