@@ -29,8 +29,12 @@ def test_summary():
     row = vc._summary("opencv-4.8", "4.8.1", runs, [11, 13, 17, 21])
     assert row["accepted"] == "11, 13, 17 (all but layer:AvgPool2d)" and row["accepted_list"] == [11, 13, 17]
     assert row["max_abs_diff"] == 0.3
-    assert row["notes"][0] == "mlp at 21: Unsupported model IR version: 10, max supported IR version: 9"
+    assert row["notes"][0] == "mlp at 21: reads IR 9 at most"
     assert row["notes"][1] == "layer:AvgPool2d at 11, 13, 17, 21: differs by up to 3.0e-01"
     assert row["notes"][2].startswith("cause: AveragePool's count_include_pad=1 is ignored")
     assert vc._summary("x", None, {"mlp": {11: bad}}, [11])["accepted"] == "none"
     assert vc._ranges([11, 12, 13, 15, 17, 18]) == "11-13, 15, 17-18"
+    missing = {o: {"error": f"Converter is not implemented (OperationDescription(domain='', operation_type='Conv', "
+                            f"version={o}))"} for o in (22, 23)}
+    row = vc._summary("onnx2torch", "1.5", {"a": {17: ok, **missing}, "b": {17: ok, **missing}}, [17, 22, 23])
+    assert row["accepted"] == "17" and row["notes"] == ["every model at 22-23: no converters for Conv-22, Conv-23"]

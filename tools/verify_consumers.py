@@ -75,12 +75,10 @@ _AVGPOOL = ("AveragePool's count_include_pad=1 is ignored (border windows divide
             "too large in a corner)")
 # consumer -> (model, the cause, found by hand with one-layer models): noted while that model fails
 KNOWN = {
-    "onnxruntime-1.15": ("layer:AvgPool2d", "no AveragePool-19 or Reshape-19 kernels; refuses opset 20 (\"under "
-                                        "development\") and IR 10"),
     **{name: ("layer:AvgPool2d", _AVGPOOL + ", from a path and from a buffer")
        for name in ("opencv-4.8", "opencv-4 (latest), path", "opencv-4 (latest), buffer")},
     "opencv-5, path, classic engine": ("layer:AvgPool2d", _AVGPOOL + " when loaded from a path (from a buffer, right)"),
-    "onnx reference evaluator": ("cnn", "BatchNormalization-9 (opsets 9-13) normalises with 0.9 x running + 0.1 x "
+    "onnx reference evaluator": ("layer:BatchNorm2d", "BatchNormalization-9 (opsets 9-13) normalises with 0.9 x running + 0.1 x "
                                         "batch statistics: the schema's default momentum sends every call down "
                                         "its training branch"),
     "openvino (latest), default precision": ("cnn", "on a CPU with avx512_bf16 the default inference precision "
@@ -327,19 +325,24 @@ def _ranges(opsets):
     return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in out) or "none"
 
 
-# the part of a consumer's message that says why (the rest is source paths and C++ signatures)
-_WHY = [r"Unsupported model IR version: \d+, max supported IR version: \d+", r"Opset \d+ is under development",
-        r"Could not find an implementation for \w+\(\d+\)",
-        r"Converter is not implemented .*?operation_type='\w+', version=\d+\)"]
+# why a consumer failed, from its message (the rest is source paths and C++ signatures): a pattern
+# and the note; with a group named op, the ops and versions are gathered into one note of that kind
+_WHY = [(r"max supported IR version: (\d+)", "reads IR {0} at most"),
+        (r"Opset (\d+) is under development", "calls opset {0} \"under development\""),
+        (r"Could not find an implementation for (?P<op>\w+)\((\d+)\)", "no kernels for"),
+        (r"operation_type='(?P<op>\w+)', version=(\d+)\)", "no converters for")]
 
 
 def _short(msg):
-    for pattern in _WHY:
+    """(note, "Op-version" or None)."""
+    for pattern, note in _WHY:
         m = re.search(pattern, msg)
+        if m and "op" in m.groupdict():
+            return note, f"{m['op']}-{m.group(2)}"
         if m:
-            return m.group(0)
+            return note.format(*m.groups()), None
     msg = re.sub(r"Load model from \S+ failed:|/\S+:\d+:? ", "", msg)
-    return " ".join(msg.replace(">", " ").split())[:200]
+    return " ".join(re.sub(r"\n>", " ", msg).split())[:200], None  # OpenCV starts lines with "> "
 
 
 def _summary(name, version, runs, opsets):
@@ -349,14 +352,21 @@ def _summary(name, version, runs, opsets):
     never = sorted(m for m, r in runs.items() if not any(good(v) for v in r.values()))
     ok = [o for o in opsets if all(good(r.get(o)) for m, r in runs.items() if m not in never)]
     diffs = [v["diff"] for r in runs.values() for v in r.values() if "diff" in v]
-    notes = {}  # message -> [(model, opset)]
+    notes = {}  # note -> ([(model, opset)], {op-version})
     for model, r in runs.items():
         for o, v in r.items():
-            msg = _short(v["error"]) if "error" in v else f"differs by up to {v['diff']:.1e}" if not good(v) else None
-            if msg:
-                notes.setdefault(msg, []).append((model, o))
-    lines = [f"{', '.join(sorted({m for m, _ in where}))} at {_ranges({o for _, o in where})}: {msg}"
-             for msg, where in notes.items()]
+            note, op = _short(v["error"]) if "error" in v else (f"differs by up to {v['diff']:.1e}", None) \
+                if not good(v) else (None, None)
+            if note:
+                where, ops = notes.setdefault(note, ([], set()))
+                where.append((model, o))
+                ops.update([op] if op else [])
+    lines = []
+    for note, (where, ops) in notes.items():
+        models = {m for m, _ in where}
+        ops = sorted(ops, key=lambda s: (s.split("-")[0], int(s.split("-")[1])))
+        lines.append(f"{'every model' if len(models) == len(runs) > 1 else ', '.join(sorted(models))} at "
+                     f"{_ranges({o for _, o in where})}: {note}" + (f" {', '.join(ops)}" if ops else ""))
     if name in KNOWN and not all(good(v) for v in runs.get(KNOWN[name][0], {}).values()):
         lines.append(f"cause: {KNOWN[name][1]}")
     accepted = "none" if len(never) == len(runs) else _ranges(ok) + (f" (all but {', '.join(never)})" if never else "")
