@@ -78,9 +78,9 @@ KNOWN = {
     **{name: ("layer:AvgPool2d", _AVGPOOL + ", from a path and from a buffer")
        for name in ("opencv-4.8", "opencv-4 (latest), path", "opencv-4 (latest), buffer")},
     "opencv-5, path, classic engine": ("layer:AvgPool2d", _AVGPOOL + " when loaded from a path (from a buffer, right)"),
-    "onnx reference evaluator": ("layer:BatchNorm2d", "BatchNormalization-9 (opsets 9-13) normalises with 0.9 x running + 0.1 x "
-                                        "batch statistics: the schema's default momentum sends every call down "
-                                        "its training branch"),
+    "onnx reference evaluator": ("layer:BatchNorm2d", "BatchNormalization-9 (opsets 9-13) normalises with 0.9 x "
+                                                      "running + 0.1 x batch statistics: the schema's default "
+                                                      "momentum sends every call down its training branch"),
     "openvino (latest), default precision": ("cnn", "on a CPU with avx512_bf16 the default inference precision "
                                                     "is bf16; the other OpenVINO rows ask for f32"),
 }
