@@ -9,6 +9,12 @@ class Act(IntEnum):
     LEAKY_RELU = 2
     SIGMOID = 3
     TANH = 4
+    GELU = 5  # exact (erf)
+    GELU_TANH = 6  # GELU(approximate="tanh")
+    SILU = 7
+    RELU6 = 8
+    HARDSWISH = 9
+    HARDSIGMOID = 10
 
     @property
     def saves_output(self):

@@ -1,23 +1,24 @@
 """Thin launchers for the kernels in netcl/kernels: Python picks shapes and launch sizes,
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
+import threading
+
 import numpy as np
 
 from netcl.runtime import alloc, device_class, kernels
 from netcl.tensor import Tensor
 
+_launch_lock = threading.Lock()
 _LOCAL = 64  # fixed 1-D work-group size: PoCL recompiles for every new local size
 
 
 def _arg(a):
+    """A kernel argument: a Tensor's buffer; numbers go as they are (runtime.kernels declares each
+    kernel's scalar types from its signature, and pyopencl converts to them)."""
     if isinstance(a, Tensor):
         return a.buf
     if isinstance(a, (bool, np.bool_)):
-        return np.int32(a)
-    if isinstance(a, (int, np.integer)):
-        return np.int32(a)
-    if isinstance(a, (float, np.floating)):
-        return np.float32(a)
-    return a  # a buffer, or None for an unused pointer
+        return int(a)
+    return a  # a number, a buffer, or None for an unused pointer
 
 
 def launch(queue, family, name, gsize, lsize, *args, options=()):
@@ -26,8 +27,10 @@ def launch(queue, family, name, gsize, lsize, *args, options=()):
 
     k = kernels(queue, family, options)[name]
     gsize = tuple(-(-g // l) * l for g, l in zip(gsize, lsize))
-    k.set_args(*[_arg(a) for a in args])
-    return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
+    args = [_arg(a) for a in args]
+    with _launch_lock:  # the cached kernel object is shared: its arguments must be the ones enqueued
+        k.set_args(*args)
+        return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)
 
 
 def launch1d(queue, family, name, n, *args):
@@ -45,14 +48,21 @@ def _max_alloc(q):
     return limit
 
 
+def check_size(q, shape, nbytes=None):
+    """ValueError unless a float32 buffer of `shape` (stored in `nbytes`, default 4 per element) fits
+    the kernels' 32-bit indices and the device's largest allocation."""
+    size = int(np.prod(shape, dtype=np.int64))
+    nbytes = 4 * size if nbytes is None else int(nbytes)
+    if max(size, nbytes // 4) > _MAX_ELEMENTS or nbytes > _max_alloc(q):
+        raise ValueError(f"a tensor of shape {tuple(shape)} ({nbytes / 2**30:.2f} GiB) is too large: netcl's "
+                         f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
+                         f"{q.device.max_mem_alloc_size / 2**30:.2f} GiB per buffer; use a smaller batch")
+
+
 def new(like_or_queue, shape):
     """An uninitialised device tensor on the queue (or the queue of a tensor)."""
     q = like_or_queue.queue if isinstance(like_or_queue, Tensor) else like_or_queue
-    size = int(np.prod(shape, dtype=np.int64))
-    if size > _MAX_ELEMENTS or 4 * size > _max_alloc(q):
-        raise ValueError(f"a tensor of shape {tuple(shape)} ({4 * size / 2**30:.2f} GiB) is too large: netcl's "
-                         f"kernels index up to 2**31 - 1 elements and {q.device.name.strip()} allocates at most "
-                         f"{q.device.max_mem_alloc_size / 2**30:.2f} GiB per buffer; use a smaller batch")
+    check_size(q, shape)
     return Tensor.empty(q, shape)
 
 
@@ -89,15 +99,22 @@ def mul(a, b):
 # 12x8 on a 2-core AVX2 PoCL, and DM x DN = 3x3 (9 accumulators + 6 loads fit 16 ymm
 # registers) beat 4x4 and 2x4 (measured on a busy shared machine, so by margins of 1.3-1.5x;
 # tools/benchmark_training.py measures the result). cpu16 (AVX-512) follows POCL.md's 4x16.
+# GPUs run gemm_tile for every layout: a BM x BN tile through local memory, BK values of k per
+# step, a RM x RN register block per work-item (the fused conv_gpu family's sizes); a tile side
+# halves, down to 4 register blocks, while half still covers M or N (weight gradients are
+# small). Split-K aims at groups_per_cu work-groups per compute unit, each summing at least
+# min_kchunk values of k. These are starting values, not measurements: to be tuned on the
+# H200 (tools/benchmark_training.py --only gemm --device gpu).
 _GEMM_CONFIG = {
     "cpu": {"FM": 8, "VN": 8, "DM": 3, "DN": 3, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
     "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
-    "gpu": {"FM": 4, "VN": 8, "DM": 2, "DN": 2, "VK": 8, "local_vn": 64, "local_dot": 64, "kchunk": 4096},
+    "gpu": {"BM": 64, "BN": 64, "BK": 16, "RM": 4, "RN": 4, "groups_per_cu": 4, "min_kchunk": 256},
 }
-_OPTION_KEYS = ("FM", "VN", "DM", "DN", "VK")
+_OPTION_KEYS = ("FM", "VN", "DM", "DN", "VK", "BM", "BN", "BK", "RM", "RN")
 
 
 _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
+_compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
 
 
 def _gemm_config(q):
@@ -109,7 +126,7 @@ def _gemm_config(q):
             cls = "cpu16"
         _config_class[q.device.int_ptr] = cls
     cfg = _GEMM_CONFIG[cls]
-    return cfg, tuple(f"-D{k}={cfg[k]}" for k in _OPTION_KEYS)
+    return cfg, tuple(f"-D{k}={cfg[k]}" for k in _OPTION_KEYS if k in cfg)
 
 
 def _launch_flat(q, name, options, total, local, *args):
@@ -126,12 +143,16 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     """C[b] = alpha * A[b] @ B[b] + beta * C[b] (+ bias) with element strides
     sa = (m, k, batch), sb = (k, n, batch), sc = (m, n, batch).
 
-    Three kernels, picked by layout: gemm_vn when B and C are contiguous along n (row-major B,
-    any A: the forward and data-gradient GEMMs), gemm_dot (+ split-K) when A and B are both
-    contiguous along k (the weight gradients, x @ W^T), the strided gemm otherwise."""
+    On GPUs gemm_tile (see _gemm_tile). On CPUs three kernels, picked by layout: gemm_vn when B
+    and C are contiguous along n (row-major B, any A: the forward and data-gradient GEMMs),
+    gemm_dot (+ split-K) when A and B are both contiguous along k (the weight gradients,
+    x @ W^T), the strided gemm otherwise."""
     q = C.queue
     bias_arg = bias if bias is not None else dummy(q)
     cfg, options = _gemm_config(q)
+    if "BM" in cfg:
+        _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias_arg, bias_mode, batch, offsets)
+        return C.mark_written()
     vn_ok = sb[1] == 1 and sc[1] == 1
     dot_ok = sa[1] == 1 and sb[0] == 1
     if dot_ok and sc[1] == 1 and not vn_ok and M >= 64 and N >= cfg["VN"]:
@@ -164,6 +185,42 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
                M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc,
                float(alpha), float(beta), bias_arg, bias_mode, options=options)
     return C.mark_written()
+
+
+def _tile_side(full, reg, n):
+    """A tile side for n rows or columns: the configured one, halved while half still covers n
+    (and holds 4 register blocks)."""
+    side = full
+    while side // 2 >= max(n, 4 * reg):
+        side //= 2
+    return side
+
+
+def _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias_arg, bias_mode, batch, offsets):
+    """gemm() on a GPU: gemm_tile, built for the operands' layouts (coalesced loads along the
+    contiguous dimension) and the tile; split-K (partials + gemm_reduce) when the tiles alone
+    would leave compute units idle."""
+    bm, bn = _tile_side(cfg["BM"], cfg["RM"], M), _tile_side(cfg["BN"], cfg["RN"], N)
+    a_k, b_k = int(sa[1] == 1), int(sb[0] == 1)
+    options = (f"-DBM={bm}", f"-DBN={bn}", f"-DBK={cfg['BK']}", f"-DRM={cfg['RM']}", f"-DRN={cfg['RN']}",
+               f"-DA_KMAJOR={a_k}", f"-DB_KMAJOR={b_k}")
+    mt, nt = -(-M // bm), -(-N // bn)
+    cu = _compute_units.get(q.device.int_ptr)
+    if cu is None:
+        cu = _compute_units[q.device.int_ptr] = q.device.max_compute_units
+    want, tiles = cfg["groups_per_cu"] * cu, mt * nt * batch
+    splits = max(1, min(-(-want // tiles), K // cfg["min_kchunk"])) if tiles < want else 1
+    ksteps = max(1, -(-K // cfg["BK"]))
+    kchunk = -(-ksteps // splits) * cfg["BK"]
+    splits = max(1, -(-K // kchunk))
+    P = new(q, (batch, splits, M, N)) if splits > 1 else dummy(q)
+    nthreads = (bm // cfg["RM"]) * (bn // cfg["RN"])
+    launch(q, "gemm", "gemm_tile", (mt * nt * batch * splits * nthreads,), (nthreads,),
+           M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc, float(alpha), float(beta),
+           bias_arg, bias_mode, mt, nt, kchunk, splits, P, options=options)
+    if splits > 1:
+        _launch_flat(q, "gemm_reduce", options, batch * M * N, _LOCAL, M, N, splits, P,
+                     C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode)
 
 
 def matmul(a, b, trans_a=False, trans_b=False, out=None, beta=0.0, bias=None, bias_mode=0):

@@ -9,7 +9,7 @@ from netcl.runtime import kernel_source
 
 def test_enum_and_header_define_the_same_codes():
     header = resources.files("netcl.kernels").joinpath("act.h").read_text()
-    codes = {m[1]: int(m[2]) for m in re.finditer(r"#define ACT_([A-Z_]+) (\d+)", header)}
+    codes = {m[1]: int(m[2]) for m in re.finditer(r"^#define ACT_([A-Z0-9_]+) (\d+)$", header, re.M)}
     assert codes == {a.name: a.value for a in Act}
 
 

@@ -80,3 +80,61 @@ def test_every_device_config(queue, rng, monkeypatch, config):
         ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
         got = ops.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b), trans_a=ta, trans_b=tb).to_host()
         assert_close(got, ref, what=f"{config} {M}x{N}x{K} ta={ta} tb={tb}")
+
+
+@pytest.fixture
+def gpu_config(queue, monkeypatch):
+    """ops.gemm takes its GPU path (gemm_tile) on this device; 8 compute units, so that
+    split-K starts below 32 tiles whatever this machine has."""
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    monkeypatch.setattr(ops, "_compute_units", {queue.device.int_ptr: 8})
+
+
+def _operand(rng, batch, rows, cols, contiguous_cols, offset):
+    """A (batch, rows, cols) operand stored with cols or rows contiguous, after `offset` zeros:
+    (values, buffer, (row, col, batch) strides)."""
+    v = rng.standard_normal((batch, rows, cols)).astype(np.float32)
+    stored = v if contiguous_cols else v.transpose(0, 2, 1).copy()
+    strides = (cols, 1, rows * cols) if contiguous_cols else (1, rows, rows * cols)
+    return v, np.concatenate([np.zeros(offset, np.float32), stored.ravel()]), strides
+
+
+@pytest.mark.parametrize("a_kmajor,b_kmajor", [(True, False), (False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("K", [11, 2200])  # under one BK step; split-K with a k tail
+@pytest.mark.parametrize("bias_mode,beta", [(0, 0.0), (1, 1.0), (2, 0.5)])
+def test_gpu_tile_layouts(queue, rng, gpu_config, a_kmajor, b_kmajor, K, bias_mode, beta):
+    """gemm_tile in every operand layout: tails in m and n (37 x 45 on 64 x 64 tiles), batched,
+    offsets into every buffer, C rows padded, alpha, beta, both bias modes."""
+    batch, M, N, alpha, offs, ldc = 3, 37, 45, 0.75, (5, 7, 3), 45 + 4
+    a, abuf, sa = _operand(rng, batch, M, K, a_kmajor, offs[0])
+    b, bbuf, sb = _operand(rng, batch, K, N, not b_kmajor, offs[1])
+    c0 = rng.standard_normal((batch, M, ldc)).astype(np.float32)
+    bias = rng.standard_normal(N if bias_mode == 1 else M).astype(np.float32)
+    C = Tensor.from_host(queue, np.concatenate([np.zeros(offs[2], np.float32), c0.ravel()]))
+    ops.gemm(M, N, K, Tensor.from_host(queue, abuf), sa, Tensor.from_host(queue, bbuf), sb, C, (ldc, 1, M * ldc),
+             alpha=alpha, beta=beta, bias=Tensor.from_host(queue, bias) if bias_mode else None,
+             bias_mode=bias_mode, batch=batch, offsets=offs)
+    ref = c0.astype(np.float64)
+    full = alpha * np.einsum("bmk,bkn->bmn", a.astype(np.float64), b) + beta * ref[:, :, :N]
+    full += bias[None, None, :] if bias_mode == 1 else bias[None, :, None] if bias_mode == 2 else 0.0
+    ref[:, :, :N] = full
+    got = C.to_host()[offs[2]:].reshape(batch, M, ldc)
+    assert_close(got, ref, what=f"gemm_tile a_kmajor={a_kmajor} b_kmajor={b_kmajor} K={K}")
+    assert np.array_equal(got[:, :, N:], c0[:, :, N:]), "wrote past the n tail into C's row padding"
+
+
+@pytest.mark.parametrize("M,N,K", [(64, 72, 4096), (16, 27, 20000), (72, 300, 64)])
+def test_gpu_training_shapes(queue, rng, gpu_config, M, N, K):
+    """The conv GEMMs of a training step, reduced: weight gradients dY @ cols^T (both operands
+    contiguous along k, small C, long K: split-K; 16 x 27 on a shrunk 16 x 32 tile) and the
+    data gradient W^T @ dY (A contiguous along m). Split-K sums in a fixed order: bitwise
+    repeatable."""
+    wgrad = K > N
+    a = rng.standard_normal((K, M) if not wgrad else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if wgrad else (K, N)).astype(np.float32)
+    A, B = Tensor.from_host(queue, a), Tensor.from_host(queue, b)
+    first = ops.matmul(A, B, trans_a=not wgrad, trans_b=wgrad).to_host()
+    ref = (a if wgrad else a.T).astype(np.float64) @ (b.T if wgrad else b)
+    assert_close(first, ref, what=f"{M}x{N}x{K}")
+    again = ops.matmul(A, B, trans_a=not wgrad, trans_b=wgrad).to_host()
+    assert np.array_equal(first, again), "split-K result changed between runs"

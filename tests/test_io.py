@@ -42,6 +42,31 @@ def transposed_conv_model():
                          nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1))
 
 
+def blocks_model():
+    # x: (N, 3, 8, 8) -> (N, 6, 8, 8); the blocks, nested, and Upsample
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.Residual(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), shortcut=nn.Identity()),
+        nn.Concat(nn.Sequential(nn.MaxPool2d(2), nn.Upsample(2, "bilinear")),
+                  nn.Residual(nn.Conv2d(4, 2, 1), shortcut=nn.Sequential(nn.Conv2d(4, 2, 1, bias=False),
+                                                                       nn.BatchNorm2d(2)))))
+
+
+def held(layer):
+    """Every layer a model holds, blocks' children included."""
+    for _, child in layer.named_children():
+        yield child
+        yield from held(child)
+
+
+def modern_model():
+    # x: (N, 3, 8, 8) -> (N, 5); the activations, norms and shape layers of modern architectures
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.GELU(approximate="tanh"), nn.AdaptiveAvgPool2d(4), nn.Hardswish(),
+        nn.Flatten(2, 3), nn.Transpose(1, 2), nn.LayerNorm(6, eps=1e-3), nn.Linear(6, 7), nn.GELU(), nn.SiLU(),
+        nn.ReLU6(), nn.Transpose(-1, -2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Hardsigmoid(), nn.Linear(7, 5))
+
+
 def with_running_stats(model, rng):
     sd = model.state_dict()
     for k in sd:
@@ -55,7 +80,8 @@ def with_running_stats(model, rng):
 # ---------------------------------------------------------------------------------------
 # round trips
 @pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6)),
-                                          (transposed_conv_model, (2, 3, 5, 5))])
+                                          (transposed_conv_model, (2, 3, 5, 5)), (blocks_model, (2, 3, 8, 8)),
+                                          (modern_model, (2, 3, 8, 8))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -76,13 +102,14 @@ def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
 
 
 def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
-    """The round-trip models hold every registered leaf layer; each class's tensor_shapes (what
-    the loader checks files against) names exactly the tensors a layer of that config holds."""
-    layers = list(every_layer_cnn()) + list(attention_model()) + list(transposed_conv_model())
-    assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS) - {"Sequential"}
+    """The round-trip models hold every registered layer; each class's tensor_shapes (what the
+    loader checks files against) names exactly the tensors a layer of that config holds."""
+    layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model)
+              for m in held(build())]
+    assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
     for layer in layers:
-        held = {k: t.shape for k, t in layer.named_tensors()}
-        assert type(layer).tensor_shapes(**layer.config()) == held, type(layer).__name__
+        own = {k: t.shape for k, t, owner, _ in layer._owned_tensors() if owner is layer}  # not its children's
+        assert type(layer).tensor_shapes(**layer.config()) == own, type(layer).__name__
 
 
 def test_file_layout(tmp_path):
@@ -319,6 +346,12 @@ CORRUPT = {  # name -> (make bad bytes from the model file, expected message)
         "type": "Softmax", "config": {"dim": True}})), "dim must be an int"),
     "stride 2**53": (lambda b: edited(b, lambda h: h["architecture"].__setitem__(1, {
         "type": "MaxPool2d", "config": {"kernel_size": 2, "stride": 2**53}})), "stride must be between 1 and"),
+    "mode string outside the fixed set": (lambda b: edited(b, lambda h: h["architecture"][1].update(
+        type="GELU", config={"approximate": "erf"})), "approximate must be one of ['none', 'tanh']"),
+    "long mode string": (lambda b: edited(b, lambda h: h["architecture"][1].update(
+        type="GELU", config={"approximate": "tanh" * 20})), "expected a finite number"),
+    "string for a numeric argument": (lambda b: edited(b, lambda h: h["architecture"][1].update(
+        type="LeakyReLU", config={"negative_slope": "0.1"})), "expected a finite number"),
     "extra layer entry field": (lambda b: edited(b, lambda h: h["architecture"][1].update(code="x")), "fields 'type'"),
 }
 

@@ -204,3 +204,37 @@ def test_winograd_block_shapes(q, monkeypatch, tile):
     model = randomize_batchnorm(winograd_net(), rng).eval()
     x = rng.normal(size=(2, 5, 15, 13)).astype(np.float32)
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+ACTIVATIONS = {"GELU": nn.GELU, "GELU-tanh": lambda: nn.GELU("tanh"), "SiLU": nn.SiLU, "ReLU6": nn.ReLU6,
+               "Hardswish": nn.Hardswish, "Hardsigmoid": nn.Hardsigmoid}
+
+
+@pytest.mark.parametrize("make_act", ACTIVATIONS.values(), ids=ACTIVATIONS.keys())
+def test_new_activations_fuse(q, make_act):
+    """Each activation rides in the convolution (Winograd and direct) and linear kernels' epilogues
+    (act.h), and equals the layer-by-layer forward."""
+    rng = np.random.default_rng(3)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), make_act(), nn.Conv2d(6, 5, 3, stride=2),
+                          make_act(), nn.Flatten(), nn.Linear(5 * 4 * 4, 9), make_act())
+    model = randomize_batchnorm(model, rng).eval()
+    x = rng.normal(0, 2, size=(2, 3, 9, 9)).astype(np.float32)
+    assert model._fused.launches(x.shape) == 3
+    assert type(make_act()).__name__ not in repr(model._fused)  # no activation left as a layer of its own
+    np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def test_new_layers_run_inside_a_plan(q):
+    """LayerNorm, Transpose, AdaptiveAvgPool and Flatten(start, end) between fused stages; Linear on
+    rank-3 and rank-4 input is one fused kernel."""
+    rng = np.random.default_rng(4)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.AdaptiveAvgPool2d(3), nn.Linear(3, 6),
+                          nn.GELU(), nn.Flatten(2, 3), nn.Transpose(1, 2), nn.LayerNorm(8), nn.Linear(8, 4),
+                          nn.Hardswish(), nn.Transpose(1, 2), nn.AdaptiveAvgPool1d(1), nn.Flatten())
+    model = randomize_batchnorm(model, rng).eval()
+    for batch in (1, 3):
+        x = rng.normal(size=(batch, 3, 7, 5)).astype(np.float32)
+        assert model._fused.launches(x.shape) == 3
+        y = _fused(model, q, x)
+        assert y.shape == (batch, 4)
+        np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)

@@ -49,7 +49,9 @@ def torch():
 
 
 @pytest.mark.parametrize("shape,fin,fout,bias", [((4, 7), 7, 5, True), ((1, 16), 16, 10, True),
-                                                 ((3, 33), 33, 17, False), ((2, 3, 6), 6, 9, True)])
+                                                 ((3, 33), 33, 17, False), ((2, 3, 6), 6, 9, True),
+                                                 ((1, 5, 7), 7, 3, False), ((2, 3, 4, 6), 6, 9, True),
+                                                 ((1, 1, 3, 5), 5, 2, True)])
 def test_linear_vs_torch(queue, rng, torch, record_error, shape, fin, fout, bias):
     layer = nn.Linear(fin, fout, bias=bias)
     ref = torch.nn.Linear(fin, fout, bias=bias)
@@ -82,9 +84,34 @@ def test_conv2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, 
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
 
 
+def test_conv2d_gpu_gemm_vs_torch(queue, rng, torch, record_error, monkeypatch):
+    """Conv2d trained through ops.gemm's GPU path (gemm_tile, forced on this device): the batched
+    forward with bias, the split-K weight gradient and the data gradient."""
+    from netcl import ops
+
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    monkeypatch.setattr(ops, "_compute_units", {queue.device.int_ptr: 8})
+    test_conv2d_vs_torch(queue, rng, torch, record_error, 2, 4, 9, 9, 40, 3, 1, 1, True)
+
+
 @pytest.mark.parametrize("shape,momentum", [((4, 3, 5, 5), 0.1), ((1, 6, 3, 7), 0.3), ((8, 5, 1, 1), 0.1),
                                             ((2, 17, 4, 3), 0.5)])
 def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
+    check_batchnorm(queue, rng, torch, record_error, shape, momentum)
+
+
+@pytest.mark.parametrize("shape,part_len,offset", [((3, 5, 7, 9), 37, 0.5), ((5, 4, 13, 11), 100, 0.5),
+                                                   ((70, 3, 1, 1), 37, 0.5), ((2, 3, 16, 16), 64, 30.0)])
+def test_batchnorm2d_many_parts_vs_torch(queue, rng, torch, record_error, monkeypatch, shape, part_len, offset):
+    """Statistics and gradients reduced over several parts per channel (a tail part; parts
+    shorter than a work-group; rows shorter than a work-group's stride; data far from zero)."""
+    from netcl.nn import norm
+
+    monkeypatch.setattr(norm, "PART_LEN", {"cpu": part_len, "gpu": part_len})
+    check_batchnorm(queue, rng, torch, record_error, shape, 0.1, offset)
+
+
+def check_batchnorm(queue, rng, torch, record_error, shape, momentum, offset=0.5):
     c = shape[1]
     layer = nn.BatchNorm2d(c, eps=1e-4, momentum=momentum)
     ref = torch.nn.BatchNorm2d(c, eps=1e-4, momentum=momentum).double()
@@ -96,7 +123,7 @@ def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
         ref.bias.copy_(torch.tensor(beta))
     # two training steps (batch statistics; running stats with the unbiased variance), then eval
     for step in range(2):
-        x = (rand(rng, *shape) * 2 + 0.5).astype(np.float32)
+        x = (rand(rng, *shape) * 2 + offset).astype(np.float32)
         dy = rand(rng, *shape)
         for p in layer.parameters():
             p.grad = None
@@ -114,16 +141,149 @@ def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
 
 
 ACTIVATIONS = [("ReLU", {}), ("LeakyReLU", {"negative_slope": 0.01}), ("LeakyReLU", {"negative_slope": 0.2}),
-               ("Sigmoid", {}), ("Tanh", {})]
+               ("Sigmoid", {}), ("Tanh", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"}), ("SiLU", {}),
+               ("ReLU6", {}), ("Hardswish", {}), ("Hardsigmoid", {})]
 
 
 @pytest.mark.parametrize("name,kw", ACTIVATIONS)
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 13)])
-def test_activation_vs_torch(queue, rng, torch, record_error, name, kw, shape):
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_activation_vs_torch(queue, rng, torch, record_error, name, kw, shape, mode):
     x = rand(rng, *shape) * 3
     dy = rand(rng, *shape)
     ref = getattr(torch.nn, name)(**kw)
-    compare(record_error, run_netcl(queue, getattr(nn, name)(**kw), x, dy), run_torch(torch, ref, x, dy))
+    layer = getattr(nn, name)(**kw).train(mode == "train")
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+@pytest.mark.parametrize("name,kw", ACTIVATIONS)
+def test_activation_at_its_kinks_vs_torch(queue, torch, record_error, name, kw):
+    """The piecewise activations' boundaries (-3, 0, 3, 6) and far tails give PyTorch's values and gradients."""
+    x = np.array([-100, -6, -3, -1e-3, 0, 1e-3, 3, 6, 6.5, 100, -20, 20], np.float32)
+    dy = np.linspace(0.5, 1.5, x.size).astype(np.float32)
+    compare(record_error, run_netcl(queue, getattr(nn, name)(**kw), x[None], dy[None]),
+            run_torch(torch, getattr(torch.nn, name)(**kw), x[None], dy[None]))
+
+
+def test_gelu_approximate_is_checked():
+    for bad in ("erf", "TANH", ""):
+        with pytest.raises(ValueError, match="approximate must be one of"):
+            nn.GELU(approximate=bad)
+    for bad in (None, 1, True):
+        with pytest.raises(TypeError, match="approximate must be a string"):
+            nn.GELU(approximate=bad)
+
+
+@pytest.mark.parametrize("shape", [(4, 7), (2, 5, 13), (1, 3, 4, 33), (3, 200), (2, 1)])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_layernorm_vs_torch(queue, rng, torch, record_error, shape, mode):
+    d = shape[-1]
+    layer = nn.LayerNorm(d, eps=1e-4).train(mode == "train")
+    ref = torch.nn.LayerNorm(d, eps=1e-4)
+    gamma, beta = rng.uniform(0.5, 1.5, d).astype(np.float32), rand(rng, d)
+    layer.load_state_dict({"weight": gamma, "bias": beta})
+    ref.load_state_dict({"weight": torch.tensor(gamma), "bias": torch.tensor(beta)})
+    x = rand(rng, *shape) * 2 + 1
+    dy = rand(rng, *shape)
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+def test_layernorm_accumulates_gradients_and_takes_pytorch_arguments(queue, rng):
+    layer = nn.LayerNorm((6,))
+    assert layer.config() == {"normalized_shape": 6, "eps": 1e-5} and layer.output_shape((2, 3, 6)) == (2, 3, 6)
+    x, dy = rand(rng, 3, 6), rand(rng, 3, 6)
+    once = run_netcl(queue, layer, x, dy)[2]
+    twice = run_netcl(queue, layer, x, dy)[2]  # no zero_grad: the second backward adds
+    for k in once:
+        np.testing.assert_allclose(twice[k], 2 * once[k], rtol=1e-6)
+    for bad, err in (((2, 3), ValueError), (0, ValueError), (2.5, TypeError)):
+        with pytest.raises(err):
+            nn.LayerNorm(bad)
+    with pytest.raises(ValueError, match=r"expects input \(\.\.\., 6\)"):
+        layer.output_shape((2, 5))
+    for eps in (0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps"):
+            nn.LayerNorm(4, eps=eps)
+    with pytest.raises(TypeError, match="eps must be a number"):
+        nn.LayerNorm(4, eps=True)
+
+
+class _TorchTranspose:
+    def __init__(self, torch, d0, d1):
+        self.torch, self.d = torch, (d0, d1)
+
+    def double(self):
+        return self
+
+    def named_parameters(self):
+        return []
+
+    def __call__(self, x):
+        return x.transpose(*self.d)
+
+
+@pytest.mark.parametrize("shape,d0,d1", [((2, 3, 4, 5), 1, 3), ((2, 3, 4, 5), 0, 2), ((2, 3, 4, 5), -1, -2),
+                                         ((3, 5, 7), 2, 2), ((1, 7, 5), 1, 2), ((2, 1, 5), 1, 2),
+                                         ((3, 4, 1, 6), 1, 3), ((1, 9, 64), 2, 1)])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_transpose_vs_torch(queue, rng, torch, record_error, shape, d0, d1, mode):
+    layer = nn.Transpose(d0, d1).train(mode == "train")
+    x = rand(rng, *shape)
+    dy = rand(rng, *layer.output_shape(shape))
+    got, ref = run_netcl(queue, layer, x, dy), run_torch(torch, _TorchTranspose(torch, d0, d1), x, dy)
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    compare(record_error, got, ref)
+
+
+@pytest.mark.parametrize("shape,start,end", [((2, 3, 4, 5), 2, 3), ((2, 3, 4, 5), 1, 2), ((2, 3, 4, 5), 0, -1),
+                                             ((2, 3, 4, 5), -3, -2), ((1, 3, 5), 1, 1), ((2, 3, 4, 5), 1, -1)])
+def test_flatten_dims_vs_torch(queue, rng, torch, record_error, shape, start, end):
+    layer = nn.Flatten(start, end)
+    x = rand(rng, *shape)
+    dy = rand(rng, *layer.output_shape(shape))
+    got, ref = run_netcl(queue, layer, x, dy), run_torch(torch, torch.nn.Flatten(start, end), x, dy)
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    compare(record_error, got, ref)
+
+
+def test_shape_layers_refuse_what_does_not_fit():
+    with pytest.raises(ValueError, match="out of range"):
+        nn.Transpose(1, 4).output_shape((2, 3, 4))
+    with pytest.raises(ValueError, match="out of range"):
+        nn.Flatten(1, 5).output_shape((2, 3, 4))
+    with pytest.raises(ValueError, match="start_dim comes after end_dim"):
+        nn.Flatten(2, 1).output_shape((2, 3, 4, 5))
+    with pytest.raises(TypeError):
+        nn.Transpose(1.5, 2)
+    assert nn.Flatten().output_shape((4,)) == (4, 1)  # the default keeps netcl's behaviour on 1-D input
+
+
+ADAPTIVE_CASES = [  # layer, input shape, output_size
+    ("AdaptiveAvgPool2d", (2, 3, 7, 5), 1), ("AdaptiveAvgPool2d", (2, 3, 7, 5), 3),
+    ("AdaptiveAvgPool2d", (1, 4, 8, 8), 4), ("AdaptiveAvgPool2d", (2, 3, 7, 5), 9),  # larger than the input
+    ("AdaptiveAvgPool2d", (1, 5, 13, 11), 2), ("AdaptiveAvgPool2d", (3, 2, 6, 6), 6),
+    ("AdaptiveAvgPool1d", (2, 3, 11), 1), ("AdaptiveAvgPool1d", (2, 3, 11), 4), ("AdaptiveAvgPool1d", (1, 5, 6), 3),
+    ("AdaptiveAvgPool1d", (2, 2, 5), 7),
+]
+
+
+@pytest.mark.parametrize("name,shape,size", ADAPTIVE_CASES)
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_adaptive_avg_pool_vs_torch(queue, rng, torch, record_error, name, shape, size, mode):
+    layer = getattr(nn, name)(size).train(mode == "train")
+    x = rand(rng, *shape)
+    dy = rand(rng, *layer.output_shape(shape))
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, getattr(torch.nn, name)(size), x, dy))
+
+
+def test_adaptive_avg_pool_checks_rank_and_size():
+    with pytest.raises(ValueError, match=r"4-D input \(N, C, H, W\)"):
+        nn.AdaptiveAvgPool2d(1).output_shape((2, 3, 4))
+    with pytest.raises(ValueError, match=r"3-D input \(N, C, L\)"):
+        nn.AdaptiveAvgPool1d(1).output_shape((2, 3, 4, 4))
+    with pytest.raises(ValueError, match="output_size must be >= 1"):
+        nn.AdaptiveAvgPool2d(0)
+    assert nn.AdaptiveAvgPool2d((2, 2)).output_size == 2
 
 
 POOL_CASES = [  # shape, kernel, stride, padding

@@ -13,6 +13,11 @@ LAYERS = {  # netcl layer, the torch module that is its reference
     "AvgPool2d": (lambda: nn.AvgPool2d(2), lambda: torch.nn.AvgPool2d(2)),
     "Softmax": (lambda: nn.Softmax(dim=1), lambda: torch.nn.Softmax(dim=1)),
     "BatchNorm2d": (lambda: nn.BatchNorm2d(3), lambda: torch.nn.BatchNorm2d(3)),
+    "GELU-tanh": (lambda: nn.GELU("tanh"), lambda: torch.nn.GELU("tanh")), "SiLU": (nn.SiLU, torch.nn.SiLU),
+    "ReLU6": (nn.ReLU6, torch.nn.ReLU6), "Hardswish": (nn.Hardswish, torch.nn.Hardswish),
+    "Hardsigmoid": (nn.Hardsigmoid, torch.nn.Hardsigmoid),
+    "LayerNorm": (lambda: nn.LayerNorm(4), lambda: torch.nn.LayerNorm(4)),
+    "AdaptiveAvgPool2d": (lambda: nn.AdaptiveAvgPool2d(3), lambda: torch.nn.AdaptiveAvgPool2d(3)),
 }
 
 
@@ -35,3 +40,11 @@ def test_nan_and_inf_propagate_like_torch(queue, rng, name, mode):
     want = ref(torch.from_numpy(x)).detach().numpy()
     assert np.array_equal(np.isnan(got), np.isnan(want)), name
     assert np.array_equal(np.isinf(got), np.isinf(want)) and np.array_equal(got[np.isinf(got)], want[np.isinf(want)])
+
+
+def test_gelu_keeps_nan(queue):
+    """GELU: NaN stays NaN and -inf gives NaN (-inf * 0), as in PyTorch; +inf gives +inf, as PyTorch's
+    scalar path does (its vectorised CPU path returns NaN there)."""
+    x = np.array([[np.nan, -np.inf, np.inf, -2.0, 0.0, 2.0]], np.float32)
+    y = nn.GELU()(Tensor.from_host(queue, x)).to_host()[0]
+    assert np.isnan(y[:2]).all() and y[2] == np.inf and np.isfinite(y[3:]).all()

@@ -9,7 +9,7 @@ import pytest
 
 import netcl
 from netcl import models, nn
-from netcl.io import export_onnx
+from netcl.io import export_onnx, import_onnx
 from netcl.io import onnx_export as ox
 from netcl.io.onnx_export import onnx_pb2 as P
 from conftest import randomize_batchnorm
@@ -307,3 +307,81 @@ def test_failed_export_keeps_existing_file(tmp_path, monkeypatch):
             export_onnx(model, (1, 3, 32, 32), target, external_data=external)
         assert target.read_bytes() == b"precious"
         no_files_but(tmp_path, "m.onnx")
+
+
+# -- the activations, norms and shape layers of modern architectures ---------------------
+def modern_model():
+    # x: (N, 3, 12, 12) -> (N, 5); Linear on rank-4 and rank-3 input
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.GELU(), nn.Conv2d(6, 6, 3), nn.Hardswish(), nn.AdaptiveAvgPool2d(5),
+        nn.Linear(5, 4), nn.SiLU(), nn.Flatten(2, 3), nn.Transpose(1, 2), nn.LayerNorm(6, eps=1e-3),
+        nn.GELU("tanh"), nn.Linear(6, 7), nn.ReLU6(), nn.Hardsigmoid(), nn.Transpose(-1, -2),
+        nn.AdaptiveAvgPool1d(4), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(7, 5))
+
+
+OP_FORMS = {  # opset -> (ops that must appear, ops that must not)
+    13: ({"Erf", "Tanh", "ReduceMean", "HardSigmoid", "Clip", "Sigmoid", "Transpose", "Reshape", "MatMul",
+          "AveragePool", "GlobalAveragePool"}, {"Gelu", "LayerNormalization", "HardSwish"}),
+    17: ({"Erf", "LayerNormalization", "HardSwish"}, {"Gelu", "ReduceMean"}),
+    20: ({"Gelu", "LayerNormalization", "HardSwish"}, {"Erf", "Tanh", "ReduceMean"}),
+    25: ({"Gelu", "LayerNormalization", "HardSwish"}, {"Erf", "Tanh", "ReduceMean"}),
+}
+
+
+@pytest.mark.parametrize("opset", sorted(OP_FORMS))
+def test_modern_layers_match_onnxruntime(ort, queue, rng, tmp_path, opset):
+    onnx = pytest.importorskip("onnx")
+    model = modern_model().eval()
+    for _, t in model.named_parameters():  # LayerNorm's weight and bias away from 1 and 0 too
+        t.set_(rng.normal(0, 0.5, t.shape))
+    path = tmp_path / "m.onnx"
+    export_onnx(model, (2, 3, 12, 12), path, opset=opset, dynamic_batch=True)
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+    ops = {n.op_type for n in load(path).graph.node}
+    must, must_not = OP_FORMS[opset]
+    assert must <= ops and not ops & must_not, sorted(ops)
+    for n in (2, 5):
+        x = rng.normal(0, 2, (n, 3, 12, 12)).astype(np.float32)
+        assert compare(f"modern-layers-opset{opset}", run_ort(path, x), run_netcl(queue, model, x)) <= 1e-5
+    back = import_onnx(path)  # netcl's own file: the recorded layers rebuild the same graph at this opset
+    assert repr(back) == repr(model) and all(np.array_equal(a, b) for a, b in
+                                             zip(back.state_dict().values(), model.state_dict().values()))
+
+
+def test_gelu_tanh_attribute_at_opset_20(tmp_path):
+    export_onnx(nn.Sequential(nn.GELU("tanh"), nn.GELU()).eval(), (1, 4), tmp_path / "g.onnx", opset=20)
+    nodes = load(tmp_path / "g.onnx").graph.node
+    assert [[(a.name, a.s) for a in n.attribute] for n in nodes] == [[("approximate", b"tanh")], []]
+
+
+def test_adaptive_pool_forms(tmp_path):
+    def ops(layer, shape):
+        export_onnx(nn.Sequential(layer).eval(), shape, tmp_path / "p.onnx")
+        return [(n.op_type, {a.name: list(a.ints) for a in n.attribute}) for n in load(tmp_path / "p.onnx").graph.node]
+
+    assert ops(nn.AdaptiveAvgPool2d(1), (1, 2, 7, 5)) == [("GlobalAveragePool", {})]
+    assert ops(nn.AdaptiveAvgPool2d(3), (1, 2, 9, 6)) == [("AveragePool", {"kernel_shape": [3, 2], "strides": [3, 2]})]
+    assert ops(nn.AdaptiveAvgPool1d(2), (1, 2, 8)) == [("AveragePool", {"kernel_shape": [4], "strides": [4]})]
+    with pytest.raises(NotImplementedError, match=r"layer 0 \(AdaptiveAvgPool2d\(output_size=3\)\) on input "
+                                                  r"\(1, 2, 7, 6\).*multiple of output_size 3"):
+        ops(nn.AdaptiveAvgPool2d(3), (1, 2, 7, 6))
+
+
+def test_layers_that_move_the_batch_are_refused(tmp_path):
+    for layer in (nn.Transpose(0, 1), nn.Transpose(-3, 2), nn.Flatten(0, 1)):
+        with pytest.raises(NotImplementedError, match="moves the batch dimension"):
+            export_onnx(nn.Sequential(layer).eval(), (2, 3, 4), tmp_path / "t.onnx")
+    assert not (tmp_path / "t.onnx").exists()
+
+
+def test_default_flatten_and_linear_on_rank_3(ort, queue, rng, tmp_path):
+    """Flatten() stays Flatten(axis=1); Flatten(1, 2) keeps the batch symbolic (Reshape [0, -1, ...])."""
+    model = nn.Sequential(nn.Linear(4, 6), nn.Flatten(1, 2), nn.Linear(18, 3), nn.Flatten()).eval()
+    export_onnx(model, (2, 3, 4), tmp_path / "f.onnx", dynamic_batch=True)
+    m = load(tmp_path / "f.onnx")
+    assert [n.op_type for n in m.graph.node] == ["MatMul", "Add", "Reshape", "Gemm", "Flatten"]
+    shape = next(t for t in m.graph.initializer if t.name.startswith("1.shape"))
+    assert np.frombuffer(shape.raw_data, "<i8").tolist() == [0, -1]
+    for n in (1, 4):
+        x = rng.normal(size=(n, 3, 4)).astype(np.float32)
+        assert compare("flatten-linear", run_ort(tmp_path / "f.onnx", x), run_netcl(queue, model, x)) <= 1e-5

@@ -12,8 +12,9 @@ from netcl.io import export_onnx, import_onnx
 from netcl.io import onnx_export as ox
 from netcl.io.netcl_format import architecture
 from conftest import randomize_batchnorm
+from test_blocks import MODELS as BLOCK_MODELS
 from test_conv_family import EXPORT_CASES
-from test_onnx_export import every_layer_model
+from test_onnx_export import every_layer_model, modern_model
 
 OLD_OPSETS = (11, 12)
 BATCHES = (1, 3)
@@ -37,6 +38,18 @@ LAYER_MODELS = {
     nn.Dropout: (lambda: nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.4), nn.ReLU()), (4,)),
     nn.Softmax: (lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.Softmax(1)), (3, 5, 6)),  # a non-last axis
     nn.MultiheadAttention: (lambda: nn.Sequential(nn.MultiheadAttention(8, 2)), (5, 8)),
+    nn.GELU: (lambda: nn.Sequential(nn.GELU(), nn.GELU("tanh")), (6,)),
+    nn.SiLU: (lambda: nn.Sequential(nn.SiLU()), (6,)),
+    nn.ReLU6: (lambda: nn.Sequential(nn.Linear(4, 6), nn.ReLU6()), (4,)),
+    nn.Hardswish: (lambda: nn.Sequential(nn.Hardswish()), (6,)),
+    nn.Hardsigmoid: (lambda: nn.Sequential(nn.Hardsigmoid()), (6,)),
+    nn.LayerNorm: (lambda: nn.Sequential(nn.LayerNorm(6)), (4, 6)),
+    nn.Transpose: (lambda: nn.Sequential(nn.Transpose(1, 2)), (3, 4)),
+    nn.AdaptiveAvgPool2d: (lambda: nn.Sequential(nn.AdaptiveAvgPool2d(2)), (3, 6, 4)),
+    nn.AdaptiveAvgPool1d: (lambda: nn.Sequential(nn.AdaptiveAvgPool1d(1)), (3, 6)),
+    nn.Residual: (lambda: nn.Sequential(nn.Residual(nn.Conv2d(3, 3, 3, padding=1), nn.ReLU())), (3, 5, 4)),
+    nn.Concat: (lambda: nn.Sequential(nn.Concat(nn.Conv2d(3, 2, 1), nn.Identity())), (3, 5, 4)),
+    nn.Upsample: (lambda: nn.Sequential(nn.Upsample(2, "nearest"), nn.Upsample(2, "bilinear")), (2, 3, 4)),
 }
 
 
@@ -51,7 +64,9 @@ REFERENCE_MODELS = {  # name -> (model, one sample's shape); detector26 is fully
     "detector26": (models.detector26, (3, 64, 64)),
     "every-layer": (every_layer_model, (3, 12, 12)),
     "multihead-attention": (attention_model, (5, 16)),
+    "modern-layers": (modern_model, (3, 12, 12)),
     **{f"conv-{name}": case for name, case in EXPORT_CASES.items()},
+    **{f"blocks-{name}": (build, shape[1:]) for name, (build, shape) in BLOCK_MODELS.items() if "batch1" not in name},
 }
 
 
@@ -148,7 +163,7 @@ def test_axes_op_at_every_opset(opset, tmp_path):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     P = ox.onnx_pb2
-    g = ox._Graph("batch", opset)
+    g = ox._Graph("batch", 2, opset)
     g.begin("t", None)
     y = ox._axes_op(g, "Unsqueeze", "input", [1], ("batch", 1, 3, 4))
     y = ox._axes_op(g, "ReduceMean", y, [-1], ("batch", 1, 3, 1), keepdims=1)

@@ -177,3 +177,21 @@ def test_tensor_round_trip(queue):
 def test_from_host_rejects_non_numeric_input(queue, bad):
     with pytest.raises(TypeError, match="float32"):
         Tensor.from_host(queue, bad)
+
+
+def test_every_kernel_declares_its_scalar_argument_types(queue):
+    """runtime.kernels types each kernel's scalar arguments from its signature (a launch then packs
+    them without inspecting values); the signature parse must cover every argument of every kernel."""
+    import glob
+    import os
+
+    from netcl.runtime import arg_dtypes, kernel_source, kernels
+
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(netcl.__file__), "kernels", "*.cl"))):
+        family = os.path.basename(path)[:-3]
+        if family.startswith("conv_") or family == "linear":
+            continue  # the fused families are built by netcl.jit with their -D defines
+        types = arg_dtypes(kernel_source(family))
+        options = ("-DFM=4", "-DVN=8", "-DDM=2", "-DDN=2", "-DVK=8") if family == "gemm" else ()
+        for name, k in kernels(queue, family, options).items():
+            assert len(types[name]) == k.num_args, (family, name)

@@ -467,8 +467,10 @@ def _rng_from(r):
 # helpers
 def _config_problem(cls, config, lists=False):
     """What is wrong with `config` as keyword arguments of `cls` (None if nothing): keys must name
-    the constructor's parameters and values be JSON numbers, booleans or null (optimizers: also
-    short lists of numbers, e.g. Adam's betas)."""
+    the constructor's parameters and values be JSON numbers, booleans or null; a short string only
+    where the parameter's default is a string (a mode such as Upsample's or GELU's approximate,
+    which the constructor checks against its fixed set); optimizers: also short lists of numbers
+    (Adam's betas)."""
     if not isinstance(config, dict):
         return f"must be an object, got {type(config).__name__}"
     sig = inspect.signature(cls)
@@ -483,7 +485,8 @@ def _config_problem(cls, config, lists=False):
             vs = [v]
         for x in vs:
             if not (x is None or isinstance(x, bool) or (isinstance(x, float) and math.isfinite(x))
-                    or (isinstance(x, int) and abs(x) <= _MAX_INT)):
+                    or (isinstance(x, int) and abs(x) <= _MAX_INT)
+                    or (isinstance(x, str) and len(x) <= 32 and isinstance(sig.parameters[k].default, str))):
                 return f"{k!r} = {v!r:.100}: expected a finite number, boolean or null"
     return None
 

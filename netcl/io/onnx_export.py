@@ -19,6 +19,7 @@ import numpy as np
 from netcl import nn
 from netcl.io.atomic import AtomicFile, file_path
 from netcl.io.netcl_format import architecture
+from netcl.nn.module import ShapeError
 from netcl.version import __version__
 
 
@@ -96,12 +97,13 @@ FLOAT, INT64 = P.TensorProto.FLOAT, P.TensorProto.INT64
 class _Graph:
     """Nodes, initializers and value infos, named after the netcl layer being emitted.
 
-    Emitters call `param`, `const` and `op`; `op` returns the name of its output value.
-    Shapes use `self.batch` for the batch dimension (an int, or a name when symbolic) and
-    None for a dimension that is known only at run time; `self.opset` is the target opset."""
+    Emitters call `param`, `const` and `op`; `op` returns the name of its output value; a
+    block's emitter calls `emit` for each layer it holds. Shapes use `self.batch` for the batch
+    dimension (an int, or a name when symbolic) and None for a dimension known only at run time;
+    `self.opset` is the target opset."""
 
-    def __init__(self, batch, opset):
-        self.batch, self.opset = batch, opset
+    def __init__(self, batch, n, opset):
+        self.batch, self.n, self.opset = batch, n, opset  # n: the concrete batch, for the layers' output_shape
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
         self.layer = self.path = None
 
@@ -136,6 +138,34 @@ class _Graph:
             self.shapes[out] = shape
         return out
 
+    def chain(self, layer, path, x, shape):
+        """Emit the layers `layer` applies in order (itself, or a Sequential's chain) at state_dict
+        path `path` on value `x` of `shape`; returns the output value, named "<path>.<type>"."""
+        shape = (self.n,) + tuple(shape[1:])
+        for p, leaf in layer.chain(path):
+            out = tuple(leaf.output_shape(shape))
+            self.begin(p, leaf)
+            first = len(self.nodes)
+            y = EMITTERS[type(leaf)](self, leaf, x, self.sym(shape), self.sym(out))
+            if y != x:  # name each layer's output after the layer
+                name = f"{p}.{type(leaf).__name__}"
+                self.rename(y, name, first)
+                self.shapes[name] = self.sym(out)
+                y = name
+            x, shape = y, out
+        return x
+
+    def emit(self, layer, name, x, shape):
+        """For a block's emitter: emit its child `name` (a layer or a Sequential) on `x`; returns
+        the child's output value. Names follow the state_dict ("3.body.0.Conv")."""
+        outer = self.path, self.layer, self._count
+        y = self.chain(layer, f"{self.path}.{name}", x, shape)
+        self.path, self.layer, self._count = outer
+        return y
+
+    def sym(self, shape):
+        return (self.batch,) + tuple(shape[1:])
+
     def rename(self, old, new, first_node):
         """Give value `old` (made by nodes[first_node:]) the name `new`."""
         for node in self.nodes[first_node:]:
@@ -148,10 +178,14 @@ def _attribute(name, v):
     A = P.AttributeProto
     if isinstance(v, float):
         return A(name=name, type=A.FLOAT, f=v)
+    if isinstance(v, str):
+        return A(name=name, type=A.STRING, s=v.encode())
     if isinstance(v, int):
         return A(name=name, type=A.INT, i=v)
     if isinstance(v, (list, tuple)):
         return A(name=name, type=A.INTS, ints=[int(i) for i in v])
+    if isinstance(v, str):
+        return A(name=name, type=A.STRING, s=v.encode())
     raise TypeError(f"attribute {name}: unsupported value {v!r}")
 
 
@@ -237,8 +271,85 @@ def _identity(g, m, x, s, out):  # Identity, and Dropout at inference: no node
     return x
 
 
+def _batch_stays_first(g, m, dims):
+    """Refuse a layer that moves the batch dimension: every shape the exporter writes has it first."""
+    if 0 in dims:
+        raise NotImplementedError(f"cannot export layer {g.path} ({m!r}): it moves the batch dimension, and "
+                                  "the exported graph keeps the batch first (dynamic_batch)")
+
+
 def _flatten(g, m, x, s, out):
-    return g.op("Flatten", [x], out, axis=1)
+    if (m.start_dim, m.end_dim) == (1, -1):  # (N, prod(...)), the form every consumer reads
+        return g.op("Flatten", [x], out, axis=1)
+    start = m.start_dim % len(s)
+    _batch_stays_first(g, m, [start])
+    # 0 copies the leading dimensions (the batch stays symbolic), -1 infers the merged one
+    return g.op("Reshape", [x, g.const("shape", [0] * start + [-1] + list(out[start + 1:]))], out)
+
+
+def _transpose(g, m, x, s, out):
+    lo, hi = m.dims(s)
+    if lo == hi:
+        return x
+    _batch_stays_first(g, m, [lo])
+    perm = list(range(len(s)))
+    perm[lo], perm[hi] = hi, lo
+    return g.op("Transpose", [x], out, perm=perm)
+
+
+def _adaptive_avg_pool(g, m, x, s, out):
+    size, spatial = m.output_size, s[2:]
+    if size == 1:
+        return g.op("GlobalAveragePool", [x], out)
+    if any(n % size for n in spatial):  # PyTorch's windows then differ in size (or overlap)
+        raise NotImplementedError(f"cannot export layer {g.path} ({m!r}) on input {tuple(s)}: its windows are "
+                                  f"uniform (an AveragePool) only when every spatial size is a multiple of "
+                                  f"output_size {size}")
+    k = [n // size for n in spatial]
+    return g.op("AveragePool", [x], out, kernel_shape=k, strides=k)
+
+
+# Opset-dependent forms: each layer's choice in one small helper.
+def _gelu(g, m, x, s, out):
+    if g.opset >= 20:  # Gelu appeared in opset 20
+        return g.op("Gelu", [x], out, **({"approximate": "tanh"} if m.approximate == "tanh" else {}))
+    half, one = g.const("half", 0.5, np.float32), g.const("one", 1.0, np.float32)
+    if m.approximate == "none":  # x * 0.5 * (1 + erf(x / sqrt(2)))
+        phi = g.op("Erf", [g.op("Mul", [x, g.const("rsqrt2", math.sqrt(0.5), np.float32)], s)], s)
+    else:  # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+        cube = g.op("Mul", [g.op("Mul", [x, x], s), x], s)
+        inner = g.op("Add", [x, g.op("Mul", [cube, g.const("kappa", 0.044715, np.float32)], s)], s)
+        phi = g.op("Tanh", [g.op("Mul", [inner, g.const("beta", math.sqrt(2 / math.pi), np.float32)], s)], s)
+    return g.op("Mul", [g.op("Mul", [x, half], s), g.op("Add", [phi, one], s)], out)
+
+
+def _silu(g, m, x, s, out):
+    return g.op("Mul", [x, g.op("Sigmoid", [x], s)], out)
+
+
+def _relu6(g, m, x, s, out):
+    return g.op("Clip", [x, g.const("min", 0.0, np.float32), g.const("max", 6.0, np.float32)], out)
+
+
+def _hardsigmoid(g, m, x, s, out):  # PyTorch's relu6(x + 3) / 6
+    return g.op("HardSigmoid", [x], out, alpha=1.0 / 6.0, beta=0.5)
+
+
+def _hardswish(g, m, x, s, out):
+    if g.opset >= 14:  # HardSwish appeared in opset 14
+        return g.op("HardSwish", [x], out)
+    return g.op("Mul", [x, _hardsigmoid(g, m, x, s, s)], out)
+
+
+def _layernorm(g, m, x, s, out):
+    w, b = g.param("weight"), g.param("bias")
+    if g.opset >= 17:  # LayerNormalization appeared in opset 17
+        return g.op("LayerNormalization", [x, w, b], out, axis=-1, epsilon=m.eps)
+    row = tuple(s[:-1]) + (1,)
+    d = g.op("Sub", [x, _axes_op(g, "ReduceMean", x, [-1], row, keepdims=1)], s)
+    var = _axes_op(g, "ReduceMean", g.op("Mul", [d, d], s), [-1], row, keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
+    return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
 
 
 def _softmax(g, m, x, s, out):  # before opset 13, Transposes around a last-axis Softmax
@@ -267,6 +378,26 @@ def _multihead_attention(g, m, x, s, out):
     return g.op("Reshape", [y, g.const("shape_out", [-1, length, e])], out)
 
 
+def _residual(g, m, x, s, out):
+    y = g.emit(m.body, "body", x, s)
+    return g.op("Add", [y, x if m.shortcut is None else g.emit(m.shortcut, "shortcut", x, s)], out)
+
+
+def _concat(g, m, x, s, out):
+    ys = [g.emit(branch, f"branches.{b}", x, s) for b, branch in enumerate(m.branches.layers)]
+    return g.op("Concat", ys, out, axis=m.dim)
+
+
+def _upsample(g, m, x, s, out):
+    # the modes that reproduce PyTorch: floor(out / s) for nearest, half_pixel = align_corners=False
+    k = float(m.scale_factor)
+    ins = [x, g.const("roi", [], np.float32), g.const("scales", [1.0, 1.0, k, k], np.float32)]
+    if m.mode == "nearest":
+        return g.op("Resize", ins, out, mode="nearest", coordinate_transformation_mode="asymmetric",
+                    nearest_mode="floor")
+    return g.op("Resize", ins, out, mode="linear", coordinate_transformation_mode="half_pixel")
+
+
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
@@ -278,17 +409,30 @@ EMITTERS = {
     nn.Tanh: _pointwise("Tanh"),
     nn.MaxPool2d: _pool("MaxPool"),
     nn.AvgPool2d: _pool("AveragePool", count_include_pad=1),
-    nn.Flatten: _flatten,                        # Flatten(axis=1): works with a symbolic batch
+    nn.Flatten: _flatten,                        # Flatten(axis=1) for (1, -1), else Reshape [0.., -1, dims]
+    nn.Transpose: _transpose,                    # Transpose(perm)
+    nn.AdaptiveAvgPool2d: _adaptive_avg_pool,    # GlobalAveragePool (size 1), AveragePool (uniform windows)
+    nn.AdaptiveAvgPool1d: _adaptive_avg_pool,
+    nn.LayerNorm: _layernorm,                    # LayerNormalization (opset >= 17), else its decomposition
+    nn.GELU: _gelu,                              # Gelu (opset >= 20), else the Erf / Tanh formula
+    nn.SiLU: _silu,                              # Mul(x, Sigmoid(x))
+    nn.ReLU6: _relu6,                            # Clip(0, 6)
+    nn.Hardswish: _hardswish,                    # HardSwish (opset >= 14), else Mul(x, HardSigmoid(x))
+    nn.Hardsigmoid: _hardsigmoid,                # HardSigmoid(alpha=1/6, beta=0.5)
     nn.Identity: _identity,                     # no node
     nn.Dropout: _identity,                      # no node (identity at inference)
     nn.Softmax: _softmax,                        # Softmax(axis=dim)
     nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
+    nn.Residual: _residual,                      # the body's nodes, the shortcut's (if any), Add
+    nn.Concat: _concat,                          # each branch's nodes, Concat(axis=dim)
+    nn.Upsample: _upsample,                      # Resize (scales initializer, empty roi)
 }
 
 # Registered layers that need no emitter of their own, with the reason (tests check that every
 # type in nn.LAYERS is in exactly one of the two tables).
 NOT_EMITTED = {
     nn.Sequential: "walked by Module.chain(): a nested Sequential's layers are emitted in order",
+    nn.ModuleList: "Concat's branches: emitted by Concat, branch by branch",
 }
 
 
@@ -297,10 +441,12 @@ def _check(model, input_shape, input_name, output_name):
     if not isinstance(model, nn.Module):
         raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
     leaves = list(model.chain())
-    if model.training or any(m.training for _, m in leaves):
+    held = list(_held(model))
+    if model.training or any(m.training for _, m in held):
         raise ValueError("the model is in training mode; call model.eval() before exporting "
                          "(BatchNorm would otherwise bake in meaningless statistics)")
-    unsupported = [f"layer {p} ({type(m).__name__})" for p, m in leaves if type(m) not in EMITTERS]
+    unsupported = [f"layer {p} ({type(m).__name__})" for p, m in held
+                   if type(m) not in EMITTERS and type(m) not in NOT_EMITTED]
     if unsupported:
         supported = ", ".join(sorted(t.__name__ for t in EMITTERS))
         raise NotImplementedError(f"cannot export to ONNX: unsupported {', '.join(unsupported)}; "
@@ -320,10 +466,20 @@ def _check(model, input_shape, input_name, output_name):
     for p, m in leaves:
         try:
             shapes.append(tuple(m.output_shape(shapes[-1])))
+        except ShapeError as e:  # inside a block: name the layer's full path
+            raise ValueError(f"input_shape {shape} does not fit the model: {e.at(p)}") from None
         except ValueError as e:
             raise ValueError(f"input_shape {shape} does not fit the model: layer {p} ({type(m).__name__}) "
                              f"gets {shapes[-1]}: {e}") from None
-    return leaves, shapes
+    return shapes
+
+
+def _held(layer, path=""):
+    """(path, layer) for every layer the model holds, blocks' children included."""
+    for name, child in layer.named_children():
+        p = f"{path}.{name}" if path else name
+        yield p, child
+        yield from _held(child, p)
 
 
 # -- building ----------------------------------------------------------------------------
@@ -337,20 +493,10 @@ def _value_info(name, shape):
 
 def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset):
     """The graph for `opset` without the weights' bytes: (graph, initializer list, the input's shape)."""
-    leaves, shapes = _check(model, input_shape, input_name, output_name)
-    batch = "batch" if dynamic_batch else shapes[0][0]
-    sym = lambda s: (batch,) + tuple(s[1:])  # noqa: E731
-    g = _Graph(batch, opset)
-    x = input_name
-    for (path, layer), s_in, s_out in zip(leaves, shapes, shapes[1:]):
-        g.begin(path, layer)
-        first = len(g.nodes)
-        y = EMITTERS[type(layer)](g, layer, x, sym(s_in), sym(s_out))
-        if y != x:  # name each layer's output after the layer
-            g.rename(y, f"{path}.{type(layer).__name__}", first)
-            y = f"{path}.{type(layer).__name__}"
-            g.shapes[y] = sym(s_out)
-        x = y
+    shapes = _check(model, input_shape, input_name, output_name)
+    g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0], opset)
+    sym = g.sym
+    x = g.chain(model, "", input_name, shapes[0])
     if x == input_name:  # nothing but dropped layers
         g.begin("output", None)
         g.nodes.append(P.NodeProto(input=[x], output=[output_name], name="output", op_type="Identity"))

@@ -18,12 +18,15 @@ packing and argument order:
 Tuning knobs (NETCL_JIT_CLASS, NETCL_GPU_SPLIT, NETCL_CPU_CONV, NETCL_CPU_WINO,
 NETCL_CPU_WINO_BLOCK) are one JitConfig (config.py), read when an executable is made.
 
-Device state is made on the first call for a given (context, input shape) and kept
-(executable.py): programs, folded weights, intermediate buffers, kernels with their arguments
-already set. Later calls of that shape build nothing and allocate nothing but the output tensor
-(from the buffer pool): they enqueue the launches and return without waiting. Folded weights are
-checked against the `version` of every source tensor on each call and re-folded when any
-changed, so weights changed after eval() (load_state_dict, an optimizer step) are never run stale.
+Device state is made on the first call for a given (queue, input shape) and kept, within bounds
+(plan.py, executable.py): programs and folded weights per input shape without the batch (the batch
+size is a kernel argument, never a define, so a new batch size builds nothing), and per input
+shape the kernels with their arguments already set and the intermediate buffers. Later calls of
+that shape build nothing and allocate nothing but the output tensor (from the buffer pool): they
+enqueue the launches and return without waiting. Folded weights are checked against the `version`
+of every source tensor on each call and re-folded when any changed, so weights changed after
+eval() (load_state_dict, an optimizer step) are never run stale. Inputs are checked as the layers
+check them; a plan may be called from several threads (FusedPlan says how).
 """
 from netcl.jit.common import STATS
 from netcl.jit.plan import FusedPlan, plan_fused

@@ -1,6 +1,9 @@
 """What every kernel family shares: the STATS counters, the Target a family builds for (program
 builds and device buffers go through it, so STATS counts them), Launch (the interface a family
-implements) and ConvSpec (one conv stage's sizes and common -D defines, kernels/conv.h)."""
+implements) and ConvSpec (one conv stage's sizes and common -D defines, kernels/conv.h).
+
+The batch size is never a define: a family's program and weights serve every batch size, and
+only its launch arguments and global size depend on it (Launch.sized)."""
 from dataclasses import dataclass
 from typing import Optional
 
@@ -11,6 +14,7 @@ from netcl.act import Act
 
 # counters for tests and benchmarks: program builds, device buffers made, kernels launched, weight folds
 STATS = {"builds": 0, "buffers": 0, "launches": 0, "folds": 0}
+_programs = {}  # (context, family, options) -> pyopencl.Program; bounded by the layers and image sizes seen
 
 
 class Target:
@@ -23,12 +27,16 @@ class Target:
         self.cl, self.q, self.gpu, self.config = cl, q, gpu, config
         self.n_cu = q.device.max_compute_units
 
-    def kernel(self, family, name, defines, extra=()):
-        """Kernel `name` of netcl/kernels/<family>.cl built with `defines` as -D options."""
-        STATS["builds"] += 1  # counted whether or not the caches answer: a call here is a miss of ours
-        options = [f"-D{k}={v}" for k, v in defines.items()] + list(extra)
-        prog = runtime.build(self.q.context, runtime.kernel_source(family), options)
-        return self.cl.Kernel(prog, name)
+    def program(self, family, defines, extra=()):
+        """netcl/kernels/<family>.cl built with `defines` as -D options, once per context and options
+        (kernel objects are made from it per executable: their set arguments are per executable)."""
+        options = tuple(f"-D{k}={v}" for k, v in defines.items()) + tuple(extra)
+        key = (self.q.context.int_ptr, family, options)
+        prog = _programs.get(key)
+        if prog is None:
+            STATS["builds"] += 1  # a miss of ours, whether or not runtime.build's caches answer
+            prog = _programs[key] = runtime.build(self.q.context, runtime.kernel_source(family), options)
+        return prog
 
     def buffer(self, nbytes, zero=False):
         """A device buffer of its own (not pooled), zero-filled when asked."""
@@ -41,22 +49,38 @@ class Target:
 
 
 class Launch:
-    """One fused stage on the device for one input shape, as its kernel family sets it up.
+    """One fused stage on the device for one input shape without the batch, as its kernel family
+    sets it up: program and weights here, the batch-dependent rest in sized().
 
-    A family's constructor picks its block sizes, builds its program, makes its buffers and sets:
-      kernel, gsize, lsize     what to enqueue
-      args                     the kernel's arguments in order, None at in_arg and out_arg (the
-                               input and output buffers, which the executable binds)
-      w_buf, b_buf             device weights and bias, which the executable fills from pack()
-      out_shape, out_bytes     the output (out_bytes includes the stored border)
-      out_border               the zero border the output plane carries (conv families)
-    The executable adds out_buf and bound_in (the buffers now bound) when it binds the arguments.
+    A family's constructor picks its block sizes, builds its program, makes its weight buffers and sets:
+      program, name           the program and its kernel's name
+      lsize                   the work-group size
+      in_arg, out_arg         the positions of the input and output buffers (the executable binds them)
+      w_buf, b_buf            device weights and bias, which refresh() fills from pack()
+      out_border              the zero border the output plane carries (conv families)
     """
     out_border = 0
+    _versions = None  # of the stage's source tensors at the last upload
+
+    def sized(self, target, shape):
+        """(args, gsize, out_shape, out_bytes) for input `shape`: the kernel's arguments in order with
+        None at in_arg and out_arg, the global size, and the output (out_bytes: with its stored border)."""
+        raise NotImplementedError
 
     def pack(self, w, b):
         """(host weights, host bias): the folded float32 (w, b) in this family's device layout."""
         raise NotImplementedError
+
+    def refresh(self, target, stage):
+        """Fold and upload the weights when any source tensor of `stage` changed since the last upload."""
+        vers = [(id(t), t.version) for t in stage.sources]
+        if vers == self._versions:
+            return
+        STATS["folds"] += 1
+        host_w, host_b = self.pack(*stage.folded())
+        target.cl.enqueue_copy(target.q, self.w_buf, host_w, is_blocking=True)
+        target.cl.enqueue_copy(target.q, self.b_buf, host_b, is_blocking=True)
+        self._versions = vers
 
 
 def act_defines(act, slope):
@@ -66,8 +90,7 @@ def act_defines(act, slope):
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """One fused conv stage at one input shape: what every conv family needs to know."""
-    n: int  # batch
+    """One fused conv stage at one input shape without the batch: what every conv family needs to know."""
     c: int  # input channels, height, width
     h: int
     w: int
@@ -100,13 +123,15 @@ class ConvSpec:
         """(rows, columns) of the conv output that are used: the pool drops an odd last one."""
         return (2 * self.poh, 2 * self.pow) if self.pool else (self.oh, self.ow)
 
-    @property
-    def out_shape(self):
-        return self.n, self.k, self.poh, self.pow
+    def out_shape(self, n):
+        return n, self.k, self.poh, self.pow
 
-    @property
-    def out_bytes(self):  # the stored output plane, plus 16 floats of slack for wide vector accesses
-        return 4 * (self.n * self.k * (self.poh + 2 * self.opb) * (self.pow + 2 * self.opb) + 16)
+    def stored_shape(self, n):
+        """The stored output plane (with its border)."""
+        return n, self.k, self.poh + 2 * self.opb, self.pow + 2 * self.opb
+
+    def out_bytes(self, n):  # the stored output plane, plus 16 floats of slack for wide vector accesses
+        return 4 * (int(np.prod(self.stored_shape(n), dtype=np.int64)) + 16)
 
     def defines(self):
         """kernels/conv.h's defines; each family adds its own."""

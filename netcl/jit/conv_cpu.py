@@ -29,18 +29,21 @@ class ConvCpu(Launch):
         vw, rm, rr = cpu_block(spec, target.config)
         ohu, uw = spec.used
         kb = -(-spec.k // rm)
-        gs = (uw // vw, ohu // rr, spec.n * kb)
-        lx = gs[0] if gs[0] <= 16 else _largest_divisor(gs[0], 16)
-        ly = _largest_divisor(gs[1], max(1, 32 // lx))
-        self.kernel = target.kernel("conv_cpu", "conv_cpu", dict(spec.defines(), VW=vw, VW2=2 * vw, VWH=vw // 2,
-                                                                 RM=rm, RR=rr, KB=kb, LX=lx, LY=ly),
-                                    ["-cl-mad-enable"])
-        self.gsize, self.lsize = gs, (lx, ly, 1)
+        self.grid = (uw // vw, ohu // rr, kb)  # times the batch along z
+        lx = self.grid[0] if self.grid[0] <= 16 else _largest_divisor(self.grid[0], 16)
+        ly = _largest_divisor(self.grid[1], max(1, 32 // lx))
+        self.program, self.name = target.program("conv_cpu", dict(spec.defines(), VW=vw, VW2=2 * vw, VWH=vw // 2,
+                                                                  RM=rm, RR=rr, KB=kb, LX=lx, LY=ly),
+                                                 ["-cl-mad-enable"]), "conv_cpu"
+        self.lsize, self.spec = (lx, ly, 1), spec
         self.kb, self.rm, self.r, self.k = kb, rm, spec.r, spec.k
         self.w_buf = target.buffer(4 * kb * rm * spec.r)
         self.b_buf = target.buffer(4 * kb * rm)
-        self.args = [None, self.w_buf, self.b_buf, None]
-        self.out_shape, self.out_bytes, self.out_border = spec.out_shape, spec.out_bytes, spec.opb
+        self.out_border = spec.opb
+
+    def sized(self, target, shape):
+        n, (gx, gy, kb) = shape[0], self.grid
+        return [None, self.w_buf, self.b_buf, None], (gx, gy, n * kb), self.spec.out_shape(n), self.spec.out_bytes(n)
 
     def pack(self, w, b):
         wp = np.zeros((self.kb * self.rm, self.r), np.float32)

@@ -5,56 +5,64 @@ import numpy as np
 
 from netcl.jit.common import Launch
 
+_MAX_SPLIT = 64  # reduction parts at most
 
-def gpu_config(k, r, nout, pool, n_cu, split_k=True):
-    """(BM, BN, RM, RN, BK, SPLIT, RCHUNK) for the GPU: tile, register block, reduction step,
-    reduction parts and the rows each part reduces."""
-    BK, RN = 16, 4
+
+def gpu_tiles(k):
+    """(BM, BN, RM, RN, BK) for the GPU: tile, register block, reduction step."""
     BM = 64 if k > 32 else (32 if k > 16 else 16)
-    RM = 4 if BM >= 32 else 2
-    BN = 64
-    tiles = -(-k // BM) * -(-nout * (4 if pool else 1) // BN)
-    rtiles = -(-r // BK)
+    return BM, 64, 4 if BM >= 32 else 2, 4, 16
+
+
+def cpu_tiles(k):
+    """The same for generic shapes on the CPU: smaller tiles (and no split, see gpu_split)."""
+    return 16 if k <= 16 else 32, 64, 2 if k <= 16 else 4, 4, 16
+
+
+def gpu_split(k, r, nout, pool, n_cu, bm, bn, bk, split_k=True):
+    """(split, rchunk): the reduction parts (when there are too few output tiles to fill the
+    device) and the rows each part reduces; kernel arguments, so every batch runs one program."""
+    tiles = -(-k // bm) * -(-nout * (4 if pool else 1) // bn)
+    rtiles = -(-r // bk)
     split = 1
     enough = 2 * n_cu  # work-groups
     if tiles < enough and split_k:
-        split = max(1, min(-(-enough // tiles), rtiles // 4, 64))
-    rchunk = -(-rtiles // split) * BK
-    split = -(-r // rchunk)
-    return BM, BN, RM, RN, BK, split, rchunk
-
-
-def cpu_config(k, r):
-    """The same for generic shapes on the CPU: smaller tiles, no split."""
-    BM, BN, RM, RN, BK = 16 if k <= 16 else 32, 64, 2 if k <= 16 else 4, 4, 16
-    return BM, BN, RM, RN, BK, 1, -(-r // BK) * BK
+        split = max(1, min(-(-enough // tiles), rtiles // 4, _MAX_SPLIT))
+    rchunk = -(-rtiles // split) * bk
+    return -(-r // rchunk), rchunk
 
 
 class ConvGpu(Launch):
-    """Arguments: (nout, x, wt, bias, y, part, counters); weights [R padded][K padded]."""
-    in_arg, out_arg = 1, 4
+    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, counters); weights [R padded][K padded]."""
+    in_arg, out_arg = 3, 6
 
     def __init__(self, target, spec):
         k, r = spec.k, spec.r
-        nout = spec.n * spec.poh * spec.pow
-        if target.gpu:
-            BM, BN, RM, RN, BK, split, rchunk = gpu_config(k, r, nout, spec.pool, target.n_cu,
-                                                           target.config.gpu_split)
-        else:
-            BM, BN, RM, RN, BK, split, rchunk = cpu_config(k, r)
-        nt = (BN // RN) * (BM // RM)
-        self.kernel = target.kernel("conv_gpu", "conv_gpu", dict(spec.defines(), BM=BM, BN=BN, RM=RM, RN=RN, BK=BK,
-                                                                 SPLIT=split, RCHUNK=rchunk))
-        self.kp, self.rp, self.r, self.k = -(-k // BM) * BM, split * rchunk, r, k
-        gx = -(-nout * (4 if spec.pool else 1) // BN)
-        gy = self.kp // BM
-        self.gsize, self.lsize = (gx * nt, gy, split), (nt, 1, 1)
+        BM, BN, RM, RN, BK = gpu_tiles(k) if target.gpu else cpu_tiles(k)
+        self.tiles, self.nt = (BM, BN, BK), (BN // RN) * (BM // RM)
+        self.program, self.name = target.program("conv_gpu", dict(spec.defines(), BM=BM, BN=BN, RM=RM, RN=RN,
+                                                                  BK=BK)), "conv_gpu"
+        self.kp, self.r, self.k, self.spec, self.gpu = -(-k // BM) * BM, r, k, spec, target.gpu
+        # weight rows: padded to the longest split * rchunk any batch size can ask for (zeros past R)
+        rtiles = -(-r // BK)
+        self.rp = max(-(-r // (-(-rtiles // s) * BK)) * -(-rtiles // s) * BK for s in range(1, _MAX_SPLIT + 1))
+        self.lsize = (self.nt, 1, 1)
         self.w_buf = target.buffer(4 * self.kp * self.rp)
         self.b_buf = target.buffer(4 * self.kp)
+        self.out_border = spec.opb
+
+    def sized(self, target, shape):
+        spec, (BM, BN, BK) = self.spec, self.tiles
+        n = shape[0]
+        nout = n * spec.poh * spec.pow
+        split, rchunk = (gpu_split(spec.k, spec.r, nout, spec.pool, target.n_cu, BM, BN, BK, target.config.gpu_split)
+                         if self.gpu else (1, -(-spec.r // BK) * BK))
+        gx, gy = -(-nout * (4 if spec.pool else 1) // BN), self.kp // BM
         part = target.buffer(4 * split * gx * gy * BM * BN) if split > 1 else target.buffer(4)
-        counters = target.buffer(4 * gx * gy, zero=True)  # the kernel leaves them zero again
-        self.args = [np.int32(nout), None, self.w_buf, self.b_buf, None, part, counters]
-        self.out_shape, self.out_bytes, self.out_border = spec.out_shape, spec.out_bytes, spec.opb
+        # split-K's arrival counters, zero-filled once: the kernel leaves them zero again
+        counters = target.buffer(4 * gx * gy, zero=True) if split > 1 else target.buffer(4)
+        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, counters]
+        return args, (gx * self.nt, gy, split), spec.out_shape(n), spec.out_bytes(n)
 
     def pack(self, w, b):
         host_w = np.zeros((self.rp, self.kp), np.float32)

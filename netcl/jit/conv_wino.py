@@ -12,21 +12,22 @@ _WINO_G = {2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2]
                         [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
 
 
-def wino_tile(spec, config):
-    """The output tile: 4 (4x fewer multiplies than direct, but 2.25x the transformed weights of
-    tile 2, streamed once per group of tiles) where there are enough output channels and 4x4
-    tiles to pay for it, else 2; 0 = not Winograd (not 3x3 stride 1, or config.cpu_wino = 0)."""
+def wino_tile(spec, config, n):
+    """The output tile at batch n: 4 (4x fewer multiplies than direct, but 2.25x the transformed
+    weights of tile 2, streamed once per group of tiles) where there are enough output channels
+    and 4x4 tiles to pay for it, else 2; 0 = not Winograd (not 3x3 stride 1, or config.cpu_wino = 0).
+    The batch moves it across one threshold only (stages.conv_families builds both sides)."""
     if spec.ks != 3 or spec.stride != 1:
         return 0
     if config.cpu_wino is not None:
         return config.cpu_wino
     oh, ow = spec.used
-    return 4 if spec.k >= 32 and spec.n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
+    return 4 if spec.k >= 32 and n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
 
 
-def wino_block(k, c, wm, ntile, n_cu, config):
-    """(TB, RV, TT, KBW, KBN): TB tiles x RV float8 channel vectors per register block (TB * RV
-    accumulators), TT tiles per work-item, KBW of the KBN channel blocks per work-item."""
+def wino_block(k, c, wm, config):
+    """(TB, RV, TT, KBN): TB tiles x RV float8 channel vectors per register block (TB * RV
+    accumulators), TT tiles per work-item, KBN channel blocks."""
     tb, rv = 3, (4 if k % 32 == 0 else 2)  # measured on a 2-core AVX2 PoCL
     # transformed weights past L2 size: more tiles per work-item, so fewer passes stream them
     nsub = 6 if (wm + 2) ** 2 * c * k * 4 > (2 << 20) else 2
@@ -34,34 +35,35 @@ def wino_block(k, c, wm, ntile, n_cu, config):
         nsub -= 1
     if config.cpu_wino_block is not None:
         tb, rv, nsub = config.cpu_wino_block
-    tt = tb * nsub
-    kbn = -(-k // (8 * rv))
-    groups = -(-ntile // tt)
-    split = max(1, min(kbn, -(-4 * n_cu // groups)))  # enough work-items for every core
-    kbw = -(-kbn // split)
-    return tb, rv, tt, kbw, kbn
+    return tb, rv, tb * nsub, -(-k // (8 * rv))
 
 
 class ConvWino(Launch):
-    """Arguments: (x, u, bias, y); weights U packed [K block][transform point][C][KV]."""
-    in_arg, out_arg = 0, 3
+    """Arguments: (ntile, kbw, x, u, bias, y); weights U packed [K block][transform point][C][KV]."""
+    in_arg, out_arg = 2, 5
 
-    def __init__(self, target, spec):
-        wm = wino_tile(spec, target.config)
+    def __init__(self, target, spec, wm):
         ohu, uw = spec.used
         thn, twn = -(-ohu // wm), -(-uw // wm)
-        ntile = spec.n * thn * twn
-        tb, rv, tt, kbw, kbn = wino_block(spec.k, spec.c, wm, ntile, target.n_cu, target.config)
+        tb, rv, tt, kbn = wino_block(spec.k, spec.c, wm, target.config)
         check = int(spec.ipb != spec.pad or ohu % wm or uw % wm)  # the last tiles read past the stored border
-        self.kernel = target.kernel("conv_wino", "conv_wino", dict(spec.defines(), WM=wm, TB=tb, TT=tt, RV=rv, KBW=kbw,
-                                                                   KBN=kbn, THN=thn, TWN=twn, NTILE=ntile, CHECK=check),
-                                    ["-cl-mad-enable"])
-        self.gsize, self.lsize = (-(-ntile // tt), -(-kbn // kbw), 1), (1, 1, 1)
+        self.program, self.name = target.program("conv_wino", dict(spec.defines(), WM=wm, TB=tb, TT=tt, RV=rv, KBN=kbn,
+                                                                   THN=thn, TWN=twn, CHECK=check),
+                                                 ["-cl-mad-enable"]), "conv_wino"
+        self.lsize, self.spec, self.tiles, self.tt = (1, 1, 1), spec, thn * twn, tt
         self.kbn, self.kv, self.wm, self.k, self.c = kbn, 8 * rv, wm, spec.k, spec.c
         self.w_buf = target.buffer(4 * kbn * self.kv * (wm + 2) ** 2 * spec.c)
         self.b_buf = target.buffer(4 * kbn * self.kv)
-        self.args = [None, self.w_buf, self.b_buf, None]
-        self.out_shape, self.out_bytes, self.out_border = spec.out_shape, spec.out_bytes, spec.opb
+        self.out_border = spec.opb
+
+    def sized(self, target, shape):
+        n = shape[0]
+        ntile = n * self.tiles
+        groups = -(-ntile // self.tt)
+        split = max(1, min(self.kbn, -(-4 * target.n_cu // groups)))  # enough work-items for every core
+        kbw = -(-self.kbn // split)
+        args = [np.int32(ntile), np.int32(kbw), None, self.w_buf, self.b_buf, None]
+        return args, (groups, -(-self.kbn // kbw), 1), self.spec.out_shape(n), self.spec.out_bytes(n)
 
     def pack(self, w, b):
         g, wa, k, c = _WINO_G[self.wm], self.wm + 2, self.k, self.c

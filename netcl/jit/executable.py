@@ -1,32 +1,43 @@
-"""A plan's device side for one (context, input shape): each fused stage set up by its kernel
-family, buffers bound between stages, weights re-folded when a source tensor's version moves,
-and the launches; infer() adds pinned staging buffers for a host-to-host round trip."""
+"""A plan's device side, in two levels so that a new batch size builds nothing:
+
+    Compiled    per (queue, input shape without the batch): each fused stage set up by its kernel
+                family (programs, weight buffers), every family variant a batch size can pick
+    Executable  per (queue, input shape): kernel objects with their arguments set (each its own:
+                pyopencl kernels carry their arguments), the buffers between stages, and the
+                pinned staging buffers of infer()
+
+Weights are folded on a stage's first use and re-folded when a source tensor's version moves, so
+weights changed after eval() (load_state_dict, an optimizer step) are never run stale."""
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 import netcl.runtime as runtime
-from netcl.jit.common import STATS, Launch, Target
+from netcl import ops
+from netcl.jit.common import STATS, Target
 from netcl.jit.config import JitConfig
 from netcl.jit.linear import LinearLaunch
-from netcl.jit.stages import ConvStage, LayerStage, ViewStage, conv_family
+from netcl.jit.stages import ConvStage, LayerStage, ViewStage, conv_families, conv_family, make_conv
 from netcl.tensor import Tensor
 
 _pool = None
+_pool_lock = threading.Lock()
 
 
 def _copy_pool():
     """Threads for host copies into pinned staging memory (numpy releases the GIL while copying)."""
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 1))), thread_name_prefix="netcl-copy")
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 1))), thread_name_prefix="netcl-copy")
     return _pool
 
 
-class _View:  # the next step reads the same buffer as this shape
-    def __init__(self, shape):
-        self.shape = shape
+class _View:  # a view (Flatten): the next step reads the same buffer
+    def __init__(self, layer):
+        self.layer = layer
 
 
 class _Layer:  # an unfused layer: Tensor in, Tensor out
@@ -34,80 +45,106 @@ class _Layer:  # an unfused layer: Tensor in, Tensor out
         self.layer = layer
 
 
-class Executable:
+class _Fused:  # a fused stage: its launches by (family, tile) (one key, None, for a linear stage)
+    def __init__(self, stage, spec, launches):
+        self.stage, self.spec, self.launches = stage, spec, launches
+
+
+class Compiled:
+    """The programs and weight buffers of a plan's stages for one (queue, input shape without the
+    batch); `shape` is the first input shape asked for, whose sizes are checked before any build."""
+
     def __init__(self, stages, q, shape):
         config = JitConfig.from_env()
-        gpu = (config.jit_class or runtime.device_class(q)) == "gpu"
-        self.target = Target(q, gpu, config)
-        self.q, self.shape = q, tuple(shape)
-        self.steps = []  # Launch, _View or _Layer, in order
-        self._weights = []  # (stage, its Launch): refreshed together
-        shape, in_border = tuple(shape), 0
+        self.target = target = Target(q, (config.jit_class or runtime.device_class(q)) == "gpu", config)
+        self.q = q
+        self.steps = []  # _View, _Layer or _Fused, in order
+        n, in_border = shape[0], 0
         for idx, st in enumerate(stages):
-            if isinstance(st, ViewStage):
+            if isinstance(st, (ViewStage, LayerStage)):
                 shape = st.layer.output_shape(shape)
-                self.steps.append(_View(shape))
-                continue
-            if isinstance(st, LayerStage):
-                shape = st.layer.output_shape(shape)
-                self.steps.append(_Layer(st.layer))
-                in_border = 0
+                self.steps.append((_View if isinstance(st, ViewStage) else _Layer)(st.layer))
+                in_border = in_border if isinstance(st, ViewStage) else 0
                 continue
             if isinstance(st, ConvStage):
                 # the output carries the zero border that the conv it feeds directly reads
                 nxt = stages[idx + 1] if idx + 1 < len(stages) else None
                 out_border = nxt.conv.padding if isinstance(nxt, ConvStage) else 0
                 spec = st.spec(shape, in_border, out_border)
-                launch = conv_family(spec, self.target)(self.target, spec)
-                in_border = out_border
+                ops.check_size(q, spec.out_shape(n), spec.out_bytes(n))  # before a build, as the layer path would
+                launches = {ft: make_conv(target, spec, ft) for ft in conv_families(spec, target)}
+                shape, in_border = spec.out_shape(n), out_border
             else:
-                launch = LinearLaunch(self.target, st, shape)
-                in_border = 0
-            shape = launch.out_shape
-            self.steps.append(launch)
-            self._weights.append((st, launch))
-        self.out_shape = shape
-        self._sources = [t for st, _ in self._weights for t in st.sources]
-        self._versions = None
-        self._bound = False
-        self.host_in = None
-        self.refresh(force=True)
+                spec, shape = None, st.lin.output_shape(shape)
+                ops.check_size(q, shape)
+                launches, in_border = {None: LinearLaunch(target, st)}, 0
+            self.steps.append(_Fused(st, spec, launches))
 
-    # -- weights -------------------------------------------------------------------------
-    def refresh(self, force=False):
-        """Re-fold and upload the weights of every stage whose source tensors changed."""
-        vers = [(id(t), t.version) for t in self._sources]
-        if not force and vers == self._versions:
-            return
-        cl, q = self.target.cl, self.q
-        STATS["folds"] += 1
-        for st, launch in self._weights:
-            host_w, host_b = launch.pack(*st.folded())
-            cl.enqueue_copy(q, launch.w_buf, host_w, is_blocking=True)
-            cl.enqueue_copy(q, launch.b_buf, host_b, is_blocking=True)
-        self._versions = vers
 
-    # -- running -------------------------------------------------------------------------
-    def _bind(self):
-        """Set every kernel's fixed arguments and make the buffers between stages (first call)."""
-        # the stage whose buffer is the model's output (only views after it) writes a fresh tensor
-        tail = len(self.steps)
-        while tail > 0 and isinstance(self.steps[tail - 1], _View):
+class _Bound:
+    """One fused stage's launch in an Executable."""
+
+    def __init__(self, step, launch, kernel, args, gsize, out_shape, out_bytes, out_buf):
+        self.stage, self.launch, self.kernel, self.gsize = step.stage, launch, kernel, gsize
+        self.args = args  # held: a kernel argument does not keep its buffer alive
+        self.lsize, self.in_arg, self.out_arg = launch.lsize, launch.in_arg, launch.out_arg
+        self.out_shape, self.out_bytes, self.out_buf = out_shape, out_bytes, out_buf
+        self.bound_in = None
+
+
+class Executable:
+    """A Compiled plan bound for one input shape: kernels with their fixed arguments set, the buffers
+    between stages (made here), pinned staging for infer() (made on its first call)."""
+
+    def __init__(self, compiled, shape):
+        target = self.target = compiled.target
+        cl, q = target.cl, compiled.q
+        self.q, self.shape, self.compiled = q, tuple(shape), compiled
+        n, sized = shape[0], []
+        for step in compiled.steps:  # every size first: nothing is allocated for a shape that does not fit
+            if isinstance(step, _Fused):
+                launch = step.launches[conv_family(step.spec, target, n) if step.spec else None]
+                args, gsize, out_shape, out_bytes = launch.sized(target, shape)
+                ops.check_size(q, out_shape, out_bytes)
+                sized.append((step, launch, args, gsize, out_shape, out_bytes))
+            else:
+                sized.append((step, None, None, None, step.layer.output_shape(shape), 0))
+            shape = sized[-1][4]
+        self.out_shape = tuple(shape)
+        # the stage whose buffer is the model's output (only views after it) writes a fresh tensor per call
+        tail = len(sized)
+        while tail > 0 and isinstance(sized[tail - 1][0], _View):
             tail -= 1
-        last = self.steps[tail - 1] if tail else None
-        for s in self.steps:
-            if not isinstance(s, Launch):
+        self.steps, self.nbytes = [], 0  # _Bound, _View (with its output shape) or _Layer; device bytes held
+        for i, (step, launch, args, gsize, out_shape, out_bytes) in enumerate(sized):
+            if launch is None:
+                self.steps.append((out_shape, step) if isinstance(step, _View) else step)
                 continue
-            # the model output: a fresh pool buffer per call
-            s.out_buf = None if s is last else self.target.buffer(s.out_bytes, zero=s.out_border > 0)
-            for i, a in enumerate(s.args):
+            kernel = cl.Kernel(launch.program, launch.name)
+            for j, a in enumerate(args):
                 if a is not None:
-                    s.kernel.set_arg(i, a)
-            if s.out_buf is not None:
-                s.kernel.set_arg(s.out_arg, s.out_buf)
-            s.bound_in = None
-        self._bound = True
+                    kernel.set_arg(j, a)
+            out_buf = None
+            if i != tail - 1:
+                out_buf = target.buffer(out_bytes, zero=launch.out_border > 0)
+                kernel.set_arg(launch.out_arg, out_buf)
+                self.nbytes += out_bytes
+            self.steps.append(_Bound(step, launch, kernel, args, gsize, out_shape, out_bytes, out_buf))
+        self.fused = [s for s in self.steps if isinstance(s, _Bound)]
+        self._sources = [t for s in self.fused for t in s.stage.sources]
+        self._versions = None  # of _sources, when this executable last made sure its weights were current
+        self.host_in = None
 
+    def refresh(self):
+        """Fold and upload the weights of every stage whose source tensors changed (one version list
+        per call; the launches, shared with other executables, know what they last uploaded)."""
+        vers = [t.version for t in self._sources]
+        if vers != self._versions:
+            for s in self.fused:
+                s.launch.refresh(self.target, s.stage)
+            self._versions = vers
+
+    # -- running (the caller, FusedPlan, holds its lock) ---------------------------------------
     def _staging(self):
         """Pinned host buffers (mapped once) and a device input buffer for infer()."""
         cl, q = self.target.cl, self.q
@@ -122,6 +159,7 @@ class Executable:
         self.host_out, _ = cl.enqueue_map_buffer(q, self.pin_out, cl.map_flags.WRITE | cl.map_flags.READ, 0,
                                                  self.out_shape, np.float32)
         self.dev_in = Tensor(self.shape, q, self.target.buffer(nin))
+        self.nbytes += 2 * nin + nout
         flat = self.host_in.reshape(-1)
         step = max(1 << 18, -(-flat.size // 8))  # >= 1 MB chunks, at most 8
         self.chunks = [(i, min(i + step, flat.size)) for i in range(0, flat.size, step)]
@@ -145,16 +183,13 @@ class Executable:
         return self.host_out.copy()
 
     def run(self, x):
-        if not self._bound:
-            self._bind()
         self.refresh()
         q = self.q
         cur, cur_shape = x.buf, x.shape
         out_tensor = None
         enqueue = self.target.cl.enqueue_nd_range_kernel
-        n_launch = 0
         for s in self.steps:
-            if isinstance(s, Launch):
+            if isinstance(s, _Bound):
                 if s.bound_in is not cur:
                     s.kernel.set_arg(s.in_arg, cur)
                     s.bound_in = cur
@@ -165,16 +200,15 @@ class Executable:
                 else:
                     cur = s.out_buf
                 enqueue(q, s.kernel, s.gsize, s.lsize)
-                n_launch += 1
                 cur_shape = s.out_shape
-            elif isinstance(s, _View):
-                cur_shape = s.shape
-            else:  # an unfused layer: it takes and returns Tensors
+            elif isinstance(s, _Layer):  # an unfused layer: it takes and returns Tensors
                 t = Tensor(cur_shape, q, cur) if not isinstance(cur, Tensor) else cur
                 y = s.layer(t)
                 cur, cur_shape = y.buf, y.shape
                 out_tensor = y
-        STATS["launches"] += n_launch
+            else:  # (shape, _View)
+                cur_shape = s[0]
+        STATS["launches"] += len(self.fused)
         if out_tensor is None or out_tensor.buf is not cur:
             out_tensor = Tensor(cur_shape, q, cur)  # ends in a view of an intermediate (rare)
         elif out_tensor.shape != cur_shape:

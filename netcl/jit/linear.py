@@ -11,19 +11,22 @@ class LinearLaunch(Launch):
     """Arguments: (rows, x, w, b, y); weights [in][out padded to LJ]."""
     in_arg, out_arg = 1, 4
 
-    def __init__(self, target, stage, shape):
+    def __init__(self, target, stage):
         lin = stage.lin
-        rows = int(np.prod(shape[:-1]))
         self.outp, self.out_f = -(-lin.out_features // LJ) * LJ, lin.out_features
-        self.kernel = target.kernel("linear", "linear", dict(IN_F=lin.in_features, OUT_F=lin.out_features,
-                                                             OUT_P=self.outp, LJ=LJ,
-                                                             **act_defines(stage.act, stage.slope)))
-        lx = 64 if target.gpu else 16
-        self.gsize, self.lsize = (-(-(self.outp // LJ) // lx) * lx, rows), (lx, 1)
+        self.program, self.name = target.program("linear", dict(IN_F=lin.in_features, OUT_F=lin.out_features,
+                                                                OUT_P=self.outp, LJ=LJ,
+                                                                **act_defines(stage.act, stage.slope))), "linear"
+        self.lx = 64 if target.gpu else 16
+        self.lsize, self.lin = (self.lx, 1), lin
         self.w_buf = target.buffer(4 * lin.in_features * self.outp)
         self.b_buf = target.buffer(4 * self.outp)
-        self.args = [np.int32(rows), None, self.w_buf, self.b_buf, None]
-        self.out_shape, self.out_bytes = lin.output_shape(shape), 4 * (rows * lin.out_features)
+
+    def sized(self, target, shape):
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        gsize = (-(-(self.outp // LJ) // self.lx) * self.lx, rows)
+        return ([np.int32(rows), None, self.w_buf, self.b_buf, None], gsize, self.lin.output_shape(shape),
+                4 * rows * self.out_f)
 
     def pack(self, w, b):
         host_w = np.zeros((w.shape[0], self.outp), np.float32)

@@ -1,9 +1,13 @@
-"""FusedPlan: the stages of a Sequential and, per (context, input shape), an Executable made on
-first use; plan_fused(model) makes one when any stage fuses."""
+"""FusedPlan: the stages of a Sequential and their device side (executable.py), made on first use
+per input shape and kept within bounds; plan_fused(model) makes one when any stage fuses."""
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 import netcl.runtime as runtime
-from netcl.jit.executable import Executable
+from netcl import ops
+from netcl.jit.executable import Compiled, Executable
 from netcl.jit.stages import plan_stages
 
 
@@ -16,11 +20,33 @@ def plan_fused(model):
 
 
 class FusedPlan:
-    """Callable: plan(x) -> Tensor, the eval-mode forward of the model through fused kernels."""
+    """Callable: plan(x) -> Tensor, the eval-mode forward of the model through fused kernels.
+
+    Inputs are checked as the layers check them (the same errors and messages); an empty batch
+    gives an empty result.
+
+    Per input shape the plan keeps an Executable (kernels with their arguments set, buffers between
+    stages, pinned staging), the most recent MAX_EXECUTABLES of them within MAX_BYTES of device
+    buffers, and per input shape without the batch a Compiled (programs, weights), the most recent
+    MAX_COMPILED: a new batch size builds no program, and memory stays bounded however many batch
+    sizes come.
+
+    Threads: one plan (one eval model) may be called from several threads at once, through
+    predict() or model(Tensor): a lock makes each call's enqueue-to-result section exclusive, so no
+    call sees another's staging buffers or kernel arguments (the device, one in-order queue, runs
+    them one after another anyway). Each model(Tensor) call returns its own output tensor.
+    Not while other threads run it: train()/eval(), changing weights (load_state_dict, an
+    optimizer step) or backward(); training is one thread per model.
+    """
+    MAX_EXECUTABLES = 8
+    MAX_BYTES = 256 << 20
+    MAX_COMPILED = 4
 
     def __init__(self, model, stages):
         self.model, self.stages = model, stages
-        self._exe = {}  # (context, input shape) -> Executable
+        self._compiled = OrderedDict()  # (queue, input shape without the batch) -> Compiled
+        self._exe = OrderedDict()  # (queue, input shape) -> Executable, least recently used first
+        self._lock = threading.RLock()
 
     def __repr__(self):
         return f"FusedPlan({', '.join(str(s) for s in self.stages)})"
@@ -30,11 +56,34 @@ class FusedPlan:
         return sum(1 for s in self.stages if s.fused)
 
     def _executable(self, q, shape):
-        key = (q.context.int_ptr, shape)
+        """The Executable for (q, shape), made (after the layers' own checks) when missing; the
+        caller holds the lock."""
+        key = (q.int_ptr, shape)
         exe = self._exe.get(key)
-        if exe is None:
-            exe = self._exe[key] = Executable(self.stages, q, shape)
+        if exe is not None:
+            self._exe.move_to_end(key)
+            return exe
+        self.model.output_shape(shape)  # the layer path's checks and messages
+        ops.check_size(q, shape)
+        ckey = (q.int_ptr, shape[1:])
+        comp = self._compiled.get(ckey)
+        if comp is None:
+            comp = self._compiled[ckey] = Compiled(self.stages, q, shape)
+            if len(self._compiled) > self.MAX_COMPILED:
+                old, _ = self._compiled.popitem(last=False)
+                for k in [k for k in self._exe if (k[0], k[1][1:]) == old]:
+                    del self._exe[k]
+        self._compiled.move_to_end(ckey)
+        exe = self._exe[key] = Executable(comp, shape)
+        self._trim()
         return exe
+
+    def _trim(self):
+        """Drop the least recently used executables past the bounds (never the newest)."""
+        total = sum(e.nbytes for e in self._exe.values())
+        while len(self._exe) > 1 and (len(self._exe) > self.MAX_EXECUTABLES or total > self.MAX_BYTES):
+            _, old = self._exe.popitem(last=False)
+            total -= old.nbytes
 
     def infer(self, x, queue=None):
         """Host array in, host array out: the whole round trip through pinned staging buffers
@@ -42,9 +91,20 @@ class FusedPlan:
         Returns a new float32 numpy array; one wait per call."""
         q = queue if queue is not None else runtime.default_queue()
         x = np.ascontiguousarray(x, np.float32)
-        return self._executable(q, x.shape).infer(x)
+        if x.size == 0:
+            return np.zeros(self.model.output_shape(x.shape), np.float32)
+        with self._lock:
+            exe = self._executable(q, x.shape)
+            fresh = exe.host_in is None
+            y = exe.infer(x)
+            if fresh:
+                self._trim()  # its new staging buffers count too
+            return y
 
     def __call__(self, x):
         if x.queue is None:
             x.to(runtime.default_queue())
-        return self._executable(x.queue, x.shape).run(x)
+        if 0 in x.shape:  # (not x.size: np.prod costs microseconds per call)
+            return ops.new(x.queue, self.model.output_shape(x.shape))
+        with self._lock:
+            return self._executable(x.queue, x.shape).run(x)

@@ -46,11 +46,12 @@ class ConvStage:
                                     self.pool and "MaxPool2d") if x)
 
     def spec(self, shape, in_border, out_border):
-        """The ConvSpec for input `shape` (N, C, H, W) stored with `in_border`, output stored with `out_border`."""
+        """The ConvSpec for input `shape` (N, C, H, W; N is not part of it) stored with `in_border`,
+        output stored with `out_border`."""
         conv = self.conv
-        n, c, h, w = shape
+        _, c, h, w = shape
         _, k, oh, ow = conv.output_shape(shape)
-        return ConvSpec(n=n, c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.padding,
+        return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.padding,
                         oh=oh, ow=ow, pool=self.pool is not None, ipb=in_border if in_border == conv.padding else 0,
                         opb=out_border, act=self.act, slope=self.slope)
 
@@ -141,14 +142,27 @@ def plan_stages(layers):
     return out
 
 
-def conv_family(spec, target):
-    """The family that runs a conv stage at `spec` on `target` (netcl.jit.common.Target): the GPU
-    family on GPUs; on the CPU Winograd for 3x3 stride 1, else the direct vector kernel where the
-    shape suits it, else the GPU family's kernel with CPU tiles."""
+def conv_family(spec, target, n):
+    """(family, tile) that runs a conv stage at `spec` and batch `n` on `target`
+    (netcl.jit.common.Target): the GPU family on GPUs; on the CPU Winograd (tile 2 or 4) for 3x3
+    stride 1, else the direct vector kernel where the shape suits it, else the GPU family's kernel
+    with CPU tiles. tile is 0 for the non-Winograd families."""
     if target.gpu:
-        return ConvGpu
-    if wino_tile(spec, target.config):
-        return ConvWino
+        return ConvGpu, 0
+    tile = wino_tile(spec, target.config, n)
+    if tile:
+        return ConvWino, tile
     if cpu_block(spec, target.config) is not None:
-        return ConvCpu
-    return ConvGpu
+        return ConvCpu, 0
+    return ConvGpu, 0
+
+
+def conv_families(spec, target):
+    """Every (family, tile) conv_family picks for some batch size: built together, so that a new
+    batch size builds nothing (only the Winograd tile moves with the batch, across one threshold)."""
+    return sorted({conv_family(spec, target, n) for n in (1, 1 << 30)}, key=lambda ft: (ft[0].__name__, ft[1]))
+
+
+def make_conv(target, spec, family_tile):
+    family, tile = family_tile
+    return family(target, spec, tile) if tile else family(target, spec)

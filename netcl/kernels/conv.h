@@ -17,6 +17,11 @@
 
 #define ACTF(v) ACT_APPLY(ACT, v, SLOPE)
 
+// The pool's max: b replaces a when greater or NaN, so NaN wins as in pool.cl's maxpool_fwd and
+// PyTorch (fmax and a > b ? a : b would drop it). Scalars and vectors alike (a vector ?: is an
+// inline blend on PoCL, where float8 fmax is an out-of-line call); arguments are evaluated twice.
+#define NAN_MAX(a, b) ((b) > (a) || (b) != (b) ? (b) : (a))
+
 #define R (C * KS * KS)      // reduction length
 #define POH (OH / POOL)      // output size after the pool (floor, as MaxPool2d)
 #define POW (OW / POOL)

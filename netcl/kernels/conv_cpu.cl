@@ -82,12 +82,13 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
         const float bm = bias[k];
         __global float *yk = y + (n * K + k) * (OHS * OWS);
 #if POOL == 2
-        const VEC v = fmax(ACTF(acc[0][m] + bm), ACTF(acc[1][m] + bm));
+        const VEC v0 = ACTF(acc[0][m] + bm), v1 = ACTF(acc[1][m] + bm);
+        const VEC v = NAN_MAX(v0, v1);
 #if VW == 2
-        yk[(rp + OPB) * OWS + seg + OPB] = fmax(v.s0, v.s1);
+        yk[(rp + OPB) * OWS + seg + OPB] = NAN_MAX(v.s0, v.s1);
 #else
         typedef CAT(float, VWH) __attribute__((aligned(4))) uhvec;
-        *(__global uhvec *)(yk + (rp + OPB) * OWS + ow0 / 2 + OPB) = fmax(v.even, v.odd);
+        *(__global uhvec *)(yk + (rp + OPB) * OWS + ow0 / 2 + OPB) = NAN_MAX(v.even, v.odd);
 #endif
 #else
 #pragma unroll

@@ -1,12 +1,13 @@
 // Fused conv, GPU family (netcl/jit/conv_gpu.py): a local-memory implicit GEMM. Defines: conv.h's,
-// and BM BN RM RN BK SPLIT RCHUNK (tile, register block, reduction step, split-K).
+// and BM BN RM RN BK (tile, register block, reduction step); split-K's parts and their rows are
+// arguments (split, rchunk), as is the batch (nout), so one program serves every batch size.
 #include "act.h"
 #include "conv.h"
 
 // GPU: implicit GEMM out[k][pixel] = sum_r Wt[r][k] * im2col(x)[r][pixel]. A work-group
 // computes a BM x BN tile through local memory, BK reduction rows at a time; each work-item a
 // RM x RN register block. Columns are conv pixels; with POOL == 2 a work-item's RN = 4 columns
-// are one 2x2 pool window, so the pool is a max over its registers. SPLIT > 1 splits the
+// are one 2x2 pool window, so the pool is a max over its registers. split > 1 splits the
 // reduction over get_group_id(2); the last work-group of a tile to finish (atomic counter)
 // sums the partials in a fixed order and runs the epilogue.
 #define TX (BN / RN)
@@ -16,8 +17,8 @@
 #define KP (((K + BM - 1) / BM) * BM)
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
-void conv_gpu(const int nout, __global const float *x, __global const float *wt, __global const float *bias,
-              __global float *y, __global float *part, __global int *counters) {
+void conv_gpu(const int nout, const int split, const int rchunk, __global const float *x, __global const float *wt,
+              __global const float *bias, __global float *y, __global float *part, __global int *counters) {
     __local float As[BK][BM];
     __local float Bs[BK][BN];
     __local int last;
@@ -42,8 +43,8 @@ void conv_gpu(const int nout, __global const float *x, __global const float *wt,
     for (int i = 0; i < RM; i++)
         for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
 
-    const int rbeg = get_group_id(2) * RCHUNK;
-    for (int r0 = rbeg; r0 < rbeg + RCHUNK; r0 += BK) {
+    const int rbeg = get_group_id(2) * rchunk;
+    for (int r0 = rbeg; r0 < rbeg + rchunk; r0 += BK) {
 #pragma unroll
         for (int i = 0; i < BK * BM / NT; i++) {
             const int e = tid + i * NT;
@@ -73,8 +74,7 @@ void conv_gpu(const int nout, __global const float *x, __global const float *wt,
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-#if SPLIT > 1
-    {
+    if (split > 1) {  // uniform over the work-group, so its barriers are too
         const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
         const int ntile = get_num_groups(0) * get_num_groups(1);
         __global float *mine = part + ((get_group_id(2) * ntile + tile) * (RM * RN)) * NT + tid;
@@ -82,20 +82,19 @@ void conv_gpu(const int nout, __global const float *x, __global const float *wt,
             for (int j = 0; j < RN; j++) mine[(i * RN + j) * NT] = acc[i][j];
         mem_fence(CLK_GLOBAL_MEM_FENCE);
         barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-        if (tid == 0) last = atomic_inc(counters + tile) == SPLIT - 1;
+        if (tid == 0) last = atomic_inc(counters + tile) == split - 1;
         barrier(CLK_LOCAL_MEM_FENCE);
         if (!last) return;
         mem_fence(CLK_GLOBAL_MEM_FENCE);
         if (tid == 0) counters[tile] = 0;  // ready for the next launch
         for (int i = 0; i < RM; i++)
             for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
-        for (int s = 0; s < SPLIT; s++) {  // fixed order: the result does not depend on who came last
+        for (int s = 0; s < split; s++) {  // fixed order: the result does not depend on who came last
             volatile __global float *ps = part + ((s * ntile + tile) * (RM * RN)) * NT + tid;
             for (int i = 0; i < RM; i++)
                 for (int j = 0; j < RN; j++) acc[i][j] += ps[(i * RN + j) * NT];
         }
     }
-#endif
 
     for (int i = 0; i < RM; i++) {
         const int m = m0 + ty * RM + i;
@@ -105,7 +104,7 @@ void conv_gpu(const int nout, __global const float *x, __global const float *wt,
         const int oo = o0 + tx;
         if (oo < nout) {
             float v = ACTF(acc[i][0] + bm);
-            for (int j = 1; j < 4; j++) v = fmax(v, ACTF(acc[i][j] + bm));
+            for (int j = 1; j < 4; j++) v = NAN_MAX(v, ACTF(acc[i][j] + bm));
             const int nn = oo / (POH * POW), q = oo % (POH * POW);
             y[(nn * K + m) * (OHS * OWS) + (q / POW + OPB) * OWS + q % POW + OPB] = v;
         }

@@ -2,9 +2,6 @@
 #include "act.h"
 #include "conv.h"
 
-// PoCL makes float8 fmax an out-of-line call; the vector ?: stays an inline blend
-#define VMAX(a, b) ((a) > (b) ? (a) : (b))
-
 // CPU (PoCL): Winograd F(WM x WM, 3x3) for 3x3 stride-1 convolutions, WM = 2 or 4: an output
 // tile of WM x WM costs WA * WA (WA = WM + 2) multiplies per (input, output) channel pair
 // instead of 9 * WM * WM (2.25x fewer for WM = 2, 4x for WM = 4). With POOL == 2 a tile holds
@@ -12,13 +9,14 @@
 // The weights arrive transformed on the host (U = G g G^T, the same fold that folds the batch
 // norm) as [KBN][NXI][C][KV], KV = RV * 8 output channels per block, zero-padded past K.
 // A work-item owns TT tiles (flattened over batch and tile rows, so any image size fills the
-// block) and KBW blocks of KV output channels (get_global_id(1) picks which). It transforms its
+// block) and kbw blocks of KV output channels (get_global_id(1) picks which). It transforms its
 // tiles' inputs once, V = B^T d B for every channel, into private memory; then for each channel
 // block and each transform point it runs TB x RV register blocks (scalar broadcasts of V,
 // float8 loads of U, reused from cache by the TT / TB sub-blocks), and ends with Y = A^T M A,
 // bias, activation and the pool.
-// Defines beyond the common ones: WM TB TT RV KBW KBN, TWN THN (tiles per row / column),
-// NTILE (tiles in the whole batch), CHECK (1: input loads need bounds checks).
+// Defines beyond the common ones: WM TB TT RV KBN, TWN THN (tiles per row / column), CHECK (1:
+// input loads need bounds checks). The batch-dependent sizes are arguments, so one program serves
+// every batch size: ntile (tiles in the whole batch) and kbw (channel blocks per work-item).
 #define KV (RV * 8)
 #define WA (WM + 2)
 #define NXI (WA * WA)
@@ -41,15 +39,15 @@ typedef float8 __attribute__((aligned(4))) uvec8;
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void conv_wino(__global const float *restrict x, __global const float *restrict u,
+void conv_wino(const int ntile, const int kbw, __global const float *restrict x, __global const float *restrict u,
                __global const float *restrict bias, __global float *restrict y) {
     const int g0 = get_global_id(0) * TT;
     float v[NXI][C][TT];  // transformed inputs of this work-item's tiles
     int ty[TT], tx[TT], tn[TT];
 
     for (int t = 0; t < TT; t++) {
-        const int g = min(g0 + t, NTILE - 1);
-        tn[t] = g0 + t < NTILE ? g / (THN * TWN) : -1;
+        const int g = min(g0 + t, ntile - 1);
+        tn[t] = g0 + t < ntile ? g / (THN * TWN) : -1;
         ty[t] = (g / TWN) % THN, tx[t] = g % TWN;
         const int ih0 = WM * ty[t] - PAD, iw0 = WM * tx[t] - PAD;
         __global const float *xn = x + (g / (THN * TWN)) * (C * IHS * IWS) + (ih0 + IPB) * IWS + iw0 + IPB;
@@ -80,7 +78,7 @@ void conv_wino(__global const float *restrict x, __global const float *restrict 
         }
     }
 
-    for (int kb = get_global_id(1) * KBW; kb < min(KBN, (int)(get_global_id(1) + 1) * KBW); kb++) {
+    for (int kb = get_global_id(1) * kbw; kb < min(KBN, (int)(get_global_id(1) + 1) * kbw); kb++) {
         float8 m[NXI][TT][RV];
         __global const float *ub = u + kb * (NXI * C * KV);
         for (int xi = 0; xi < NXI; xi++)
@@ -132,8 +130,9 @@ void conv_wino(__global const float *restrict x, __global const float *restrict 
 #pragma unroll
                     for (int j = 0; j < PM; j++) {
                         if (PM * ty[t] + i >= POH || PM * tx[t] + j >= POW) continue;
-                        const float8 p = VMAX(VMAX(o[2 * i][2 * j], o[2 * i][2 * j + 1]),
-                                              VMAX(o[2 * i + 1][2 * j], o[2 * i + 1][2 * j + 1]));
+                        const float8 p0 = NAN_MAX(o[2 * i][2 * j], o[2 * i][2 * j + 1]);
+                        const float8 p1 = NAN_MAX(o[2 * i + 1][2 * j], o[2 * i + 1][2 * j + 1]);
+                        const float8 p = NAN_MAX(p0, p1);
                         const float pv[8] = {p.s0, p.s1, p.s2, p.s3, p.s4, p.s5, p.s6, p.s7};
 #pragma unroll
                         for (int l = 0; l < 8; l++)

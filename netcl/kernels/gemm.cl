@@ -3,6 +3,8 @@
 // Any layout (transposes included) is a choice of strides. Each work-item computes a TM x TN
 // block; out-of-range rows/columns are clamped on load and skipped on store, so the inner loop
 // has no branches. bias_mode: 0 none, 1 bias[n], 2 bias[m].
+// CPU builds (no tile define BM) hold gemm, gemm_vn and gemm_dot; GPU builds gemm_tile alone.
+#ifndef BM
 #define TM 4
 #define TN 4
 
@@ -212,6 +214,103 @@ __kernel void gemm_dot(const int M, const int N, const int K,
         }
     }
 }
+#else  // BM
+// GPU path (Python picks it for the "gpu" device class; built with the tile defines BM BN BK
+// RM RN and the layout defines A_KMAJOR B_KMAJOR): a work-group computes a BM x BN tile of C
+// through local memory, BK values of k at a time; each work-item a contiguous RM x RN register
+// block (as the fused conv_gpu family: local reads can be vector-wide). Global loads are
+// coalesced on whichever dimension of an operand is contiguous: A_KMAJOR (A contiguous along
+// k) walks k fastest across work-items, else m; B_KMAJOR likewise for B against n.
+// Out-of-range m/n are clamped on load and skipped on store; k past the chunk loads zeros. The
+// 1-D grid of work-groups runs m-tiles fastest (neighbouring work-groups share a B panel: B is
+// the large operand), then n-tiles, then batch * splits (no 65535 limit on any of them). With
+// splits > 1 each work-group sums one kchunk of K into P[b][split][m][n] and gemm_reduce
+// finishes in a fixed order (deterministic split-K for the weight gradients' small C, huge K).
+#define TTX (BN / RN)
+#define TTY (BM / RM)
+#define TNT (TTX * TTY)
+
+__kernel __attribute__((reqd_work_group_size(TNT, 1, 1)))
+void gemm_tile(const int M, const int N, const int K,
+               __global const float *A, const int a_off, const int sam, const int sak, const int sab,
+               __global const float *B, const int b_off, const int sbk, const int sbn, const int sbb,
+               __global float *C, const int c_off, const int scm, const int scn, const int scb,
+               const float alpha, const float beta, __global const float *bias, const int bias_mode,
+               const int mtiles, const int ntiles, const int kchunk, const int splits, __global float *P) {
+    __local float As[BK][BM + 4];  // +4: k-fastest stores spread over banks, rows stay float4-aligned
+    __local float Bs[BK][BN + 4];
+    const int tid = get_local_id(0), tx = tid % TTX, ty = tid / TTX;
+    const int g = get_group_id(0), mn = g % (mtiles * ntiles), z = g / (mtiles * ntiles), b = z / splits;
+    const int m0 = (mn % mtiles) * BM, n0 = (mn / mtiles) * BN;
+    const int k0 = (z - b * splits) * kchunk, k1 = min(K, k0 + kchunk);
+    A += a_off + b * sab;
+    B += b_off + b * sbb;
+    float acc[RM][RN];
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
+    for (int kt = k0; kt < k1; kt += BK) {
+#pragma unroll
+        for (int i = 0; i < (BK * BM + TNT - 1) / TNT; i++) {
+            const int e = tid + i * TNT;
+            if (BK * BM % TNT == 0 || e < BK * BM) {
+#if A_KMAJOR
+                const int kk = e % BK, mm = e / BK;
+#else
+                const int mm = e % BM, kk = e / BM;
+#endif
+                const int k = kt + kk;
+                As[kk][mm] = k < k1 ? A[min(m0 + mm, M - 1) * sam + k * sak] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < (BK * BN + TNT - 1) / TNT; i++) {
+            const int e = tid + i * TNT;
+            if (BK * BN % TNT == 0 || e < BK * BN) {
+#if B_KMAJOR
+                const int kk = e % BK, nn = e / BK;
+#else
+                const int nn = e % BN, kk = e / BN;
+#endif
+                const int k = kt + kk;
+                Bs[kk][nn] = k < k1 ? B[k * sbk + min(n0 + nn, N - 1) * sbn] : 0.0f;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float blk[RM][RN];  // this step's sums, then added to acc: rounding grows with BK + K / BK, not K
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) blk[i][j] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk++) {
+            float a[RM], bv[RN];
+            for (int i = 0; i < RM; i++) a[i] = As[kk][ty * RM + i];
+            for (int j = 0; j < RN; j++) bv[j] = Bs[kk][tx * RN + j];
+            for (int i = 0; i < RM; i++)
+                for (int j = 0; j < RN; j++) blk[i][j] = fma(a[i], bv[j], blk[i][j]);
+        }
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) acc[i][j] += blk[i][j];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int i = 0; i < RM; i++) {
+        const int m = m0 + ty * RM + i;
+        if (m >= M) break;
+        for (int j = 0; j < RN; j++) {
+            const int n = n0 + tx * RN + j;
+            if (n >= N) break;
+            if (splits > 1) {
+                P[(z * M + m) * N + n] = acc[i][j];
+                continue;
+            }
+            float v = alpha * acc[i][j];
+            if (bias_mode == 1) v += bias[n];
+            else if (bias_mode == 2) v += bias[m];
+            const int c = c_off + b * scb + m * scm + n * scn;
+            if (beta != 0.0f) v += beta * C[c];
+            C[c] = v;
+        }
+    }
+}
+#endif  // BM
 
 // C[b](m, n) = alpha * sum_chunk P[b][chunk][m][n] (+ bias) + beta * C[b](m, n): split-K's second step.
 __kernel void gemm_reduce(const int M, const int N, const int chunks, __global const float *P,

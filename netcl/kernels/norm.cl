@@ -1,5 +1,9 @@
-// BatchNorm2d and Softmax. BatchNorm works on (N, C, HW); reductions use one work-group of
-// RED work-items per channel.
+// BatchNorm2d, LayerNorm and Softmax. BatchNorm works on (N, C, HW) in deterministic stages
+// (fixed reduction orders): a channel's M = N * HW values, in (n, hw) order, form parts of `len`
+// values; one work-group of RED work-items per (part, channel) writes a partial result, then one
+// work-group per channel combines its parts (many work-groups even for 16 channels of 2M values:
+// a GPU needs thousands; Python picks `len` per device class). LayerNorm works on (M, D): one
+// work-group per row, and per column for the parameter gradients.
 #define RED 64
 
 float group_sum(__local float *part, float v) {
@@ -14,22 +18,74 @@ float group_sum(__local float *part, float v) {
     return part[0];
 }
 
-// Batch statistics of channel c (two passes: mean, then variance), and the running-stat update
-// with the unbiased variance, as PyTorch does.
-__kernel void bn_stats(const int N, const int C, const int HW, __global const float *x,
-                       __global float *mean, __global float *var, __global float *run_mean,
-                       __global float *run_var, const float momentum) {
-    __local float part[RED];
-    const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
-    float s = 0.0f;
-    for (int i = t; i < M; i += RED) s += x[((i / HW) * C + c) * HW + i % HW];
-    const float mu = group_sum(part, s) / (float)M;
-    float q = 0.0f;
-    for (int i = t; i < M; i += RED) {
-        const float d = x[((i / HW) * C + c) * HW + i % HW] - mu;
-        q += d * d;
+// Offset in (N, C, HW) of value j of channel c; *hw is its position in the row.
+inline int bn_offset(const int j, const int c, const int C, const int HW, int *hw) {
+    const int n = j / HW;
+    *hw = j - n * HW;
+    return (n * C + c) * HW + *hw;
+}
+
+// The offset RED values further along the channel: a division only where a row ends.
+inline int bn_step(int o, int *hw, const int C, const int HW) {
+    *hw += RED;
+    o += RED;
+    if (*hw >= HW) {
+        const int rows = *hw / HW;
+        *hw -= rows * HW;
+        o += rows * (C - 1) * HW;
     }
-    const float v = group_sum(part, q) / (float)M;
+    return o;
+}
+
+// Batch statistics, stage 1: part p of channel c writes its sum and its sum of squared
+// deviations from its own mean (two passes over the part, the second from cache, corrected by
+// the deviations' sum): accurate whatever the data's offset.
+__kernel void bn_stats_part(const int N, const int C, const int HW, const int len, __global const float *x,
+                            __global float *part) {
+    __local float red[RED];
+    const int p = get_group_id(0), c = get_group_id(1), t = get_local_id(0), parts = get_num_groups(0);
+    const int j0 = p * len + t, j1 = min(N * HW, (p + 1) * len);
+    const float cnt = (float)(j1 - p * len);
+    int hw, o = bn_offset(j0, c, C, HW, &hw);
+    const int o0 = o, hw0 = hw;
+    float s = 0.0f;
+    for (int j = j0; j < j1; j += RED, o = bn_step(o, &hw, C, HW)) s += x[o];
+    s = group_sum(red, s);
+    const float mu = s / cnt;
+    float d1 = 0.0f, d2 = 0.0f;
+    o = o0;
+    hw = hw0;
+    for (int j = j0; j < j1; j += RED, o = bn_step(o, &hw, C, HW)) {
+        const float d = x[o] - mu;
+        d1 += d;
+        d2 += d * d;
+    }
+    const float sd = group_sum(red, d1), sq = group_sum(red, d2);
+    if (t == 0) {
+        part[2 * (c * parts + p)] = s;
+        part[2 * (c * parts + p) + 1] = sq - sd * sd / cnt;
+    }
+}
+
+// Batch statistics, stage 2, one work-group per channel: the mean from the parts' sums, then
+// the variance as the parts' own squared deviations plus their means' (the two-pass formula
+// over parts; each work-item a strided subset in order, then a fixed tree). The running
+// statistics are updated with the unbiased variance, as PyTorch does.
+__kernel void bn_stats_finish(const int N, const int HW, const int len, const int parts,
+                              __global const float *part, __global float *mean, __global float *var,
+                              __global float *run_mean, __global float *run_var, const float momentum) {
+    __local float red[RED];
+    const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
+    __global const float *pc = part + 2 * c * parts;
+    float s = 0.0f;
+    for (int p = t; p < parts; p += RED) s += pc[2 * p];
+    const float mu = group_sum(red, s) / (float)M;
+    float q = 0.0f;
+    for (int p = t; p < parts; p += RED) {
+        const float n = (float)min(len, M - p * len), d = pc[2 * p] / n - mu;
+        q += pc[2 * p + 1] + n * d * d;
+    }
+    const float v = group_sum(red, q) / (float)M;
     if (t == 0) {
         mean[c] = mu;
         var[c] = v;
@@ -48,33 +104,63 @@ __kernel void bn_apply(const int N, const int C, const int HW, __global const fl
     y[i] = (x[i] - mean[c]) * rsqrt(var[c] + eps) * gamma[c] + beta[c];
 }
 
-// dgamma = sum(dy * xhat), dbeta = sum(dy) (accumulated when acc), and
-// dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma) with batch statistics, or
-// dx = gamma * invstd * dy with running statistics (eval mode: they are constants)
-__kernel void bn_bwd(const int N, const int C, const int HW, __global const float *x,
-                     __global const float *dy, __global const float *mean, __global const float *var,
-                     __global const float *gamma, const float eps, __global float *dx,
-                     __global float *dgamma, __global float *dbeta, const int acc, const int batch_stats) {
-    __local float part[RED];
-    const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
-    const float mu = mean[c], inv = rsqrt(var[c] + eps);
-    float sg = 0.0f, sb = 0.0f;
-    for (int i = t; i < M; i += RED) {
-        const int o = ((i / HW) * C + c) * HW + i % HW;
-        sg += dy[o] * (x[o] - mu) * inv;
+// Backward, stage 1: part p of channel c writes sum(dy) and sum(dy * (x - mean)).
+__kernel void bn_bwd_part(const int N, const int C, const int HW, const int len, __global const float *x,
+                          __global const float *dy, __global const float *mean, __global float *part) {
+    __local float red[RED];
+    const int p = get_group_id(0), c = get_group_id(1), t = get_local_id(0), parts = get_num_groups(0);
+    const int j0 = p * len + t, j1 = min(N * HW, (p + 1) * len);
+    const float mu = mean[c];
+    int hw, o = bn_offset(j0, c, C, HW, &hw);
+    float sb = 0.0f, sg = 0.0f;
+    for (int j = j0; j < j1; j += RED, o = bn_step(o, &hw, C, HW)) {
         sb += dy[o];
+        sg += dy[o] * (x[o] - mu);
     }
-    const float dg = group_sum(part, sg);
-    const float db = group_sum(part, sb);
-    const float k = gamma[c] * inv / (float)M;
-    for (int i = t; i < M; i += RED) {
-        const int o = ((i / HW) * C + c) * HW + i % HW;
-        dx[o] = batch_stats ? k * ((float)M * dy[o] - db - (x[o] - mu) * inv * dg) : gamma[c] * inv * dy[o];
+    sb = group_sum(red, sb);
+    sg = group_sum(red, sg);
+    if (t == 0) {
+        part[2 * (c * parts + p)] = sb;
+        part[2 * (c * parts + p) + 1] = sg;
     }
+}
+
+// Backward, stage 2: one work-group per channel sums the parts in a fixed order into
+// dbeta = sum(dy) and dgamma = sum(dy * xhat) (accumulated into the gradients when acc), and
+// keeps both in sums[c] for bn_bwd_apply.
+__kernel void bn_bwd_finish(const int parts, __global const float *part, __global const float *var,
+                            const float eps, __global float *dgamma, __global float *dbeta, const int acc,
+                            __global float *sums) {
+    __local float red[RED];
+    const int c = get_group_id(0), t = get_local_id(0);
+    float sb = 0.0f, sg = 0.0f;
+    for (int p = t; p < parts; p += RED) {
+        sb += part[2 * (c * parts + p)];
+        sg += part[2 * (c * parts + p) + 1];
+    }
+    const float db = group_sum(red, sb);
+    const float dg = group_sum(red, sg) * rsqrt(var[c] + eps);
     if (t == 0) {
         dgamma[c] = acc ? dgamma[c] + dg : dg;
         dbeta[c] = acc ? dbeta[c] + db : db;
+        sums[2 * c] = db;
+        sums[2 * c + 1] = dg;
     }
+}
+
+// Backward, stage 3, element-wise: dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma)
+// with batch statistics, or dx = gamma * invstd * dy with running statistics (eval mode: they
+// are constants).
+__kernel void bn_bwd_apply(const int N, const int C, const int HW, __global const float *x,
+                           __global const float *dy, __global const float *mean, __global const float *var,
+                           __global const float *gamma, const float eps, __global const float *sums,
+                           __global float *dx, const int batch_stats) {
+    const int i = get_global_id(0);
+    if (i >= N * C * HW) return;
+    const int c = (i / HW) % C, M = N * HW;
+    const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv;
+    dx[i] = batch_stats ? g / (float)M * ((float)M * dy[i] - sums[2 * c] - (x[i] - mean[c]) * inv * sums[2 * c + 1])
+                        : g * dy[i];
 }
 
 // Softmax over the middle axis of (outer, D, inner); one work-item per (outer, inner) line.
@@ -106,5 +192,68 @@ __kernel void softmax_bwd(const int outer, const int D, const int inner, __globa
     for (int d = 0; d < D; d++) {
         const int o = base + d * inner;
         dx[o] = y[o] * (dy[o] - s) * scale;
+    }
+}
+
+// LayerNorm over the last axis of (M, D): one work-group of RED work-items per row (two passes,
+// as bn_stats); mean and rstd = 1/sqrt(var + eps) are kept for the backward.
+__kernel void ln_fwd(const int M, const int D, __global const float *x, __global const float *gamma,
+                     __global const float *beta, const float eps, __global float *y, __global float *mean,
+                     __global float *rstd) {
+    __local float part[RED];
+    const int m = get_group_id(0), t = get_local_id(0);
+    __global const float *xr = x + (long)m * D;
+    float s = 0.0f;
+    for (int d = t; d < D; d += RED) s += xr[d];
+    const float mu = group_sum(part, s) / (float)D;
+    float q = 0.0f;
+    for (int d = t; d < D; d += RED) q += (xr[d] - mu) * (xr[d] - mu);
+    const float inv = rsqrt(group_sum(part, q) / (float)D + eps);
+    for (int d = t; d < D; d += RED) y[(long)m * D + d] = (xr[d] - mu) * inv * gamma[d] + beta[d];
+    if (t == 0) {
+        mean[m] = mu;
+        rstd[m] = inv;
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma, one work-group per row
+__kernel void ln_bwd_dx(const int M, const int D, __global const float *x, __global const float *dy,
+                        __global const float *gamma, __global const float *mean, __global const float *rstd,
+                        __global float *dx) {
+    __local float part[RED];
+    const int m = get_group_id(0), t = get_local_id(0);
+    const long base = (long)m * D;
+    const float mu = mean[m], inv = rstd[m];
+    float sa = 0.0f, sb = 0.0f;
+    for (int d = t; d < D; d += RED) {
+        const float g = dy[base + d] * gamma[d];
+        sa += g;
+        sb += g * (x[base + d] - mu) * inv;
+    }
+    const float a = group_sum(part, sa) / (float)D;
+    const float b = group_sum(part, sb) / (float)D;
+    for (int d = t; d < D; d += RED) {
+        const float g = dy[base + d] * gamma[d];  // its own statement: not contracted into an fma with - a
+        dx[base + d] = inv * ((g - a) - (x[base + d] - mu) * inv * b);
+    }
+}
+
+// dgamma[d] = sum_m dy * xhat, dbeta[d] = sum_m dy (accumulated when acc), one work-group per column
+__kernel void ln_bwd_params(const int M, const int D, __global const float *x, __global const float *dy,
+                            __global const float *mean, __global const float *rstd, __global float *dgamma,
+                            __global float *dbeta, const int acc) {
+    __local float part[RED];
+    const int d = get_group_id(0), t = get_local_id(0);
+    float sg = 0.0f, sb = 0.0f;
+    for (int m = t; m < M; m += RED) {
+        const long o = (long)m * D + d;
+        sg += dy[o] * (x[o] - mean[m]) * rstd[m];
+        sb += dy[o];
+    }
+    const float dg = group_sum(part, sg);
+    const float db = group_sum(part, sb);
+    if (t == 0) {
+        dgamma[d] = acc ? dgamma[d] + dg : dg;
+        dbeta[d] = acc ? dbeta[d] + db : db;
     }
 }

@@ -73,3 +73,37 @@ __kernel void avgpool_bwd(const int NC, const int H, const int W, const int k, c
         for (int ow = ow0; ow <= ow1; ow++) acc += dy[(nc * OH + oh) * OW + ow];
     dx[idx] = acc / (float)(k * k);
 }
+
+// AdaptiveAvgPool (2-D, and 1-D as H = OH = 1), PyTorch's windows: output i of OH averages the
+// inputs [floor(i*H/OH), ceil((i+1)*H/OH)); windows overlap or repeat when H is not a multiple.
+__kernel void adaptive_avgpool_fwd(const int NC, const int H, const int W, const int OH, const int OW,
+                                   __global const float *x, __global float *y) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * OH * OW) return;
+    const int ow = idx % OW, oh = (idx / OW) % OH, nc = idx / (OW * OH);
+    const int h0 = oh * H / OH, h1 = ((oh + 1) * H + OH - 1) / OH;
+    const int w0 = ow * W / OW, w1 = ((ow + 1) * W + OW - 1) / OW;
+    __global const float *xp = x + (long)nc * H * W;
+    float acc = 0.0f;
+    for (int ih = h0; ih < h1; ih++)
+        for (int iw = w0; iw < w1; iw++) acc += xp[ih * W + iw];
+    y[idx] = acc / (float)((h1 - h0) * (w1 - w0));
+}
+
+// dx gathers dy / window size over the outputs whose windows hold the input: those o with
+// floor(o*H/OH) <= ih < ceil((o+1)*H/OH), i.e. ih*OH/H <= o <= ((ih+1)*OH - 1)/H
+__kernel void adaptive_avgpool_bwd(const int NC, const int H, const int W, const int OH, const int OW,
+                                   __global const float *dy, __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * H * W) return;
+    const int iw = idx % W, ih = (idx / W) % H, nc = idx / (W * H);
+    float acc = 0.0f;
+    for (int oh = ih * OH / H; oh <= ((ih + 1) * OH - 1) / H; oh++) {
+        const int nh = ((oh + 1) * H + OH - 1) / OH - oh * H / OH;
+        for (int ow = iw * OW / W; ow <= ((iw + 1) * OW - 1) / W; ow++) {
+            const int nw = ((ow + 1) * W + OW - 1) / OW - ow * W / OW;
+            acc += dy[((long)nc * OH + oh) * OW + ow] / (float)(nh * nw);
+        }
+    }
+    dx[idx] = acc;
+}

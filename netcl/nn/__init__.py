@@ -2,22 +2,28 @@
 
 LAYERS is the registry of layer types that .netcl files can hold (by class name); the ONNX
 exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."""
-from netcl.nn.activation import LeakyReLU, ReLU, Sigmoid, Softmax, Tanh
+from netcl.nn.activation import GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh
 from netcl.nn.attention import MultiheadAttention
-from netcl.nn.basic import Dropout, Flatten, Identity
+from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
+from netcl.nn.blocks import Concat, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
 from netcl.nn.module import Module, manual_seed
-from netcl.nn.norm import BatchNorm2d
-from netcl.nn.pool import AvgPool2d, MaxPool2d
+from netcl.nn.norm import BatchNorm2d, LayerNorm
+from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
 from netcl.nn.torch_import import from_torch
+from netcl.nn.upsample import Upsample
 
 LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
-                                        MultiheadAttention, ConvTranspose2d)}
+                                        MultiheadAttention, GELU, SiLU, ReLU6, Hardswish, Hardsigmoid, LayerNorm,
+                                        Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
+                                        Concat, ModuleList, Upsample)}
 
-__all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "ReLU", "LeakyReLU", "Sigmoid", "Tanh",
-           "MaxPool2d", "AvgPool2d", "Identity", "Flatten", "Dropout", "Softmax", "MultiheadAttention", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch", "ConvTranspose2d"]
+__all__ = ["Module", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
+           "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
+           "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
+           "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
+           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch"]

@@ -44,6 +44,40 @@ class Tanh(_Activation):
     act = Act.TANH
 
 
+_GELU_ACTS = {"none": Act.GELU, "tanh": Act.GELU_TANH}  # GELU's approximate -> its code
+
+
+class GELU(_Activation):
+    # x * Phi(x): "none" with erf, "tanh" with PyTorch's tanh approximation
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if not isinstance(approximate, str):
+            raise TypeError(f"GELU approximate must be a string, got {type(approximate).__name__}")
+        if approximate not in _GELU_ACTS:
+            raise ValueError(f"GELU approximate must be one of {list(_GELU_ACTS)}, got {approximate!r}")
+        self.approximate = approximate
+        self.act = _GELU_ACTS[approximate]
+
+    def config(self):
+        return {"approximate": self.approximate}
+
+
+class SiLU(_Activation):
+    act = Act.SILU  # x * sigmoid(x)
+
+
+class ReLU6(_Activation):
+    act = Act.RELU6  # min(max(x, 0), 6)
+
+
+class Hardswish(_Activation):
+    act = Act.HARDSWISH  # x * relu6(x + 3) / 6
+
+
+class Hardsigmoid(_Activation):
+    act = Act.HARDSIGMOID  # relu6(x + 3) / 6
+
+
 class Softmax(Module):
     # x: any shape -> same, normalised along `dim`
     def __init__(self, dim=1):

@@ -107,6 +107,29 @@ def conv_out(size, k, s, p):
     return (size + 2 * p - k) // s + 1
 
 
+class ShapeError(ValueError):
+    """A shape that does not fit a layer inside a block. `path` is relative to the block that
+    raised it ("" for the block itself); each enclosing block prefixes its child's name (`at`),
+    so the message a user sees names the full state_dict path: "layer 3.body.0 (Conv2d): ..."."""
+
+    def __init__(self, path, kind, reason):
+        self.path, self.kind, self.reason = path, kind, reason
+        super().__init__(f"layer {path} ({kind}): {reason}" if path else f"{kind}: {reason}")
+
+    def at(self, name):
+        return ShapeError(f"{name}.{self.path}" if self.path else str(name), self.kind, self.reason)
+
+
+def child_shape(name, layer, shape):
+    """Child `name`'s output shape for `shape`; its ValueError becomes a ShapeError naming the path."""
+    try:
+        return tuple(layer.output_shape(shape))
+    except ShapeError as e:
+        raise e.at(name) from None
+    except ValueError as e:
+        raise ShapeError(name, type(layer).__name__, str(e)) from None
+
+
 class Module:
     """Base class of every layer. Subclasses fill `_params`/`_buffers` (name -> Tensor, in
     state_dict order, as tensor_shapes declares them)."""

@@ -1,8 +1,20 @@
-"""BatchNorm2d: batch statistics in training, running statistics in eval (kernels/norm.cl)."""
+"""BatchNorm2d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
 import math
 
 from netcl import ops
 from netcl.nn.module import Module, as_float, check_rank, constant, positive
+from netcl.runtime import device_class
+
+# Values per part of a channel in the two-stage reductions (kernels/norm.cl): a GPU wants
+# thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
+# pass reads from its cache). Starting values: to be tuned per device.
+PART_LEN = {"gpu": 4096, "cpu": 16384}
+
+
+def _parts(q, m):
+    """(values per part, parts) for a channel of m values."""
+    length = PART_LEN[device_class(q)]
+    return length, -(-m // length)
 
 
 class BatchNorm2d(Module):
@@ -41,9 +53,11 @@ class BatchNorm2d(Module):
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
         if self.training:
-            mean, var = ops.new(q, (c,)), ops.new(q, (c,))
-            ops.launch(q, "norm", "bn_stats", (c * 64,), (64,), n, c, h * w, x, mean, var, self.running_mean,
-                       self.running_var, self.momentum)
+            length, parts = _parts(q, n * h * w)
+            mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
+            ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
+            ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean, var,
+                       self.running_mean, self.running_var, self.momentum)
             self.running_mean.mark_written()
             self.running_var.mark_written()
         else:
@@ -60,8 +74,69 @@ class BatchNorm2d(Module):
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias)
         assert acc_w == acc_b
-        ops.launch(dy.queue, "norm", "bn_bwd", (c * 64,), (64,), n, c, h * w, x, dy, mean, var, self.weight,
-                   self.eps, dx, gw, gb, int(acc_w), int(training))
+        q = dy.queue
+        length, parts = _parts(q, n * h * w)
+        part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
+        ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, part)
+        ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
+                   sums)
+        ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.eps,
+                     sums, dx, int(training))
+        gw.mark_written()
+        gb.mark_written()
+        return dx.mark_written()
+
+
+class LayerNorm(Module):
+    # x: (..., D) -> same, normalised over the last dimension (biased variance), then * weight + bias
+    def __init__(self, normalized_shape, eps=1e-5):
+        super().__init__()
+        if isinstance(normalized_shape, (tuple, list)):  # PyTorch's form; netcl normalises one dimension
+            if len(normalized_shape) != 1:
+                raise ValueError(f"LayerNorm normalises the last dimension only: normalized_shape must be an "
+                                 f"int or a 1-tuple, got {normalized_shape!r}")
+            normalized_shape = normalized_shape[0]
+        self.normalized_shape = positive("normalized_shape", normalized_shape)
+        self.eps = as_float("eps", eps)
+        if not self.eps > 0.0:
+            raise ValueError(f"LayerNorm needs eps > 0, got {eps}")
+        shapes = self.tensor_shapes(self.normalized_shape)
+        self.weight, self.bias = constant(1.0, shapes["weight"]), constant(0.0, shapes["bias"])
+        self._params = {"weight": self.weight, "bias": self.bias}
+
+    @classmethod
+    def tensor_shapes(cls, normalized_shape, eps=1e-5):
+        return {"weight": (normalized_shape,), "bias": (normalized_shape,)}
+
+    def config(self):
+        return {"normalized_shape": self.normalized_shape, "eps": self.eps}
+
+    def output_shape(self, shape):
+        if len(shape) < 1 or shape[-1] != self.normalized_shape:
+            raise ValueError(f"LayerNorm({self.normalized_shape}) expects input (..., {self.normalized_shape}), "
+                             f"got {tuple(shape)}")
+        return tuple(shape)
+
+    def forward(self, x):
+        q = self._on(x)
+        self.output_shape(x.shape)
+        d = self.normalized_shape
+        m = x.size // d
+        y, mean, rstd = ops.new(q, x.shape), ops.new(q, (m,)), ops.new(q, (m,))
+        ops.launch(q, "norm", "ln_fwd", (m * 64,), (64,), m, d, x, self.weight, self.bias, self.eps, y, mean, rstd)
+        self._saved = (x, mean.mark_written(), rstd.mark_written())
+        return y.mark_written()
+
+    def backward(self, dy):
+        x, mean, rstd = self._saved
+        d = self.normalized_shape
+        m = x.size // d
+        dx = ops.new(dy, dy.shape)
+        ops.launch(dy.queue, "norm", "ln_bwd_dx", (m * 64,), (64,), m, d, x, dy, self.weight, mean, rstd, dx)
+        gw, acc_w = ops.grad_target(self.weight)
+        gb, acc_b = ops.grad_target(self.bias)
+        assert acc_w == acc_b
+        ops.launch(dy.queue, "norm", "ln_bwd_params", (d * 64,), (64,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()

@@ -1,4 +1,4 @@
-"""MaxPool2d and AvgPool2d: square windows, symmetric padding (kernels/pool.cl)."""
+"""MaxPool2d and AvgPool2d (square windows, symmetric padding) and AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
 from netcl import ops
 from netcl.nn.module import Module, as_int, check_rank, conv_out, positive
 from netcl.runtime import alloc
@@ -61,3 +61,51 @@ class AvgPool2d(_Pool2d):
         dx = ops.new(dy, shape)
         ops.launch1d(dy.queue, "pool", "avgpool_bwd", dx.size, *g, dy, dx)
         return dx.mark_written()
+
+
+class _AdaptiveAvgPool(Module):
+    # PyTorch's adaptive windows: output i of n averages inputs [floor(i*L/n), ceil((i+1)*L/n))
+    rank = 0  # spatial dimensions
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = positive("output_size", output_size)  # square only, like the other pools
+
+    def config(self):
+        return {"output_size": self.output_size}
+
+    def output_shape(self, shape):
+        what = "(N, C, H, W)" if self.rank == 2 else "(N, C, L)"
+        check_rank(type(self).__name__, shape, 2 + self.rank, what)
+        return tuple(shape[:2]) + (self.output_size,) * self.rank
+
+    def _geometry(self, shape):
+        self.output_shape(shape)
+        n, c, *hw = shape
+        h, w = hw if self.rank == 2 else (1, hw[0])
+        o = self.output_size
+        return n * c, h, w, o if self.rank == 2 else 1, o
+
+    def forward(self, x):
+        q = self._on(x)
+        g = self._geometry(x.shape)
+        y = ops.new(q, self.output_shape(x.shape))
+        ops.launch1d(q, "pool", "adaptive_avgpool_fwd", y.size, *g, x, y)
+        self._saved = (x.shape, g)
+        return y.mark_written()
+
+    def backward(self, dy):
+        shape, g = self._saved
+        dx = ops.new(dy, shape)
+        ops.launch1d(dy.queue, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
+        return dx.mark_written()
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPool):
+    # x: (N, C, H, W) -> (N, C, S, S); S = 1 is global average pooling
+    rank = 2
+
+
+class AdaptiveAvgPool1d(_AdaptiveAvgPool):
+    # x: (N, C, L) -> (N, C, S)
+    rank = 1

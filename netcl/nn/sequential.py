@@ -1,7 +1,7 @@
 """Sequential: layers applied in order, the model type every part of netcl walks; in eval mode
 it prepares the fused inference path (netcl.jit) from its layer list."""
 from netcl.jit import plan_fused
-from netcl.nn.module import Module
+from netcl.nn.module import Module, child_shape
 from netcl.runtime import default_queue
 from netcl.tensor import Tensor, _as_float32
 
@@ -63,14 +63,15 @@ class Sequential(Module):
         self._fused = plan_fused(self)
 
     def output_shape(self, shape):
-        for layer in self.layers:
-            shape = layer.output_shape(shape)
+        for name, layer in self.named_children():
+            shape = child_shape(name, layer, shape)
         return tuple(shape)
 
     def forward(self, x):
         if not isinstance(x, Tensor):
             raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "
                             "use Tensor.from_host(queue, array)")
+        self.output_shape(x.shape)  # a shape that does not fit: the same message, naming the layer, on both paths
         if not self.training and self._fused is not None:
             self._fused_input = x
             y = self._fused(x)

@@ -1,4 +1,8 @@
 """Device selection, one context and queue per device, cached programs, pooled buffers."""
+import re
+
+import numpy as np
+
 from netcl.runtime.device import DeviceInfo, devices, select_device
 from netcl.runtime.program import build, kernel_source
 
@@ -25,13 +29,36 @@ def device_class(queue):
     return "gpu" if queue.device.type & cl.device_type.GPU else "cpu"
 
 
+_SIGNATURE = re.compile(r"__kernel\b(?:\s*__attribute__\s*\(\(.*?\)\))?\s*void\s+(\w+)\s*\(([^)]*)\)", re.S)
+_SCALARS = {"int": np.int32, "uint": np.uint32, "float": np.float32}
+
+
+def arg_dtypes(source):
+    """{kernel name: the numpy dtype of each scalar argument, None for a buffer}, read from the
+    kernels' signatures in `source`."""
+    out = {}
+    for name, params in _SIGNATURE.findall(source):
+        types = []
+        for p in params.split(","):
+            words = p.replace("const ", " ").split()
+            types.append(None if "*" in p else _SCALARS[words[-2]])
+        out[name] = types
+    return out
+
+
 def kernels(queue, family, options=()):
-    """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached)."""
+    """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached). Their
+    scalar argument types are declared from the source, so set_args packs them without inspecting
+    each value (on NVIDIA's OpenCL that took 35 us of a launch's 40)."""
     key = (queue.context, family, tuple(options))
     ks = _kernels.get(key)
     if ks is None:
-        prog = build(queue.context, kernel_source(family), options)
+        source = kernel_source(family)
+        prog = build(queue.context, source, options)
+        dtypes = arg_dtypes(source)
         ks = _kernels[key] = {k.function_name: k for k in prog.all_kernels()}
+        for name, k in ks.items():
+            k.set_scalar_arg_dtypes(dtypes[name])
     return ks
 
 

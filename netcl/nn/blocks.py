@@ -1,0 +1,168 @@
+"""Blocks that hold layers: Residual (y = body(x) + shortcut(x)) and Concat (branches side by
+side, concatenated). A block is one layer of its Sequential (chain() yields it as one step); its
+children's state_dict keys follow PyTorch's attribute paths ("3.body.0.weight",
+"3.branches.1.0.weight"). Shape errors name the failing layer's path (module.ShapeError)."""
+import numpy as np
+
+from netcl import ops
+from netcl.nn.module import Module, ShapeError, as_int, child_shape
+from netcl.nn.sequential import Sequential
+
+
+def _add(a, b, out=None):
+    """a + b on the device; `out` may be a."""
+    y = out if out is not None else ops.new(a, a.shape)
+    ops.launch1d(a.queue, "blocks", "add", a.size, a.size, a, b, y)
+    return y.mark_written()
+
+
+def _repr(name, children, extra=""):
+    body = "".join(f"\n  ({k}): " + repr(v).replace("\n", "\n  ") for k, v in children)
+    return f"{name}({extra + ',' if extra else ''}{body}\n)"
+
+
+class Residual(Module):
+    # x -> body(x) + x, or body(x) + shortcut(x); body = Sequential(*layers)
+    def __init__(self, *layers, shortcut=None):
+        super().__init__()
+        self.body = Sequential(*layers)
+        if shortcut is not None and not isinstance(shortcut, Module):
+            raise TypeError(f"Residual's shortcut must be a netcl.nn layer or None, got {type(shortcut).__name__}")
+        self.shortcut = shortcut  # kept as given (a layer or a Sequential): its keys are "shortcut.<...>"
+
+    def named_children(self):
+        return [("body", self.body)] + ([("shortcut", self.shortcut)] if self.shortcut is not None else [])
+
+    @classmethod
+    def from_config(cls, config, children):
+        if config or not isinstance(children.get("body"), Sequential) or set(children) - {"body", "shortcut"}:
+            raise ValueError(f"Residual takes no config and children 'body' (a Sequential) and optionally "
+                             f"'shortcut', got config {config} and children {list(children)}")
+        return cls(*children["body"].layers, shortcut=children.get("shortcut"))
+
+    def __repr__(self):
+        return _repr("Residual", self.named_children())
+
+    def output_shape(self, shape):
+        y = child_shape("body", self.body, shape)
+        s = tuple(shape) if self.shortcut is None else child_shape("shortcut", self.shortcut, shape)
+        if y != s and self.shortcut is None:
+            raise ShapeError("", "Residual", f"the body maps {tuple(shape)} to {y}, but y = body(x) + x needs the "
+                             "input's shape: give the block a shortcut that maps x to the body's output shape "
+                             "(e.g. a 1x1 Conv2d with the body's stride)")
+        if y != s:
+            raise ShapeError("", "Residual", f"the body gives {y} but the shortcut gives {s} for input "
+                             f"{tuple(shape)}; y = body(x) + shortcut(x) needs both the same")
+        return y
+
+    def forward(self, x):
+        self._on(x)
+        self.output_shape(x.shape)  # a shape error names its layer before any work is done
+        y = self.body(x)
+        return _add(y, x if self.shortcut is None else self.shortcut(x))
+
+    def backward(self, dy):
+        dx = self.body.backward(dy)
+        return _add(dx, dy if self.shortcut is None else self.shortcut.backward(dy))
+
+
+class ModuleList(Module):
+    """Layers held side by side (Concat's branches), keyed "<b>.<...>" like torch.nn.ModuleList.
+    It is not applied to an input itself: the block that holds it applies its layers."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"ModuleList takes netcl.nn layers; argument {i} is {type(layer).__name__}")
+        self.layers = list(layers)
+
+    def named_children(self):
+        return [(str(i), layer) for i, layer in enumerate(self.layers)]
+
+    @classmethod
+    def from_config(cls, config, children):
+        if config:
+            raise ValueError(f"ModuleList takes no config, got {config}")
+        return cls(*children.values())
+
+    def __repr__(self):
+        return _repr("ModuleList", self.named_children())
+
+    def output_shape(self, shape):
+        raise ValueError("a ModuleList holds layers and is not applied to an input (use Sequential for layers "
+                         "applied in order, Concat for branches)")
+
+    def forward(self, x):
+        self.output_shape(x.shape)
+
+
+class Concat(Module):
+    # x -> cat([branch(x) for branch in branches], dim); every branch sees the same x
+    def __init__(self, *branches, dim=1):
+        super().__init__()
+        if not branches:
+            raise ValueError("Concat needs at least one branch")
+        self.dim = as_int("dim", dim)
+        if self.dim == 0:
+            raise ValueError("Concat along the batch dimension (dim=0) is not supported: a layer keeps the batch")
+        self.branches = ModuleList(*branches)
+
+    def config(self):
+        return {"dim": self.dim}
+
+    def named_children(self):
+        return [("branches", self.branches)]
+
+    @classmethod
+    def from_config(cls, config, children):
+        if list(children) != ["branches"] or not isinstance(children["branches"], ModuleList):
+            raise ValueError(f"Concat holds one child 'branches' (a ModuleList), got {list(children)}")
+        return cls(*children["branches"].layers, **config)
+
+    def __repr__(self):
+        return _repr("Concat", self.named_children(), f"dim={self.dim}")
+
+    def _axis(self, rank):
+        if not -rank < self.dim < rank or self.dim % rank == 0:
+            raise ShapeError("", "Concat", f"dim={self.dim} is not a non-batch axis of the branches' "
+                             f"{rank}-D outputs")
+        return self.dim % rank
+
+    def output_shape(self, shape):
+        outs = [child_shape(f"branches.{b}", br, shape) for b, br in enumerate(self.branches.layers)]
+        given = ", ".join(f"branch {b} gives {o}" for b, o in enumerate(outs))
+        if len({len(o) for o in outs}) > 1:
+            raise ShapeError("", "Concat", f"the branches' outputs differ in rank: {given}")
+        d = self._axis(len(outs[0]))
+        if len({o[:d] + o[d + 1:] for o in outs}) > 1:
+            raise ShapeError("", "Concat", f"the branches disagree off the concat axis (dim={self.dim}) for input "
+                             f"{tuple(shape)}: {given}")
+        return outs[0][:d] + (sum(o[d] for o in outs),) + outs[0][d + 1:]
+
+    def forward(self, x):
+        q = self._on(x)
+        out = self.output_shape(x.shape)
+        d = self._axis(len(out))
+        inner = int(np.prod(out[d + 1:], dtype=np.int64))
+        y, offset, shapes = ops.new(q, out), 0, []
+        for branch in self.branches.layers:  # each branch writes its slice of y
+            yb = branch(x)
+            ops.launch1d(q, "blocks", "copy_slice", yb.size, yb.size, yb.shape[d], out[d], offset, inner, 1, yb, y)
+            offset += yb.shape[d]
+            shapes.append(yb.shape)
+        self._saved = (d, inner, shapes)
+        return y.mark_written()
+
+    def backward(self, dy):
+        d, inner, shapes = self._saved
+        dx, offset = None, 0
+        for i, (branch, shape) in enumerate(zip(self.branches.layers, shapes)):
+            dyb = ops.new(dy, shape)  # the branch's slice of dy
+            ops.launch1d(dy.queue, "blocks", "copy_slice", dyb.size, dyb.size, shape[d], dy.shape[d], offset, inner,
+                         0, dy, dyb)
+            offset += shape[d]
+            g = branch.backward(dyb.mark_written())
+            # the first sum allocates, later ones add into it (a branch's dx is never written in place)
+            dx = g if i == 0 else _add(dx, g, out=dx if i > 1 else None)
+        return dx
