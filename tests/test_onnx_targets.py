@@ -39,7 +39,7 @@ def test_every_target_gets_the_highest_opset_it_reads(target, tmp_path):
 def test_target_rows():
     assert ox.resolve_opset(None, "onnxruntime-1.15") == (18, 8)
     assert ox.resolve_opset(None, "tensorrt-8.6") == (17, 8)
-    assert ox.resolve_opset(None, "onnx2torch-1.5") == (18, 8)
+    assert ox.resolve_opset(None, "onnx2torch-1.5") == (17, 8)
     assert ox.resolve_opset(13, "onnxruntime-1.15") == (13, 7)
     assert ox.resolve_opset(None, None) == (17, 8)
 
