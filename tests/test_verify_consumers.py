@@ -1,4 +1,4 @@
-"""tools/verify_consumers.py without running a consumer (that installs about 3 GB, so it is not in
+"""tools/verify_consumers.py without running a consumer (that installs about 4.5 GB, so it is not in
 CI): its tables point at each other and at TARGETS, and the summary says what was measured."""
 import importlib.util
 import os

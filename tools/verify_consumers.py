@@ -8,7 +8,7 @@ sizes 2 and 1, and runs every file in each consumer, installed from PyPI into it
 (~/.cache/netcl/consumers/<venv>, or $NETCL_CONSUMER_CACHE/consumers/<venv>). Prints a markdown
 table (consumer, version, opsets accepted, max abs difference vs netcl, notes), then each TARGETS
 row next to what was measured, and writes the details as JSON. Too heavy for CI (the venvs take
-about 3 GB); tests/test_onnx_targets.py keeps the onnxruntime 1.15 check in the suite.
+about 4.5 GB; a full run about 6 minutes here); tests/test_onnx_targets.py keeps the onnxruntime 1.15 check in the suite.
 
     python tools/verify_consumers.py                        # every consumer, opsets 11..25
     python tools/verify_consumers.py --consumer opencv-5 --opsets 11,17 --json out.json
