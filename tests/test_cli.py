@@ -85,10 +85,10 @@ def test_export_with_target_metadata_and_test_case(trained, capsys):
             "--metadata", "labels=0,1,2", "--metadata", "note=a=b", "--doc-string", "digits", "--test-case",
             str(d / "case")]
     assert main(argv) == 0
-    assert "opset 19" in capsys.readouterr().out
+    assert "opset 18" in capsys.readouterr().out
     m = onnx.load(str(d / "t.onnx"))
     props = {p.key: p.value for p in m.metadata_props}
-    assert m.opset_import[0].version == 19 and props["labels"] == "0,1,2" and props["note"] == "a=b"
+    assert m.opset_import[0].version == 18 and props["labels"] == "0,1,2" and props["note"] == "a=b"
     assert m.doc_string == "digits"
     assert (d / "case" / "model.onnx").exists() and (d / "case" / "test_data_set_0" / "output_0.pb").exists()
 

@@ -137,7 +137,7 @@ def build_parser():
     p.add_argument("model", help="the .netcl file")
     p.add_argument("out", help="the .onnx file to write")
     p.add_argument("--input-shape", type=common.shape, required=True, help="e.g. 1,3,256,256 (batch first)")
-    p.add_argument("--opset", type=int, help="ONNX opset, 13 to 25 (default 17, or the highest --target reads)")
+    p.add_argument("--opset", type=int, help="ONNX opset, 11 to 25 (default 17, or the highest --target reads)")
     p.add_argument("--target", metavar="CONSUMER-VERSION",
                    help="the consumer that will read the file; the export takes the highest opset and IR version it "
                         f"reads. Known: {', '.join(TARGETS)}")

@@ -49,36 +49,41 @@ onnx_pb2 = _load_bindings()
 P = onnx_pb2
 
 # ai.onnx opset -> the IR version that introduced it (onnx.helper.VERSION_TABLE). The range is
-# what the tests run through onnxruntime; every emitter below means the same in all of it.
-OPSET_IR_VERSION = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13}
+# what the tests run through onnxruntime; emitters whose ops changed meaning inside it write the
+# form of the opset being exported through the helpers `_softmax_at` and `_axes_op`.
+OPSET_IR_VERSION = {11: 6, 12: 7, 13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10,
+                    23: 11, 24: 12, 25: 13}
 DEFAULT_OPSET = 17
 
 # A consumer and version -> (the highest ai.onnx opset, the highest IR version) it reads. The
 # export takes the highest opset within both that netcl writes (OPSET_IR_VERSION), so a file for an
 # older consumer is only ever a lower stamp of the same graph.
 TARGETS = {
-    # onnxruntime: the version matrix in onnxruntime's docs/reference/compatibility.md
-    # (onnxruntime.ai/docs/reference/compatibility.html); 1.15 is checked against the real
-    # onnxruntime==1.15.1 wheel by tests/test_onnx_targets.py (it refuses opset 20 and IR 10)
-    "onnxruntime-1.15": (19, 9), "onnxruntime-1.16": (19, 9), "onnxruntime-1.17": (20, 9),
-    "onnxruntime-1.18": (21, 10), "onnxruntime-1.19": (21, 10), "onnxruntime-1.20": (22, 10),
-    "onnxruntime-1.21": (22, 10), "onnxruntime-1.22": (23, 11),
+    # onnxruntime: measured by tools/verify_consumers.py on 2026-11-30 with each line's last wheel
+    # (1.15.1 ... 1.22.1): 1.15 has no AveragePool-19 or Reshape-19 kernels; 1.16, 1.18, 1.19 and
+    # 1.20 call the next opset "under development"; 1.17 reads IR 9 at most, 1.21 and 1.22 IR 10.
+    # (The matrix in onnxruntime's docs/reference/compatibility.md says one opset more for 1.15,
+    # 1.20 and 1.22.)
+    # tests/test_onnx_targets.py checks the 1.15 row against the real wheel, both sides of it
+    "onnxruntime-1.15": (18, 8), "onnxruntime-1.16": (19, 9), "onnxruntime-1.17": (20, 9),
+    "onnxruntime-1.18": (21, 10), "onnxruntime-1.19": (21, 10), "onnxruntime-1.20": (21, 10),
+    "onnxruntime-1.21": (22, 10), "onnxruntime-1.22": (22, 10),
     # TensorRT: onnx-tensorrt docs/operators.md, release/8.6-GA: "TensorRT 8.6 supports operators up
     # to Opset 17"; release/10.0-GA: opset 9 to 20 (the 10.0 line is from its release notes, not seen
     # in a stored copy). IR: the version those opsets came with
     "tensorrt-8.6": (17, 8), "tensorrt-10.0": (20, 9),
-    # OpenVINO: the ONNX frontend implements the opsets of the onnx release in its thirdparty/onnx
-    # submodule (2023.0: onnx 1.13, opset 18; 2024.0: onnx 1.15, opset 20). Not measured here
-    "openvino-2023.0": (18, 8), "openvino-2024.0": (20, 9),
-    # OpenCV DNN (modules/dnn/src/onnx/onnx_importer.cpp) has no opset cap but refuses newer forms of
-    # some ops (4.6: "Unsupported ReduceSum operation of opset 13", opencv/opencv issues); the rows
-    # are the opsets of the onnx schema each release vendors. Not measured here
-    "opencv-4.8": (17, 8), "opencv-5.0": (19, 9),
-    # onnx2torch 1.5: node_converters/average_pool.py registers AveragePool for versions 7, 10 and 11
-    # only (and the issue lists no Reshape-19/21, Flatten-21, Conv-22): opset 18 is its highest
-    "onnx2torch-1.5": (18, 8),
-    # tract 0.21: runs the onnx backend tests of onnx 1.14 (opset 19) in its CI. Not measured here
+    # Measured by tools/verify_consumers.py on 2026-11-30 (every layer type, opsets 11-25): the highest
+    # opset at which every layer runs and agrees (<= 1e-4), one below a layer's newer single-op form.
+    # OpenVINO 2023.0.2, tract 0.21.19: no Gelu-20 (GELU is written decomposed below 20); OpenCV 4.8.1
+    # and 5.0.0: their Gelu-20 differs by 1.7e-4 (the decomposition agrees to 6e-8); onnx2torch 1.5.15:
+    # no Resize-18 (nor AveragePool-19, Reshape-19, Flatten-21, Conv-22). OpenVINO 2024.0.0 (f32) read
+    # all of 11-25: its row stays at its vendored onnx 1.15 (opset 20). Bugs whatever the opset: OpenCV
+    # 4.x, and 5's classic engine loading from a path, ignore AveragePool's count_include_pad; OpenCV
+    # 4.8 fails on MultiheadAttention, LayerNorm, Transpose of 3-D and AdaptiveAvgPool1d
+    "openvino-2023.0": (19, 9), "openvino-2024.0": (20, 9),
+    "opencv-4.8": (19, 9), "opencv-5.0": (19, 9),
     "tract-0.21": (19, 9),
+    "onnx2torch-1.5": (17, 8),
 }
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses to parse a message of 2 GiB or more
 EXTERNAL_MIN_BYTES = 1024  # with external data, smaller tensors stay inline (as onnx does)
@@ -180,6 +185,36 @@ def _attribute(name, v):
     if isinstance(v, str):
         return A(name=name, type=A.STRING, s=v.encode())
     raise TypeError(f"attribute {name}: unsupported value {v!r}")
+
+
+# -- opset-dependent forms: emitters call these, so one emitter serves every opset ------------
+def _softmax_at(g, x, axis, shape, out):
+    """Softmax over `axis` of a value of `shape`. Softmax-11/12 coerce the input to 2-D at `axis`
+    (normalising every dimension from it on together), so before opset 13 an axis other than the
+    last is swapped with the last around a last-axis Softmax (exact: a Transpose only moves data)."""
+    last = len(shape) - 1
+    if g.opset >= 13 or axis % len(shape) == last:
+        return g.op("Softmax", [x], out, axis=axis)
+    perm = list(range(len(shape)))
+    perm[axis % len(shape)], perm[last] = last, axis % len(shape)
+    swapped = tuple(shape[i] for i in perm)
+    y = g.op("Softmax", [g.op("Transpose", [x], swapped, perm=perm)], swapped, axis=last)
+    last_axis = g._name("softmax_last_axis")  # not "<path>.Softmax", the name the layer's output gets
+    g.rename(y, last_axis, len(g.nodes) - 1)
+    return g.op("Transpose", [last_axis], out, perm=perm)  # the swap is its own inverse
+
+
+# the opset from which each op takes `axes` as an input instead of an attribute
+_AXES_INPUT_SINCE = {"Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18,
+                     "ReduceMin": 18, "ReduceProd": 18, "ReduceL2": 18, "ReduceSumSquare": 18}
+
+
+def _axes_op(g, op_type, x, axes, out, **attrs):
+    """Squeeze, Unsqueeze or a Reduce* over `axes`: an attribute before the opset that made it an
+    input (13 for Squeeze/Unsqueeze/ReduceSum, 18 for the other reductions), an input from it on."""
+    if g.opset >= _AXES_INPUT_SINCE[op_type]:
+        return g.op(op_type, [x, g.const("axes", list(axes))], out, **attrs)
+    return g.op(op_type, [x], out, axes=list(axes), **attrs)
 
 
 # -- the converter table: one function per layer type ------------------------------------
@@ -308,16 +343,15 @@ def _layernorm(g, m, x, s, out):
     w, b = g.param("weight"), g.param("bias")
     if g.opset >= 17:  # LayerNormalization appeared in opset 17
         return g.op("LayerNormalization", [x, w, b], out, axis=-1, epsilon=m.eps)
-    # below 17, ReduceMean takes its axes as an attribute (an input only from opset 18)
     row = tuple(s[:-1]) + (1,)
-    d = g.op("Sub", [x, g.op("ReduceMean", [x], row, axes=[-1], keepdims=1)], s)
-    var = g.op("ReduceMean", [g.op("Mul", [d, d], s)], row, axes=[-1], keepdims=1)
+    d = g.op("Sub", [x, _axes_op(g, "ReduceMean", x, [-1], row, keepdims=1)], s)
+    var = _axes_op(g, "ReduceMean", g.op("Mul", [d, d], s), [-1], row, keepdims=1)
     std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
     return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
 
 
-def _softmax(g, m, x, s, out):
-    return g.op("Softmax", [x], out, axis=m.dim)
+def _softmax(g, m, x, s, out):  # before opset 13, Transposes around a last-axis Softmax
+    return _softmax_at(g, x, m.dim, s, out)
 
 
 def _multihead_attention(g, m, x, s, out):
@@ -334,7 +368,7 @@ def _multihead_attention(g, m, x, s, out):
     kt = g.op("Transpose", [k], (n, h, d, length), perm=[0, 1, 3, 2])
     scores = g.op("MatMul", [q, kt], (n, h, length, length))
     scores = g.op("Mul", [scores, g.const("scale", 1.0 / math.sqrt(d), np.float32)], (n, h, length, length))
-    attn = g.op("Softmax", [scores], (n, h, length, length), axis=-1)
+    attn = _softmax_at(g, scores, -1, (n, h, length, length), (n, h, length, length))
     o = g.op("MatMul", [attn, v], (n, h, length, d))
     o = g.op("Transpose", [o], (n, length, h, d), perm=[0, 2, 1, 3])
     o = g.op("Reshape", [o, g.const("shape_heads", [-1, e])], (nl, e))
@@ -598,7 +632,7 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
 
     input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
-    opset: ai.onnx opset version, 13 to 25 (default 17, or the highest that `target` reads);
+    opset: ai.onnx opset version, 11 to 25 (default 17, or the highest that `target` reads);
         ir_version follows from OPSET_IR_VERSION.
     target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the export
         takes the highest opset and IR version it reads; an explicit opset it cannot read: ValueError.
