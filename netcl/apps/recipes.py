@@ -132,6 +132,91 @@ def random_shift(x, rng, pixels=1):
     return out
 
 
+def digits_at(input_shape, data=None):
+    """The digits (train and test) at a model's per-sample input shape (C, S, S): each 8x8 image
+    upsampled by S/8 (nearest) and repeated over the C channels."""
+    x_tr, y_tr, x_te, y_te = data if data is not None else digits_data()
+    c, size = input_shape[0], input_shape[-1]
+
+    def fit(x):
+        k = size // x.shape[-1]
+        return np.ascontiguousarray(np.repeat(np.repeat(np.repeat(x, k, 2), k, 3), c, 1))
+    return fit(x_tr), y_tr, fit(x_te), y_te
+
+
+# How the reference classifiers train on the digits (measured: tools/train_reference.py).
+REFERENCE_TRAINING = {
+    "resnet8": {"epochs": 8, "lr": 3e-3, "shift": 4},   # shift: random_shift pixels at the model's size
+    "vit_tiny": {"epochs": 20, "lr": 2e-3, "shift": 0},
+    "mobilenetv2_tiny": {"epochs": 10, "lr": 3e-3, "shift": 4},
+}
+
+
+def train_reference(name, queue, epochs=None, seed=0, progress=True):
+    """A reference classifier of netcl.models trained on the digits at its input size with the
+    settings of REFERENCE_TRAINING: (model, optimizer, history)."""
+    import netcl
+    from netcl import models
+
+    cfg = dict(REFERENCE_TRAINING[name])
+    netcl.manual_seed(seed)
+    model = models.build(name)
+    data = digits_at(models.MODELS[name].input_shape, digits_data(seed=seed))
+    shift = cfg["shift"]
+    opt, hist = train_classifier(model, queue, data, epochs=epochs or cfg["epochs"], lr=cfg["lr"], seed=seed,
+                                 progress=progress, cosine=True,
+                                 augment=(lambda x, rng: random_shift(x, rng, shift)) if shift else None)
+    return model, opt, hist
+
+
+def digits_masks(size=64, data=None):
+    """A segmentation task from the digits: images (N, 3, size, size) (upsampled, 3 channels) and
+    their foreground masks (N, 1, size, size), 1 where the ink is at least half its darkest, for
+    train and test."""
+    x_tr, _, x_te, _ = data if data is not None else digits_data()
+    (xs_tr, _, xs_te, _) = digits_at((3, size, size), (x_tr, None, x_te, None))
+    return xs_tr, (xs_tr[:, :1] >= 0.5).astype(np.float32), xs_te, (xs_te[:, :1] >= 0.5).astype(np.float32)
+
+
+def iou(logits, masks):
+    """Intersection over union of the predicted foreground (logit > 0) and the true masks."""
+    pred, true = logits > 0, masks > 0.5
+    return float((pred & true).sum() / max((pred | true).sum(), 1))
+
+
+def train_segmentation(model, queue, data, epochs=6, batch_size=32, lr=3e-3, seed=0, progress=True):
+    """Per-pixel binary cross-entropy (through a Sigmoid appended for training) with Adam and a cosine
+    schedule; history holds the loss and the test IoU per epoch."""
+    x_tr, m_tr, x_te, m_te = data
+    train_net = nn.Sequential(model, nn.Sigmoid()).to(queue)
+    loss_fn = nn.BCELoss()
+    opt = optim.Adam(model.parameters(), lr=lr)
+    history = {"epoch": [], "loss": [], "test_iou": [], "seconds": []}
+    steps, t0 = -(-len(x_tr) // batch_size), time.perf_counter()
+    for epoch in range(epochs):
+        opt.lr = lr * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
+        bar = Progress(steps, f"epoch {epoch + 1}/{epochs}", progress)
+        train_net.train()
+        order, losses = np.random.default_rng([seed, epoch]).permutation(len(x_tr)), []
+        for s in range(steps):
+            idx = order[s * batch_size:(s + 1) * batch_size]
+            losses.append(loss_fn(train_net(Tensor.from_host(queue, x_tr[idx])), m_tr[idx]))
+            train_net.backward(loss_fn.backward())
+            opt.step()
+            opt.zero_grad()
+            bar.update(loss=float(np.mean(losses[-20:])))
+        model.eval()
+        logits = np.concatenate([model(Tensor.from_host(queue, x_te[i:i + 64])).to_host()
+                                 for i in range(0, len(x_te), 64)])
+        score = iou(logits, m_te)
+        bar.update(0, loss=float(np.mean(losses)), test_iou=score)
+        bar.close()
+        for k, v in (("epoch", epoch + 1), ("loss", float(np.mean(losses))), ("test_iou", score),
+                     ("seconds", time.perf_counter() - t0)):
+            history[k].append(v)
+    return opt, history
+
+
 def photos(size=256):
     """The photographs shipped inside scikit-learn (china.jpg, flower.jpg), resized to size x size,
     as (2, 3, size, size) float32 in [0, 1]."""
