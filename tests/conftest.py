@@ -62,8 +62,8 @@ def assert_close(got, ref, rtol=1e-5, atol=1e-6, what=""):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: minutes of PoCL compilation on a cold kernel cache; "
-                                       "runs when NETCL_SLOW_TESTS=1 (CI sets it)")
+    config.addinivalue_line("markers", "slow: minutes of PoCL compilation on a cold kernel cache, or of "
+                                       "training; runs when NETCL_SLOW_TESTS=1 (CI sets it)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
 
     if os.environ.get("NETCL_SLOW_TESTS") == "1":
         return
-    skip = pytest.mark.skip(reason="slow to compile on a cold PoCL cache: set NETCL_SLOW_TESTS=1 (CI does)")
+    skip = pytest.mark.skip(reason="slow (minutes of PoCL compilation or of training): set NETCL_SLOW_TESTS=1 (CI does)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)

@@ -7,7 +7,9 @@
    (accuracies, identical predictions, max abs difference, latencies),
 4. writes the training curve (PNG),
 5. builds detector26, calibrates its batch norms on photographs shipped in scikit-learn,
-   exports it and verifies it on those photographs at 256x256.
+   exports it and verifies it on those photographs at 256x256,
+6. trains vit_tiny (a transformer: residual blocks, LayerNorm, attention, GELU) on the digits,
+   saves it, exports it and verifies it on the test set.
 Exits non-zero if any export disagrees with netcl.
 """
 import argparse
@@ -57,6 +59,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=common.positive_int, default=20, help="timed repetitions for latencies")
     ap.add_argument("--skip-detector", action="store_true", help="skip the detector26 part")
+    ap.add_argument("--vit-epochs", type=common.positive_int, default=12,
+                    help="vit_tiny training epochs (default 12; tools/train_reference.py trains 20)")
+    ap.add_argument("--skip-vit", action="store_true", help="skip the vit_tiny part")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     p = lambda name: os.path.join(args.out, name)  # noqa: E731
@@ -117,7 +122,23 @@ def main(argv=None):
         print(f"\ndetector26 (BatchNorm calibrated on 16 photo crops), 2 photographs at 256x256 "
               f"(china.jpg, flower.jpg): output {out_nc.shape}, max abs difference netcl vs onnxruntime "
               f"{d:.3g} ({'OK' if ok_det else 'MISMATCH'}) [{time.perf_counter() - t0:.1f} s]")
-    if not (ok_digits and ok_det):
+    ok_vit = True
+    if not args.skip_vit:
+        # 6. a transformer on the digits
+        t0 = time.perf_counter()
+        vit, _, vhist = recipes.train_reference("vit_tiny", q, epochs=args.vit_epochs, seed=args.seed)
+        save(vit, p("vit_tiny.netcl"))
+        vit = load(p("vit_tiny.netcl")).eval()
+        export_onnx(vit, (1, 1, 8, 8), p("vit_tiny.onnx"), dynamic_batch=True)
+        acc_v, logits_v = recipes.accuracy(vit, q, x_te, y_te)
+        logits_vo = ort_session(p("vit_tiny.onnx")).run(None, {"input": x_te})[0]
+        d = float(np.abs(logits_v - logits_vo).max())
+        ok_vit = np.allclose(logits_v, logits_vo, atol=ATOL, rtol=RTOL)
+        print(f"\nvit_tiny: {len(vhist['epoch'])} epochs in {time.perf_counter() - t0:.1f} s, test accuracy "
+              f"{acc_v:.4f} (onnxruntime {float((logits_vo.argmax(1) == y_te).mean()):.4f}); max abs difference of "
+              f"the logits {d:.3g} ({'OK' if ok_vit else 'MISMATCH'}); saved {p('vit_tiny.netcl')}, "
+              f"{p('vit_tiny.onnx')}")
+    if not (ok_digits and ok_det and ok_vit):
         print("export verification FAILED", file=sys.stderr)
         return 1
     print("\nall exports verified against onnxruntime")
