@@ -225,17 +225,9 @@ def residual_graph(rng, path):
     return save(nodes, inits, ["N", 4, 6, 6], ["N", 6, 6, 6], path)
 
 
-@pytest.mark.skipif(not (hasattr(nn, "Residual") and hasattr(nn, "Concat")),
-                    reason="nn.Residual and nn.Concat arrive with the architectures branch")
 def test_residual_add_and_concat_become_blocks(queue, rng, tmp_path):
     model = check_against_ort(queue, residual_graph(rng, tmp_path / "m.onnx"), f32(rng, 2, 4, 6, 6))
     assert [type(m).__name__ for m in model] == ["Residual", "Concat"]
-
-
-@pytest.mark.skipif(hasattr(nn, "Residual"), reason="netcl.nn has Residual now")
-def test_branches_without_netcl_blocks_are_named(rng, tmp_path):
-    with pytest.raises(NotImplementedError, match="node 'add' \\(Add\\) joins two branches: it needs nn.Residual"):
-        import_onnx(residual_graph(rng, tmp_path / "m.onnx"))
 
 
 @pytest.mark.parametrize("mode, attrs", [("nearest", {"coordinate_transformation_mode": "asymmetric",
@@ -245,10 +237,6 @@ def test_resize_becomes_upsample(mode, attrs, queue, rng, tmp_path):
     nodes = [helper.make_node("Resize", ["input", "", "scales"], ["output"], mode=mode, name="up", **attrs)]
     path = save(nodes, {"scales": np.array([1, 1, 2, 2], np.float32)}, ["N", 3, 4, 5], ["N", 3, 8, 10],
                 tmp_path / "m.onnx")
-    if not hasattr(nn, "Upsample"):
-        with pytest.raises(NotImplementedError, match="needs nn.Upsample"):
-            import_onnx(path)
-        pytest.skip("nn.Upsample arrives with the architectures branch")
     check_against_ort(queue, path, f32(rng, 2, 3, 4, 5))
 
 
