@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from netcl import nn, optim
+from netcl import models, nn, optim
+from netcl.nn import manual_seed
 from netcl.tensor import Tensor
 
 
@@ -155,11 +156,8 @@ REFERENCE_TRAINING = {
 def train_reference(name, queue, epochs=None, seed=0, progress=True):
     """A reference classifier of netcl.models trained on the digits at its input size with the
     settings of REFERENCE_TRAINING: (model, optimizer, history)."""
-    import netcl
-    from netcl import models
-
     cfg = dict(REFERENCE_TRAINING[name])
-    netcl.manual_seed(seed)
+    manual_seed(seed)
     model = models.build(name)
     data = digits_at(models.MODELS[name].input_shape, digits_data(seed=seed))
     shift = cfg["shift"]
