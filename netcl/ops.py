@@ -126,15 +126,21 @@ _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
 _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
 
 
-def _gemm_config(q):
-    """(block and launch sizes, gemm.cl build options) for the queue's device."""
+def config_class(q):
+    """The queue's device class, a key of _GEMM_CONFIG ("cpu", "cpu16", "gpu"): it picks kernel
+    variants and launch sizes (cached per device; tests override it through _config_class)."""
     cls = _config_class.get(q.device.int_ptr)
     if cls is None:
         cls = device_class(q)
         if cls == "cpu" and q.device.native_vector_width_float >= 16:
             cls = "cpu16"
         _config_class[q.device.int_ptr] = cls
-    cfg = _GEMM_CONFIG[cls]
+    return cls
+
+
+def _gemm_config(q):
+    """(block and launch sizes, gemm.cl build options) for the queue's device."""
+    cfg = _GEMM_CONFIG[config_class(q)]
     return cfg, tuple(f"-D{k}={cfg[k]}" for k in _OPTION_KEYS if k in cfg)
 
 
@@ -156,9 +162,7 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     q = C.queue
     if M == 0 or N == 0 or batch == 0:  # an empty C: nothing to compute (an empty batch)
         return C.mark_written()
-    if q.device.int_ptr not in _config_class:
-        _gemm_config(q)  # classifies the device
-    cls = _config_class[q.device.int_ptr]
+    cls = config_class(q)
     if cls in _CPU_GEMM:
         _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets)
         return C.mark_written()
@@ -322,15 +326,31 @@ def matmul(a, b, trans_a=False, trans_b=False, out=None, beta=0.0, bias=None, bi
     return gemm(M, N, K, a, sa, b, sb, out, (N, 1, 0), beta=beta, bias=bias, bias_mode=bias_mode)
 
 
+# sum_axis runs one work-group per output: a conv's bias gradient (16 channels, 2M summands each)
+# would leave a GPU all but idle, so on GPUs long sums take two stages: work-groups of
+# _SUM_CHUNK summands write partial sums, then sum_axis adds them in a fixed order.
+_SUM_SPLIT = 16384  # fewest summands per output for the two stages
+_SUM_CHUNK = 4096  # summands per first-stage work-group
+
+
 def sum_axis(x, I, J, si, sj, out, accumulate=False, off=0):
     """out[j] (+)= sum_i x[off + i*si + j*sj]"""
-    launch(x.queue, "gemm", "sum_axis", (J * 64,), (64,), I, J, x, off, si, sj, out, int(accumulate),
-           options=_gemm_config(x.queue)[1])
+    q, options = x.queue, _gemm_config(x.queue)[1]
+    if config_class(q) == "gpu" and I >= _SUM_SPLIT:
+        chunks = _cdiv(I, _SUM_CHUNK)
+        part = new(q, (J, chunks))
+        launch(q, "gemm", "sum_axis_part", (J * chunks * 64,), (64,), I, J, x, off, si, sj, _SUM_CHUNK, chunks,
+               part, options=options)
+        x, I, si, sj, off = part, chunks, 1, chunks, 0
+    launch(q, "gemm", "sum_axis", (J * 64,), (64,), I, J, x, off, si, sj, out, int(accumulate), options=options)
     return out.mark_written()
 
 
 def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False, offset=0):
-    """dst[b*d0 + i*d1 + j*d2] (+)= src[offset + b*s0 + i*s1 + j*s2] over a (B, I, J) walk."""
+    """dst[b*d0 + i*d1 + j*d2] (+)= src[offset + b*s0 + i*s1 + j*s2] over a (B, I, J) walk.
+    Work-items run along j first (16 of them, 4 values of i per work-group): its callers (conv
+    backward's (N, K, P) -> (K, N*P), the CPU GEMM's B^T copy) keep j contiguous in src, and
+    conv's in dst too, so on a GPU both sides coalesce without a local-memory transpose."""
     B, I, J = dims
     launch(src.queue, "gemm", "permute3", (J, I, B), (16, 4, 1), B, I, J, src, offset, *src_strides, dst,
            *dst_strides, int(accumulate), options=_gemm_config(src.queue)[1])

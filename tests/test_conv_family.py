@@ -67,6 +67,41 @@ def test_conv_transpose2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, 
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
 
 
+@pytest.fixture
+def gpu_class(queue, monkeypatch):
+    """The "gpu" device class on this device: im2col_gpu, col2im_gpu, gemm_tile, and sum_axis's
+    two stages from 32 summands on (chunks of 24, so the conv bias gradients below have tails)."""
+    from netcl import ops
+
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    monkeypatch.setattr(ops, "_compute_units", {queue.device.int_ptr: 8})
+    monkeypatch.setattr(ops, "_SUM_SPLIT", 32)
+    monkeypatch.setattr(ops, "_SUM_CHUNK", 24)
+
+
+GPU_CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
+    (2, 3, 7, 9, 5, 3, 1, 1, 1, 1, True),      # padded, odd sizes
+    (1, 5, 8, 8, 6, 3, 2, 1, 1, 1, True),      # strided, batch 1 (bias: one stage, 16 summands)
+    (3, 4, 9, 7, 7, 5, 2, 2, 1, 1, False),     # 5x5, strided, padded
+    (2, 3, 2, 3, 4, 3, 1, 2, 2, 1, True),      # dilated taps wider than the image
+    (2, 3, 9, 10, 5, 3, 1, 2, 2, 1, True),     # dilated, padded
+    (1, 4, 12, 11, 6, 3, 2, 3, 3, 2, True),    # grouped, dilated, strided
+    (2, 6, 5, 7, 8, 1, 1, 0, 1, 2, True),      # grouped 1x1
+    (2, 3, 10, 11, 8, 1, 2, 0, 1, 1, False),   # 1x1 stride 2: col2im leaves pixels without taps
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,g,bias", GPU_CONV_CASES)
+def test_conv2d_gpu_class_vs_torch(queue, rng, torch, record_error, gpu_class, n, c, h, w, k, ks, s, p, d, g, bias):
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, d, g, bias)
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,op,bias", [TRANSPOSE_CASES[0], TRANSPOSE_CASES[3], TRANSPOSE_CASES[4]])
+def test_conv_transpose2d_gpu_class_vs_torch(queue, rng, torch, record_error, gpu_class, n, c, h, w, k, ks, s, p, op,
+                                             bias):
+    test_conv_transpose2d_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, op, bias)
+
+
 @pytest.mark.parametrize("make", [lambda: nn.Conv2d(4, 8, 3, padding=1, groups=4),
                                   lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2),
                                   lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)])

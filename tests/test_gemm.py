@@ -185,3 +185,24 @@ def test_gpu_training_shapes(queue, rng, gpu_config, M, N, K):
     assert_close(first, ref, what=f"{M}x{N}x{K}")
     again = ops.matmul(A, B, trans_a=not wgrad, trans_b=wgrad).to_host()
     assert np.array_equal(first, again), "split-K result changed between runs"
+
+
+@pytest.mark.parametrize("I,J,rows", [(16384, 3, True), (21011, 2, True), (20003, 5, False), (16383, 2, True)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_sum_axis_two_stages(queue, rng, gpu_config, I, J, rows, accumulate):
+    """sum_axis on the GPU class: two stages from _SUM_SPLIT summands on (whole chunks, a tail
+    chunk; each output's summands contiguous as conv's bias gradients or strided as Linear's),
+    one stage below; after an offset, accumulating or not; the same bits on every run."""
+    assert ops._SUM_SPLIT == 16384 and ops._SUM_CHUNK == 4096
+    off = 7
+    x = rng.standard_normal((J, I) if rows else (I, J)).astype(np.float32)
+    si, sj = (1, I) if rows else (J, 1)
+    X = Tensor.from_host(queue, np.concatenate([np.zeros(off, np.float32), x.ravel()]))
+    out0 = rng.standard_normal(J).astype(np.float32)
+    ref = x.astype(np.float64).sum(axis=1 if rows else 0) + (out0 if accumulate else 0.0)
+    results = []
+    for _ in range(2):
+        out = Tensor.from_host(queue, out0)
+        results.append(ops.sum_axis(X, I, J, si, sj, out, accumulate=accumulate, off=off).to_host())
+    assert_close(results[0], ref, what=f"sum_axis I={I} J={J}")
+    assert np.array_equal(results[0], results[1]), "sum_axis result changed between runs"

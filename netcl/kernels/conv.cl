@@ -1,7 +1,7 @@
 // im2col / col2im for the training path of Conv2d and ConvTranspose2d (square kernel k, stride s,
 // padding p, dilation d). cols is (C*k*k, N*OH*OW): row r = (c, kh, kw), column q = (n, oh, ow).
-// Both walk whole image rows per work-item: the index divisions happen once per row instead of
-// once per element, and the row is read and written along w.
+// On CPUs both walk whole image rows per work-item: the index divisions happen once per row
+// instead of once per element, and the row is read and written along w (GPU variants below).
 
 // One work-item per (cols row r, output row (n, oh)).
 __kernel void im2col(const int N, const int C, const int H, const int W, const int k, const int s,
@@ -53,6 +53,49 @@ __kernel void col2im(const int N, const int C, const int H, const int W, const i
         }
         dst[iw] = has_bias ? acc + bias[c] : acc;
     }
+}
+
+// GPU variants (device class "gpu"): one work-item per element, consecutive work-items on
+// consecutive pixels, so a warp's reads and writes are contiguous (in the row walkers above its
+// work-items are a row apart). The index divisions are cheap next to the memory traffic. The
+// grids are 1-D: a 2-D one would put C*k*k rows on a dimension NVIDIA caps at 65535 groups.
+
+// One work-item per element (r, q) of cols, q fastest.
+__kernel void im2col_gpu(const int N, const int C, const int H, const int W, const int k, const int s,
+                         const int p, const int d, const int OH, const int OW, __global const float *x,
+                         __global float *cols) {
+    const int P = OH * OW, NP = N * P;
+    if (get_global_id(0) >= (size_t)C * k * k * NP) return;
+    const int e = get_global_id(0), r = e / NP, q = e - r * NP;
+    const int n = q / P, oh = (q - n * P) / OW, ow = q - n * P - oh * OW;
+    const int c = r / (k * k), kh = (r / k) % k, kw = r % k;
+    const int ih = oh * s - p + kh * d, iw = ow * s - p + kw * d;
+    cols[e] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : 0.0f;
+}
+
+// col2im's gather (the same taps in the same order) with one work-item per dx element, iw fastest.
+__kernel void col2im_gpu(const int N, const int C, const int H, const int W, const int k, const int s,
+                         const int p, const int d, const int OH, const int OW, __global const float *dcols,
+                         __global const float *bias, const int has_bias, __global float *dx) {
+    if (get_global_id(0) >= (size_t)N * C * H * W) return;
+    const int t = get_global_id(0), iw = t % W, row = t / W, ih = row % H, c = (row / H) % C, n = row / (H * C);
+    const int NP = N * OH * OW;
+    float acc = 0.0f;
+    for (int kh = 0; kh < k; kh++) {
+        const int th = ih + p - kh * d;
+        if (th < 0 || th % s) continue;
+        const int oh = th / s;
+        if (oh >= OH) continue;
+        __global const float *src = dcols + (c * k + kh) * k * NP + (n * OH + oh) * OW;
+        for (int kw = 0; kw < k; kw++) {
+            const int tw = iw + p - kw * d;
+            if (tw < 0 || tw % s) continue;
+            const int ow = tw / s;
+            if (ow >= OW) continue;
+            acc += src[kw * NP + ow];
+        }
+    }
+    dx[t] = has_bias ? acc + bias[c] : acc;
 }
 
 // A grouped convolution's GEMMs write (OC, N*P); the layer's output is (N, OC, P), plus bias.

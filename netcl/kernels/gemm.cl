@@ -333,19 +333,39 @@ __kernel void gemm_reduce(const int M, const int N, const int chunks, __global c
 // out[j] = sum_i X[off + i*si + j*sj] (+ out[j] when accumulate): bias gradients.
 // One work-group of RED threads per output j.
 #define RED 64
-__kernel void sum_axis(const int I, const int J, __global const float *X, const int off, const int si,
-                       const int sj, __global float *out, const int accumulate) {
-    __local float part[RED];
-    const int j = get_group_id(0), t = get_local_id(0);
-    float s = 0.0f;
-    for (int i = t; i < I; i += RED) s += X[off + i * si + j * sj];
+
+inline float group_sum(float s, __local float *part) {
+    const int t = get_local_id(0);
     part[t] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = RED / 2; w > 0; w >>= 1) {
         if (t < w) part[t] += part[t + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (t == 0) out[j] = accumulate ? out[j] + part[0] : part[0];
+    return part[0];
+}
+
+__kernel void sum_axis(const int I, const int J, __global const float *X, const int off, const int si,
+                       const int sj, __global float *out, const int accumulate) {
+    __local float part[RED];
+    const int j = get_group_id(0), t = get_local_id(0);
+    float s = 0.0f;
+    for (int i = t; i < I; i += RED) s += X[off + i * si + j * sj];
+    s = group_sum(s, part);
+    if (t == 0) out[j] = accumulate ? out[j] + s : s;
+}
+
+// sum_axis's first stage for a long I on GPUs: work-group (j, ch) sums i in [ch*L, ch*L + L)
+// into part[j*chunks + ch]; sum_axis over part (I = chunks) finishes in a fixed order.
+__kernel void sum_axis_part(const int I, const int J, __global const float *X, const int off, const int si,
+                            const int sj, const int L, const int chunks, __global float *part) {
+    __local float red[RED];
+    const int g = get_group_id(0), j = g / chunks, ch = g - j * chunks, t = get_local_id(0);
+    const int i1 = min(I, (ch + 1) * L);
+    float s = 0.0f;
+    for (int i = ch * L + t; i < i1; i += RED) s += X[off + i * si + j * sj];
+    s = group_sum(s, red);
+    if (t == 0) part[g] = s;
 }
 
 // dst[b][j][i] = src[b][i][j] for a (B, I, J) source: layout changes (conv, attention).

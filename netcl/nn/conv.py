@@ -10,6 +10,29 @@ from netcl import ops
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
+_GPU_LOCAL = 256  # work-group size of im2col_gpu and col2im_gpu
+
+
+def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
+    """cols (c*k*k, n*oh*ow) from x (n, c, h, w): on GPUs one work-item per element of cols
+    (coalesced), on CPUs one per row of it."""
+    args = (n, c, h, w, k, s, p, d, oh, ow, x, cols)
+    if ops.config_class(q) == "gpu":
+        ops.launch(q, "conv", "im2col_gpu", (cols.size,), (_GPU_LOCAL,), *args)
+    else:
+        ops.launch(q, "conv", "im2col", (n * oh, c * k * k), (8, 1), *args)
+
+
+def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
+    """out (n, c, h, w) = the gather of dcols (c*k*k, n*oh*ow) (+ bias): on GPUs one work-item per
+    element of out, on CPUs one per row."""
+    has_bias = bias is not None
+    args = (n, c, h, w, k, s, p, d, oh, ow, dcols, bias if has_bias else ops.dummy(q), int(has_bias), out)
+    if ops.config_class(q) == "gpu":
+        ops.launch(q, "conv", "col2im_gpu", (out.size,), (_GPU_LOCAL,), *args)
+    else:
+        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), *args)
+    out.mark_written()
 
 
 def _check_groups(in_channels, out_channels, groups):
@@ -97,7 +120,7 @@ class Conv2d(Module):
             return y.mark_written()
         G, P, ckk = self.groups, oh * ow, c * k * k
         cols = ops.new(q, (ckk, n * P))
-        ops.launch(q, "conv", "im2col", (n * oh, ckk), (8, 1), n, c, h, w, k, s, p, d, oh, ow, x, cols)
+        _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols)
         if G == 1:
             ops.gemm(oc, P, ckk, self.weight, (ckk, 1, 0), cols, (n * P, 1, P), y, (P, 1, oc * P),
                      bias=self.bias, bias_mode=2 if self.bias is not None else 0, batch=n)
@@ -131,9 +154,8 @@ class Conv2d(Module):
         dcols = ops.gemm(ckg, NP, ocg, self.weight, (1, ckg, ocg * ckg), dyp, (NP, 1, ocg * NP),
                          ops.new(q, (ckk, NP)), (NP, 1, ckg * NP), batch=G)
         dx = ops.new(q, (n, c, h, w))
-        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), n, c, h, w, k, s, p, d, oh, ow, dcols, ops.dummy(q), 0,
-                   dx)
-        return dx.mark_written()
+        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+        return dx
 
     def _backward_depthwise(self, dy):
         x = self._saved
@@ -201,11 +223,9 @@ class ConvTranspose2d(Module):
         dcols = ops.gemm(ckk, P, c, self.weight, (1, ckk, 0), x, (P, 1, c * P), ops.new(q, (ckk, n * P)),
                          (n * P, 1, P), batch=n)
         y = ops.new(q, (n, oc, oh, ow))
-        has_bias = self.bias is not None
-        ops.launch(q, "conv", "col2im", (n * oc * oh,), (8,), n, oc, oh, ow, k, s, p, 1, h, w, dcols,
-                   self.bias if has_bias else ops.dummy(q), int(has_bias), y)
+        _col2im(q, n, oc, oh, ow, k, s, p, 1, h, w, dcols, self.bias, y)
         self._saved = x
-        return y.mark_written()
+        return y
 
     def backward(self, dy):
         # dx = Conv2d(K -> C) forward of dy: im2col + GEMM; dW = x (C, N*P) @ cols^T
@@ -216,7 +236,7 @@ class ConvTranspose2d(Module):
         q, P, ckk = dy.queue, h * w, oc * k * k
         NP = n * P
         cols = ops.new(q, (ckk, NP))
-        ops.launch(q, "conv", "im2col", (n * h, ckk), (8, 1), n, oc, oh, ow, k, s, p, 1, h, w, dy, cols)
+        _im2col(q, n, oc, oh, ow, k, s, p, 1, h, w, dy, cols)
         xp = ops.permute3(x, (n, c, P), (c * P, P, 1), ops.new(q, (c, NP)), (P, NP, 1))
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(c, ckk, NP, xp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
