@@ -22,8 +22,8 @@ def _largest_divisor(n, limit):
 
 
 class ConvCpu(Launch):
-    """Arguments: (x, wb, bias, y); weights [K / RM][R][RM]."""
-    in_arg, out_arg = 0, 3
+    """Arguments: (x, wb, bias, y, res); weights [K / RM][R][RM]."""
+    in_arg, out_arg, res_arg = 0, 3, 4
 
     def __init__(self, target, spec):
         vw, rm, rr = cpu_block(spec, target.config)
@@ -43,7 +43,7 @@ class ConvCpu(Launch):
 
     def sized(self, target, shape):
         n, (gx, gy, kb) = shape[0], self.grid
-        return [None, self.w_buf, self.b_buf, None], (gx, gy, n * kb), self.spec.out_shape(n), self.spec.out_bytes(n)
+        return [None, self.w_buf, self.b_buf, None, None], (gx, gy, n * kb), self.spec.out_shape(n), self.spec.out_bytes(n)
 
     def pack(self, w, b):
         wp = np.zeros((self.kb * self.rm, self.r), np.float32)
