@@ -165,9 +165,10 @@ def test_residual_in_the_linear_epilogue(q):
 
 
 # -- depthwise ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [(11, 9), (16, 16)], ids=["odd", "vectors"])  # the generic kernel, the CPU direct one
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("mult", [1, 2])
-def test_depthwise_with_nan(q, stride, mult):
+def test_depthwise_with_nan(q, stride, mult, size):
     rng = np.random.default_rng(6 + stride)
     netcl.manual_seed(6)
     body = [nn.Conv2d(12, 12 * mult, 3, stride=stride, padding=1, groups=12, bias=False), nn.BatchNorm2d(12 * mult),
@@ -175,7 +176,7 @@ def test_depthwise_with_nan(q, stride, mult):
     model = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 12, 1), *body, nn.Conv2d(12 * mult, 5, 1)), rng).eval()
     assert "DwConv2d+BatchNorm2d+act8" in repr(model._fused)
     for batch in (1, 3):
-        x = rng.normal(size=(batch, 3, 11, 9)).astype(np.float32)
+        x = rng.normal(size=(batch, 3) + size).astype(np.float32)
         x[0, 1, 4, 3] = np.nan
         ref = _check(model, q, x)
         assert np.isnan(ref).any() and not np.isnan(ref).all()

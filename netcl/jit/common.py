@@ -113,7 +113,8 @@ class ConvSpec:
     rpb: int = 0
     act2: Optional[Act] = None
     slope2: float = 0.0
-    dil: int = 1  # dilation (the depthwise family)
+    dil: int = 1  # dilation (the depthwise families)
+    mult: int = 0  # 0: a dense conv; else depthwise (groups == c) with this channel multiplier
 
     @property
     def poh(self):  # output size after the pool (floor, as MaxPool2d)
@@ -125,7 +126,7 @@ class ConvSpec:
 
     @property
     def r(self):  # reduction length
-        return self.c * self.ks * self.ks
+        return (1 if self.mult else self.c) * self.ks * self.ks
 
     @property
     def used(self):
@@ -147,4 +148,4 @@ class ConvSpec:
         return dict(C=self.c, H=self.h, W=self.w, K=self.k, KS=self.ks, STRIDE=self.stride, PAD=self.pad,
                     OH=self.oh, OW=self.ow, POOL=2 if self.pool else 1, **act_defines(self.act, self.slope),
                     IPB=self.ipb, OPB=self.opb, KT=self.kt or self.k, KOFF=self.koff, RES=int(self.res),
-                    RPB=self.rpb, **{k + "2": v for k, v in act_defines(self.act2, self.slope2).items()})
+                    RPB=self.rpb, MULT=self.mult, **{k + "2": v for k, v in act_defines(self.act2, self.slope2).items()})

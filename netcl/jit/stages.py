@@ -90,7 +90,8 @@ class ConvStage(Stage):
         return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.padding,
                         oh=oh, ow=ow, pool=self.pool is not None, ipb=self.in_border, opb=self.out_border,
                         act=self.act, slope=self.slope, kt=kt, koff=koff, res=self.res is not None,
-                        rpb=self.res_border, act2=self.act2, slope2=self.slope2, dil=conv.dilation)
+                        rpb=self.res_border, act2=self.act2, slope2=self.slope2, dil=conv.dilation,
+                        mult=k // c if self.depthwise else 0)
 
     def folded(self):
         """(weight (K, C/groups, k, k), bias (K,)) with the batch norm folded in, float32."""
@@ -303,11 +304,14 @@ def plan_stages(layers):
 
 def conv_family(spec, target, n, depthwise=False):
     """(family, tile) that runs a conv stage at `spec` and batch `n` on `target`
-    (netcl.jit.common.Target): the depthwise family for depthwise convolutions; the GPU family on
+    (netcl.jit.common.Target): for depthwise convolutions the CPU direct kernel (depthwise mode)
+    where it fits, else the depthwise family; the GPU family on
     GPUs; on the CPU Winograd (tile 2 or 4) for 3x3 stride 1, else the direct vector kernel where
     the shape suits it, else the GPU family's kernel with CPU tiles. tile is 0 for the
     non-Winograd families."""
-    if depthwise:
+    if depthwise:  # the CPU direct kernel where its vectors fit, else one work-item per output
+        if not target.gpu and spec.dil == 1 and cpu_block(spec, target.config) is not None:
+            return ConvCpu, 0
         return ConvDw, 0
     if target.gpu:
         return ConvGpu, 0

@@ -1,5 +1,7 @@
 // Fused conv, CPU direct family (netcl/jit/conv_cpu.py). Defines: conv.h's, and VW VW2 VWH
-// (vector width, twice, half) RM RR KB (register block, channel blocks) LX LY (work-group).
+// (vector width, twice, half) RM RR KB (register block, channel blocks) LX LY (work-group), MULT
+// (0: dense; else depthwise with this channel multiplier, RM = 1: output channel kb reads input
+// channel kb / MULT only, weights [K][KS * KS]).
 #include "act.h"
 #include "conv.h"
 
@@ -34,9 +36,15 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 #pragma unroll
         for (int m = 0; m < RM; m++) acc[t][m] = (VEC)(0.0f);
 
+#if MULT
+    __global const float *xn = x + (n * C + kb / MULT) * (IHS * IWS);
+    __global const float *wk = wb + kb * (KS * KS);
+    for (int c = 0; c < 1; c++) {
+#else
     __global const float *xn = x + n * (C * IHS * IWS);
     __global const float *wk = wb + kb * (R * RM);
     for (int c = 0; c < C; c++) {
+#endif
         __global const float *xc = xn + c * (IHS * IWS);
         __global const float *wc = wk + c * (KS * KS * RM);
 #pragma unroll
