@@ -110,25 +110,19 @@ def test_reference_models_gpu_families(q, monkeypatch, name, batch):
 
 # -- residual epilogues ---------------------------------------------------------------------------
 def _res_net(act_after, shortcut, wino):
-    """A residual block ending in a conv (3x3: Winograd or direct; stride-2 body with a conv+BN shortcut)."""
-    stride = 2 if shortcut else 1
-    body = [nn.Conv2d(6, 8, 3, stride=stride, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Conv2d(8, 8, 3 if wino else 1, padding=1 if wino else 0), nn.BatchNorm2d(8)]
-    sc = nn.Sequential(nn.Conv2d(6, 8, 1, stride=2, bias=False), nn.BatchNorm2d(8)) if shortcut else None
-    if not shortcut:
-        body[0] = nn.Conv2d(6, 8, 3, padding=1)
-        pre = [nn.Conv2d(3, 6, 3, padding=1), nn.Tanh()]
-        body = body
-        block = nn.Residual(*body[:3], nn.Conv2d(8, 6, 3 if wino else 1, padding=1 if wino else 0),
-                            nn.BatchNorm2d(6))
+    """A residual block ending in a conv + BN (3x3: Winograd or direct; 1x1: direct), with an
+    identity shortcut, or a stride-2 body with a 1x1 stride-2 conv + BN shortcut."""
+    ks = 3 if wino else 1
+    if shortcut:
+        block = nn.Residual(nn.Conv2d(6, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                            nn.Conv2d(8, 8, ks, padding=ks // 2), nn.BatchNorm2d(8),
+                            shortcut=nn.Sequential(nn.Conv2d(6, 8, 1, stride=2, bias=False), nn.BatchNorm2d(8)))
     else:
-        pre = [nn.Conv2d(3, 6, 3, padding=1), nn.Tanh()]
-        block = nn.Residual(*body, shortcut=sc)
-    return nn.Sequential(*pre, block, *([nn.LeakyReLU(0.2)] if act_after else []), nn.Conv2d(block_out(shortcut), 4, 1))
-
-
-def block_out(shortcut):
-    return 8 if shortcut else 6
+        block = nn.Residual(nn.Conv2d(6, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                            nn.Conv2d(8, 6, ks, padding=ks // 2), nn.BatchNorm2d(6))
+    c = 8 if shortcut else 6
+    return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.Tanh(), block,
+                         *([nn.LeakyReLU(0.2)] if act_after else []), nn.Conv2d(c, 4, 1))
 
 
 @pytest.mark.parametrize("act_after", [False, True], ids=["no-act", "act"])
@@ -140,8 +134,9 @@ def test_residual_in_the_conv_epilogue(q, monkeypatch, act_after, shortcut, wino
     netcl.manual_seed(3)
     model = randomize_batchnorm(_res_net(act_after, shortcut, wino != "0"), rng).eval()
     text = repr(model._fused)
-    assert ("add+act2" if act_after else "add,") in text.replace("add)", "add,"), text
-    assert "Add" not in text.replace("add", "")  # no separate add stage
+    assert ("BatchNorm2d+add+act2, " if act_after else "BatchNorm2d+add, ") in text, text
+    assert "Add" not in text  # no separate add stage
+    assert model._fused.launches((1, 3, 12, 12)) == (5 if shortcut else 4)
     for batch in (1, 3):
         x = rng.normal(size=(batch, 3, 12, 12)).astype(np.float32)
         _check(model, q, x)
@@ -208,6 +203,18 @@ def test_concat_of_fused_branches_writes_slices(q):
     assert model._fused.launches((1, 3, 10, 10)) == 6
     for batch in (1, 3):
         _check(model, q, rng.normal(size=(batch, 3, 10, 10)).astype(np.float32))
+
+
+def test_nested_blocks_keep_every_branch(q):
+    """A residual whose body ends in a Concat, a Concat with a Concat branch: an add or a slice is
+    never given to one branch's conv alone."""
+    rng = np.random.default_rng(11)
+    inner = nn.Concat(nn.Conv2d(4, 2, 3, padding=1), nn.Conv2d(4, 2, 1))
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Residual(inner), nn.ReLU(),
+                          nn.Concat(nn.Concat(nn.Conv2d(4, 3, 1), nn.Conv2d(4, 1, 3, padding=1)), nn.Conv2d(4, 2, 1)),
+                          nn.Conv2d(6, 2, 3, padding=1)).eval()
+    assert "Add+act1" in repr(model._fused)
+    _check(model, q, rng.normal(size=(2, 3, 7, 6)).astype(np.float32))
 
 
 def test_concat_along_another_axis_copies(q):

@@ -203,9 +203,12 @@ class _Planner:
         return dst
 
     def block_tail(self, start, v):
-        """The last stage emitted since `start` when it wrote v (the block's result), else None."""
+        """The last stage emitted since `start` when it alone wrote v (the block's result; a Concat's
+        output has a writer per branch), else None."""
         last = self.stages[-1] if len(self.stages) > start else None
-        return last if last is not None and last.dst == v else None
+        if last is None or last.dst != v or sum(st.dst == v for st in self.stages) > 1:
+            return None
+        return last
 
     def walk(self, layers, v):
         """Emit the stages of `layers` applied to value v; returns the value of the result."""
