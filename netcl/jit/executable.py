@@ -3,8 +3,9 @@
     Compiled    per (queue, input shape without the batch): each fused stage set up by its kernel
                 family (programs, weight buffers), every family variant a batch size can pick
     Executable  per (queue, input shape): kernel objects with their arguments set (each its own:
-                pyopencl kernels carry their arguments), the buffers between stages, and the
-                pinned staging buffers of infer()
+                pyopencl kernels carry their arguments), a buffer per value between stages (a
+                Concat's output is one buffer its branches write into), and the pinned staging
+                buffers of infer()
 
 Weights are folded on a stage's first use and re-folded when a source tensor's version moves, so
 weights changed after eval() (load_state_dict, an optimizer step) are never run stale."""
