@@ -18,7 +18,7 @@ from netcl.apps import common, recipes
 from netcl.apps.common import median_time, ort_session
 from netcl.io import export_onnx
 
-MODELS = ("detector26", "cnn", "mlp")
+MODELS = ("detector26", "resnet8", "mobilenetv2_tiny", "unet_tiny", "vit_tiny", "cnn", "mlp")
 BATCHES = (1, 8, 32)
 
 
@@ -121,7 +121,7 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
                 t_host.append(time.perf_counter() - t)
                 q.finish()
             n_launch = (jit.STATS["launches"] - launches_before) // len(t_host)
-            row["launches"] = n_launch
+            row["launches"], row["unfused_layers"] = n_launch, len(fused.unfused())
             row["host_us_per_launch"] = 1e6 * statistics.median(t_host) / max(n_launch, 1)
             for key, sess in sessions.items():
                 row[key] = 1e3 * median_time(lambda: sess.run(None, {"input": x}), repeats, warmup=warmup)
@@ -134,6 +134,7 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
 
 # -- torch eager CUDA (an extra column; TF32 off) ----------------------------------------
 def _torch_model(model):
+    """The PyTorch twin of `model` on CUDA (None without CUDA, or for a layer it cannot build)."""
     try:
         import torch
     except ImportError:
@@ -142,37 +143,75 @@ def _torch_model(model):
         return None
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    mods = []
-    for m in model:
-        if isinstance(m, nn.Conv2d):
-            t = torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
-                                bias=m.bias is not None)
-        elif isinstance(m, nn.BatchNorm2d):
-            t = torch.nn.BatchNorm2d(m.num_features, eps=m.eps)
-            t.running_mean.data[:] = torch.from_numpy(m.running_mean.to_host())
-            t.running_var.data[:] = torch.from_numpy(m.running_var.to_host())
-        elif isinstance(m, nn.Linear):
-            t = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
-            t.weight.data[:] = torch.from_numpy(m.weight.to_host().T.copy())
-            if m.bias is not None:
-                t.bias.data[:] = torch.from_numpy(m.bias.to_host())
-            mods.append(t)
-            continue
-        else:
-            t = {"ReLU": torch.nn.ReLU(), "Sigmoid": torch.nn.Sigmoid(), "Tanh": torch.nn.Tanh(),
-                 "Flatten": torch.nn.Flatten(), "Dropout": torch.nn.Identity()}.get(type(m).__name__)
-            if isinstance(m, nn.LeakyReLU):
-                t = torch.nn.LeakyReLU(m.negative_slope)
-            elif isinstance(m, nn.MaxPool2d):
-                t = torch.nn.MaxPool2d(m.kernel_size, m.stride, m.padding)
-            if t is None:
-                return None
-        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
-            t.weight.data[:] = torch.from_numpy(m.weight.to_host())
-            if m.bias is not None:
-                t.bias.data[:] = torch.from_numpy(m.bias.to_host())
-        mods.append(t)
-    return torch.nn.Sequential(*mods).cuda().eval()
+    twin = _torch_layer(torch, model)
+    return twin.cuda().eval() if twin is not None else None
+
+
+def _torch_blocks(torch):
+    class Residual(torch.nn.Module):
+        def __init__(self, body, shortcut):
+            super().__init__()
+            self.body, self.shortcut = body, shortcut
+
+        def forward(self, x):
+            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
+
+    class Concat(torch.nn.Module):
+        def __init__(self, branches, dim):
+            super().__init__()
+            self.branches, self.dim = torch.nn.ModuleList(branches), dim
+
+        def forward(self, x):
+            return torch.cat([b(x) for b in self.branches], self.dim)
+    return Residual, Concat
+
+
+def _torch_layer(torch, m):
+    """One netcl layer (or block) as a torch module with its weights, or None when not covered."""
+    tnn = torch.nn
+    if isinstance(m, nn.Sequential):
+        parts = [_torch_layer(torch, x) for x in m]
+        return None if any(p is None for p in parts) else tnn.Sequential(*parts)
+    if isinstance(m, nn.Residual):
+        body = _torch_layer(torch, m.body)
+        sc = _torch_layer(torch, m.shortcut) if m.shortcut is not None else None
+        if body is None or (m.shortcut is not None and sc is None):
+            return None
+        return _torch_blocks(torch)[0](body, sc)
+    if isinstance(m, nn.Concat):
+        parts = [_torch_layer(torch, b) for b in m.branches.layers]
+        return None if any(p is None for p in parts) else _torch_blocks(torch)[1](parts, m.dim)
+    if isinstance(m, nn.Conv2d):
+        t = tnn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, dilation=m.dilation,
+                       groups=m.groups, bias=m.bias is not None)
+    elif isinstance(m, nn.BatchNorm2d):
+        t = tnn.BatchNorm2d(m.num_features, eps=m.eps)
+        t.running_mean.data[:] = torch.from_numpy(m.running_mean.to_host())
+        t.running_var.data[:] = torch.from_numpy(m.running_var.to_host())
+    elif isinstance(m, nn.Linear):
+        t = tnn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+        t.weight.data[:] = torch.from_numpy(m.weight.to_host().T.copy())
+        if m.bias is not None:
+            t.bias.data[:] = torch.from_numpy(m.bias.to_host())
+        return t
+    elif isinstance(m, nn.LeakyReLU):
+        return tnn.LeakyReLU(m.negative_slope)
+    elif isinstance(m, nn.MaxPool2d):
+        return tnn.MaxPool2d(m.kernel_size, m.stride, m.padding)
+    elif isinstance(m, nn.Flatten):
+        return tnn.Flatten(m.start_dim, m.end_dim)
+    elif isinstance(m, nn.AdaptiveAvgPool2d):
+        return tnn.AdaptiveAvgPool2d(m.output_size)
+    elif isinstance(m, nn.Upsample) and m.mode == "nearest":
+        return tnn.Upsample(scale_factor=m.scale_factor, mode="nearest")
+    else:
+        make = {"ReLU": tnn.ReLU, "ReLU6": tnn.ReLU6, "Sigmoid": tnn.Sigmoid, "Tanh": tnn.Tanh, "SiLU": tnn.SiLU,
+                "Hardswish": tnn.Hardswish, "Identity": tnn.Identity, "Dropout": tnn.Identity}.get(type(m).__name__)
+        return make() if make is not None else None
+    t.weight.data[:] = torch.from_numpy(m.weight.to_host())
+    if m.bias is not None:
+        t.bias.data[:] = torch.from_numpy(m.bias.to_host())
+    return t
 
 
 def _time_torch(tm, x, y_netcl, repeats, warmup):
@@ -193,8 +232,14 @@ COLUMNS = [("netcl", "netcl"), ("netcl_tensor", "netcl via Tensor API"), ("ort_c
 def format_row(r):
     parts = [f"{r['model']:>10} b={r['batch']:<3}"]
     parts += [f"{label} {r[k]:.3f} ms" for k, label in COLUMNS if k in r]
-    parts.append(f"{r['launches']} launches, {r['host_us_per_launch']:.1f} us/launch host")
+    parts.append(f"{_launches(r)} launches, {r['host_us_per_launch']:.1f} us/launch host")
     return " | ".join(parts)
+
+
+def _launches(r):
+    """The plan's kernels per forward, and the unfused layers that enqueue their own besides."""
+    extra = r.get("unfused_layers", 0)
+    return f"{r['launches']}" + (f" +{extra} layers" if extra else "")
 
 
 def format_table(rows):
@@ -209,7 +254,7 @@ def format_table(rows):
         cells += [f"{r[k]:.3f}" if k in r else "-" for k, _ in present]
         cells += [f"{r['netcl'] / r[k]:.2f}x" if k in r else "-" for k, _ in others]
         diffs = [r[k] for k in ("diff_ort_cuda", "diff_ort_cpu") if k in r]
-        cells += [str(r["launches"]), f"{r['host_us_per_launch']:.1f}", f"{max(diffs):.1e}" if diffs else "-"]
+        cells += [_launches(r), f"{r['host_us_per_launch']:.1f}", f"{max(diffs):.1e}" if diffs else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -247,12 +292,14 @@ def plot(rows, path, title=""):
 # -- command line ---------------------------------------------------------------------
 _CLI_DOC = """Benchmark netcl's fused inference path against onnxruntime (CPU, and CUDA where present).
 
-Reference models (detector26, cnn, mlp) at several batch sizes; every figure is a full
+Reference models (detector26, resnet8, mobilenetv2_tiny, unet_tiny, vit_tiny, cnn, mlp) at
+several batch sizes; every figure is a full
 host -> device -> host round trip, the median of --repeats runs after warm-up, in one process
 with the same weights and inputs; outputs are checked to agree before timing. onnxruntime's
 CUDA provider is checked to be really in use; TF32 off is the fair float32 column, TF32 on is
 reported separately. Prints a Markdown table with ratios and writes results.json, table.md and
-a PNG plot of latency against batch size into --out-dir.
+a PNG plot of latency against batch size into --out-dir. The launches column counts the fused
+plan's kernels per forward; "+N layers" are unfused layers that enqueue their own kernels besides.
 
     netcl bench                         # all models, batches 1,8,32
     netcl bench --models detector26 --batches 1,8 --ort-threads 2

@@ -1,19 +1,30 @@
 """The fused inference path: Sequential.eval() turns the layer list into a plan of stages.
 
     Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> one conv kernel (BN folded)
+    depthwise Conv2d [+ BatchNorm2d] [+ activation]         -> one depthwise conv kernel
     Linear [+ activation]                                   -> one linear kernel
-    Flatten, Dropout                                        -> no kernel (a view / identity)
+    Residual [+ activation]                                 -> its shortcut's and body's stages; the add
+                                                               (and the activation) in the epilogue of the
+                                                               body's last conv or Linear, else one add kernel
+    Concat                                                  -> its branches' stages, each writing its slice
+                                                               of one output buffer (else one copy kernel)
+    Flatten, Dropout, Identity                              -> no kernel (a view / identity)
     anything else                                           -> the layer's own forward
 
-The layer list stays the source of truth: a plan only reads it (stages.py, no device). Each
-kernel is generated for its layer (shapes and constants as -D defines) by one of four kernel
-families, each a module next to its .cl source, owning its block sizes, build options, weight
-packing and argument order:
+The layer list stays the source of truth: a plan only reads it (stages.py, no device). Stages
+read and write numbered values, one device buffer each. Each kernel is generated for its layer
+(shapes and constants as -D defines) by one of the kernel families, each a module next to its .cl
+source, owning its block sizes, build options, weight packing and argument order:
 
     conv_gpu   local-memory implicit GEMM, split-K when tiles are few (GPUs; generic CPU shapes)
     conv_wino  CPU Winograd F(2x2 or 4x4, 3x3) for 3x3 stride-1 convolutions
-    conv_cpu   CPU explicit-vector direct convolution otherwise
+    conv_cpu   CPU explicit-vector direct convolution otherwise (and depthwise, one channel each)
+    conv_dw    depthwise convolution, one work-item per output (GPUs; CPU shapes conv_cpu does not take)
     linear     Linear + activation
+    eltwise    the residual add no epilogue took; a Concat branch's copy into its slice
+
+Every conv family's epilogue (kernels/conv.h): bias (BN folded), activation, then the residual add
+and the activation after the block, written with a stored zero border and a channel offset.
 
 Tuning knobs (NETCL_JIT_CLASS, NETCL_GPU_SPLIT, NETCL_CPU_CONV, NETCL_CPU_WINO,
 NETCL_CPU_WINO_BLOCK) are one JitConfig (config.py), read when an executable is made.

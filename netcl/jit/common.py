@@ -56,10 +56,12 @@ class Launch:
       program, name           the program and its kernel's name
       lsize                   the work-group size
       in_arg, out_arg         the positions of the input and output buffers (the executable binds them)
+      res_arg                 the position of the residual buffer (a 4-byte stand-in when unused)
       w_buf, b_buf            device weights and bias, which refresh() fills from pack()
       out_border              the zero border the output plane carries (conv families)
     """
     out_border = 0
+    res_arg = None
     _versions = None  # of the stage's source tensors at the last upload
 
     def sized(self, target, shape):
@@ -105,6 +107,14 @@ class ConvSpec:
     opb: int  # stored border the output plane must carry (the next conv's padding, else 0)
     act: Optional[Act]  # the activation, or None, and its slope
     slope: float
+    kt: int = 0  # channels of the stored output (a Concat's), 0: k; this stage writes from channel koff
+    koff: int = 0
+    res: bool = False  # the residual add (its tensor stored with border rpb), then act2
+    rpb: int = 0
+    act2: Optional[Act] = None
+    slope2: float = 0.0
+    dil: int = 1  # dilation (the depthwise families)
+    mult: int = 0  # 0: a dense conv; else depthwise (groups == c) with this channel multiplier
 
     @property
     def poh(self):  # output size after the pool (floor, as MaxPool2d)
@@ -116,7 +126,7 @@ class ConvSpec:
 
     @property
     def r(self):  # reduction length
-        return self.c * self.ks * self.ks
+        return (1 if self.mult else self.c) * self.ks * self.ks
 
     @property
     def used(self):
@@ -128,7 +138,7 @@ class ConvSpec:
 
     def stored_shape(self, n):
         """The stored output plane (with its border)."""
-        return n, self.k, self.poh + 2 * self.opb, self.pow + 2 * self.opb
+        return n, self.kt or self.k, self.poh + 2 * self.opb, self.pow + 2 * self.opb
 
     def out_bytes(self, n):  # the stored output plane, plus 16 floats of slack for wide vector accesses
         return 4 * (int(np.prod(self.stored_shape(n), dtype=np.int64)) + 16)
@@ -137,4 +147,5 @@ class ConvSpec:
         """kernels/conv.h's defines; each family adds its own."""
         return dict(C=self.c, H=self.h, W=self.w, K=self.k, KS=self.ks, STRIDE=self.stride, PAD=self.pad,
                     OH=self.oh, OW=self.ow, POOL=2 if self.pool else 1, **act_defines(self.act, self.slope),
-                    IPB=self.ipb, OPB=self.opb)
+                    IPB=self.ipb, OPB=self.opb, KT=self.kt or self.k, KOFF=self.koff, RES=int(self.res),
+                    RPB=self.rpb, MULT=self.mult, **{k + "2": v for k, v in act_defines(self.act2, self.slope2).items()})

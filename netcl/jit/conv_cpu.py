@@ -1,6 +1,6 @@
 """CPU direct conv family (kernels/conv_cpu.cl): explicit float<VW> vectors along a row and a
 register block of RM output channels x RR rows per work-item, for stride 1 and 2 when the used
-output width splits into vectors."""
+output width splits into vectors; also depthwise convolutions (dilation 1), one channel each."""
 import numpy as np
 
 from netcl.jit.common import Launch
@@ -11,9 +11,12 @@ def cpu_block(spec, config):
     Sized for 16 vector registers (AVX2): RR x RM x VW/8 accumulators."""
     maxvw, rm = config.cpu_conv
     ohu, uw = spec.used
-    vw = next((v for v in (16, 8, 4, 2) if v <= maxvw and uw % v == 0), None)
-    if vw is None or ohu % 2 or spec.stride not in (1, 2) or (spec.stride == 2 and vw > 8):
+    widest = maxvw if spec.stride == 1 else min(maxvw, 8)  # stride 2 loads twice the width
+    vw = next((v for v in (16, 8, 4, 2) if v <= widest and uw % v == 0), None)
+    if vw is None or ohu % 2 or spec.stride not in (1, 2):
         return None
+    if spec.mult:  # depthwise: one output channel per work-item (each reads its own input channel)
+        return vw, 1, 2
     return vw, min(rm, -(-spec.k // 2) * 2) if spec.k >= 2 else 1, 2
 
 
@@ -22,8 +25,8 @@ def _largest_divisor(n, limit):
 
 
 class ConvCpu(Launch):
-    """Arguments: (x, wb, bias, y); weights [K / RM][R][RM]."""
-    in_arg, out_arg = 0, 3
+    """Arguments: (x, wb, bias, y, res); weights [K / RM][R][RM]."""
+    in_arg, out_arg, res_arg = 0, 3, 4
 
     def __init__(self, target, spec):
         vw, rm, rr = cpu_block(spec, target.config)
@@ -43,7 +46,7 @@ class ConvCpu(Launch):
 
     def sized(self, target, shape):
         n, (gx, gy, kb) = shape[0], self.grid
-        return [None, self.w_buf, self.b_buf, None], (gx, gy, n * kb), self.spec.out_shape(n), self.spec.out_bytes(n)
+        return [None, self.w_buf, self.b_buf, None, None], (gx, gy, n * kb), self.spec.out_shape(n), self.spec.out_bytes(n)
 
     def pack(self, w, b):
         wp = np.zeros((self.kb * self.rm, self.r), np.float32)

@@ -33,8 +33,8 @@ def gpu_split(k, r, nout, pool, n_cu, bm, bn, bk, split_k=True):
 
 
 class ConvGpu(Launch):
-    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, counters); weights [R padded][K padded]."""
-    in_arg, out_arg = 3, 6
+    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, counters, res); weights [R padded][K padded]."""
+    in_arg, out_arg, res_arg = 3, 6, 9
 
     def __init__(self, target, spec):
         k, r = spec.k, spec.r
@@ -61,7 +61,7 @@ class ConvGpu(Launch):
         part = target.buffer(4 * split * gx * gy * BM * BN) if split > 1 else target.buffer(4)
         # split-K's arrival counters, zero-filled once: the kernel leaves them zero again
         counters = target.buffer(4 * gx * gy, zero=True) if split > 1 else target.buffer(4)
-        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, counters]
+        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, counters, None]
         return args, (gx * self.nt, gy, split), spec.out_shape(n), spec.out_bytes(n)
 
     def pack(self, w, b):

@@ -39,8 +39,8 @@ def wino_block(k, c, wm, config):
 
 
 class ConvWino(Launch):
-    """Arguments: (ntile, kbw, x, u, bias, y); weights U packed [K block][transform point][C][KV]."""
-    in_arg, out_arg = 2, 5
+    """Arguments: (ntile, kbw, x, u, bias, y, res); weights U packed [K block][transform point][C][KV]."""
+    in_arg, out_arg, res_arg = 2, 5, 6
 
     def __init__(self, target, spec, wm):
         ohu, uw = spec.used
@@ -62,7 +62,7 @@ class ConvWino(Launch):
         groups = -(-ntile // self.tt)
         split = max(1, min(self.kbn, -(-4 * target.n_cu // groups)))  # enough work-items for every core
         kbw = -(-self.kbn // split)
-        args = [np.int32(ntile), np.int32(kbw), None, self.w_buf, self.b_buf, None]
+        args = [np.int32(ntile), np.int32(kbw), None, self.w_buf, self.b_buf, None, None]
         return args, (groups, -(-self.kbn // kbw), 1), self.spec.out_shape(n), self.spec.out_bytes(n)
 
     def pack(self, w, b):

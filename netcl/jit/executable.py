@@ -3,8 +3,9 @@
     Compiled    per (queue, input shape without the batch): each fused stage set up by its kernel
                 family (programs, weight buffers), every family variant a batch size can pick
     Executable  per (queue, input shape): kernel objects with their arguments set (each its own:
-                pyopencl kernels carry their arguments), the buffers between stages, and the
-                pinned staging buffers of infer()
+                pyopencl kernels carry their arguments), a buffer per value between stages (a
+                Concat's output is one buffer its branches write into), and the pinned staging
+                buffers of infer()
 
 Weights are folded on a stage's first use and re-folded when a source tensor's version moves, so
 weights changed after eval() (load_state_dict, an optimizer step) are never run stale."""
@@ -18,8 +19,10 @@ import netcl.runtime as runtime
 from netcl import ops
 from netcl.jit.common import STATS, Target
 from netcl.jit.config import JitConfig
+from netcl.jit.eltwise import AddLaunch, CopyLaunch
 from netcl.jit.linear import LinearLaunch
-from netcl.jit.stages import ConvStage, LayerStage, ViewStage, conv_families, conv_family, make_conv
+from netcl.jit.stages import (AddStage, ConcatStage, ConvStage, LayerStage, LinearStage, ViewStage, conv_families,
+                              conv_family, make_conv)
 from netcl.tensor import Tensor
 
 _pool = None
@@ -35,17 +38,12 @@ def _copy_pool():
     return _pool
 
 
-class _View:  # a view (Flatten): the next step reads the same buffer
-    def __init__(self, layer):
-        self.layer = layer
+class _Step:  # a stage that is not a launch of the plan: a view, an unfused layer, a Concat's output shape
+    def __init__(self, stage):
+        self.stage = stage
 
 
-class _Layer:  # an unfused layer: Tensor in, Tensor out
-    def __init__(self, layer):
-        self.layer = layer
-
-
-class _Fused:  # a fused stage: its launches by (family, tile) (one key, None, for a linear stage)
+class _Fused:  # a fused stage: its launches by (family, tile) (one key, None, for the other families)
     def __init__(self, stage, spec, launches):
         self.stage, self.spec, self.launches = stage, spec, launches
 
@@ -58,78 +56,112 @@ class Compiled:
         config = JitConfig.from_env()
         self.target = target = Target(q, (config.jit_class or runtime.device_class(q)) == "gpu", config)
         self.q = q
-        self.steps = []  # _View, _Layer or _Fused, in order
-        n, in_border = shape[0], 0
-        for idx, st in enumerate(stages):
-            if isinstance(st, (ViewStage, LayerStage)):
-                shape = st.layer.output_shape(shape)
-                self.steps.append((_View if isinstance(st, ViewStage) else _Layer)(st.layer))
-                in_border = in_border if isinstance(st, ViewStage) else 0
+        self.dummy = target.buffer(4)  # the residual argument of a stage without one
+        self.steps = []  # _Step or _Fused, in order
+        n, shapes, koff = shape[0], {0: tuple(shape)}, {}
+        for st in stages:
+            src = shapes[st.src]
+            if isinstance(st, ConcatStage):  # the output's shape and each branch's slice
+                out = shapes[st.dst] = st.layer.output_shape(src)
+                d, off = st.layer._axis(len(out)), 0
+                for branch, writer in zip(st.layer.branches.layers, st.writers):
+                    koff[id(writer)] = off
+                    off += branch.output_shape(src)[d]
+                self.steps.append(_Step(st))
                 continue
+            if isinstance(st, (ViewStage, LayerStage)):
+                shapes[st.dst] = st.layer.output_shape(src)
+                self.steps.append(_Step(st))
+                continue
+            spec = None
             if isinstance(st, ConvStage):
-                # the output carries the zero border that the conv it feeds directly reads
-                nxt = stages[idx + 1] if idx + 1 < len(stages) else None
-                out_border = nxt.conv.padding if isinstance(nxt, ConvStage) else 0
-                spec = st.spec(shape, in_border, out_border)
+                whole = shapes.get(st.dst)  # set when the conv writes a slice of a Concat's output
+                spec = st.spec(src, whole[1] if whole is not None else 0, koff.get(id(st), 0))
                 ops.check_size(q, spec.out_shape(n), spec.out_bytes(n))  # before a build, as the layer path would
-                launches = {ft: make_conv(target, spec, ft) for ft in conv_families(spec, target)}
-                shape, in_border = spec.out_shape(n), out_border
-            else:
-                spec, shape = None, st.lin.output_shape(shape)
-                ops.check_size(q, shape)
-                launches, in_border = {None: LinearLaunch(target, st)}, 0
+                launches = {ft: make_conv(target, spec, ft) for ft in conv_families(spec, target, st.depthwise)}
+                out = spec.out_shape(n)
+            elif isinstance(st, LinearStage):
+                out = st.lin.output_shape(src)
+                launches = {None: LinearLaunch(target, st)}
+            elif isinstance(st, AddStage):
+                out, launches = src, {None: AddLaunch(target, st)}
+            else:  # CopyStage
+                out, launches = src, {None: CopyLaunch(target, st, shapes[st.dst], koff[id(st)])}
+            ops.check_size(q, out)
+            shapes.setdefault(st.dst, out)
             self.steps.append(_Fused(st, spec, launches))
 
 
 class _Bound:
-    """One fused stage's launch in an Executable."""
+    """One fused stage's launch in an Executable: its kernel, and the values its buffer arguments
+    read and write (bound per call when the value's buffer changed: the plan's input, an unfused
+    layer's output, the model's output)."""
 
-    def __init__(self, step, launch, kernel, args, gsize, out_shape, out_bytes, out_buf):
+    def __init__(self, step, launch, kernel, args, gsize, binds):
         self.stage, self.launch, self.kernel, self.gsize = step.stage, launch, kernel, gsize
         self.args = args  # held: a kernel argument does not keep its buffer alive
-        self.lsize, self.in_arg, self.out_arg = launch.lsize, launch.in_arg, launch.out_arg
-        self.out_shape, self.out_bytes, self.out_buf = out_shape, out_bytes, out_buf
-        self.bound_in = None
+        self.lsize, self.binds = launch.lsize, binds
+        self.bound = [None] * len(binds)
 
 
 class Executable:
-    """A Compiled plan bound for one input shape: kernels with their fixed arguments set, the buffers
-    between stages (made here), pinned staging for infer() (made on its first call)."""
+    """A Compiled plan bound for one input shape: kernels with their fixed arguments set, a buffer
+    per value between stages (made here), pinned staging for infer() (made on its first call)."""
 
-    def __init__(self, compiled, shape):
+    def __init__(self, compiled, shape, output):
         target = self.target = compiled.target
         cl, q = target.cl, compiled.q
         self.q, self.shape, self.compiled = q, tuple(shape), compiled
-        n, sized = shape[0], []
+        n, shapes, nbytes, sized = shape[0], {0: tuple(shape)}, {}, []
+        root = {0: 0}  # value -> the value whose buffer holds it (a view's is its source's)
+        writers = {}  # value -> "fused" or "layer"
         for step in compiled.steps:  # every size first: nothing is allocated for a shape that does not fit
+            st = step.stage
+            src = shapes[st.src]
             if isinstance(step, _Fused):
-                launch = step.launches[conv_family(step.spec, target, n) if step.spec else None]
-                args, gsize, out_shape, out_bytes = launch.sized(target, shape)
+                launch = step.launches[conv_family(step.spec, target, n, st.depthwise) if step.spec else None]
+                args, gsize, out_shape, out_bytes = launch.sized(target, src)
                 ops.check_size(q, out_shape, out_bytes)
-                sized.append((step, launch, args, gsize, out_shape, out_bytes))
-            else:
-                sized.append((step, None, None, None, step.layer.output_shape(shape), 0))
-            shape = sized[-1][4]
-        self.out_shape = tuple(shape)
-        # the stage whose buffer is the model's output (only views after it) writes a fresh tensor per call
-        tail = len(sized)
-        while tail > 0 and isinstance(sized[tail - 1][0], _View):
-            tail -= 1
-        self.steps, self.nbytes = [], 0  # _Bound, _View (with its output shape) or _Layer; device bytes held
-        for i, (step, launch, args, gsize, out_shape, out_bytes) in enumerate(sized):
-            if launch is None:
-                self.steps.append((out_shape, step) if isinstance(step, _View) else step)
+                shapes.setdefault(st.dst, out_shape)
+                nbytes[st.dst] = max(nbytes.get(st.dst, 0), out_bytes)
+                root[st.dst], writers[st.dst] = st.dst, "fused"
+                sized.append((step, launch, args, gsize))
                 continue
+            shapes[st.dst] = st.layer.output_shape(src)
+            if isinstance(st, ViewStage):
+                root[st.dst] = root[st.src]
+            elif isinstance(st, LayerStage):
+                root[st.dst], writers[st.dst] = st.dst, "layer"
+            sized.append((step, None, None, None))
+        self.out_shape, self.out_root = shapes[output], root[output]
+        self.out_bytes = nbytes.get(self.out_root, 0)
+        # per value, its buffer: made here for those the plan's kernels write; the model's output is a
+        # fresh tensor per call; the plan's input and unfused layers' outputs arrive per call
+        self.bufs, self.nbytes = [None] * (max(root) + 1), 0
+        for v, kind in writers.items():
+            if kind == "fused" and v != self.out_root:
+                border = next(s.stage.out_border for s, *_ in sized if isinstance(s, _Fused) and s.stage.dst == v)
+                self.bufs[v] = target.buffer(nbytes[v], zero=border > 0)
+                self.nbytes += nbytes[v]
+        self.steps = []  # _Bound, or an unfused layer's LayerStage (views and Concats need nothing at run time)
+        self.shapes, self.root = shapes, root
+        for step, launch, args, gsize in sized:
+            st = step.stage
+            if launch is None:
+                if isinstance(st, LayerStage):
+                    self.steps.append(st)
+                continue
+            binds = [(launch.in_arg, root[st.src]), (launch.out_arg, st.dst)]
+            if launch.res_arg is not None:
+                if st.res is not None:
+                    binds.append((launch.res_arg, root[st.res]))
+                else:
+                    args[launch.res_arg] = compiled.dummy
             kernel = cl.Kernel(launch.program, launch.name)
             for j, a in enumerate(args):
                 if a is not None:
                     kernel.set_arg(j, a)
-            out_buf = None
-            if i != tail - 1:
-                out_buf = target.buffer(out_bytes, zero=launch.out_border > 0)
-                kernel.set_arg(launch.out_arg, out_buf)
-                self.nbytes += out_bytes
-            self.steps.append(_Bound(step, launch, kernel, args, gsize, out_shape, out_bytes, out_buf))
+            self.steps.append(_Bound(step, launch, kernel, args, gsize, binds))
         self.fused = [s for s in self.steps if isinstance(s, _Bound)]
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current
@@ -185,32 +217,31 @@ class Executable:
     def run(self, x):
         self.refresh()
         q = self.q
-        cur, cur_shape = x.buf, x.shape
-        out_tensor = None
+        bufs = list(self.bufs)
+        bufs[0] = x.buf
+        held, out = [], None  # unfused layers' outputs, alive until the call ends; the model's output
+        if self.out_bytes:
+            out = Tensor(self.out_shape, q, runtime.alloc(q, self.out_bytes))
+            bufs[self.out_root] = out.buf
         enqueue = self.target.cl.enqueue_nd_range_kernel
         for s in self.steps:
             if isinstance(s, _Bound):
-                if s.bound_in is not cur:
-                    s.kernel.set_arg(s.in_arg, cur)
-                    s.bound_in = cur
-                if s.out_buf is None:
-                    out_tensor = Tensor(s.out_shape, q, runtime.alloc(q, s.out_bytes))
-                    s.kernel.set_arg(s.out_arg, out_tensor.buf)
-                    cur = out_tensor.buf
-                else:
-                    cur = s.out_buf
+                for i, (j, v) in enumerate(s.binds):
+                    b = bufs[v]
+                    if s.bound[i] is not b:
+                        s.kernel.set_arg(j, b)
+                        s.bound[i] = b
                 enqueue(q, s.kernel, s.gsize, s.lsize)
-                cur_shape = s.out_shape
-            elif isinstance(s, _Layer):  # an unfused layer: it takes and returns Tensors
-                t = Tensor(cur_shape, q, cur) if not isinstance(cur, Tensor) else cur
-                y = s.layer(t)
-                cur, cur_shape = y.buf, y.shape
-                out_tensor = y
-            else:  # (shape, _View)
-                cur_shape = s[0]
+            else:  # an unfused layer: it takes and returns Tensors
+                st = s
+                y = st.layer(Tensor(self.shapes[st.src], q, bufs[self.root[st.src]]))
+                held.append(y)
+                bufs[st.dst] = y.buf
+                if st.dst == self.out_root:
+                    out = y
         STATS["launches"] += len(self.fused)
-        if out_tensor is None or out_tensor.buf is not cur:
-            out_tensor = Tensor(cur_shape, q, cur)  # ends in a view of an intermediate (rare)
-        elif out_tensor.shape != cur_shape:
-            out_tensor = out_tensor.reshape(cur_shape)
-        return out_tensor.mark_written()
+        if out is None:  # the output is the input, or a view of it
+            return Tensor(self.out_shape, q, bufs[self.out_root]).mark_written()
+        if out.shape != self.out_shape:  # views after the last stage
+            out = out.reshape(self.out_shape)
+        return out.mark_written()

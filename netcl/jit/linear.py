@@ -1,4 +1,4 @@
-"""Fused linear family (kernels/linear.cl): Linear + activation, each work-item LJ adjacent
+"""Fused linear family (kernels/linear.cl): Linear + activation [+ residual add + activation], each work-item LJ adjacent
 outputs of one row, weights stored (in, out) with out padded to LJ."""
 import numpy as np
 
@@ -8,15 +8,16 @@ LJ = 4  # outputs per work-item
 
 
 class LinearLaunch(Launch):
-    """Arguments: (rows, x, w, b, y); weights [in][out padded to LJ]."""
-    in_arg, out_arg = 1, 4
+    """Arguments: (rows, x, w, b, y, res); weights [in][out padded to LJ]."""
+    in_arg, out_arg, res_arg = 1, 4, 5
 
     def __init__(self, target, stage):
         lin = stage.lin
         self.outp, self.out_f = -(-lin.out_features // LJ) * LJ, lin.out_features
         self.program, self.name = target.program("linear", dict(IN_F=lin.in_features, OUT_F=lin.out_features,
                                                                 OUT_P=self.outp, LJ=LJ,
-                                                                **act_defines(stage.act, stage.slope))), "linear"
+                                                                **act_defines(stage.act, stage.slope), RES=int(stage.res is not None),
+                                                                **{k + "2": v for k, v in act_defines(stage.act2, stage.slope2).items()})), "linear"
         self.lx = 64 if target.gpu else 16
         self.lsize, self.lin = (self.lx, 1), lin
         self.w_buf = target.buffer(4 * lin.in_features * self.outp)
@@ -25,7 +26,7 @@ class LinearLaunch(Launch):
     def sized(self, target, shape):
         rows = int(np.prod(shape[:-1], dtype=np.int64))
         gsize = (-(-(self.outp // LJ) // self.lx) * self.lx, rows)
-        return ([np.int32(rows), None, self.w_buf, self.b_buf, None], gsize, self.lin.output_shape(shape),
+        return ([np.int32(rows), None, self.w_buf, self.b_buf, None, None], gsize, self.lin.output_shape(shape),
                 4 * rows * self.out_f)
 
     def pack(self, w, b):

@@ -8,15 +8,15 @@ import numpy as np
 import netcl.runtime as runtime
 from netcl import ops
 from netcl.jit.executable import Compiled, Executable
-from netcl.jit.stages import plan_stages
+from netcl.jit.stages import LayerStage, plan_stages
 
 
 def plan_fused(model):
     """A FusedPlan for `model` (a Sequential), or None when no stage would fuse."""
-    stages = plan_stages([layer for _, layer in model.chain()])
+    stages, output = plan_stages([layer for _, layer in model.chain()])
     if not any(s.fused for s in stages):
         return None
-    return FusedPlan(model, stages)
+    return FusedPlan(model, stages, output)
 
 
 class FusedPlan:
@@ -42,8 +42,8 @@ class FusedPlan:
     MAX_BYTES = 256 << 20
     MAX_COMPILED = 4
 
-    def __init__(self, model, stages):
-        self.model, self.stages = model, stages
+    def __init__(self, model, stages, output):
+        self.model, self.stages, self.output = model, stages, output
         self._compiled = OrderedDict()  # (queue, input shape without the batch) -> Compiled
         self._exe = OrderedDict()  # (queue, input shape) -> Executable, least recently used first
         self._lock = threading.RLock()
@@ -52,8 +52,15 @@ class FusedPlan:
         return f"FusedPlan({', '.join(str(s) for s in self.stages)})"
 
     def launches(self, x_shape):
-        """Kernel launches per forward for an input of x_shape (fused stages only)."""
+        """Kernel launches the plan enqueues per forward for an input of x_shape: one per fused stage
+        (conv, linear, residual add, concat copy), whatever the shape. Unfused layers (unfused())
+        enqueue their own kernels besides, which this does not count."""
+        self.model.output_shape(x_shape)
         return sum(1 for s in self.stages if s.fused)
+
+    def unfused(self):
+        """The layers that run their own forward inside the plan (class names, in order)."""
+        return [str(s) for s in self.stages if isinstance(s, LayerStage)]
 
     def _executable(self, q, shape):
         """The Executable for (q, shape), made (after the layers' own checks) when missing; the
@@ -74,7 +81,7 @@ class FusedPlan:
                 for k in [k for k in self._exe if (k[0], k[1][1:]) == old]:
                     del self._exe[k]
         self._compiled.move_to_end(ckey)
-        exe = self._exe[key] = Executable(comp, shape)
+        exe = self._exe[key] = Executable(comp, shape, self.output)
         self._trim()
         return exe
 

@@ -1,18 +1,28 @@
 """The planner: the stages of a layer list, made without any device, and the kernel family that
-runs each.
+runs each. Stages read and write numbered values (0: the plan's input); blocks are walked into:
 
     Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> ConvStage   (a conv family; groups=1, dilation=1)
+    depthwise Conv2d [+ BatchNorm2d] [+ activation]         -> ConvStage   (the depthwise family; groups=C)
     Linear [+ activation]                                   -> LinearStage (the linear family)
+    Residual(body, shortcut) [+ activation]                 -> the shortcut's stages, the body's stages, and
+        the add (then the activation) in the epilogue of the body's last stage when that is an unpooled
+        conv or a Linear; else an AddStage
+    Concat(branches)                                        -> ConcatStage (the output's shape), each branch's
+        stages, its last stage writing into its slice of the output when it is a conv stage (dim 1),
+        else a CopyStage
     Flatten                                                 -> ViewStage   (no kernel)
     Dropout, Identity                                       -> dropped     (identity in eval mode)
     anything else                                           -> LayerStage  (the layer's own forward)
 
-An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`.
+An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`. Every value
+gets a stored zero border (plan_stages): the padding of the convolutions that read it, when only
+convolutions (and residual epilogues) read it and only conv stages write it; else none.
 """
 import numpy as np
 
 from netcl.jit.common import ConvSpec
 from netcl.jit.conv_cpu import ConvCpu, cpu_block
+from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
 from netcl.jit.conv_wino import ConvWino, wino_tile
 from netcl.nn.basic import Dropout, Flatten, Identity
@@ -20,6 +30,16 @@ from netcl.nn.conv import Conv2d
 from netcl.nn.linear import Linear
 from netcl.nn.norm import BatchNorm2d
 from netcl.nn.pool import MaxPool2d
+
+
+# Residual and Concat (netcl.nn.blocks, which imports Sequential, which imports this package) are
+# recognised by their parts: a body and a shortcut, branches and a dim
+def _is_residual(layer):
+    return hasattr(layer, "body") and hasattr(layer, "shortcut")
+
+
+def _is_concat(layer):
+    return hasattr(layer, "branches") and hasattr(layer, "dim")
 
 
 def _is_act(layer):
@@ -31,32 +51,50 @@ def _act_slope(layer):
     return (layer.act, float(layer.slope)) if layer is not None else (None, 0.0)
 
 
-class ConvStage:
-    """Conv2d, then optionally BatchNorm2d (folded into the weights), an activation, MaxPool2d(2)."""
+def _act_name(act):
+    return f"act{int(act)}" if act is not None else None
+
+
+class Stage:
+    """What every stage has: the values it reads (src, and res for a residual add) and writes (dst),
+    the stored borders of those values (set by plan_stages), and `fused` (a kernel of the plan)."""
     fused = True
+    sources = ()
+    src = dst = res = None
+    in_border = out_border = res_border = 0
+
+
+class ConvStage(Stage):
+    """Conv2d, then optionally BatchNorm2d (folded into the weights), an activation, MaxPool2d(2)
+    (dense convolutions only), and the residual add with the activation after it (act2)."""
 
     def __init__(self, conv, bn=None, act=None, pool=None):
         self.conv, self.bn, self.pool = conv, bn, pool
+        self.depthwise = conv.groups > 1
         self.act, self.slope = _act_slope(act)
+        self.act2, self.slope2 = None, 0.0
         self.sources = [t for lay in (conv, bn) if lay is not None
                         for _, t in lay.named_parameters() + lay.named_buffers()]
 
     def __str__(self):
-        return "+".join(x for x in ("Conv2d", self.bn and "BatchNorm2d", self.act is not None and f"act{int(self.act)}",
-                                    self.pool and "MaxPool2d") if x)
+        return "+".join(x for x in ("DwConv2d" if self.depthwise else "Conv2d", self.bn and "BatchNorm2d",
+                                    _act_name(self.act), self.pool and "MaxPool2d", self.res is not None and "add",
+                                    _act_name(self.act2)) if x)
 
-    def spec(self, shape, in_border, out_border):
-        """The ConvSpec for input `shape` (N, C, H, W; N is not part of it) stored with `in_border`,
-        output stored with `out_border`."""
+    def spec(self, shape, kt=0, koff=0):
+        """The ConvSpec for input `shape` (N, C, H, W; N is not part of it), writing channels koff..
+        of a stored output of kt channels (0: its own)."""
         conv = self.conv
         _, c, h, w = shape
         _, k, oh, ow = conv.output_shape(shape)
         return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.padding,
-                        oh=oh, ow=ow, pool=self.pool is not None, ipb=in_border if in_border == conv.padding else 0,
-                        opb=out_border, act=self.act, slope=self.slope)
+                        oh=oh, ow=ow, pool=self.pool is not None, ipb=self.in_border, opb=self.out_border,
+                        act=self.act, slope=self.slope, kt=kt, koff=koff, res=self.res is not None,
+                        rpb=self.res_border, act2=self.act2, slope2=self.slope2, dil=conv.dilation,
+                        mult=k // c if self.depthwise else 0)
 
     def folded(self):
-        """(weight (K, C, k, k), bias (K,)) with the batch norm folded in, float32."""
+        """(weight (K, C/groups, k, k), bias (K,)) with the batch norm folded in, float32."""
         w = self.conv.weight.numpy().astype(np.float64)
         b = (self.conv.bias.numpy().astype(np.float64) if self.conv.bias is not None
              else np.zeros(self.conv.out_channels))
@@ -68,17 +106,18 @@ class ConvStage:
         return w.astype(np.float32), b.astype(np.float32)
 
 
-class LinearStage:
-    """Linear, then optionally an activation."""
-    fused = True
+class LinearStage(Stage):
+    """Linear, then optionally an activation, and the residual add with the activation after it."""
 
     def __init__(self, lin, act=None):
         self.lin = lin
         self.act, self.slope = _act_slope(act)
+        self.act2, self.slope2 = None, 0.0
         self.sources = [t for _, t in lin.named_parameters()]
 
     def __str__(self):
-        return "Linear" + (f"+act{int(self.act)}" if self.act is not None else "")
+        return "+".join(x for x in ("Linear", _act_name(self.act), self.res is not None and "add",
+                                    _act_name(self.act2)) if x)
 
     def folded(self):
         """(weight (in, out), bias (out,)), float32 (zeros for a missing bias)."""
@@ -87,10 +126,41 @@ class LinearStage:
         return lin.weight.numpy(), b
 
 
-class ViewStage:
-    """Flatten: the next stage reads the same buffer."""
+class AddStage(Stage):
+    """dst = act(src + res): a residual add that no kernel epilogue took."""
+
+    def __init__(self, act=None):
+        self.act, self.slope = _act_slope(act)
+
+    def __str__(self):
+        return "+".join(x for x in ("Add", _act_name(self.act)) if x)
+
+
+class CopyStage(Stage):
+    """A Concat branch's tensor (src) copied into its slice of the output (dst) along `dim`."""
+
+    def __init__(self, dim):
+        self.dim = dim
+
+    def __str__(self):
+        return "CopySlice"
+
+
+class ConcatStage(Stage):
+    """No kernel: names the Concat whose output is dst and its branches' last stages (writers),
+    whose slices the executable works out per input shape."""
     fused = False
-    sources = ()
+
+    def __init__(self, layer):
+        self.layer, self.writers = layer, []
+
+    def __str__(self):
+        return "Concat"
+
+
+class ViewStage(Stage):
+    """Flatten: dst is src's buffer, reshaped."""
+    fused = False
 
     def __init__(self, layer):
         self.layer = layer
@@ -99,54 +169,153 @@ class ViewStage:
         return type(self.layer).__name__
 
 
-class LayerStage:
+class LayerStage(Stage):
     """Not fused: the layer's own forward (it allocates per call)."""
     fused = False
-    sources = ()
 
     def __init__(self, layer):
         self.layer = layer
 
     def __str__(self):
         return type(self.layer).__name__
+
+
+def _fusable_conv(conv):
+    if conv.groups == 1:
+        return conv.dilation == 1  # the dense families' geometry
+    return conv.groups == conv.in_channels  # depthwise (any channel multiplier, stride, dilation)
+
+
+def _layers(module):
+    return [layer for _, layer in module.chain()]
+
+
+class _Planner:
+    def __init__(self):
+        self.stages, self.nvalues = [], 1
+
+    def emit(self, stage, src, res=None, dst=None):
+        stage.src, stage.res = src, res
+        if dst is None:
+            dst, self.nvalues = self.nvalues, self.nvalues + 1
+        stage.dst = dst
+        self.stages.append(stage)
+        return dst
+
+    def block_tail(self, start, v):
+        """The last stage emitted since `start` when it alone wrote v (the block's result; a Concat's
+        output has a writer per branch), else None."""
+        last = self.stages[-1] if len(self.stages) > start else None
+        if last is None or last.dst != v or sum(st.dst == v for st in self.stages) > 1:
+            return None
+        return last
+
+    def walk(self, layers, v):
+        """Emit the stages of `layers` applied to value v; returns the value of the result."""
+        layers = [x for x in layers if not isinstance(x, (Dropout, Identity))]  # the identity in eval mode
+        i = 0
+        while i < len(layers):
+            lay = layers[i]
+            nxt = lambda j: layers[i + j] if i + j < len(layers) else None  # noqa: E731
+            if isinstance(lay, Conv2d) and _fusable_conv(lay):
+                j, bn, act, pool = 1, None, None, None
+                if isinstance(nxt(j), BatchNorm2d) and nxt(j).num_features == lay.out_channels:
+                    bn, j = nxt(j), j + 1
+                if _is_act(nxt(j)):
+                    act, j = nxt(j), j + 1
+                p = nxt(j)
+                if (lay.groups == 1 and isinstance(p, MaxPool2d) and p.kernel_size == 2 and p.stride == 2
+                        and p.padding == 0):
+                    pool, j = p, j + 1
+                v = self.emit(ConvStage(lay, bn, act, pool), v)
+                i += j
+            elif isinstance(lay, Linear):
+                act = nxt(1) if _is_act(nxt(1)) else None
+                v = self.emit(LinearStage(lay, act), v)
+                i += 2 if act is not None else 1
+            elif _is_residual(lay):
+                act = nxt(1) if _is_act(nxt(1)) else None
+                v = self.residual(lay, v, act)
+                i += 2 if act is not None else 1
+            elif _is_concat(lay):
+                v = self.concat(lay, v)
+                i += 1
+            else:
+                v = self.emit((ViewStage if isinstance(lay, Flatten) else LayerStage)(lay), v)
+                i += 1
+        return v
+
+    def residual(self, block, v, act):
+        # the shortcut first: its result must exist when the body's last kernel adds it
+        sc = self.walk(_layers(block.shortcut), v) if block.shortcut is not None else v
+        start = len(self.stages)
+        body = self.walk(_layers(block.body), v)
+        last = self.block_tail(start, body)
+        if isinstance(last, (ConvStage, LinearStage)) and last.res is None and getattr(last, "pool", None) is None:
+            last.res, (last.act2, last.slope2) = sc, _act_slope(act)
+            return body
+        return self.emit(AddStage(act), body, res=sc)
+
+    def concat(self, block, v):
+        marker = ConcatStage(block)
+        out = self.emit(marker, v)
+        for branch in block.branches.layers:
+            start = len(self.stages)
+            b = self.walk(_layers(branch), v)
+            last = self.block_tail(start, b)
+            if isinstance(last, ConvStage) and block.dim in (1, -3) and b != v:
+                last.dst = out  # the conv writes its channels of the output directly
+            else:
+                last = CopyStage(block.dim)
+                self.emit(last, b, dst=out)
+            marker.writers.append(last)
+        return out
+
+
+def _readers_writers(stages, nvalues, output):
+    """Per value: how it is read ('conv' with the padding, 'res' by a conv epilogue, or 'other')
+    and how it is written ('conv' or 'other')."""
+    readers, writers = [[] for _ in range(nvalues)], [[] for _ in range(nvalues)]
+    writers[0].append("other")
+    readers[output].append("other")
+    for st in stages:
+        if isinstance(st, ConcatStage):
+            continue
+        readers[st.src].append(("conv", st.conv.padding) if isinstance(st, ConvStage) else "other")
+        if st.res is not None:
+            readers[st.res].append("res" if isinstance(st, ConvStage) else "other")
+        writers[st.dst].append("conv" if isinstance(st, ConvStage) else "other")
+    return readers, writers
 
 
 def plan_stages(layers):
-    """The stages of `layers` in order."""
-    out, i = [], 0
-    layers = [x for x in layers if not isinstance(x, (Dropout, Identity))]  # the identity in eval mode
-    while i < len(layers):
-        lay = layers[i]
-        nxt = lambda j: layers[i + j] if i + j < len(layers) else None  # noqa: E731
-        if isinstance(lay, Conv2d) and lay.groups == 1 and lay.dilation == 1:  # the families' geometry
-            j, bn, act, pool = 1, None, None, None
-            if isinstance(nxt(j), BatchNorm2d) and nxt(j).num_features == lay.out_channels:
-                bn, j = nxt(j), j + 1
-            if _is_act(nxt(j)):
-                act, j = nxt(j), j + 1
-            p = nxt(j)
-            if isinstance(p, MaxPool2d) and p.kernel_size == 2 and p.stride == 2 and p.padding == 0:
-                pool, j = p, j + 1
-            out.append(ConvStage(lay, bn, act, pool))
-            i += j
-        elif isinstance(lay, Linear):
-            act = nxt(1) if _is_act(nxt(1)) else None
-            out.append(LinearStage(lay, act))
-            i += 2 if act is not None else 1
-        elif isinstance(lay, Flatten):
-            out.append(ViewStage(lay))
-            i += 1
-        else:
-            out.append(LayerStage(lay))
-            i += 1
-    return out
+    """(stages of `layers` in order, the value of the result); every stage's borders set."""
+    p = _Planner()
+    output = p.walk(layers, 0)
+    readers, writers = _readers_writers(p.stages, p.nvalues, output)
+    border = [0] * p.nvalues
+    for v in range(p.nvalues):
+        pads = {r[1] for r in readers[v] if isinstance(r, tuple)}
+        if (writers[v] and all(w == "conv" for w in writers[v]) and "other" not in readers[v]
+                and len(pads) == 1):
+            border[v] = pads.pop()
+    for st in p.stages:
+        st.in_border, st.out_border = border[st.src], border[st.dst]
+        st.res_border = border[st.res] if st.res is not None else 0
+    return p.stages, output
 
 
-def conv_family(spec, target, n):
+def conv_family(spec, target, n, depthwise=False):
     """(family, tile) that runs a conv stage at `spec` and batch `n` on `target`
-    (netcl.jit.common.Target): the GPU family on GPUs; on the CPU Winograd (tile 2 or 4) for 3x3
-    stride 1, else the direct vector kernel where the shape suits it, else the GPU family's kernel
-    with CPU tiles. tile is 0 for the non-Winograd families."""
+    (netcl.jit.common.Target): for depthwise convolutions the CPU direct kernel (depthwise mode)
+    where it fits, else the depthwise family; the GPU family on
+    GPUs; on the CPU Winograd (tile 2 or 4) for 3x3 stride 1, else the direct vector kernel where
+    the shape suits it, else the GPU family's kernel with CPU tiles. tile is 0 for the
+    non-Winograd families."""
+    if depthwise:  # the CPU direct kernel where its vectors fit, else one work-item per output
+        if not target.gpu and spec.dil == 1 and cpu_block(spec, target.config) is not None:
+            return ConvCpu, 0
+        return ConvDw, 0
     if target.gpu:
         return ConvGpu, 0
     tile = wino_tile(spec, target.config, n)
@@ -157,10 +326,11 @@ def conv_family(spec, target, n):
     return ConvGpu, 0
 
 
-def conv_families(spec, target):
+def conv_families(spec, target, depthwise=False):
     """Every (family, tile) conv_family picks for some batch size: built together, so that a new
     batch size builds nothing (only the Winograd tile moves with the batch, across one threshold)."""
-    return sorted({conv_family(spec, target, n) for n in (1, 1 << 30)}, key=lambda ft: (ft[0].__name__, ft[1]))
+    return sorted({conv_family(spec, target, n, depthwise) for n in (1, 1 << 30)},
+                  key=lambda ft: (ft[0].__name__, ft[1]))
 
 
 def make_conv(target, spec, family_tile):

@@ -1,5 +1,7 @@
 // Fused conv, CPU direct family (netcl/jit/conv_cpu.py). Defines: conv.h's, and VW VW2 VWH
-// (vector width, twice, half) RM RR KB (register block, channel blocks) LX LY (work-group).
+// (vector width, twice, half) RM RR KB (register block, channel blocks) LX LY (work-group), MULT
+// (0: dense; else depthwise with this channel multiplier, RM = 1: output channel kb reads input
+// channel kb / MULT only, weights [K][KS * KS]).
 #include "act.h"
 #include "conv.h"
 
@@ -24,7 +26,7 @@ typedef CAT(float, VW2) __attribute__((aligned(4))) uvec2;
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
 void conv_cpu(__global const float *restrict x, __global const float *restrict wb,
-              __global const float *restrict bias, __global float *restrict y) {
+              __global const float *restrict bias, __global float *restrict y, __global const float *restrict res) {
     const int seg = get_global_id(0), rp = get_global_id(1), z = get_global_id(2);
     const int n = z / KB, kb = z % KB;
     const int ow0 = seg * VW, oh0 = rp * RR;
@@ -34,9 +36,15 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 #pragma unroll
         for (int m = 0; m < RM; m++) acc[t][m] = (VEC)(0.0f);
 
+#if MULT
+    __global const float *xn = x + (n * C + kb / MULT) * (IHS * IWS);
+    __global const float *wk = wb + kb * (KS * KS);
+    for (int c = 0; c < 1; c++) {
+#else
     __global const float *xn = x + n * (C * IHS * IWS);
     __global const float *wk = wb + kb * (R * RM);
     for (int c = 0; c < C; c++) {
+#endif
         __global const float *xc = xn + c * (IHS * IWS);
         __global const float *wc = wk + c * (KS * KS * RM);
 #pragma unroll
@@ -80,7 +88,7 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
         const int k = kb * RM + m;
         if (k >= K) break;
         const float bm = bias[k];
-        __global float *yk = y + (n * K + k) * (OHS * OWS);
+        __global float *yk = y + (n * KT + KOFF + k) * (OHS * OWS);
 #if POOL == 2
         const VEC v0 = ACTF(acc[0][m] + bm), v1 = ACTF(acc[1][m] + bm);
         const VEC v = NAN_MAX(v0, v1);
@@ -92,7 +100,13 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 #endif
 #else
 #pragma unroll
-        for (int r = 0; r < RR; r++) *(__global uvec *)(yk + (oh0 + r + OPB) * OWS + ow0 + OPB) = ACTF(acc[r][m] + bm);
+        for (int r = 0; r < RR; r++) {
+            VEC v = ACTF(acc[r][m] + bm);
+#if RES
+            v = ACT2F(v + *(__global const uvec *)(res + RES_AT(n, k, oh0 + r, ow0)));
+#endif
+            *(__global uvec *)(yk + (oh0 + r + OPB) * OWS + ow0 + OPB) = v;
+        }
 #endif
     }
 }

@@ -18,7 +18,8 @@
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void conv_gpu(const int nout, const int split, const int rchunk, __global const float *x, __global const float *wt,
-              __global const float *bias, __global float *y, __global float *part, __global int *counters) {
+              __global const float *bias, __global float *y, __global float *part, __global int *counters,
+              __global const float *res) {
     __local float As[BK][BM];
     __local float Bs[BK][BN];
     __local int last;
@@ -106,14 +107,14 @@ void conv_gpu(const int nout, const int split, const int rchunk, __global const 
             float v = ACTF(acc[i][0] + bm);
             for (int j = 1; j < 4; j++) v = NAN_MAX(v, ACTF(acc[i][j] + bm));
             const int nn = oo / (POH * POW), q = oo % (POH * POW);
-            y[(nn * K + m) * (OHS * OWS) + (q / POW + OPB) * OWS + q % POW + OPB] = v;
+            y[OUT_AT(nn, m, q / POW, q % POW)] = v;
         }
 #else
         for (int j = 0; j < RN; j++) {
             const int oo = o0 + tx * RN + j;
             if (oo >= nout) break;
             const int nn = oo / (OH * OW), q = oo % (OH * OW);
-            y[(nn * K + m) * (OHS * OWS) + (q / OW + OPB) * OWS + q % OW + OPB] = ACTF(acc[i][j] + bm);
+            y[OUT_AT(nn, m, q / OW, q % OW)] = EPI(ACTF(acc[i][j] + bm), nn, m, q / OW, q % OW);
         }
 #endif
     }

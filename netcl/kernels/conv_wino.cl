@@ -40,7 +40,7 @@ typedef float8 __attribute__((aligned(4))) uvec8;
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void conv_wino(const int ntile, const int kbw, __global const float *restrict x, __global const float *restrict u,
-               __global const float *restrict bias, __global float *restrict y) {
+               __global const float *restrict bias, __global float *restrict y, __global const float *restrict res) {
     const int g0 = get_global_id(0) * TT;
     float v[NXI][C][TT];  // transformed inputs of this work-item's tiles
     int ty[TT], tx[TT], tn[TT];
@@ -124,7 +124,7 @@ void conv_wino(const int ntile, const int kbw, __global const float *restrict x,
                 }
 #if POOL == 2
 #define PM (WM / 2)
-                __global float *yt = y + (tn[t] * K + k0) * (OHS * OWS) + (PM * ty[t] + OPB) * OWS + PM * tx[t] + OPB;
+                __global float *yt = y + OUT_AT(tn[t], k0, PM * ty[t], PM * tx[t]);
 #pragma unroll
                 for (int i = 0; i < PM; i++)
 #pragma unroll
@@ -139,7 +139,7 @@ void conv_wino(const int ntile, const int kbw, __global const float *restrict x,
                             if (k0 + l < K) yt[l * (OHS * OWS) + i * OWS + j] = pv[l];
                     }
 #else
-                __global float *yt = y + (tn[t] * K + k0) * (OHS * OWS) + (WM * ty[t] + OPB) * OWS + WM * tx[t] + OPB;
+                __global float *yt = y + OUT_AT(tn[t], k0, WM * ty[t], WM * tx[t]);
 #pragma unroll
                 for (int i = 0; i < WM; i++)
 #pragma unroll
@@ -149,7 +149,8 @@ void conv_wino(const int ntile, const int kbw, __global const float *restrict x,
                                              o[i][j].s4, o[i][j].s5, o[i][j].s6, o[i][j].s7};
 #pragma unroll
                         for (int l = 0; l < 8; l++)
-                            if (k0 + l < K) yt[l * (OHS * OWS) + i * OWS + j] = ov[l];
+                            if (k0 + l < K)
+                                yt[l * (OHS * OWS) + i * OWS + j] = EPI(ov[l], tn[t], k0 + l, WM * ty[t] + i, WM * tx[t] + j);
                     }
 #endif
             }
