@@ -148,8 +148,10 @@ def check_against_torch(queue, torch, record_error, model, ref, x, rng):
     for key, p in model.named_parameters():
         layer, name = owned[key]
         want = layer.from_torch_layout(name, params[key].grad.numpy())  # Linear.weight is (in, out) in netcl
-        # atol: a bias before a training-mode BatchNorm has a true gradient of 0 (rounding noise of sums)
-        bwd.append(assert_close(p.grad.to_host(), want, atol=1e-5, what=f"grad {key}"))
+        # a bias before a training-mode BatchNorm has a true gradient of exactly 0: what netcl returns
+        # there is the float32 rounding of a sum of N*H*W terms of order 1 that cancel (seen: 1e-5)
+        atol = 1e-4 if np.abs(want).max() < 1e-9 else 1e-5
+        bwd.append(assert_close(p.grad.to_host(), want, atol=atol, what=f"grad {key}"))
     buffers = dict(ref.named_buffers())
     for key, t in model.named_buffers():
         assert_close(t.to_host(), buffers[key].numpy(), what=key)
