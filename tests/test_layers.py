@@ -25,12 +25,12 @@ def run_torch(torch, mod, x, dy, grads_of=None):
     return y.detach().numpy(), xt.grad.numpy(), {k: params[k].grad.numpy() for k in (grads_of or params)}
 
 
-def compare(record_error, got, ref, rtol=1e-5, transpose=()):
+def compare(record_error, got, ref, rtol=1e-5, transpose=(), dx_atol=1e-6):
     """Assert forward, dx and parameter gradients close; record the max errors."""
     (y, dx, g), (ry, rdx, rg) = got, ref
     assert set(g) == set(rg), f"parameter names {sorted(g)} != {sorted(rg)}"
     fwd = assert_close(y, ry, rtol, what="forward")
-    bwd = [assert_close(dx, rdx, rtol, what="dx")]
+    bwd = [assert_close(dx, rdx, rtol, atol=dx_atol, what="dx")]
     for k in g:
         bwd.append(assert_close(g[k], rg[k].T if k in transpose else rg[k], rtol, what=f"grad {k}"))
     record_error(fwd, max(bwd))
@@ -185,7 +185,10 @@ def test_layernorm_vs_torch(queue, rng, torch, record_error, shape, mode):
     ref.load_state_dict({"weight": torch.tensor(gamma), "bias": torch.tensor(beta)})
     x = rand(rng, *shape) * 2 + 1
     dy = rand(rng, *shape)
-    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+    # d == 1: dx is exactly 0 (dy minus its own mean), times 1/sqrt(eps) = 100: a GPU compiler's fused
+    # multiply-adds leave ~1e-6 there (seen on the H200), which is rounding, not an error
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy),
+            dx_atol=1e-5 if d == 1 else 1e-6)
 
 
 def test_layernorm_accumulates_gradients_and_takes_pytorch_arguments(queue, rng):
