@@ -100,26 +100,20 @@ def mul(a, b):
 
 
 # -- GEMM --------------------------------------------------------------------------------
-# Per device class: block sizes of the fast kernels (build options of gemm.cl) and fixed 1-D
-# local sizes (PoCL compiles once per local size). On CPUs the vector width follows the
-# device's native float width (8 on AVX2, 16 on AVX-512): FM x VN = 8x8 beat 4x16, 6x16 and
-# 12x8 on a 2-core AVX2 PoCL, and DM x DN = 3x3 (9 accumulators + 6 loads fit 16 ymm
-# registers) beat 4x4 and 2x4 (measured on a busy shared machine, so by margins of 1.3-1.5x;
-# tools/benchmark_training.py measures the result). cpu16 (AVX-512) follows POCL.md's 4x16.
+# Per device class, gemm.cl's build options and launch sizes. CPUs run gemm_cpu.cl (_CPU_GEMM
+# below); their rows here are empty: gemm.cl gives them only sum_axis, permute3 and gemm_reduce.
 # GPUs run gemm_tile for every layout: a BM x BN tile through local memory, BK values of k per
 # step, a RM x RN register block per work-item (the fused conv_gpu family's sizes); a tile side
 # halves, down to 4 register blocks, while half still covers M or N (weight gradients are
 # small). Split-K aims at groups_per_cu work-groups per compute unit, each summing at least
-# min_kchunk values of k. These are starting values, not measurements: to be tuned on the
-# H200 (tools/benchmark_training.py --only gemm --device gpu).
-#
-# (ops.gemm runs _CPU_GEMM's gemm_cpu.cl on CPUs: their rows here build sum_axis and permute3.)
+# min_kchunk values of k. A sweep on the H200 (BK 32, 128-wide tiles, RM 8, groups_per_cu 2 or 8,
+# min_kchunk 1024) moved a detector26 or resnet8 training step by no more than noise.
 _GEMM_CONFIG = {
-    "cpu": {"FM": 8, "VN": 8, "DM": 3, "DN": 3, "VK": 8, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
-    "cpu16": {"FM": 4, "VN": 16, "DM": 4, "DN": 4, "VK": 16, "local_vn": 8, "local_dot": 4, "kchunk": 1024},
+    "cpu": {},
+    "cpu16": {},
     "gpu": {"BM": 64, "BN": 64, "BK": 16, "RM": 4, "RN": 4, "groups_per_cu": 4, "min_kchunk": 256},
 }
-_OPTION_KEYS = ("FM", "VN", "DM", "DN", "VK", "BM", "BN", "BK", "RM", "RN")
+_OPTION_KEYS = ("BM", "BN", "BK", "RM", "RN")
 
 
 _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
@@ -155,10 +149,8 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     """C[b] = alpha * A[b] @ B[b] + beta * C[b] (+ bias) with element strides
     sa = (m, k, batch), sb = (k, n, batch), sc = (m, n, batch).
 
-    On GPUs gemm_tile (see _gemm_tile); on CPUs gemm_cpu.cl (see _gemm_cpu). The older CPU
-    kernels, picked by layout: gemm_vn when B and C are contiguous along n (row-major B, any A: the forward and data-gradient GEMMs),
-    gemm_dot (+ split-K) when A and B are both contiguous along k (the weight gradients,
-    x @ W^T), the strided gemm otherwise."""
+    On CPUs gemm_cpu.cl (see _gemm_cpu), on GPUs gemm.cl's gemm_tile (see _gemm_tile); both take
+    any layout and split K where the tiles alone would leave the device idle."""
     q = C.queue
     if M == 0 or N == 0 or batch == 0:  # an empty C: nothing to compute (an empty batch)
         return C.mark_written()
@@ -166,42 +158,9 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     if cls in _CPU_GEMM:
         _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets)
         return C.mark_written()
-    bias_arg = bias if bias is not None else dummy(q)
-    cfg, options = _gemm_config(q)
-    if "BM" in cfg:
-        _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias_arg, bias_mode, batch, offsets)
-        return C.mark_written()
-    vn_ok = sb[1] == 1 and sc[1] == 1
-    dot_ok = sa[1] == 1 and sb[0] == 1
-    if dot_ok and sc[1] == 1 and not vn_ok and M >= 64 and N >= cfg["VN"]:
-        # x @ W^T with many rows: transposing B (K*N elements, under 1/64 of the work) into a
-        # contiguous copy lets the faster gemm_vn do the GEMM.
-        Bt = new(q, (batch, K, N))
-        permute3(B, (batch, N, K), (sb[2], sb[1], 1), Bt, (K * N, 1, N), offset=offsets[1])
-        B, sb, offsets, vn_ok = Bt, (N, 1, K * N), (offsets[0], 0, offsets[2]), True
-    if vn_ok and not (dot_ok and N < cfg["VN"]):
-        mb, nb = -(-M // cfg["FM"]), -(-N // cfg["VN"])
-        _launch_flat(q, "gemm_vn", options, batch * mb * nb, cfg["local_vn"],
-                     M, N, K, A, offsets[0], sa[0], sa[1], sa[2], B, offsets[1], sb[0], sb[2],
-                     C, offsets[2], sc[0], sc[2], float(alpha), float(beta), bias_arg, bias_mode, mb, nb)
-    elif dot_ok:
-        mb, nb = -(-M // cfg["DM"]), -(-N // cfg["DN"])
-        chunks = max(1, K // cfg["kchunk"])
-        kchunk = -(-K // chunks)
-        kchunk = -(-kchunk // cfg["VK"]) * cfg["VK"]
-        chunks = -(-K // kchunk)
-        P = new(q, (batch, chunks, M, N)) if chunks > 1 else None
-        _launch_flat(q, "gemm_dot", options, batch * chunks * mb * nb, cfg["local_dot"],
-                     M, N, K, A, offsets[0], sa[0], sa[2], B, offsets[1], sb[1], sb[2],
-                     C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode, mb, nb, kchunk, chunks,
-                     P if P is not None else dummy(q))
-        if P is not None:
-            _launch_flat(q, "gemm_reduce", options, batch * M * N, _LOCAL, M, N, chunks, P,
-                         C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode)
-    else:
-        launch(q, "gemm", "gemm", (-(-N // 4), -(-M // 4), batch), (8, 8, 1),
-               M, N, K, A, offsets[0], *sa, B, offsets[1], *sb, C, offsets[2], *sc,
-               float(alpha), float(beta), bias_arg, bias_mode, options=options)
+    cfg, _ = _gemm_config(q)
+    _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias if bias is not None else dummy(q), bias_mode,
+               batch, offsets)
     return C.mark_written()
 
 

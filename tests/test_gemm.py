@@ -1,6 +1,5 @@
-"""ops.gemm against numpy on every kernel path: for GPUs gemm_vn (B and C contiguous along n),
-gemm_dot with and without split-K (A and B contiguous along k), B^T copied then gemm_vn, the
-strided fallback; for CPUs gemm_cpu (packed B panels, K blocks, split-K) and gemm_cpu_dot;
+"""ops.gemm against numpy on every kernel path: for GPUs gemm_tile in every operand layout, with
+and without split-K; for CPUs gemm_cpu (packed B panels, K blocks, split-K) and gemm_cpu_dot;
 transposes, sizes that are not multiples of any block, tails, batches with offsets, both bias
 modes, beta, alpha."""
 import numpy as np
@@ -66,13 +65,14 @@ def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta,
     assert np.array_equal(got[:, :, N:], c0[:, :, N:]), "wrote past the n tail into C's row padding"
 
 
-# (path, batch, M, N, K, A contiguous along k, B layout) for the "gpu" class's kernels (gemm.cl)
+# (case, batch, M, N, K, A contiguous along k, B layout) for the "gpu" class's gemm_tile (gemm.cl):
+# each operand layout it loads (A m- or k-major, B n- or k-major, B strided), split-K, a taller M
 _GEMM_PATHS = {
-    "vn": (3, 13, 21, 11, False, "kn"),
-    "dot": (3, 13, 21, 11, True, "nk"),
-    "dot_splitk": (3, 13, 21, 2200, True, "nk"),
-    "nt_transposed": (3, 70, 21, 11, True, "nk"),  # M >= 64: B^T copied, then gemm_vn
-    "strided": (3, 13, 21, 11, False, "strided"),
+    "a_m_b_n": (3, 13, 21, 11, False, "kn"),
+    "a_k_b_k": (3, 13, 21, 11, True, "nk"),
+    "a_k_b_k_splitk": (3, 13, 21, 2200, True, "nk"),
+    "tall_a_k_b_k": (3, 70, 21, 11, True, "nk"),
+    "b_strided": (3, 13, 21, 11, False, "strided"),
 }
 
 

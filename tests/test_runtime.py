@@ -193,7 +193,7 @@ def test_every_kernel_declares_its_scalar_argument_types(queue):
         if family.startswith("conv_") or family == "linear":
             continue  # the fused families are built by netcl.jit with their -D defines
         types = arg_dtypes(kernel_source(family))
-        options = {"gemm": ("-DFM=4", "-DVN=8", "-DDM=2", "-DDN=2", "-DVK=8"),
+        options = {"gemm": ("-DBM=64", "-DBN=64", "-DBK=16", "-DRM=4", "-DRN=4", "-DA_KMAJOR=1", "-DB_KMAJOR=0"),
                    "gemm_cpu": tuple(f"-D{k}={v}" for k, v in ops._CPU_GEMM["cpu16"].items())}.get(family, ())
         for name, k in kernels(queue, family, options).items():
             assert len(types[name]) == k.num_args, (family, name)
