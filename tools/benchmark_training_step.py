@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from netcl.apps import common  # noqa: E402
+from netcl.apps.bench import torch_layer  # noqa: E402
 
 MODELS = {  # name -> (per-sample input shape, loss, number of classes or None)
     "detector26": ((3, 256, 256), "mse", None),
@@ -134,47 +135,11 @@ def profile_netcl(name, batch, args):
 
 # -- PyTorch --------------------------------------------------------------------------------
 def torch_twin(model, torch):
-    """The same layers and weights in torch.nn (Linear weights transposed to torch's (out, in));
-    netcl's Residual becomes a small torch module with the same attribute names, so the
-    state_dict keys match."""
-    from netcl import nn
-
-    class Residual(torch.nn.Module):
-        def __init__(self, body, shortcut):
-            super().__init__()
-            self.body, self.shortcut = body, shortcut
-
-        def forward(self, x):
-            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
-
-    def twin(m):
-        if isinstance(m, nn.Sequential):
-            return torch.nn.Sequential(*[twin(c) for c in m])
-        if isinstance(m, nn.Residual):
-            return Residual(twin(m.body), None if m.shortcut is None else twin(m.shortcut))
-        if isinstance(m, nn.Conv2d):
-            return torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation,
-                                   m.groups, bias=m.bias is not None)
-        if isinstance(m, nn.Linear):
-            return torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
-        if isinstance(m, nn.BatchNorm2d):
-            return torch.nn.BatchNorm2d(m.num_features, m.eps, m.momentum)
-        if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
-            return getattr(torch.nn, type(m).__name__)(m.kernel_size, m.stride, m.padding)
-        if isinstance(m, nn.AdaptiveAvgPool2d):
-            return torch.nn.AdaptiveAvgPool2d(m.output_size)
-        if isinstance(m, nn.LeakyReLU):
-            return torch.nn.LeakyReLU(m.negative_slope)
-        if isinstance(m, nn.Dropout):
-            return torch.nn.Dropout(m.p)
-        return getattr(torch.nn, type(m).__name__)()
-
-    t = twin(model)
-    state = {key: torch.tensor(tensor.to_host().T if isinstance(layer, nn.Linear) and name == "weight"
-                               else tensor.to_host())
-             for key, tensor, layer, name in model._owned_tensors()}
-    t.load_state_dict(state, strict=False)
-    return t
+    """The same layers and weights in torch.nn (netcl.apps.bench's twin, shared with `netcl bench`)."""
+    twin = torch_layer(torch, model)
+    if twin is None:
+        raise NotImplementedError(f"no PyTorch twin for a layer of {type(model).__name__}")
+    return twin
 
 
 def run_torch(name, batch, args):

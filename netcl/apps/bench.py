@@ -143,7 +143,7 @@ def _torch_model(model):
         return None
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    twin = _torch_layer(torch, model)
+    twin = torch_layer(torch, model)
     return twin.cuda().eval() if twin is not None else None
 
 
@@ -166,26 +166,28 @@ def _torch_blocks(torch):
     return Residual, Concat
 
 
-def _torch_layer(torch, m):
-    """One netcl layer (or block) as a torch module with its weights, or None when not covered."""
+def torch_layer(torch, m):
+    """One netcl layer (or block) as a torch module with its weights and buffers (Linear weights
+    transposed to torch's (out, in); blocks with netcl's attribute names, so state_dict keys match),
+    or None when a layer is not covered. The benchmarks' PyTorch peer, for inference and training."""
     tnn = torch.nn
     if isinstance(m, nn.Sequential):
-        parts = [_torch_layer(torch, x) for x in m]
+        parts = [torch_layer(torch, x) for x in m]
         return None if any(p is None for p in parts) else tnn.Sequential(*parts)
     if isinstance(m, nn.Residual):
-        body = _torch_layer(torch, m.body)
-        sc = _torch_layer(torch, m.shortcut) if m.shortcut is not None else None
+        body = torch_layer(torch, m.body)
+        sc = torch_layer(torch, m.shortcut) if m.shortcut is not None else None
         if body is None or (m.shortcut is not None and sc is None):
             return None
         return _torch_blocks(torch)[0](body, sc)
     if isinstance(m, nn.Concat):
-        parts = [_torch_layer(torch, b) for b in m.branches.layers]
+        parts = [torch_layer(torch, b) for b in m.branches.layers]
         return None if any(p is None for p in parts) else _torch_blocks(torch)[1](parts, m.dim)
     if isinstance(m, nn.Conv2d):
         t = tnn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, dilation=m.dilation,
                        groups=m.groups, bias=m.bias is not None)
     elif isinstance(m, nn.BatchNorm2d):
-        t = tnn.BatchNorm2d(m.num_features, eps=m.eps)
+        t = tnn.BatchNorm2d(m.num_features, eps=m.eps, momentum=m.momentum)
         t.running_mean.data[:] = torch.from_numpy(m.running_mean.to_host())
         t.running_var.data[:] = torch.from_numpy(m.running_var.to_host())
     elif isinstance(m, nn.Linear):
@@ -196,8 +198,10 @@ def _torch_layer(torch, m):
         return t
     elif isinstance(m, nn.LeakyReLU):
         return tnn.LeakyReLU(m.negative_slope)
-    elif isinstance(m, nn.MaxPool2d):
-        return tnn.MaxPool2d(m.kernel_size, m.stride, m.padding)
+    elif isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
+        return getattr(tnn, type(m).__name__)(m.kernel_size, m.stride, m.padding)
+    elif isinstance(m, nn.Dropout):
+        return tnn.Dropout(m.p)  # the identity in eval mode, as netcl's
     elif isinstance(m, nn.Flatten):
         return tnn.Flatten(m.start_dim, m.end_dim)
     elif isinstance(m, nn.AdaptiveAvgPool2d):
@@ -206,7 +210,7 @@ def _torch_layer(torch, m):
         return tnn.Upsample(scale_factor=m.scale_factor, mode="nearest")
     else:
         make = {"ReLU": tnn.ReLU, "ReLU6": tnn.ReLU6, "Sigmoid": tnn.Sigmoid, "Tanh": tnn.Tanh, "SiLU": tnn.SiLU,
-                "Hardswish": tnn.Hardswish, "Identity": tnn.Identity, "Dropout": tnn.Identity}.get(type(m).__name__)
+                "Hardswish": tnn.Hardswish, "Identity": tnn.Identity}.get(type(m).__name__)
         return make() if make is not None else None
     t.weight.data[:] = torch.from_numpy(m.weight.to_host())
     if m.bias is not None:
