@@ -19,6 +19,17 @@ def queue():
     return netcl.default_queue()
 
 
+@pytest.fixture(scope="module")
+def q():
+    """The default queue for the fused-path tests, which skip (rather than fail) without a device."""
+    import netcl
+
+    try:
+        return netcl.default_queue()
+    except netcl.NoDeviceError as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded per test, so every test is reproducible on its own."""
@@ -107,3 +118,32 @@ def randomize_batchnorm(model, rng):
             m.weight.set_(rng.uniform(0.5, 1.5, c))
             m.bias.set_(rng.normal(0, 0.2, c))
     return model
+
+
+def hammer_threads(model, q, xs, calls, threads=4):
+    """`threads` threads call one eval model `calls` times each, alternating predict() and
+    model(Tensor) over the inputs `xs`; fails unless every result is the caller's own."""
+    import threading
+
+    from netcl import Tensor
+
+    refs = [model.predict(x, q) for x in xs]
+    wrong, errors = [], []
+
+    def worker(t):
+        try:
+            for j in range(calls):
+                i = (t + j) % len(xs)
+                if not np.array_equal(model.predict(xs[i], q), refs[i]):
+                    wrong.append(("predict", i))
+                if not np.array_equal(model(Tensor.from_host(q, xs[i])).to_host(), refs[i]):
+                    wrong.append(("call", i))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors and not wrong, (errors[:1], len(wrong))

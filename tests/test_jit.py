@@ -9,14 +9,6 @@ from conftest import randomize_batchnorm
 pytest.importorskip("pyopencl")
 
 
-@pytest.fixture(scope="module")
-def q():
-    try:
-        return netcl.default_queue()
-    except netcl.NoDeviceError as e:
-        pytest.skip(str(e))
-
-
 def _unfused(model, q, x):
     plan, model._fused = model._fused, None
     try:

@@ -1,23 +1,14 @@
 """The fused path under a server's load and misuse: threads sharing one model, many batch sizes,
 bad inputs (the layer path's errors), NaN inputs (kept, as the layers keep them)."""
-import threading
 
 import numpy as np
 import pytest
 
 import netcl
 from netcl import Tensor, jit, models, nn
-from conftest import randomize_batchnorm
+from conftest import hammer_threads, randomize_batchnorm
 
 pytest.importorskip("pyopencl")
-
-
-@pytest.fixture(scope="module")
-def q():
-    try:
-        return netcl.default_queue()
-    except netcl.NoDeviceError as e:
-        pytest.skip(str(e))
 
 
 def _unfused(model, fn):
@@ -42,26 +33,7 @@ def test_threads_sharing_one_model_get_their_own_results(q):
     netcl.manual_seed(20)
     model = randomize_batchnorm(models.cnn(), rng).eval()
     xs = [rng.normal(size=(1 + i % 3, 3, 32, 32)).astype(np.float32) for i in range(6)]
-    refs = [model.predict(x, q) for x in xs]
-    wrong, errors = [], []
-
-    def worker(t):
-        try:
-            for j in range(500):
-                i = (t + j) % len(xs)
-                if not np.array_equal(model.predict(xs[i], q), refs[i]):
-                    wrong.append(("predict", i))
-                if not np.array_equal(model(Tensor.from_host(q, xs[i])).to_host(), refs[i]):
-                    wrong.append(("call", i))
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and not wrong, (errors[:1], len(wrong))
+    hammer_threads(model, q, xs, calls=500)
 
 
 # -- batch sizes --------------------------------------------------------------------------------
