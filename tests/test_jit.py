@@ -217,8 +217,9 @@ def test_new_activations_fuse(q, make_act):
 
 
 def test_new_layers_run_inside_a_plan(q):
-    """LayerNorm, Transpose, AdaptiveAvgPool and Flatten(start, end) between fused stages; Linear on
-    rank-3 and rank-4 input is one fused kernel."""
+    """LayerNorm, Transpose, AdaptiveAvgPool and Flatten(start, end) between fused stages: a Linear
+    on rank-3 and rank-4 input, LayerNorm + Linear, a Transpose and the mean over tokens are one
+    fused kernel each; only AdaptiveAvgPool2d(3) (not global) runs its own forward."""
     rng = np.random.default_rng(4)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.AdaptiveAvgPool2d(3), nn.Linear(3, 6),
                           nn.GELU(), nn.Flatten(2, 3), nn.Transpose(1, 2), nn.LayerNorm(8), nn.Linear(8, 4),
@@ -226,7 +227,8 @@ def test_new_layers_run_inside_a_plan(q):
     model = randomize_batchnorm(model, rng).eval()
     for batch in (1, 3):
         x = rng.normal(size=(batch, 3, 7, 5)).astype(np.float32)
-        assert model._fused.launches(x.shape) == 3
+        assert model._fused.launches(x.shape) == 5
+        assert model._fused.unfused() == ["AdaptiveAvgPool2d"]
         y = _fused(model, q, x)
         assert y.shape == (batch, 4)
         np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)

@@ -19,7 +19,7 @@ class AddLaunch(_NoWeights):
     """Arguments: (n, a, b, y): y = act(a + b), element-wise."""
     in_arg, out_arg, res_arg = 1, 3, 2
 
-    def __init__(self, target, stage):
+    def __init__(self, target, stage, shape):
         self.program, self.name = target.program("eltwise", act_defines(stage.act, stage.slope)), "add_act"
         self.lsize = (_LOCAL,)
 

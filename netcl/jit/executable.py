@@ -21,8 +21,10 @@ from netcl.jit.common import STATS, Target
 from netcl.jit.config import JitConfig
 from netcl.jit.eltwise import AddLaunch, CopyLaunch
 from netcl.jit.linear import LinearLaunch
-from netcl.jit.stages import (AddStage, ConcatStage, ConvStage, LayerStage, LinearStage, ViewStage, conv_families,
-                              conv_family, make_conv)
+from netcl.jit.seq import AttentionLaunch, LayerNormLaunch, MeanLaunch, TransposeLaunch
+from netcl.jit.stages import (AddStage, AttentionStage, ConcatStage, ConvStage, CopyStage, LayerNormStage, LayerStage,
+                              LinearStage, MeanStage, TransposeStage, ViewStage, conv_families, conv_family,
+                              make_conv)
 from netcl.tensor import Tensor
 
 _pool = None
@@ -36,6 +38,11 @@ def _copy_pool():
         if _pool is None:
             _pool = ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 1))), thread_name_prefix="netcl-copy")
     return _pool
+
+
+# the family of each fused stage but conv and copy stages: made as Launch(target, stage, input shape)
+_FAMILIES = {LinearStage: LinearLaunch, AddStage: AddLaunch, LayerNormStage: LayerNormLaunch,
+             AttentionStage: AttentionLaunch, MeanStage: MeanLaunch, TransposeStage: TransposeLaunch}
 
 
 class _Step:  # a stage that is not a launch of the plan: a view, an unfused layer, a Concat's output shape
@@ -80,13 +87,12 @@ class Compiled:
                 ops.check_size(q, spec.out_shape(n), spec.out_bytes(n))  # before a build, as the layer path would
                 launches = {ft: make_conv(target, spec, ft) for ft in conv_families(spec, target, st.depthwise)}
                 out = spec.out_shape(n)
-            elif isinstance(st, LinearStage):
-                out = st.lin.output_shape(src)
-                launches = {None: LinearLaunch(target, st)}
-            elif isinstance(st, AddStage):
-                out, launches = src, {None: AddLaunch(target, st)}
-            else:  # CopyStage
-                out, launches = src, {None: CopyLaunch(target, st, shapes[st.dst], koff[id(st)])}
+            elif isinstance(st, CopyStage):
+                launch = CopyLaunch(target, st, shapes[st.dst], koff[id(st)])
+                out, launches = src, {None: launch}
+            else:
+                launch = _FAMILIES[type(st)](target, st, src)
+                out, launches = launch.sized(target, src)[2], {None: launch}
             ops.check_size(q, out)
             shapes.setdefault(st.dst, out)
             self.steps.append(_Fused(st, spec, launches))

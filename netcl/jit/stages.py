@@ -25,11 +25,12 @@ from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
 from netcl.jit.conv_wino import ConvWino, wino_tile
-from netcl.nn.basic import Dropout, Flatten, Identity
+from netcl.nn.attention import MultiheadAttention
+from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.conv import Conv2d
 from netcl.nn.linear import Linear
-from netcl.nn.norm import BatchNorm2d
-from netcl.nn.pool import MaxPool2d
+from netcl.nn.norm import BatchNorm2d, LayerNorm
+from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, MaxPool2d
 
 
 # Residual and Concat (netcl.nn.blocks, which imports Sequential, which imports this package) are
@@ -107,23 +108,112 @@ class ConvStage(Stage):
 
 
 class LinearStage(Stage):
-    """Linear, then optionally an activation, and the residual add with the activation after it."""
+    """[LayerNorm +] Linear, then optionally an activation, and the residual add with the activation
+    after it. Also a MultiheadAttention's projections (weights in PyTorch's (out, in) layout), and a
+    Linear between two equal Transposes (`swap`): it then runs along the axis the swap brings last.
 
-    def __init__(self, lin, act=None):
-        self.lin = lin
+    weight: (in, out), or (out, in) when `transposed`; ln: a LayerNorm before it (folded: its
+    weight scales W's rows, its bias adds b' = beta W)."""
+
+    def __init__(self, weight, bias, act=None, transposed=False, ln=None, swap=None, label="Linear"):
+        self.weight, self.bias, self.transposed, self.ln, self.swap, self.label = \
+            weight, bias, transposed, ln, swap, label
+        self.out_f, self.in_f = weight.shape if transposed else weight.shape[::-1]
         self.act, self.slope = _act_slope(act)
         self.act2, self.slope2 = None, 0.0
-        self.sources = [t for _, t in lin.named_parameters()]
+        self.sources = [t for t in (weight, bias) if t is not None]
+        if ln is not None:
+            self.sources += [t for _, t in ln.named_parameters()]
+
+    @classmethod
+    def of(cls, lin, act=None, ln=None, swap=None):
+        return cls(lin.weight, lin.bias, act, ln=ln, swap=swap)
 
     def __str__(self):
-        return "+".join(x for x in ("Linear", _act_name(self.act), self.res is not None and "add",
+        return "+".join(x for x in (self.ln and "LayerNorm", self.swap and "Transpose", self.label,
+                                    _act_name(self.act), self.res is not None and "add",
                                     _act_name(self.act2)) if x)
 
+    def axis_of(self, shape):
+        """The axis of `shape` the Linear runs along: the last, or with a swap the axis the swap
+        brings last (the two Transposes restore the order of the others)."""
+        last = len(shape) - 1
+        if self.swap is None:
+            return last
+        lo, hi = self.swap.dims(shape)
+        return lo if hi == last else last
+
+    def inner(self, shape):
+        """Elements between one input feature and the next (1 along the last axis)."""
+        return int(np.prod(shape[self.axis_of(shape) + 1:], dtype=np.int64))
+
     def folded(self):
-        """(weight (in, out), bias (out,)), float32 (zeros for a missing bias)."""
-        lin = self.lin
-        b = lin.bias.numpy() if lin.bias is not None else np.zeros(lin.out_features, np.float32)
-        return lin.weight.numpy(), b
+        """(weight (in, out), bias (out,)) with the LayerNorm's weight and bias folded in, float32
+        (zeros for a missing bias)."""
+        w = self.weight.numpy()
+        w = w.T if self.transposed else w
+        b = self.bias.numpy() if self.bias is not None else np.zeros(self.out_f, np.float32)
+        if self.ln is not None:
+            gamma = self.ln.weight.numpy().astype(np.float64)
+            b = self.ln.bias.numpy().astype(np.float64) @ w.astype(np.float64) + b
+            w = gamma[:, None] * w
+        return np.ascontiguousarray(w, np.float32), np.asarray(b, np.float32)
+
+
+class LayerNormStage(Stage):
+    """A LayerNorm that no Linear follows."""
+
+    def __init__(self, ln):
+        self.ln = ln
+        self.sources = [t for _, t in ln.named_parameters()]
+
+    def __str__(self):
+        return "LayerNorm"
+
+    def folded(self):
+        return self.ln.weight.numpy(), self.ln.bias.numpy()
+
+
+class AttentionStage(Stage):
+    """The attention core of a MultiheadAttention: reads its input projection's (N, L, 3E) output."""
+
+    def __init__(self, mha):
+        self.mha = mha
+
+    def __str__(self):
+        return "Attention"
+
+
+class MeanStage(Stage):
+    """AdaptiveAvgPool2d(1) or AdaptiveAvgPool1d(1), the latter optionally after Transpose(1, 2)
+    (then the mean over the tokens of (N, L, E), read in place)."""
+
+    def __init__(self, pool, swapped=False):
+        self.pool, self.swapped = pool, swapped
+
+    def __str__(self):
+        return ("Transpose+" if self.swapped else "") + type(self.pool).__name__
+
+    def split(self, shape):
+        """(outer, R, inner): the input read as (outer, R, inner), averaged over R."""
+        if self.swapped:
+            return shape[0], shape[1], shape[2]
+        return shape[0] * shape[1], int(np.prod(shape[2:], dtype=np.int64)), 1
+
+    def output_shape(self, shape):
+        if self.swapped:
+            shape = (shape[0], shape[2], shape[1])
+        return self.pool.output_shape(shape)
+
+
+class TransposeStage(Stage):
+    """A Transpose no Linear or mean absorbed: one copy kernel."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __str__(self):
+        return "Transpose"
 
 
 class AddStage(Stage):
@@ -186,6 +276,20 @@ def _fusable_conv(conv):
     return conv.groups == conv.in_channels  # depthwise (any channel multiplier, stride, dilation)
 
 
+def _same_swap(a, b):
+    """b is a Transpose of the same two dimensions as Transpose a (their swaps cancel)."""
+    return isinstance(b, Transpose) and {a.dim0, a.dim1} == {b.dim0, b.dim1}
+
+
+def _swaps_last_two(t):
+    """Transpose t swaps dimensions 1 and 2 of the rank-3 input an AdaptiveAvgPool1d takes."""
+    return {t.dim0 % 3, t.dim1 % 3} == {1, 2} if -3 <= min(t.dim0, t.dim1) and max(t.dim0, t.dim1) < 3 else False
+
+
+def _global_pool(layer, kind):
+    return isinstance(layer, kind) and layer.output_size == 1
+
+
 def _layers(module):
     return [layer for _, layer in module.chain()]
 
@@ -231,8 +335,39 @@ class _Planner:
                 i += j
             elif isinstance(lay, Linear):
                 act = nxt(1) if _is_act(nxt(1)) else None
-                v = self.emit(LinearStage(lay, act), v)
+                v = self.emit(LinearStage.of(lay, act), v)
                 i += 2 if act is not None else 1
+            elif isinstance(lay, LayerNorm) and isinstance(nxt(1), Linear):
+                act = nxt(2) if _is_act(nxt(2)) else None
+                v = self.emit(LinearStage.of(nxt(1), act, ln=lay), v)
+                i += 3 if act is not None else 2
+            elif isinstance(lay, LayerNorm) and isinstance(nxt(1), MultiheadAttention):
+                act = nxt(2) if _is_act(nxt(2)) else None
+                v = self.attention(nxt(1), v, lay, act)
+                i += 3 if act is not None else 2
+            elif isinstance(lay, MultiheadAttention):
+                act = nxt(1) if _is_act(nxt(1)) else None
+                v = self.attention(lay, v, act=act)
+                i += 2 if act is not None else 1
+            elif isinstance(lay, LayerNorm):
+                v = self.emit(LayerNormStage(lay), v)
+                i += 1
+            elif isinstance(lay, Transpose) and isinstance(nxt(1), Linear) and _same_swap(lay, nxt(2)):
+                v = self.emit(LinearStage.of(nxt(1), swap=lay), v)
+                i += 3
+            elif (isinstance(lay, Transpose) and isinstance(nxt(1), Linear) and _is_act(nxt(2))
+                  and _same_swap(lay, nxt(3))):
+                v = self.emit(LinearStage.of(nxt(1), nxt(2), swap=lay), v)
+                i += 4
+            elif isinstance(lay, Transpose) and _global_pool(nxt(1), AdaptiveAvgPool1d) and _swaps_last_two(lay):
+                v = self.emit(MeanStage(nxt(1), swapped=True), v)
+                i += 2
+            elif _global_pool(lay, AdaptiveAvgPool1d) or _global_pool(lay, AdaptiveAvgPool2d):
+                v = self.emit(MeanStage(lay), v)
+                i += 1
+            elif isinstance(lay, Transpose):
+                v = self.emit(TransposeStage(lay), v)
+                i += 1
             elif _is_residual(lay):
                 act = nxt(1) if _is_act(nxt(1)) else None
                 v = self.residual(lay, v, act)
@@ -244,6 +379,13 @@ class _Planner:
                 v = self.emit((ViewStage if isinstance(lay, Flatten) else LayerStage)(lay), v)
                 i += 1
         return v
+
+    def attention(self, mha, v, ln=None, act=None):
+        """A MultiheadAttention (after a LayerNorm, before an activation): input projection, attention
+        core, output projection."""
+        v = self.emit(LinearStage(mha.in_proj_weight, mha.in_proj_bias, transposed=True, ln=ln, label="InProj"), v)
+        v = self.emit(AttentionStage(mha), v)
+        return self.emit(LinearStage(mha.out_proj_weight, mha.out_proj_bias, act, transposed=True, label="OutProj"), v)
 
     def residual(self, block, v, act):
         # the shortcut first: its result must exist when the body's last kernel adds it

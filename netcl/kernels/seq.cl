@@ -1,0 +1,106 @@
+// The fused path's sequence kernels (netcl/jit/seq.py): LayerNorm, self-attention and the mean
+// over an axis, each built for one stage's sizes (defines), with the batch as an argument; a
+// program holds the kernel whose defines it was given.
+
+// LayerNorm over the last axis, rows of D: y = (x - mean) / sqrt(var + EPS) * gamma + beta, biased
+// variance in two passes, as PyTorch. One work-item per row. Defines: D EPS
+#ifdef EPS
+__kernel void layernorm(const int rows, __global const float *restrict x, __global const float *restrict gamma,
+                        __global const float *restrict beta, __global float *restrict y) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    __global const float *xr = x + (size_t)r * D;
+    float s = 0.0f;
+    for (int k = 0; k < D; k++) s += xr[k];
+    const float m = s / D;
+    float v = 0.0f;
+    for (int k = 0; k < D; k++) {
+        const float d = xr[k] - m;
+        v = fma(d, d, v);
+    }
+    const float rstd = 1.0f / sqrt(v / D + EPS);
+    __global float *yr = y + (size_t)r * D;
+    for (int k = 0; k < D; k++) yr[k] = fma((xr[k] - m) * rstd, gamma[k], beta[k]);
+}
+
+#endif
+
+#ifdef HD
+// Multi-head self-attention, after the input projection: qkv (N, L, 3E) holds q, k and v side by
+// side (head h at columns h*HD of each); out (N, L, E) gets softmax(q k^T * SCALE) v, head h at
+// columns h*HD. One work-item per (sample, head, QB queries): two passes over the keys (the
+// maximum, then the exponentials and the weighted sum of v), no L x L scores stored. On CPUs QB
+// is 16, the queries one float16 (the dots and exponentials of 16 queries in one vector, each key
+// element broadcast: PoCL vectorises nothing else); on GPUs 1. A NaN score is skipped by fmax and
+// comes out through its exponential. Defines: L E HD SCALE QB
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#if QB == 1
+#define QV float
+#else
+#define QV CAT(float, QB)
+#endif
+__kernel void attention(const int nh, __global const float *restrict qkv, __global float *restrict out) {
+    const int i0 = get_global_id(0) * QB, bh = get_global_id(1);
+    if (i0 >= L || bh >= nh) return;
+    const int b = bh / (E / HD), h = bh % (E / HD);
+    __global const float *base = qkv + (size_t)b * L * 3 * E + h * HD;
+    QV q[HD], acc[HD];
+    for (int d = 0; d < HD; d++) {  // queries past L repeat the last one; they are not written
+        QV t;
+        float *tp = (float *)&t;
+        for (int c = 0; c < QB; c++) tp[c] = base[(size_t)min(i0 + c, L - 1) * 3 * E + d] * SCALE;
+        q[d] = t;
+        acc[d] = (QV)(0.0f);
+    }
+    QV m = (QV)(-INFINITY);
+    for (int j = 0; j < L; j++) {
+        __global const float *kj = base + (size_t)j * 3 * E + E;
+        QV s = q[0] * kj[0];
+        for (int d = 1; d < HD; d++) s = fma(q[d], (QV)(kj[d]), s);
+        m = fmax(m, s);
+    }
+    QV l = (QV)(0.0f);
+    for (int j = 0; j < L; j++) {
+        __global const float *kj = base + (size_t)j * 3 * E + E;
+        QV s = q[0] * kj[0];
+        for (int d = 1; d < HD; d++) s = fma(q[d], (QV)(kj[d]), s);
+        const QV p = exp(s - m);
+        l += p;
+        for (int d = 0; d < HD; d++) acc[d] = fma(p, (QV)(kj[E + d]), acc[d]);
+    }
+    for (int d = 0; d < HD; d++) {
+        QV t = acc[d] / l;
+        float *tp = (float *)&t;
+        for (int c = 0; c < QB && i0 + c < L; c++) out[((size_t)b * L + i0 + c) * E + h * HD + d] = tp[c];
+    }
+}
+#endif
+
+#ifdef INNER
+// The mean over the middle axis of x read as (outer, R, INNER): y (outer, INNER). Global average
+// pooling (INNER 1) and the average over tokens of a (N, L, E) sequence (R = L, INNER = E).
+// One work-item per output. Defines: R INNER
+__kernel void mean_axis(const int n, __global const float *restrict x, __global float *restrict y) {
+    const int idx = get_global_id(0);
+    if (idx >= n) return;
+    __global const float *xr = x + (size_t)(idx / INNER) * R * INNER + idx % INNER;
+    float s = 0.0f;
+    for (int r = 0; r < R; r++) s += xr[(size_t)r * INNER];
+    y[idx] = s / R;
+}
+#endif
+
+#ifdef TD0
+// x read as (A, TD0, TB, TD1, TC) written as (A, TD1, TB, TD0, TC) (a Transpose): one work-item per
+// output row of TD0 x TC contiguous floats, so the index arithmetic is per row, not per element.
+__kernel void transpose_rows(const int rows, __global const float *restrict x, __global float *restrict y) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    const int b = r % TB, i1 = (r / TB) % TD1, a = r / (TB * TD1);
+    __global const float *xr = x + (size_t)a * TD0 * TB * TD1 * TC + ((size_t)b * TD1 + i1) * TC;
+    __global float *yr = y + (size_t)r * TD0 * TC;
+    for (int i0 = 0; i0 < TD0; i0++)
+        for (int c = 0; c < TC; c++) yr[i0 * TC + c] = xr[(size_t)i0 * TB * TD1 * TC + c];
+}
+#endif
