@@ -114,7 +114,7 @@ def _encoder_block(dim, heads, hidden):
 @_register((1, 8, 8))
 def vit_tiny():
     """A vision transformer sized for the 8x8 digits (N, 1, 8, 8), 10 classes: a convolutional
-    patch embedding (3x3, stride 2, padding 1: 16 tokens of 32), a learned token mixing in a
+    patch embedding (3x3, stride 1, padding 1: 64 tokens of 32), a learned token mixing in a
     residual (Linear over the token axis: where each token sits, which attention and the final
     average alone would not see), two pre-norm encoder blocks (4 heads, MLP 64 with GELU),
     LayerNorm, the average over tokens, Linear(32, 10)."""

@@ -2,7 +2,11 @@
 
     Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> one conv kernel (BN folded)
     depthwise Conv2d [+ BatchNorm2d] [+ activation]         -> one depthwise conv kernel
-    Linear [+ activation]                                   -> one linear kernel
+    [LayerNorm +] Linear [+ activation]                     -> one linear kernel (the LayerNorm folded in)
+    Transpose, Linear [+ act], the same Transpose           -> one linear kernel along the inner axis
+    [LayerNorm +] MultiheadAttention [+ activation]         -> input projection, attention, output projection
+    LayerNorm; Transpose; global average pooling            -> one kernel each (a Transpose(1, 2) before an
+                                                               AdaptiveAvgPool1d(1) is read in place)
     Residual [+ activation]                                 -> its shortcut's and body's stages; the add
                                                                (and the activation) in the epilogue of the
                                                                body's last conv or Linear, else one add kernel
@@ -20,7 +24,8 @@ source, owning its block sizes, build options, weight packing and argument order
     conv_wino  CPU Winograd F(2x2 or 4x4, 3x3) for 3x3 stride-1 convolutions
     conv_cpu   CPU explicit-vector direct convolution otherwise (and depthwise, one channel each)
     conv_dw    depthwise convolution, one work-item per output (GPUs; CPU shapes conv_cpu does not take)
-    linear     Linear + activation
+    linear     [LayerNorm +] Linear + activation, along the last or an inner axis
+    seq        LayerNorm, the attention core (online over the keys), the mean over an axis, Transpose
     eltwise    the residual add no epilogue took; a Concat branch's copy into its slice
 
 Every conv family's epilogue (kernels/conv.h): bias (BN folded), activation, then the residual add

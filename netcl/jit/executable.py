@@ -172,6 +172,7 @@ class Executable:
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current
         self.host_in = None
+        self.direct_upload = target.gpu  # infer()'s upload: straight from the caller's array on GPUs
 
     def refresh(self):
         """Fold and upload the weights of every stage whose source tensors changed (one version list
@@ -206,6 +207,11 @@ class Executable:
         cl, q = self.target.cl, self.q
         if self.host_in is None:
             self._staging()
+        if self.direct_upload:
+            # the driver's own upload from pageable memory overlaps its staging with the transfer:
+            # faster on the H200 than copying into our pinned buffer first (6.3 MB: 0.36 ms vs 0.52)
+            cl.enqueue_copy(q, self.dev_in.buf, x, is_blocking=True)
+            return self._finish(self.run(self.dev_in))
         src, dst = x.reshape(-1), self.host_in.reshape(-1)
         if len(self.chunks) > 1:  # copy chunks into pinned memory on several threads; send each when ready
             pool = _copy_pool()
@@ -216,8 +222,10 @@ class Executable:
             else:
                 np.copyto(dst[a:b], src[a:b])
             cl.enqueue_copy(q, self.dev_in.buf, dst[a:b], dst_offset=4 * a, is_blocking=False)
-        y = self.run(self.dev_in)
-        cl.enqueue_copy(q, self.host_out, y.buf, is_blocking=True)
+        return self._finish(self.run(self.dev_in))
+
+    def _finish(self, y):
+        self.target.cl.enqueue_copy(self.q, self.host_out, y.buf, is_blocking=True)
         return self.host_out.copy()
 
     def run(self, x):

@@ -3,7 +3,14 @@ runs each. Stages read and write numbered values (0: the plan's input); blocks a
 
     Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> ConvStage   (a conv family; groups=1, dilation=1)
     depthwise Conv2d [+ BatchNorm2d] [+ activation]         -> ConvStage   (the depthwise family; groups=C)
-    Linear [+ activation]                                   -> LinearStage (the linear family)
+    [LayerNorm +] Linear [+ activation]                     -> LinearStage (the linear family; the LayerNorm's
+                                                               weight and bias folded into the Linear's)
+    Transpose, Linear [+ activation], the same Transpose    -> LinearStage along the axis the swap brings last
+    [LayerNorm +] MultiheadAttention [+ activation]         -> LinearStage (input projection), AttentionStage,
+                                                               LinearStage (output projection)
+    LayerNorm                                               -> LayerNormStage
+    AdaptiveAvgPool2d(1), [Transpose(1, 2) +] AdaptiveAvgPool1d(1) -> MeanStage
+    Transpose                                               -> TransposeStage
     Residual(body, shortcut) [+ activation]                 -> the shortcut's stages, the body's stages, and
         the add (then the activation) in the epilogue of the body's last stage when that is an unpooled
         conv or a Linear; else an AddStage
