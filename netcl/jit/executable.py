@@ -171,7 +171,7 @@ class Executable:
         self.fused = [s for s in self.steps if isinstance(s, _Bound)]
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current
-        self.host_in = None
+        self.staged = False  # infer()'s buffers made
         self.direct_upload = target.gpu  # infer()'s upload: straight from the caller's array on GPUs
 
     def refresh(self):
@@ -185,27 +185,33 @@ class Executable:
 
     # -- running (the caller, FusedPlan, holds its lock) ---------------------------------------
     def _staging(self):
-        """Pinned host buffers (mapped once) and a device input buffer for infer()."""
+        """Pinned host buffers (mapped once; the input's only where it is staged) and a device input
+        buffer for infer()."""
         cl, q = self.target.cl, self.q
         mf = cl.mem_flags
         nin = int(np.prod(self.shape)) * 4
         nout = int(np.prod(self.out_shape)) * 4
-        self.pin_in = cl.Buffer(q.context, mf.READ_WRITE | mf.ALLOC_HOST_PTR, nin)
         self.pin_out = cl.Buffer(q.context, mf.READ_WRITE | mf.ALLOC_HOST_PTR, max(nout, 4))
-        STATS["buffers"] += 2
-        self.host_in, _ = cl.enqueue_map_buffer(q, self.pin_in, cl.map_flags.WRITE | cl.map_flags.READ, 0,
-                                                self.shape, np.float32)
+        STATS["buffers"] += 1
         self.host_out, _ = cl.enqueue_map_buffer(q, self.pin_out, cl.map_flags.WRITE | cl.map_flags.READ, 0,
                                                  self.out_shape, np.float32)
         self.dev_in = Tensor(self.shape, q, self.target.buffer(nin))
-        self.nbytes += 2 * nin + nout
+        self.nbytes += nin + nout
+        self.staged = True
+        if self.direct_upload:
+            return
+        self.pin_in = cl.Buffer(q.context, mf.READ_WRITE | mf.ALLOC_HOST_PTR, nin)
+        STATS["buffers"] += 1
+        self.nbytes += nin
+        self.host_in, _ = cl.enqueue_map_buffer(q, self.pin_in, cl.map_flags.WRITE | cl.map_flags.READ, 0,
+                                                self.shape, np.float32)
         flat = self.host_in.reshape(-1)
         step = max(1 << 18, -(-flat.size // 8))  # >= 1 MB chunks, at most 8
         self.chunks = [(i, min(i + step, flat.size)) for i in range(0, flat.size, step)]
 
     def infer(self, x):
         cl, q = self.target.cl, self.q
-        if self.host_in is None:
+        if not self.staged:
             self._staging()
         if self.direct_upload:
             # the driver's own upload from pageable memory overlaps its staging with the transfer:
