@@ -232,3 +232,23 @@ def test_new_layers_run_inside_a_plan(q):
         y = _fused(model, q, x)
         assert y.shape == (batch, 4)
         np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def test_direct_upload_path(q):
+    """GPUs upload infer()'s input straight from the caller's array (Executable.direct_upload):
+    the same results as the pinned staging CPUs use, and no pinned input buffer made for it."""
+    from netcl.jit.executable import Executable
+
+    rng = np.random.default_rng(9)
+    model = randomize_batchnorm(small_detector(), rng).eval()
+    xs = [rng.normal(size=(2, 3, 32, 32)).astype(np.float32) for _ in range(3)]
+    refs = [model.predict(x, q) for x in xs]
+    exe = next(iter(model._fused._exe.values()))
+    assert exe.staged and exe.host_in is not None  # PoCL: staged through pinned memory
+    exe.direct_upload = True
+    for x, ref in zip(xs, refs):
+        np.testing.assert_array_equal(model.predict(x, q), ref)
+    fresh = Executable(exe.compiled, exe.shape, model._fused.output)
+    fresh.direct_upload = True
+    np.testing.assert_array_equal(fresh.infer(xs[0]), refs[0])
+    assert not hasattr(fresh, "host_in")
