@@ -123,3 +123,25 @@ def test_vit_tiny_is_fused_whole(q):
     builds = jit.STATS["builds"]
     _check(model, q, rng.normal(size=(5, 1, 8, 8)).astype(np.float32), launches=16)
     assert jit.STATS["builds"] == builds
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2, 1), nn.MaxPool2d(2, 1), nn.MaxPool2d(3), nn.MaxPool2d(2)])
+def test_maxpool_no_conv_took(q, pool):
+    """A MaxPool2d after a layer that is not a conv (here a Concat's identity branch would be; a
+    Sigmoid keeps it apart), odd sizes, a NaN winning its windows as in PyTorch."""
+    rng = np.random.default_rng(10)
+    model = nn.Sequential(nn.Linear(9, 9), nn.Transpose(2, 3), pool)
+    x = rng.normal(size=(2, 3, 7, 9)).astype(np.float32)
+    _check(model, q, x, launches=3)
+    x[1, 2, 4, 4] = np.nan
+    y, ref = _check(model, q, x)
+    assert np.isnan(y).sum() == np.isnan(ref).sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+@pytest.mark.parametrize("scale", [2, 3])
+def test_upsample_kernel(q, mode, scale):
+    rng = np.random.default_rng(11)
+    model = _randomize(nn.Sequential(nn.Conv2d(2, 3, 1), nn.Sigmoid(), nn.Upsample(scale, mode)), rng)
+    for shape in ((1, 2, 1, 1), (2, 2, 5, 7)):
+        _check(model, q, rng.normal(size=shape).astype(np.float32), launches=2)

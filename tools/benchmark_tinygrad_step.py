@@ -5,13 +5,37 @@ after 3. Needs `pip install tinygrad` (0.14 measured); pick its backend with DEV
 the issue does. Compare with `python tools/benchmark_training_step.py --models detector26`.
 
     DEV=CL python tools/benchmark_tinygrad_step.py 8 32
+
+On a machine whose OpenCL comes from pip (pyopencl + pocl-binary-distribution) it uses that.
 """
 import statistics
 import sys
 import time
 
 import numpy as np
-from tinygrad import Device, Tensor, TinyJit, nn
+
+
+def _pip_opencl():
+    """On a machine whose only OpenCL is pip's (pyopencl's bundled ICD loader and PoCL), point
+    tinygrad at that loader, set up by importing pyopencl first: tinygrad's own load of it
+    crashed in clGetPlatformIDs here (tinygrad 0.14, PoCL 3.0)."""
+    import glob
+    import os
+
+    if os.environ.get("OPENCL_PATH") or os.environ.get("DEV", "").upper() != "CL":
+        return
+    try:
+        import pyopencl
+    except ImportError:
+        return
+    libs = glob.glob(os.path.join(os.path.dirname(pyopencl.__file__), ".libs", "libOpenCL*.so*"))
+    if libs:
+        pyopencl.get_platforms()
+        os.environ["OPENCL_PATH"] = libs[0]
+
+
+_pip_opencl()
+from tinygrad import Device, Tensor, TinyJit, nn  # noqa: E402
 from tinygrad.helpers import Context
 from tinygrad.nn.optim import SGD
 from tinygrad.nn.state import get_parameters

@@ -21,10 +21,12 @@ from netcl.jit.common import STATS, Target
 from netcl.jit.config import JitConfig
 from netcl.jit.eltwise import AddLaunch, CopyLaunch
 from netcl.jit.linear import LinearLaunch
-from netcl.jit.seq import AttentionLaunch, LayerNormLaunch, MeanLaunch, TransposeLaunch
+from netcl.jit.seq import (AttentionLaunch, LayerNormLaunch, MaxPoolLaunch, MeanLaunch, TransposeLaunch,
+                           UpsampleLaunch)
 from netcl.jit.stages import (AddStage, AttentionStage, ConcatStage, ConvStage, CopyStage, LayerNormStage, LayerStage,
-                              LinearStage, MeanStage, TransposeStage, ViewStage, conv_families, conv_family,
+                              LinearStage, MeanStage, ResampleStage, TransposeStage, ViewStage, conv_families, conv_family,
                               make_conv)
+from netcl.nn.pool import MaxPool2d
 from netcl.tensor import Tensor
 
 _pool = None
@@ -43,6 +45,12 @@ def _copy_pool():
 # the family of each fused stage but conv and copy stages: made as Launch(target, stage, input shape)
 _FAMILIES = {LinearStage: LinearLaunch, AddStage: AddLaunch, LayerNormStage: LayerNormLaunch,
              AttentionStage: AttentionLaunch, MeanStage: MeanLaunch, TransposeStage: TransposeLaunch}
+
+
+def _family(stage):
+    if isinstance(stage, ResampleStage):
+        return MaxPoolLaunch if isinstance(stage.layer, MaxPool2d) else UpsampleLaunch
+    return _FAMILIES[type(stage)]
 
 
 class _Step:  # a stage that is not a launch of the plan: a view, an unfused layer, a Concat's output shape
@@ -91,7 +99,7 @@ class Compiled:
                 launch = CopyLaunch(target, st, shapes[st.dst], koff[id(st)])
                 out, launches = src, {None: launch}
             else:
-                launch = _FAMILIES[type(st)](target, st, src)
+                launch = _family(st)(target, st, src)
                 out, launches = launch.sized(target, src)[2], {None: launch}
             ops.check_size(q, out)
             shapes.setdefault(st.dst, out)

@@ -1,7 +1,8 @@
 """The fused path's sequence stages (kernels/seq.cl, and kernels/shape.cl's transpose): LayerNorm
 where no Linear follows it, the attention core of a MultiheadAttention (between its input and
 output projections, which run in the linear family), the mean over an axis (global average
-pooling, the average over tokens) and a Transpose that no Linear or mean absorbed."""
+pooling, the average over tokens), a Transpose that no Linear or mean absorbed, a MaxPool2d no
+convolution took and Upsample."""
 import math
 
 import numpy as np
@@ -96,3 +97,40 @@ class TransposeLaunch(_NoWeights):
         rows = n // (self.d0 * self.c)
         gsize, _ = _groups(target, rows)
         return [np.int32(rows), None, None], gsize, self.layer.output_shape(shape), 4 * n
+
+
+class MaxPoolLaunch(_NoWeights):
+    """Arguments: (rows, x, y) of kernels/seq.cl's maxpool: a work-item per output row."""
+    in_arg, out_arg = 1, 2
+
+    def __init__(self, target, stage, shape):
+        self.layer = stage.layer
+        _, _, h, w = shape
+        _, _, self.oh, self.ow = self.layer.output_shape(shape)
+        lay = self.layer
+        self.program = target.program("seq", dict(PK=lay.kernel_size, PS=lay.stride, PP=lay.padding, H=h, W=w,
+                                                  OH=self.oh, OW=self.ow))
+        self.name, self.lsize = "maxpool", _groups(target, 1)[1]
+
+    def sized(self, target, shape):
+        out = self.layer.output_shape(shape)
+        rows = out[0] * out[1] * self.oh
+        return [np.int32(rows), None, None], _groups(target, rows)[0], out, 4 * rows * self.ow
+
+
+class UpsampleLaunch(_NoWeights):
+    """Arguments: (rows, x, y) of kernels/seq.cl's upsample_rows (`upsample` is an OpenCL builtin's
+    name): a work-item per output row."""
+    in_arg, out_arg = 1, 2
+
+    def __init__(self, target, stage, shape):
+        self.layer = stage.layer
+        _, _, h, self.w = shape
+        self.program = target.program("seq", dict(US=self.layer.scale_factor, H=h, W=self.w,
+                                                  BILINEAR=int(self.layer.mode == "bilinear")))
+        self.name, self.lsize = "upsample_rows", _groups(target, 1)[1]
+
+    def sized(self, target, shape):
+        out = self.layer.output_shape(shape)
+        rows = out[0] * out[1] * out[2]
+        return [np.int32(rows), None, None], _groups(target, rows)[0], out, 4 * rows * out[3]

@@ -11,6 +11,7 @@ runs each. Stages read and write numbered values (0: the plan's input); blocks a
     LayerNorm                                               -> LayerNormStage
     AdaptiveAvgPool2d(1), [Transpose(1, 2) +] AdaptiveAvgPool1d(1) -> MeanStage
     Transpose                                               -> TransposeStage
+    MaxPool2d (no conv before it took it), Upsample         -> ResampleStage
     Residual(body, shortcut) [+ activation]                 -> the shortcut's stages, the body's stages, and
         the add (then the activation) in the epilogue of the body's last stage when that is an unpooled
         conv or a Linear; else an AddStage
@@ -38,6 +39,7 @@ from netcl.nn.conv import Conv2d
 from netcl.nn.linear import Linear
 from netcl.nn.norm import BatchNorm2d, LayerNorm
 from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, MaxPool2d
+from netcl.nn.upsample import Upsample
 
 
 # Residual and Concat (netcl.nn.blocks, which imports Sequential, which imports this package) are
@@ -213,6 +215,16 @@ class MeanStage(Stage):
         return self.pool.output_shape(shape)
 
 
+class ResampleStage(Stage):
+    """A MaxPool2d that no convolution took, or an Upsample: one kernel, a work-item per output row."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __str__(self):
+        return type(self.layer).__name__
+
+
 class TransposeStage(Stage):
     """A Transpose no Linear or mean absorbed: one copy kernel."""
 
@@ -374,6 +386,9 @@ class _Planner:
                 i += 1
             elif isinstance(lay, Transpose):
                 v = self.emit(TransposeStage(lay), v)
+                i += 1
+            elif isinstance(lay, (MaxPool2d, Upsample)):
+                v = self.emit(ResampleStage(lay), v)
                 i += 1
             elif _is_residual(lay):
                 act = nxt(1) if _is_act(nxt(1)) else None

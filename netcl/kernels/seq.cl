@@ -104,3 +104,59 @@ __kernel void transpose_rows(const int rows, __global const float *restrict x, _
         for (int c = 0; c < TC; c++) yr[i0 * TC + c] = xr[(size_t)i0 * TB * TD1 * TC + c];
 }
 #endif
+
+#ifdef PK
+// MaxPool2d (PK x PK windows, stride PS, padding PP; padded positions never win, a NaN wins as in
+// PyTorch) of planes H x W into OH x OW: one work-item per output row.
+__kernel void maxpool(const int rows, __global const float *restrict x, __global float *restrict y) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    const int oh = r % OH;
+    __global const float *xp = x + (size_t)(r / OH) * H * W;
+    __global float *yr = y + (size_t)r * OW;
+    for (int ow = 0; ow < OW; ow++) {
+        float best = -INFINITY;
+        bool any = false;
+        for (int kh = 0; kh < PK; kh++) {
+            const int ih = oh * PS - PP + kh;
+            if (ih < 0 || ih >= H) continue;
+            for (int kw = 0; kw < PK; kw++) {
+                const int iw = ow * PS - PP + kw;
+                if (iw < 0 || iw >= W) continue;
+                const float v = xp[ih * W + iw];
+                if (v > best || isnan(v) || !any) best = v;
+                any = true;
+            }
+        }
+        yr[ow] = best;
+    }
+}
+#endif
+
+#ifdef US
+// Upsample by US, nearest (BILINEAR 0) or bilinear with align_corners=False (as kernels/resize.cl,
+// whose formulas these are), planes H x W: one work-item per output row.
+__kernel void upsample_rows(const int rows, __global const float *restrict x, __global float *restrict y) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    const int oy = r % (H * US);
+    __global const float *xp = x + (size_t)(r / (H * US)) * H * W;
+    __global float *yr = y + (size_t)r * W * US;
+#if BILINEAR
+    const float inv = 1.0f / US;
+    const float cy = fmax((oy + 0.5f) * inv - 0.5f, 0.0f);
+    const int y0 = (int)cy, y1 = y0 < H - 1 ? y0 + 1 : y0;
+    const float fy = cy - (float)y0;
+    __global const float *r0 = xp + y0 * W, *r1 = xp + y1 * W;
+    for (int ox = 0; ox < W * US; ox++) {
+        const float cx = fmax((ox + 0.5f) * inv - 0.5f, 0.0f);
+        const int x0 = (int)cx, x1 = x0 < W - 1 ? x0 + 1 : x0;
+        const float fx = cx - (float)x0;
+        yr[ox] = (1.0f - fy) * ((1.0f - fx) * r0[x0] + fx * r0[x1]) + fy * ((1.0f - fx) * r1[x0] + fx * r1[x1]);
+    }
+#else
+    __global const float *xr = xp + (oy / US) * W;
+    for (int ox = 0; ox < W * US; ox++) yr[ox] = xr[ox / US];
+#endif
+}
+#endif
