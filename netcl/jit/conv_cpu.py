@@ -8,7 +8,7 @@ from netcl.jit.common import Launch
 
 def cpu_block(spec, config):
     """(VW, RM, RR) for this conv, or None when the shape does not suit the kernel.
-    Sized for 16 vector registers (AVX2): RR x RM x VW/8 accumulators."""
+    RR x RM float<VW> accumulators: 16 AVX-512 registers at the default (16, 8) and VW 16."""
     maxvw, rm = config.cpu_conv
     ohu, uw = spec.used
     widest = maxvw if spec.stride == 1 else min(maxvw, 8)  # stride 2 loads twice the width
