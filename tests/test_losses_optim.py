@@ -63,6 +63,19 @@ def test_bce_clamps_log_as_torch(queue, torch):
     np.testing.assert_allclose(fn.backward().to_host(), ref_grad, rtol=1e-6)
 
 
+def test_cross_entropy_checks_device_labels_on_the_device(queue):
+    logits = Tensor.from_host(queue, np.zeros((3, 4), np.float32))
+    fn = nn.CrossEntropyLoss()
+    for bad in ([0, 4, 1], [0, -1, 1], [0, 1.5, 2], [0, np.nan, 1]):
+        with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):
+            fn(logits, Tensor.from_host(queue, np.array(bad, np.float32)))
+        with pytest.raises(RuntimeError):
+            fn.backward()  # no gradient of a refused loss
+    assert fn(logits, Tensor.from_host(queue, [3, 0, 2])) == pytest.approx(np.log(4))
+    with pytest.raises(ValueError, match="3 class indices"):
+        fn(logits, Tensor.from_host(queue, [3, 0]))
+
+
 def test_loss_label_and_shape_errors(queue):
     x = Tensor.from_host(queue, np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="class indices"):
