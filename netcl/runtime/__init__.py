@@ -4,8 +4,8 @@ import re
 
 import numpy as np
 
-from netcl.runtime.device import DeviceInfo, devices, select_device
 from netcl.runtime import program
+from netcl.runtime.device import DeviceInfo, devices, select_device
 from netcl.runtime.program import build, kernel_source
 
 _queues = {}  # device spec -> CommandQueue
