@@ -44,7 +44,7 @@ class GradHome:
         if p.queue is None or p.queue.context != self.region.queue.context:
             return None
         self._free()
-        g = self.region.alias().reshape(p.shape)
+        g = self.region.alias()
         self._lent = weakref.ref(g)
         return g
 
@@ -57,18 +57,27 @@ class GradHome:
         self.region.copy_(g)
 
 
+def _align(q):
+    """Bytes: where a sub-buffer may start on q's device."""
+    return max(4, q.device.mem_base_addr_align // 8)
+
+
+def _padded(p, align):
+    return -(-max(p.nbytes, 4) // align) * align
+
+
 class _Flat:
     """Parameters of one device (up to a buffer's size of them), their gradients and the state
     slots, each a flat buffer; parameter k is at element offsets[k] of each, sizes[k] long."""
 
     def __init__(self, q, indices, params, slots):
-        align = max(4, q.device.mem_base_addr_align // 8)  # bytes: where a sub-buffer may start
+        align = _align(q)
         self.q, self.indices, self.offsets, self.sizes = q, indices, [], []
         nbytes = 0
         for p in params:
             self.offsets.append(nbytes // 4)
             self.sizes.append(p.size)
-            nbytes += -(-max(p.nbytes, 4) // align) * align
+            nbytes += _padded(p, align)
         self.param, self.grad = runtime.buffer(q, nbytes), runtime.buffer(q, nbytes)
         self.slot = {name: runtime.buffer(q, nbytes) for name in slots}
         self.state = [{name: self.region(buf, k, p.shape) for name, buf in self.slot.items()}
@@ -149,9 +158,9 @@ class Optimizer:
         self._flats, self._placed, self._slots = [], [None] * len(self.params), self.slots
         for indices in groups.values():
             q = self.params[indices[0]].queue
-            limit, chunk, nbytes = min(q.device.max_mem_alloc_size, _MAX_BYTES), [], 0
+            align, limit, chunk, nbytes = _align(q), min(q.device.max_mem_alloc_size, _MAX_BYTES), [], 0
             for i in indices:
-                size = self.params[i].nbytes + 4096  # an upper bound of its aligned size
+                size = _padded(self.params[i], align)
                 if chunk and nbytes + size > limit:
                     self._place(q, chunk)
                     chunk, nbytes = [], 0
