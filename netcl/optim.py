@@ -137,11 +137,10 @@ class Optimizer:
             for a, b, key in runs:
                 off = flat.offsets[a]
                 self._launch(flat, off, flat.offsets[b - 1] + flat.sizes[b - 1] - off, key)
-            for k in (k for a, b, _ in runs for k in range(a, b)):
-                i = flat.indices[k]
-                self.params[i].mark_written()
-                for name in self.slots:
-                    self.state[i][name].mark_written()
+        for i in (i for i, g in enumerate(live) if g):
+            self.params[i].mark_written()
+            for name in self.slots:
+                self.state[i][name].mark_written()
 
     # -- the flat layout -------------------------------------------------------------------
     def _layout_holds(self):
