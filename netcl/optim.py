@@ -25,18 +25,19 @@ _MAX_BYTES = 4 * (2**31 - 1)  # the kernels index elements with 32-bit ints
 
 class GradHome:
     """A parameter's piece of its optimizer's flat gradient buffer; ops.grad_target lends it as the
-    next gradient. A gradient lent before and still held elsewhere first moves to a buffer of its
-    own, so a held gradient keeps its values (as a fresh one would in torch)."""
+    next gradient. A gradient lent before and still held elsewhere (it or a view of it) first moves
+    to a buffer of its own, so a held gradient keeps its values (as a fresh one would in torch)."""
 
     __slots__ = ("_lent", "region")
 
     def __init__(self, region):
-        self.region, self._lent = region, None
+        self.region, self._lent = region, None  # _lent: a weak reference to the storage lent last
 
     def _free(self):
         held = self._lent() if self._lent is not None else None
         if held is not None:
-            held.adopt_(Tensor.empty(held.queue, held.shape))
+            shape = self.region.shape
+            Tensor.of_storage(held, shape).adopt_(Tensor.empty(self.region.queue, shape))
         self._lent = None
 
     def lend(self, p):
@@ -45,7 +46,7 @@ class GradHome:
             return None
         self._free()
         g = self.region.alias()
-        self._lent = weakref.ref(g)
+        self._lent = weakref.ref(g.storage)
         return g
 
     def holds(self, g):

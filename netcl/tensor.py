@@ -31,7 +31,7 @@ class _Storage:
     `host` is None when the device holds newer data; `buf` is None for a host-only tensor; `base` is
     the buffer that `buf` is a sub-buffer of (kept alive with it), else None."""
 
-    __slots__ = ("queue", "buf", "host", "version", "base")
+    __slots__ = ("queue", "buf", "host", "version", "base", "__weakref__")
 
     def __init__(self, queue, buf, host):
         self.queue, self.buf, self.host, self.version, self.base = queue, buf, host, 0, None
@@ -191,6 +191,13 @@ class Tensor:
                 cl.enqueue_copy(self.queue, self.buf, src.numpy().reshape(-1), is_blocking=False)
         return self.mark_written()
 
+    @classmethod
+    def of_storage(cls, storage, shape):
+        """A view of `storage` (another tensor's .storage) with `shape` (as many elements)."""
+        view = cls.__new__(cls)
+        view.shape, view._st, view.grad, view.grad_home = tuple(shape), storage, None, None
+        return view
+
     def alias(self):
         """A tensor on the same device buffer with a storage record of its own (host copy, version):
         adopt_ can move either away without moving the other."""
@@ -228,6 +235,4 @@ class Tensor:
             shape[shape.index(-1)] = self.size // known
         if int(np.prod(shape, dtype=np.int64)) != self.size:
             raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {tuple(shape)}")
-        view = Tensor.__new__(Tensor)
-        view.shape, view._st, view.grad, view.grad_home = tuple(shape), self._st, None, None
-        return view
+        return Tensor.of_storage(self._st, shape)
