@@ -317,8 +317,10 @@ def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False, offset=
 
 
 def grad_target(p):
-    """(the parameter's gradient tensor, whether to accumulate into it)."""
+    """(the parameter's gradient tensor, whether to accumulate into it). A new gradient goes where
+    the parameter's optimizer keeps it (p.grad_home: see netcl.optim), else in a new buffer."""
     if p.grad is None:
-        p.grad = new(p, p.shape)
+        g = p.grad_home.lend(p) if p.grad_home is not None else None
+        p.grad = g if g is not None else new(p, p.shape)
         return p.grad, False
     return p.grad, True

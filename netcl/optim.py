@@ -1,47 +1,189 @@
 """Optimizers with torch.optim's update rules; updates run on the device.
 
+One launch per step updates all the parameters on a device. At its first step the optimizer moves
+the parameters into one flat buffer (each parameter a sub-buffer of it, at the device's base
+address alignment) and keeps their gradients and its state (momentum, Adam's moments) in flat
+buffers of the same layout; a step launches the update over the flat range (once per run of
+parameters that agree on the step count and on whether their state is new: once in a training
+loop). The layout is rebuilt only when a parameter's buffer changes (moved to another device).
+
+Gradients land in place: each parameter's `grad_home` (a GradHome) is where the first backward
+after zero_grad writes its gradient, which overwrites, so zeroing costs nothing. A gradient or
+state tensor from elsewhere (set by hand, loaded from a checkpoint) is copied in at the step.
+
 `state_dict()` returns plain arrays and numbers (checkpoints store it without pickle)."""
+import weakref
+
 import numpy as np
 
-from netcl import ops
+from netcl import ops, runtime
 from netcl.nn.module import as_bool, as_float
 from netcl.tensor import Tensor
+
+_MAX_BYTES = 4 * (2**31 - 1)  # the kernels index elements with 32-bit ints
+
+
+class GradHome:
+    """A parameter's piece of its optimizer's flat gradient buffer; ops.grad_target lends it as the
+    next gradient. A gradient lent before and still held elsewhere (it or a view of it) first moves
+    to a buffer of its own, so a held gradient keeps its values (as a fresh one would in torch)."""
+
+    __slots__ = ("_lent", "region")
+
+    def __init__(self, region):
+        self.region, self._lent = region, None  # _lent: a weak reference to the storage lent last
+
+    def _free(self):
+        held = self._lent() if self._lent is not None else None
+        if held is not None:
+            shape = self.region.shape
+            Tensor.of_storage(held, shape).adopt_(Tensor.empty(self.region.queue, shape))
+        self._lent = None
+
+    def lend(self, p):
+        """A Tensor on the region for p's next gradient, or None if p is not on the region's device."""
+        if p.queue is None or p.queue.context != self.region.queue.context:
+            return None
+        self._free()
+        g = self.region.alias()
+        self._lent = weakref.ref(g.storage)
+        return g
+
+    def holds(self, g):
+        return g.on_device and g.buf is self.region.buf
+
+    def store(self, g):
+        """Copy gradient `g` (from elsewhere) into the region."""
+        self._free()
+        self.region.copy_(g)
+
+
+def _align(q):
+    """Bytes: where a sub-buffer may start on q's device."""
+    return max(4, q.device.mem_base_addr_align // 8)
+
+
+def _padded(p, align):
+    return -(-max(p.nbytes, 4) // align) * align
+
+
+class _Flat:
+    """Parameters of one device (up to a buffer's size of them), their gradients and the state
+    slots, each a flat buffer; parameter k is at element offsets[k] of each, sizes[k] long."""
+
+    def __init__(self, q, indices, params, slots):
+        align = _align(q)
+        self.q, self.indices, self.offsets, self.sizes = q, indices, [], []
+        nbytes = 0
+        for p in params:
+            self.offsets.append(nbytes // 4)
+            self.sizes.append(p.size)
+            nbytes += _padded(p, align)
+        self.param, self.grad = runtime.buffer(q, nbytes), runtime.buffer(q, nbytes)
+        self.slot = {name: runtime.buffer(q, nbytes) for name in slots}
+        self.state = [{name: self.region(buf, k, p.shape) for name, buf in self.slot.items()}
+                      for k, p in enumerate(params)]  # parameter k's state tensors
+
+    def region(self, buf, k, shape):
+        return Tensor.region(self.q, buf, 4 * self.offsets[k], shape)
 
 
 class Optimizer:
     slots = ()  # names of per-parameter state tensors
+    zero_new_slots = True  # a new state tensor starts as zeros (SGD's momentum starts as the gradient)
 
     def __init__(self, params, lr):
         self.params = list(params)
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
-        for p in self.params:
+        for i, p in enumerate(self.params):
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer parameters must be netcl Tensors, got {type(p).__name__}")
+            for j in range(i):
+                if self.params[j].storage is p.storage:
+                    raise ValueError(f"optimizer parameter {i} is parameter {j} again (or a view of it); "
+                                     "give each tensor once")
         self.lr = as_float("lr", lr, 0.0)
         self.state = [dict() for _ in self.params]  # per parameter: slot -> Tensor, "step" -> int
+        self._flats, self._placed, self._slots = [], [None] * len(self.params), None
 
     def zero_grad(self):
         for p in self.params:
             p.grad = None
 
-    def _slot(self, i, name):
-        """Per-parameter state tensor `name`, created as zeros, on the parameter's device."""
-        st, p = self.state[i], self.params[i]
-        if name not in st:
-            st[name] = Tensor.zeros(p.queue, p.shape)
-        t = st[name]
-        if t.queue is None or t.queue.context != p.queue.context:
-            t.to(p.queue)  # state loaded from a checkpoint lives on the host until the first step
-        return t
-
     def step(self):
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                st = self.state[i]
+        live = [p.grad is not None for p in self.params]
+        if not any(live):
+            return
+        for p, g in zip(self.params, live):
+            if g and not p.on_device:  # a host-only parameter given a gradient by hand
+                p.to(p.grad.queue)
+        if not self._layout_holds():
+            self._layout()
+        for flat in self._flats:
+            runs = []  # [first k, last k + 1, key] of consecutive parameters updated alike
+            for k, i in enumerate(flat.indices):
+                if not live[i]:
+                    continue
+                p, st = self.params[i], self.state[i]
                 st["step"] = st.get("step", 0) + 1
-                self._update(i, p, st)
-                p.mark_written()
+                key = self._key(st)
+                if not p.grad_home.holds(p.grad):
+                    p.grad_home.store(p.grad)
+                self._state_in_place(flat, k, st)
+                if runs and runs[-1][1] == k and runs[-1][2] == key:
+                    runs[-1][1] = k + 1
+                else:
+                    runs.append([k, k + 1, key])
+            for a, b, key in runs:
+                off = flat.offsets[a]
+                self._launch(flat, off, flat.offsets[b - 1] + flat.sizes[b - 1] - off, key)
+        for i in (i for i, g in enumerate(live) if g):
+            self.params[i].mark_written()
+            for name in self.slots:
+                self.state[i][name].mark_written()
+
+    # -- the flat layout -------------------------------------------------------------------
+    def _layout_holds(self):
+        return self._slots == self.slots and all(
+            (p.on_device and p.buf is b) if b is not None else not p.on_device for p, b in zip(self.params, self._placed))
+
+    def _layout(self):
+        """Move the parameters on devices into new flat buffers (per context, each at most a
+        buffer's size), with gradient homes and state slots at the same offsets."""
+        groups = {}
+        for i, p in enumerate(self.params):
+            if p.on_device:
+                groups.setdefault(p.queue.context, []).append(i)
+        self._flats, self._placed, self._slots = [], [None] * len(self.params), self.slots
+        for indices in groups.values():
+            q = self.params[indices[0]].queue
+            align, limit, chunk, nbytes = _align(q), min(q.device.max_mem_alloc_size, _MAX_BYTES), [], 0
+            for i in indices:
+                size = _padded(self.params[i], align)
+                if chunk and nbytes + size > limit:
+                    self._place(q, chunk)
+                    chunk, nbytes = [], 0
+                chunk.append(i)
+                nbytes += size
+            self._place(q, chunk)
+
+    def _place(self, q, indices):
+        flat = _Flat(q, indices, [self.params[i] for i in indices], self.slots)
+        self._flats.append(flat)
+        for k, i in enumerate(indices):
+            p = self.params[i]
+            p.adopt_(flat.region(flat.param, k, p.shape))
+            self._placed[i] = p.buf
+            p.grad_home = GradHome(flat.region(flat.grad, k, p.shape))
+
+    def _state_in_place(self, flat, k, st):
+        """Make flat parameter k's state tensors its regions of the slot buffers: new ones (zeros,
+        or for SGD's momentum what the kernel writes), or state from elsewhere copied in."""
+        for name, region in flat.state[k].items():
+            t = st.get(name)
+            if t is not region:
+                st[name] = region.copy_(t) if t is not None else region.fill_(0.0) if self.zero_new_slots else region
 
     # -- checkpoints ---------------------------------------------------------------------
     def hyperparameters(self):
@@ -79,6 +221,8 @@ class Optimizer:
 
 
 class SGD(Optimizer):
+    zero_new_slots = False
+
     def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
         super().__init__(params, lr)
         self.momentum, self.dampening = as_float("momentum", momentum, 0.0), as_float("dampening", dampening, 0.0, 1.0)
@@ -86,20 +230,26 @@ class SGD(Optimizer):
         if nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("Nesterov momentum requires momentum > 0 and zero dampening")
 
+    @property
+    def slots(self):
+        return ("momentum_buffer",) if self.momentum else ()
+
     def hyperparameters(self):
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
-    def _update(self, i, p, st):
-        first = "momentum_buffer" not in st
-        buf = self._slot(i, "momentum_buffer") if self.momentum else p.grad
-        ops.launch1d(p.queue, "optim", "sgd_step", p.size, p.size, p, p.grad, buf, self.lr, self.momentum,
+    def _key(self, st):
+        return bool(self.momentum) and "momentum_buffer" not in st  # the first update copies the gradient
+
+    def _launch(self, flat, off, n, first):
+        buf = flat.slot["momentum_buffer"] if self.momentum else flat.grad
+        ops.launch1d(flat.q, "optim", "sgd_step", n, off, n, flat.param, flat.grad, buf, self.lr, self.momentum,
                      self.dampening, self.weight_decay, int(self.nesterov), int(first))
-        if self.momentum:
-            buf.mark_written()
 
 
 class Adam(Optimizer):
+    slots = ("exp_avg", "exp_avg_sq")
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -113,11 +263,11 @@ class Adam(Optimizer):
     def hyperparameters(self):
         return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
 
-    def _update(self, i, p, st):
-        m, v = self._slot(i, "exp_avg"), self._slot(i, "exp_avg_sq")
+    def _key(self, st):
+        return st["step"]  # the bias corrections
+
+    def _launch(self, flat, off, n, t):
         b1, b2 = self.betas
-        t = st["step"]
-        ops.launch1d(p.queue, "optim", "adam_step", p.size, p.size, p, p.grad, m, v, self.lr, b1, b2, self.eps,
-                     self.weight_decay, 1.0 - b1 ** t, 1.0 - b2 ** t)
-        m.mark_written()
-        v.mark_written()
+        ops.launch1d(flat.q, "optim", "adam_step", n, off, n, flat.param, flat.grad, flat.slot["exp_avg"],
+                     flat.slot["exp_avg_sq"], self.lr, b1, b2, self.eps, self.weight_decay, 1.0 - b1 ** t,
+                     1.0 - b2 ** t)

@@ -28,18 +28,20 @@ def _as_float32(x):
 
 class _Storage:
     """What views of one tensor share: the queue, the device buffer, the host copy (flat), the write count.
-    `host` is None when the device holds newer data; `buf` is None for a host-only tensor."""
+    `host` is None when the device holds newer data; `buf` is None for a host-only tensor; `base` is
+    the buffer that `buf` is a sub-buffer of (kept alive with it), else None."""
 
-    __slots__ = ("queue", "buf", "host", "version")
+    __slots__ = ("queue", "buf", "host", "version", "base", "__weakref__")
 
     def __init__(self, queue, buf, host):
-        self.queue, self.buf, self.host, self.version = queue, buf, host, 0
+        self.queue, self.buf, self.host, self.version, self.base = queue, buf, host, 0, None
 
 
 class Tensor:
-    """A float32 array. `queue` is None for a host-only tensor."""
+    """A float32 array. `queue` is None for a host-only tensor. `grad_home`, set by an optimizer on
+    its parameters, is where ops.grad_target puts the next gradient (see netcl.optim)."""
 
-    __slots__ = ("shape", "_st", "grad", "__weakref__")
+    __slots__ = ("shape", "_st", "grad", "grad_home", "__weakref__")
 
     def __init__(self, shape, queue=None, buf=None, host=None):
         self.shape = tuple(int(s) for s in shape)
@@ -48,7 +50,7 @@ class Tensor:
             if host.size != self.size:
                 raise ValueError(f"host data has {host.size} elements, shape {self.shape} needs {self.size}")
         self._st = _Storage(queue, buf, host)
-        self.grad = None
+        self.grad = self.grad_home = None
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -68,6 +70,14 @@ class Tensor:
     def zeros(cls, queue, shape):
         t = cls.empty(queue, shape)
         t.fill_(0.0)
+        return t
+
+    @classmethod
+    def region(cls, queue, parent, offset, shape):
+        """An uninitialised tensor stored in bytes [offset, offset + its size) of device buffer
+        `parent` (a sub-buffer: offset a multiple of the device's base address alignment)."""
+        t = cls(shape, queue)
+        t._st.buf, t._st.base = parent.get_sub_region(offset, max(t.nbytes, 4)), parent
         return t
 
     # -- properties --------------------------------------------------------------------
@@ -90,6 +100,11 @@ class Tensor:
     @property
     def ndim(self):
         return len(self.shape)
+
+    @property
+    def storage(self):
+        """What this tensor's views share (compare with `is`: one storage, one set of data)."""
+        return self._st
 
     @property
     def on_device(self):
@@ -118,7 +133,7 @@ class Tensor:
             st.queue = queue
             return self
         host = self.numpy().reshape(-1) if st.buf is not None else st.host
-        st.queue, st.buf = queue, alloc(queue, self.nbytes)
+        st.queue, st.buf, st.base = queue, alloc(queue, self.nbytes), None
         if host is not None and host.size:
             cl.enqueue_copy(queue, st.buf, host, is_blocking=False)
         st.host = host  # still valid; the upload may still be reading it
@@ -162,6 +177,42 @@ class Tensor:
         st.version += 1
         return self
 
+    def copy_(self, src):
+        """Overwrite the device contents with tensor `src`'s (the same size): a device copy on one
+        context, else an upload of src's host data."""
+        import pyopencl as cl
+
+        if src.size != self.size:
+            raise ValueError(f"cannot copy {src.size} elements into a tensor of shape {self.shape}")
+        if self.size:
+            if src.on_device and src.queue.context == self.queue.context:
+                cl.enqueue_copy(self.queue, self.buf, src.buf, byte_count=self.nbytes)
+            else:
+                cl.enqueue_copy(self.queue, self.buf, src.numpy().reshape(-1), is_blocking=False)
+        return self.mark_written()
+
+    @classmethod
+    def of_storage(cls, storage, shape):
+        """A view of `storage` (another tensor's .storage) with `shape` (as many elements)."""
+        view = cls.__new__(cls)
+        view.shape, view._st, view.grad, view.grad_home = tuple(shape), storage, None, None
+        return view
+
+    def alias(self):
+        """A tensor on the same device buffer with a storage record of its own (host copy, version):
+        adopt_ can move either away without moving the other."""
+        t = Tensor(self.shape, self.queue, self._st.buf)
+        t._st.base = self._st.base
+        return t
+
+    def adopt_(self, region):
+        """Copy the data into `region` (a device tensor of the same size) and keep it there from now
+        on, in region's buffer: views of this tensor follow; its host copy and version stay."""
+        region.copy_(self)
+        st = self._st
+        st.queue, st.buf, st.base = region.queue, region.buf, region._st.base
+        return self
+
     def fill_(self, value):
         """Set every element to `value` (a device fill: no kernel, no host copy)."""
         import pyopencl as cl
@@ -184,6 +235,4 @@ class Tensor:
             shape[shape.index(-1)] = self.size // known
         if int(np.prod(shape, dtype=np.int64)) != self.size:
             raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {tuple(shape)}")
-        view = Tensor.__new__(Tensor)
-        view.shape, view._st, view.grad = tuple(shape), self._st, None
-        return view
+        return Tensor.of_storage(self._st, shape)

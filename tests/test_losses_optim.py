@@ -63,6 +63,19 @@ def test_bce_clamps_log_as_torch(queue, torch):
     np.testing.assert_allclose(fn.backward().to_host(), ref_grad, rtol=1e-6)
 
 
+def test_cross_entropy_checks_device_labels_on_the_device(queue):
+    logits = Tensor.from_host(queue, np.zeros((3, 4), np.float32))
+    fn = nn.CrossEntropyLoss()
+    for bad in ([0, 4, 1], [0, -1, 1], [0, 1.5, 2], [0, np.nan, 1]):
+        with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):
+            fn(logits, Tensor.from_host(queue, np.array(bad, np.float32)))
+        with pytest.raises(RuntimeError):
+            fn.backward()  # no gradient of a refused loss
+    assert fn(logits, Tensor.from_host(queue, [3, 0, 2])) == pytest.approx(np.log(4))
+    with pytest.raises(ValueError, match="3 class indices"):
+        fn(logits, Tensor.from_host(queue, [3, 0]))
+
+
 def test_loss_label_and_shape_errors(queue):
     x = Tensor.from_host(queue, np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="class indices"):
@@ -111,6 +124,85 @@ def test_optimizer_steps_vs_torch(queue, rng, torch, record_error, name, kw):
         if ref.state[rp].get(slot) is not None:
             assert_close(opt.state[i][slot].to_host(), ref.state[rp][slot].numpy(), what=slot)
     record_error(err)
+
+
+def device_values(t):
+    """The tensor's data read from its device buffer (not its host copy)."""
+    import pyopencl as cl
+
+    a = np.empty(t.shape, np.float32)
+    cl.enqueue_copy(t.queue, a, t.buf, is_blocking=True)
+    return a
+
+
+def test_gradients_in_the_optimizer_buffer_keep_torch_semantics(queue, rng, torch):
+    """Gradients land in the optimizer's flat buffer, yet accumulate, survive being held, and may
+    be set by hand, as torch's; the parameters may move to another context between steps."""
+    import pyopencl as cl
+
+    lin = nn.Linear(3, 2)
+    model = nn.Sequential(lin).to(queue).train()
+    ref = torch.nn.Linear(3, 2).double()
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(lin.weight.to_host().T))
+        ref.bias.copy_(torch.tensor(lin.bias.to_host()))
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    q = queue
+
+    def backward(x):
+        model(Tensor.from_host(q, x))
+        model.backward(Tensor.from_host(q, np.ones((len(x), 2), np.float32)))
+        ref(torch.tensor(x, dtype=torch.float64)).sum().backward()
+
+    def check(what):
+        assert_close(device_values(lin.weight.grad), ref.weight.grad.numpy().T, what=f"gradient {what}")
+        assert_close(device_values(lin.weight), ref.weight.detach().numpy().T, what=f"weight {what}")
+        assert_close(lin.bias.to_host(), ref.bias.detach().numpy(), what=f"bias {what}")
+
+    def step():
+        opt.step()
+        ref_opt.step()
+
+    xs = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(9)]
+    backward(xs[0])
+    backward(xs[1])
+    check("accumulated")
+    step()
+    backward(xs[2])  # no zero_grad: onto the last gradient
+    check("accumulated after a step")
+    step()
+    opt.zero_grad()
+    ref_opt.zero_grad()
+    backward(xs[3])
+    check("after zero_grad")
+    assert lin.weight.grad.buf is lin.weight.grad_home.region.buf  # written in place
+    step()
+    held, held_values = lin.weight.grad.reshape(-1), device_values(lin.weight.grad).reshape(-1)  # a view
+    opt.zero_grad()
+    ref_opt.zero_grad()
+    backward(xs[4])
+    check("after zero_grad, the last gradient held")
+    np.testing.assert_array_equal(device_values(held), held_values)  # a held gradient keeps its values
+    step()
+    lin.weight.grad = held.reshape(lin.weight.shape)  # set by hand
+    ref.weight.grad = torch.tensor(held_values.reshape(lin.weight.shape).T, dtype=torch.float64)
+    step()
+    check("set by hand")
+    q = cl.CommandQueue(cl.Context([queue.device]))  # another context: the layout is made again there
+    model.to(q)
+    for x in xs[5:]:
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        backward(x)
+        step()
+        check("on another context")
+
+
+def test_optimizer_refuses_a_parameter_twice(queue):
+    p = Tensor.from_host(queue, np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="parameter 1 is parameter 0 again"):
+        optim.Adam([p, p.reshape(6)])
 
 
 def test_zero_grad_and_argument_errors(queue):

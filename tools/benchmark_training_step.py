@@ -4,7 +4,8 @@ own process, alternated, so that an OpenCL and a CUDA context never share the GP
 
 A step is: forward, the loss (MSE for detector26, cross-entropy for the classifiers), backward,
 SGD with momentum 0.9, zero_grad; the loss is read back every step (netcl returns it as a float;
-PyTorch calls loss.item()). Each figure is the median of --steps steps after --warmup steps.
+PyTorch calls loss.item()). Each figure is the median of --steps steps after --warmup steps; the
+table also gives netcl's kernel launches per step (counted in one more step).
 
     python tools/benchmark_training_step.py --models detector26,cnn,digits --batches 8,32
     python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2
@@ -90,7 +91,26 @@ def run_netcl(name, batch, args):
         opt.zero_grad()
 
     ms = time_steps(step, q.finish, args.steps, args.warmup)
-    return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms}
+    return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms,
+            "launches": count_launches(step)}
+
+
+def count_launches(step):
+    """Kernel launches in one more step (calls of netcl.ops._enqueue, through which training launches)."""
+    from netcl import ops
+
+    enqueue, n = ops._enqueue, [0]
+
+    def counted(*args):
+        n[0] += 1
+        return enqueue(*args)
+
+    ops._enqueue = counted
+    try:
+        step()
+    finally:
+        ops._enqueue = enqueue
+    return n[0]
 
 
 def profile_netcl(name, batch, args):
@@ -193,14 +213,17 @@ def driver(args):
                 if line.startswith("{"):
                     r = json.loads(line)
                     results.setdefault((r["model"], r["batch"]), {}).setdefault(rt, []).append(r)
-    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s}  devices")
+    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'launches':>8s}  "
+          "devices")
     rows = []
     for (model, batch), by in results.items():
         n = statistics.median(r["step_ms"] for r in by.get("netcl", [])) if "netcl" in by else float("nan")
         t = statistics.median(r["step_ms"] for r in by.get("torch", [])) if "torch" in by else float("nan")
+        launches = by["netcl"][0]["launches"] if "netcl" in by else 0
         devs = "; ".join(sorted({r["device"] for rs in by.values() for r in rs}))
-        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x  {devs}")
-        rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t, "devices": devs})
+        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {launches:8d}  {devs}")
+        rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t,
+                     "netcl_launches": launches, "devices": devs})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,56 +1,103 @@
-// Losses: per-row or per-element loss terms and the gradient of the mean loss, then one
-// work-group sums the terms.
+// Losses in two launches and one read: a loss kernel writes the gradient of the mean loss and, per
+// work-group of RED items, the sum of its loss terms to part[group] and whether it saw a value the
+// loss refuses to part[groups + group]; loss_sum then adds the groups' sums in a fixed order and
+// writes out = (sum of the terms, refused), which the host reads (and divides in double precision).
 #define RED 64
 
-// logits (N, C), integer labels; loss_i = logsumexp(x_i) - x_i[y_i]; grad = (softmax - onehot) / N
-__kernel void cross_entropy(const int N, const int C, __global const float *x, __global const int *labels,
-                            __global float *terms, __global float *grad) {
-    const int i = get_global_id(0);
-    if (i >= N) return;
-    __global const float *r = x + i * C;
-    float m = -INFINITY;
-    for (int c = 0; c < C; c++) m = fmax(m, r[c]);
-    float s = 0.0f;
-    for (int c = 0; c < C; c++) s += exp(r[c] - m);
-    const float lse = m + log(s);
-    const int y = labels[i];
-    terms[i] = lse - r[y];
-    for (int c = 0; c < C; c++) grad[i * C + c] = (exp(r[c] - lse) - (c == y ? 1.0f : 0.0f)) / (float)N;
-}
-
-// flag: out[1] of the sum (unused by mse)
-__kernel void mse(const int n, __global const float *x, __global const float *t, __global float *terms,
-                  __global float *grad, __global float *flag) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const float d = x[i] - t[i];
-    terms[i] = d * d;
-    grad[i] = 2.0f * d / (float)n;
-}
-
-// PyTorch clamps the logs at -100, and refuses a prediction outside [0, 1] (NaN too): flag[1] = 1
-__kernel void bce(const int n, __global const float *x, __global const float *t, __global float *terms,
-                  __global float *grad, __global float *flag) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const float p = x[i], y = t[i];
-    if (!(p >= 0.0f && p <= 1.0f)) flag[1] = 1.0f;  // every writer writes the same value
-    const float lp = fmax(log(p), -100.0f), lq = fmax(log(1.0f - p), -100.0f);
-    terms[i] = -(y * lp + (1.0f - y) * lq);
-    const float eps = 1e-12f;
-    grad[i] = (p - y) / fmax((1.0f - p) * p, eps) / (float)n;
-}
-
-__kernel void sum_all(const int n, __global const float *x, __global float *out) {
-    __local float part[RED];
+// Every work-item of the group calls it (no early return before it: it has barriers).
+static void group_sum(const float term, const float bad, __local float *s, __local float *f,
+                      __global float *part) {
     const int t = get_local_id(0);
-    float s = 0.0f;
-    for (int i = t; i < n; i += RED) s += x[i];
-    part[t] = s;
+    s[t] = term;
+    f[t] = bad;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = RED / 2; w > 0; w >>= 1) {
-        if (t < w) part[t] += part[t + w];
+        if (t < w) {
+            s[t] += s[t + w];
+            f[t] = fmax(f[t], f[t + w]);
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (t == 0) out[0] = part[0];
+    if (t == 0) {
+        part[get_group_id(0)] = s[0];
+        part[get_num_groups(0) + get_group_id(0)] = f[0];
+    }
+}
+
+// logits (N, C), class indices as floats (a label that is not an integer in [0, C) is refused);
+// loss_i = logsumexp(x_i) - x_i[y_i]; grad = (softmax - onehot) / N
+__kernel void cross_entropy(const int N, const int C, __global const float *x, __global const float *labels,
+                            __global float *grad, __global float *part) {
+    __local float s[RED], f[RED];
+    const int i = get_global_id(0);
+    float term = 0.0f, bad = 0.0f;
+    if (i < N) {
+        const float yf = labels[i];
+        bad = (yf >= 0.0f && yf < (float)C && yf == floor(yf)) ? 0.0f : 1.0f;
+        const int y = bad == 0.0f ? (int)yf : 0;  // a refused label still indexes inside the row
+        __global const float *r = x + i * C;
+        float m = -INFINITY;
+        for (int c = 0; c < C; c++) m = fmax(m, r[c]);
+        float e = 0.0f;
+        for (int c = 0; c < C; c++) e += exp(r[c] - m);
+        const float lse = m + log(e);
+        term = lse - r[y];
+        for (int c = 0; c < C; c++) grad[i * C + c] = (exp(r[c] - lse) - (c == y ? 1.0f : 0.0f)) / (float)N;
+    }
+    group_sum(term, bad, s, f, part);
+}
+
+__kernel void mse(const int n, __global const float *x, __global const float *t, __global float *grad,
+                  __global float *part) {
+    __local float s[RED], f[RED];
+    const int i = get_global_id(0);
+    float term = 0.0f;
+    if (i < n) {
+        const float d = x[i] - t[i];
+        term = d * d;
+        grad[i] = 2.0f * d / (float)n;
+    }
+    group_sum(term, 0.0f, s, f, part);
+}
+
+// PyTorch clamps the logs at -100, and refuses a prediction outside [0, 1] (NaN too)
+__kernel void bce(const int n, __global const float *x, __global const float *t, __global float *grad,
+                  __global float *part) {
+    __local float s[RED], f[RED];
+    const int i = get_global_id(0);
+    float term = 0.0f, bad = 0.0f;
+    if (i < n) {
+        const float p = x[i], y = t[i];
+        bad = (p >= 0.0f && p <= 1.0f) ? 0.0f : 1.0f;
+        const float lp = fmax(log(p), -100.0f), lq = fmax(log(1.0f - p), -100.0f);
+        term = -(y * lp + (1.0f - y) * lq);
+        const float eps = 1e-12f;
+        grad[i] = (p - y) / fmax((1.0f - p) * p, eps) / (float)n;
+    }
+    group_sum(term, bad, s, f, part);
+}
+
+// out[0] = the sum of the groups' sums, out[1] = 1 if any group refused a value
+__kernel void loss_sum(const int groups, __global const float *part, __global float *out) {
+    __local float s[RED], f[RED];
+    const int t = get_local_id(0);
+    float a = 0.0f, b = 0.0f;
+    for (int g = t; g < groups; g += RED) {
+        a += part[g];
+        b = fmax(b, part[groups + g]);
+    }
+    s[t] = a;
+    f[t] = b;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = RED / 2; w > 0; w >>= 1) {
+        if (t < w) {
+            s[t] += s[t + w];
+            f[t] = fmax(f[t], f[t + w]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (t == 0) {
+        out[0] = s[0];
+        out[1] = f[0];
+    }
 }

@@ -1,9 +1,14 @@
 """Losses (mean reduction, PyTorch semantics). Calling a loss returns the loss as a Python
-float; `backward()` then returns the gradient of that mean loss w.r.t. the prediction."""
+float; `backward()` then returns the gradient of that mean loss w.r.t. the prediction.
+
+On the device: a loss kernel writes the gradient and per-work-group sums, `loss_sum` their total;
+the host reads it once. Targets (and class indices) already on the device are used there."""
 import numpy as np
 
 from netcl import ops
 from netcl.tensor import Tensor
+
+_RED = 64  # loss.cl's work-group size (RED)
 
 
 class _Loss:
@@ -12,12 +17,15 @@ class _Loss:
     def __init__(self):
         self._grad = None
 
-    def _finish(self, terms, out=None):
-        """The mean of `terms`; `out` (2,) may carry a flag a loss kernel set in out[1], read in the same transfer."""
-        out = out if out is not None else ops.new(terms, (2,))
-        ops.launch(terms.queue, "loss", "sum_all", (64,), (64,), terms.size, terms, out)
-        total, flag = out.mark_written().numpy()
-        return float(total) / terms.size, bool(flag)
+    def _reduce(self, q, items, count, *args):
+        """Launch self.kernel over `items` work-items with `args` (then its partial sums), then the
+        total; returns (the mean over `count` terms, refused) from one read of two floats."""
+        groups = -(-items // _RED)
+        part, out = ops.new(q, (2 * groups,)), ops.new(q, (2,))
+        ops.launch(q, "loss", self.kernel, (groups * _RED,), (_RED,), *args, part)
+        ops.launch(q, "loss", "loss_sum", (_RED,), (_RED,), groups, part, out)
+        total, refused = out.mark_written().numpy()
+        return float(total) / count, bool(refused)
 
     def backward(self):
         if self._grad is None:
@@ -37,29 +45,37 @@ class _Loss:
                              "or Tensor.from_host(queue, x))")
 
     def _target(self, pred, target):
+        """The target on pred's device: a Tensor there as it is, anything else uploaded."""
         self._check_prediction(pred)
-        try:
-            t = target.to_host() if isinstance(target, Tensor) else np.asarray(target, np.float32)
-        except (TypeError, ValueError):
-            raise TypeError(f"{type(self).__name__} targets must be numbers, got {type(target).__name__}") from None
-        if t.shape != pred.shape:
-            raise ValueError(f"{type(self).__name__}: target shape {t.shape} differs from prediction {pred.shape}")
-        return Tensor.from_host(pred.queue, t)
+        if not isinstance(target, Tensor):
+            try:
+                target = np.asarray(target, np.float32)
+            except (TypeError, ValueError):
+                raise TypeError(f"{type(self).__name__} targets must be numbers, got {type(target).__name__}") from None
+        if tuple(target.shape) != pred.shape:
+            raise ValueError(f"{type(self).__name__}: target shape {tuple(target.shape)} differs from prediction "
+                             f"{pred.shape}")
+        return _on_device(pred.queue, target)
 
     def __call__(self, pred, target):
         t = self._target(pred, target)
-        terms, self._grad = ops.new(pred, pred.shape), ops.new(pred, pred.shape)
-        out = Tensor.zeros(pred.queue, (2,))
-        ops.launch1d(pred.queue, "loss", self.kernel, pred.size, pred.size, pred, t, terms, self._grad, out)
+        self._grad = ops.new(pred, pred.shape)
+        loss, refused = self._reduce(pred.queue, pred.size, pred.size, pred.size, pred, t, self._grad)
         self._grad.mark_written()
-        loss, flagged = self._finish(terms.mark_written(), out)
-        if flagged:
+        if refused:
             self._grad = None
             self._refuse(pred)
         return loss
 
     def _refuse(self, pred):
-        raise AssertionError(f"{self.kernel} flags nothing")
+        raise AssertionError(f"{self.kernel} refuses nothing")
+
+
+def _on_device(q, x):
+    """`x` (an array or a Tensor) on q's device: a Tensor already there is used, not copied."""
+    if isinstance(x, Tensor) and x.on_device and x.queue.context == q.context:
+        return x
+    return Tensor.from_host(q, x)
 
 
 class MSELoss(_Loss):
@@ -77,11 +93,30 @@ class BCELoss(_Loss):
 
 
 class CrossEntropyLoss(_Loss):
-    """log-softmax + negative log-likelihood over logits (N, C) and class indices (N,)."""
+    """log-softmax + negative log-likelihood over logits (N, C) and class indices (N,). Indices on
+    the host are checked there; a Tensor of them on the device is checked by the kernel."""
+    kernel = "cross_entropy"
 
     def __call__(self, logits, labels):
         self._check_prediction(logits, rank=2)
         n, c = logits.shape
+        if not (isinstance(labels, Tensor) and labels.on_device):
+            labels = self._host_labels(labels, n, c)
+        elif labels.shape != (n,):
+            raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {labels.shape}")
+        q = logits.queue
+        self._grad = ops.new(q, (n, c))
+        loss, refused = self._reduce(q, n, n, n, c, logits, _on_device(q, labels), self._grad)
+        self._grad.mark_written()
+        if refused:
+            self._grad = None
+            raise ValueError(f"CrossEntropyLoss labels must be integers in [0, {c}) (class indices); some of the "
+                             f"{n} labels on the device are not")
+        return loss
+
+    @staticmethod
+    def _host_labels(labels, n, c):
+        """Class indices from the host, checked, as float32 (exact for any class count a model has)."""
         y = labels.to_host() if isinstance(labels, Tensor) else np.asarray(labels)
         if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
             raise TypeError(f"CrossEntropyLoss labels must be class indices (integers), got dtype {y.dtype}")
@@ -89,12 +124,4 @@ class CrossEntropyLoss(_Loss):
             raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {y.shape}")
         if y.size and (y.min() < 0 or y.max() >= c or not np.all(np.equal(np.mod(y, 1), 0))):
             raise ValueError(f"CrossEntropyLoss labels must be integers in [0, {c}), got {y.min()}..{y.max()}")
-        import pyopencl as cl
-
-        q = logits.queue
-        lab = cl.Buffer(q.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                        hostbuf=np.ascontiguousarray(y, np.int32))
-        terms, self._grad = ops.new(q, (n,)), ops.new(q, (n, c))
-        ops.launch1d(q, "loss", "cross_entropy", n, n, c, logits, lab, terms, self._grad)
-        self._grad.mark_written()
-        return self._finish(terms.mark_written())[0]
+        return y.astype(np.float32)

@@ -1,8 +1,10 @@
-"""Device selection, one context and queue per device, cached programs, pooled buffers."""
+"""Device selection, one context and queue per device, cached programs, pooled buffers, and the
+counters that tell a steady training step (no buffers made, no programs built) from a first one."""
 import re
 
 import numpy as np
 
+from netcl.runtime import program
 from netcl.runtime.device import DeviceInfo, devices, select_device
 from netcl.runtime.program import build, kernel_source
 
@@ -62,6 +64,9 @@ def kernels(queue, family, options=()):
     return ks
 
 
+_allocations = [0]  # device buffers created: pool misses of alloc() and buffer() calls
+
+
 def alloc(queue, nbytes):
     """A device buffer of `nbytes` from the context's pool; it returns to the pool when dropped."""
     import pyopencl.tools as clt
@@ -69,8 +74,30 @@ def alloc(queue, nbytes):
     pool = _pools.get(queue.context)
     if pool is None:
         pool = _pools[queue.context] = clt.MemoryPool(clt.ImmediateAllocator(queue))
-    return pool.allocate(max(int(nbytes), 4))
+    blocks = pool.active_blocks + pool.held_blocks
+    buf = pool.allocate(max(int(nbytes), 4))
+    if pool.active_blocks + pool.held_blocks != blocks:  # a hit moves a held block to active
+        _allocations[0] += 1
+    return buf
 
 
-__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "device_class", "kernels", "alloc", "build",
-           "kernel_source"]
+def buffer(queue, nbytes):
+    """A device buffer of its own (not pooled, so sub-buffers can be made of it), zero-filled."""
+    import pyopencl as cl
+
+    nbytes = max(int(nbytes), 4)
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
+    _allocations[0] += 1
+    cl.enqueue_fill_buffer(queue, buf, np.float32(0), 0, nbytes)
+    return buf
+
+
+def stats():
+    """This process's counts so far: {"allocations": device buffers created by netcl's training path
+    (pool misses and buffer()), "builds": OpenCL programs built, compiled or loaded from the disk
+    cache}. A copy; compare two calls: after a shape's first training step both stay put."""
+    return {"allocations": _allocations[0], "builds": program.stats["compiled"] + program.stats["disk"]}
+
+
+__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "device_class", "kernels", "alloc", "buffer",
+           "stats", "build", "kernel_source"]
