@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Training-step speed: netcl against PyTorch (and tinygrad when installed), each runtime in its
-own process, alternated, so that an OpenCL and a CUDA context never share the GPU at once.
+"""Training-step speed: netcl against PyTorch (and with --tinygrad, tinygrad's OpenCL backend on the
+same weights: tools/tinygrad_twin.py), each runtime in its own process, alternated, so that an
+OpenCL and a CUDA context never share the GPU at once.
 
 A step is: forward, the loss (MSE for detector26, cross-entropy for the classifiers), backward,
 SGD with momentum 0.9, zero_grad; the loss is read back every step (netcl returns it as a float;
@@ -8,7 +9,7 @@ PyTorch calls loss.item()). Each figure is the median of --steps steps after --w
 table also gives netcl's kernel launches per step (counted in one more step).
 
     python tools/benchmark_training_step.py --models detector26,cnn,digits --batches 8,32
-    python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2
+    python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2 --tinygrad
     python tools/benchmark_training_step.py --profile detector26 --batches 32   # per-layer fwd/bwd
 
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
@@ -196,16 +197,41 @@ def run_torch(name, batch, args):
     return {"runtime": "torch", "device": label, "model": name, "batch": batch, "step_ms": ms}
 
 
-RUNNERS = {"netcl": run_netcl, "torch": run_torch}
+# -- tinygrad -------------------------------------------------------------------------------
+def run_tinygrad(name, batch, args):
+    """The same model and weights in tinygrad (DEV=CL: its OpenCL backend), TinyJit, SGD momentum."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import tinygrad_twin
+
+    tinygrad_twin.pip_opencl()
+    from importlib.metadata import version
+
+    from tinygrad import Device
+
+    model = build_netcl(name).train()
+    x, y = data(name, batch)
+    if y is None:
+        out_shape = model.output_shape(x.shape)
+        target, loss = np.random.default_rng(1).uniform(0, 1, out_shape).astype(np.float32), "mse"
+    else:
+        target, loss = y, "ce"
+    step = tinygrad_twin.train_step(model, x, target, loss)  # .item() each step: the sync
+    ms = time_steps(step, lambda: None, args.steps, args.warmup)
+    return {"runtime": "tinygrad", "device": f"tinygrad {version('tinygrad')} {Device.DEFAULT}", "model": name,
+            "batch": batch, "step_ms": ms}
+
+
+RUNNERS = {"netcl": run_netcl, "torch": run_torch, "tinygrad": run_tinygrad}
 
 
 def driver(args):
-    runtimes = ["netcl", "torch"]
+    runtimes = ["netcl", "torch"] + (["tinygrad"] if args.tinygrad else [])
     results = {}
+    env = dict(os.environ, DEV=os.environ.get("DEV", "CL"))  # tinygrad's OpenCL backend, as the issue measures it
     for rnd in range(args.rounds):
         for rt in (runtimes if rnd % 2 == 0 else runtimes[::-1]):
             cmd = [sys.executable, __file__, "--runtime", rt] + [a for a in sys.argv[1:] if a != "--runtime"]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 print(f"{rt}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
                 continue
@@ -213,17 +239,23 @@ def driver(args):
                 if line.startswith("{"):
                     r = json.loads(line)
                     results.setdefault((r["model"], r["batch"]), {}).setdefault(rt, []).append(r)
-    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'launches':>8s}  "
-          "devices")
+    tg = "tinygrad" in runtimes
+    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s}"
+          + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if tg else "") + f" {'launches':>8s}  devices")
     rows = []
+
+    def med(by, rt):
+        return statistics.median(r["step_ms"] for r in by[rt]) if rt in by else float("nan")
     for (model, batch), by in results.items():
-        n = statistics.median(r["step_ms"] for r in by.get("netcl", [])) if "netcl" in by else float("nan")
-        t = statistics.median(r["step_ms"] for r in by.get("torch", [])) if "torch" in by else float("nan")
+        n, t, g = med(by, "netcl"), med(by, "torch"), med(by, "tinygrad")
         launches = by["netcl"][0]["launches"] if "netcl" in by else 0
         devs = "; ".join(sorted({r["device"] for rs in by.values() for r in rs}))
-        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {launches:8d}  {devs}")
+        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x"
+              + (f" {g:12.2f} {n / g:14.2f}x" if tg else "") + f" {launches:8d}  {devs}")
         rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t,
                      "netcl_launches": launches, "devices": devs})
+        if tg:
+            rows[-1].update(tinygrad_ms=g, ratio_tinygrad=n / g)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -244,6 +276,8 @@ def main(argv=None):
     ap.add_argument("--runtime", choices=sorted(RUNNERS), default=None, help="run one runtime here (JSON lines)")
     ap.add_argument("--profile", default=None, help="print netcl's per-layer forward/backward times of this model")
     ap.add_argument("--json", default=None, help="also write the table to this JSON file")
+    ap.add_argument("--tinygrad", action="store_true",
+                    help="add tinygrad (pip tinygrad; its OpenCL backend, DEV=CL unless DEV is set) as a third runtime")
     args = ap.parse_args(argv)
     unknown = [m for m in list(args.models) + ([args.profile] if args.profile else []) if m not in MODELS]
     if unknown:
