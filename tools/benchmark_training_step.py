@@ -217,7 +217,9 @@ def run_tinygrad(name, batch, args):
         target, loss = y, "ce"
     step = tinygrad_twin.train_step(model, x, target, loss)  # .item() each step: the sync
     ms = time_steps(step, lambda: None, args.steps, args.warmup)
-    return {"runtime": "tinygrad", "device": f"tinygrad {version('tinygrad')} {Device.DEFAULT}", "model": name,
+    dev = Device[Device.DEFAULT]
+    label = f"tinygrad {version('tinygrad')} {Device.DEFAULT} {getattr(dev, 'device_name', '')}".strip()
+    return {"runtime": "tinygrad", "device": label, "model": name,
             "batch": batch, "step_ms": ms}
 
 
