@@ -2,8 +2,9 @@
 
 Training runs as im2col + GEMM (kernels/conv.cl, gemm.cl): groups=1 batches the GEMM over the
 images, other groups batch it over the groups; depthwise convolutions (groups == in_channels)
-run direct kernels instead. ConvTranspose2d is the convolution's data gradient: forward is
-GEMM + col2im, its input gradient is im2col + GEMM."""
+run direct kernels instead. On CPUs the backward of a stride-1 3x3 or 5x5 convolution runs
+direct kernels too (kernels/convbwd_cpu.cl: no im2col columns, no col2im). ConvTranspose2d is
+the convolution's data gradient: forward is GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 
 from netcl import ops
@@ -25,14 +26,46 @@ def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
 
 def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     """out (n, c, h, w) = the gather of dcols (c*k*k, n*oh*ow) (+ bias): on GPUs one work-item per
-    element of out, on CPUs one per row."""
+    element of out, on CPUs rows of it in vectors (convbwd_cpu.cl)."""
     has_bias = bias is not None
-    args = (n, c, h, w, k, s, p, d, oh, ow, dcols, bias if has_bias else ops.dummy(q), int(has_bias), out)
+    bias_arg = bias if has_bias else ops.dummy(q)
     if ops.config_class(q) == "gpu":
-        ops.launch(q, "conv", "col2im_gpu", (out.size,), (_GPU_LOCAL,), *args)
+        ops.launch(q, "conv", "col2im_gpu", (out.size,), (_GPU_LOCAL,), n, c, h, w, k, s, p, d, oh, ow, dcols,
+                   bias_arg, int(has_bias), out)
     else:
-        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), *args)
+        rows, items = _cpu_rows(n * c * h, w)
+        ops.launch(q, "convbwd_cpu", "col2im_cpu", (items,), (1,), n * c * h, rows, c, h, w, k, s, p, d, oh, ow,
+                   dcols, bias_arg, int(has_bias), out, options=_cpu_options(k))
     out.mark_written()
+
+
+# convbwd_cpu.cl's direct kernels: dgrad_cpu's block of RM channels x RR rows x 16 columns per
+# work-item; wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators:
+# 18 and 25 of the 32 AVX-512 registers). Rows narrower than 16 would be mostly padding in
+# their vectors: the GEMMs and col2im are faster there.
+_DGRAD_RM, _DGRAD_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = 4, 2, {3: 2, 5: 1}, 16
+_WGRAD_L2, _WGRAD_ITEMS = 512 * 1024, 32
+
+
+def _cpu_options(k):
+    return (f"-DKS={k}", f"-DRM={_DGRAD_RM}", f"-DRR={_DGRAD_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}")
+
+
+def _pad_planes(q, src, dst, border, sums, options):
+    """dst (N, C, HP, WP) = src (N, C, H, W) at row and column `border` of zero planes (and the
+    planes' sums into `sums` unless None)."""
+    n, c, h, w = src.shape
+    _, _, hp, wp = dst.shape
+    planes, items = _cpu_rows(n * c, hp * wp)
+    ops.launch(q, "convbwd_cpu", "pad_planes_cpu", (items,), (1,), n * c, planes, h, w, hp, wp, border, border,
+               src, dst, sums, options=options)
+    dst.mark_written()
+
+
+def _cpu_rows(nrows, length):
+    """(rows per work-item, work-items) of a CPU kernel over nrows rows of `length` floats."""
+    rows = max(1, ops.cpu_chunk(nrows * length)[0] // length)
+    return rows, -(-nrows // rows)
 
 
 def _check_groups(in_channels, out_channels, groups):
@@ -132,13 +165,16 @@ class Conv2d(Module):
             ops.launch1d(q, "conv", "cn_to_nchw", y.size, n, oc, P, t, self.bias if has_bias else ops.dummy(q),
                          int(has_bias), y)
             y.mark_written()
-        self._saved = (x.shape, cols)
+        self._saved = (x, cols)  # x: the CPU backward's direct weight gradient reads it
         return y
 
     def backward(self, dy):
         if self._depthwise():
             return self._backward_depthwise(dy)
-        (n, c, h, w), cols = self._saved
+        if self.groups == 1 and ops.is_cpu(dy.queue):
+            return self._backward_cpu(dy)
+        x, cols = self._saved
+        n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk, G = dy.queue, oh * ow, c * k * k, self.groups
@@ -156,6 +192,72 @@ class Conv2d(Module):
         dx = ops.new(q, (n, c, h, w))
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
+
+    def _backward_cpu(self, dy):
+        """backward() on a CPU, groups == 1 (convbwd_cpu.cl). Stride 1, no dilation, 3x3 or 5x5,
+        rows of 16 or more: direct kernels (_backward_direct). Otherwise one pass over dy gives the
+        weight gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T,
+        dcols = W^T dy, then col2im."""
+        x, cols = self._saved
+        n, c, h, w = x.shape
+        _, oc, oh, ow = dy.shape
+        k, s, p, d = self._geometry()
+        if s == 1 and d == 1 and p <= k - 1 and k in _WGRAD_RO and w >= _DIRECT_MIN_WIDTH:
+            return self._backward_direct(dy)
+        q, P, ckk = dy.queue, oh * ow, c * k * k
+        NP, options = n * P, _cpu_options(k)
+        dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
+        rows, items = _cpu_rows(n * oc, P)
+        ops.launch(q, "convbwd_cpu", "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, NP, dy, dyp, sums,
+                   options=options)
+        gw, acc = ops.grad_target(self.weight)
+        ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
+        self._bias_grad_cpu(n, oc, sums)
+        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
+        dx = ops.new(q, (n, c, h, w))
+        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+        return dx
+
+    def _bias_grad_cpu(self, n, oc, sums):
+        if self.bias is not None:
+            gb, acc = ops.grad_target(self.bias)
+            ops.launch1d(gb.queue, "convbwd_cpu", "bias_grad_cpu", oc, n, oc, sums, gb, int(acc))
+            gb.mark_written()
+
+    def _backward_direct(self, dy):
+        """The CPU backward of a stride-1, undilated conv without im2col columns: dy copied once into
+        zero-bordered planes (k-1-p wide; the bias gradient's sums on the way), x into planes padded
+        by p; dW = wgrad_cpu's correlation of the two (partial sums per chunk of rows, then added in
+        order); dx = dgrad_cpu's correlation of padded dy with the flipped weights."""
+        x, _ = self._saved
+        n, c, h, w = x.shape
+        _, oc, oh, ow = dy.shape
+        k, _, p, _ = self._geometry()
+        q, rm, rr, ro = dy.queue, _DGRAD_RM, _DGRAD_RR, _WGRAD_RO[k]
+        options, pd, w16 = _cpu_options(k), k - 1 - p, -(-ow // 16) * 16
+        hd, wd = -(-h // rr) * rr + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
+        dyp, sums = ops.new(q, (n, oc, hd, wd)), ops.new(q, (n * oc,))
+        _pad_planes(q, dy, dyp, pd, sums, options)
+        hx, wx = oh + k - 1, w16 + k - 1
+        xp = ops.new(q, (n, c, hx, wx))
+        _pad_planes(q, x, xp, p, None, options)
+        # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
+        # the work-items (channels x output blocks x chunks) are enough for every core
+        ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
+        while rows > 1 and c * ob * -(-n * oh // rows) < _WGRAD_ITEMS:
+            rows = -(-rows // 2)
+        chunks = -(-n * oh // rows)
+        part = ops.new(q, (chunks, oc, c * k * k))
+        ops.launch(q, "convbwd_cpu", "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
+                   rows, dyp, xp, part, options=options)
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch1d(q, "convbwd_cpu", "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
+        gw.mark_written()
+        self._bias_grad_cpu(n, oc, sums)
+        dx = ops.new(q, (n, c, h, w))
+        ops.launch(q, "convbwd_cpu", "dgrad_cpu", (-(-h // rr), n * -(-c // rm)), (1, 1), oc, c, h, w, hd, wd,
+                   -(-c // rm), dyp, self.weight, dx, options=options)
+        return dx.mark_written()
 
     def _backward_depthwise(self, dy):
         x = self._saved

@@ -1,0 +1,273 @@
+// Conv2d's backward pass on CPU devices (PoCL): float16 vectors along image rows, one
+// work-item (local size 1) per block of rows, no index division per element.
+//
+// The data gradient of a stride-1, undilated convolution is a correlation of dy with the
+// flipped, transposed weights (padding k-1-p): dgrad_cpu computes it directly, register-blocked
+// like the fused forward (kernels/conv_cpu.cl): a work-item owns RM channels x RR rows x 16
+// columns of dx (RR * RM float16 accumulators), loads dy rows as vectors and broadcasts weights.
+// dy is first copied into zero-bordered planes (pad_planes_cpu), so the inner loops have no
+// bounds checks. Other convolutions gather their im2col columns (col2im_cpu, vectorised along
+// the rows where the stride is 1).
+//
+// Defines (netcl.nn.conv, with defaults so the file builds without them): KS (kernel size),
+// RM and RR (dgrad_cpu's channels and rows per work-item), RO (wgrad_cpu's output channels).
+#ifndef KS
+#define KS 3
+#endif
+#ifndef RM
+#define RM 4
+#endif
+#ifndef RR
+#define RR 2
+#endif
+#ifndef RO
+#define RO 2
+#endif
+
+typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
+
+inline float hsum16(const float16 v) {
+    const float8 h8 = v.lo + v.hi;
+    const float4 h4 = h8.lo + h8.hi;
+    const float2 h2 = h4.lo + h4.hi;
+    return h2.x + h2.y;
+}
+
+// dyp (OC, N*P) from dy (N, OC, P), and sums[n * OC + o] = the sum of row (n, o): the weight
+// gradient's GEMM operand and the bias gradient's per-image sums in one pass over dy. Rows
+// [r * rows, (r + 1) * rows) of the N*OC rows per work-item; the sums in float16 lanes, flushed
+// every 32 vectors (no lane adds a long sequential run: norm_cpu.cl's FLUSH).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const int NP, __global const float *dy,
+                 __global float *dyp, __global float *sums) {
+    const int r1 = min(NOC, (int)get_global_id(0) * rows + rows);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int n = r / OC, o = r - n * OC;
+        __global const float *src = dy + r * P;
+        __global float *dst = dyp + o * NP + n * P;
+        float16 s16 = 0.0f, r16 = 0.0f;
+        int i = 0, nv = 0;
+        for (; i + 16 <= P; i += 16) {
+            const float16 v = *(__global const ufloat16 *)(src + i);
+            *(__global ufloat16 *)(dst + i) = v;
+            r16 += v;
+            if (++nv == 32) s16 += r16, r16 = 0.0f, nv = 0;
+        }
+        float t = 0.0f;
+        for (; i < P; i++) {
+            dst[i] = src[i];
+            t += src[i];
+        }
+        r16.s0 += t;
+        sums[r] = hsum16(s16 + r16);
+    }
+}
+
+// g[o] (+)= sum over n of sums[n * OC + o], in order of n: the bias gradient.
+__kernel void bias_grad_cpu(const int N, const int OC, __global const float *sums, __global float *g,
+                            const int accumulate) {
+    const int o = get_global_id(0);
+    if (o >= OC) return;
+    float s = 0.0f;
+    for (int n = 0; n < N; n++) s += sums[n * OC + o];
+    g[o] = accumulate ? g[o] + s : s;
+}
+
+// dst (NC, HP, WP) = src (NC, H, W) placed at row `top`, column `left` of zero planes, and
+// (sums != 0) sums[plane] = the plane's sum (the bias gradient's per-image sums, in float16
+// lanes flushed every 32 vectors: no lane adds a long sequential run). `planes` planes per
+// work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pad_planes_cpu(const int NC, const int planes, const int H, const int W, const int HP, const int WP,
+                    const int top, const int left, __global const float *src, __global float *dst,
+                    __global float *sums) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
+        __global float *d = dst + pl * HP * WP;
+        __global const float *s = src + pl * H * W;
+        float16 s16 = 0.0f, r16 = 0.0f;
+        int nv = 0;
+        for (int h = 0; h < HP; h++, d += WP) {
+            int i = 0;
+            if (h < top || h >= top + H) {
+                for (; i + 16 <= WP; i += 16) *(__global ufloat16 *)(d + i) = 0.0f;
+                for (; i < WP; i++) d[i] = 0.0f;
+                continue;
+            }
+            for (; i < left; i++) d[i] = 0.0f;
+            __global float *dd = d + left;
+            for (i = 0; i + 16 <= W; i += 16, s += 16) {
+                const float16 v = *(__global const ufloat16 *)s;
+                *(__global ufloat16 *)(dd + i) = v;
+                r16 += v;
+                if (++nv == 32) s16 += r16, r16 = 0.0f, nv = 0;
+            }
+            float t = 0.0f;
+            for (; i < W; i++, s++) {
+                dd[i] = *s;
+                t += *s;
+            }
+            r16.s0 += t;
+            for (i = left + W; i < WP; i++) d[i] = 0.0f;
+        }
+        if (sums) sums[pl] = hsum16(s16 + r16);
+    }
+}
+
+// The weight gradient of a stride-1, undilated convolution, directly: dW[o][c][kh][kw] =
+// sum over (n, y, x) of dy[n][o][y][x] * x[n][c][y + kh - p][x + kw - p], from the padded
+// planes of dy (dyp: N, OC, HD, WD with dy at (pd, pd) and zeros past each row, so that whole
+// vectors of 16 columns read zeros beyond OW) and x (xp: N, C, HX, WX with x at (p, p)).
+// Work-item (c, ob, chunk): RO output channels ob*RO.. (the last block repeats the last one)
+// and input channel c over the rows [chunk * rows, ...) of the N*OH output rows: RO * KS * KS
+// float16 accumulators, RO + KS * KS vector loads per KS * KS * RO multiply-adds. Writes the
+// chunk's partial sums to part[chunk][o][c][kh][kw]; sum_chunks_cpu adds the chunks.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int OW, const int HD, const int WD, const int pd,
+               const int HX, const int WX, const int rows, __global const float *dyp, __global const float *xp,
+               __global float *part) {
+    const int c = get_global_id(0), o0 = get_global_id(1) * RO, chunk = get_global_id(2);
+    const int r0 = chunk * rows, r1 = min(N * OH, r0 + rows);
+    float16 acc[RO][KS * KS];
+#pragma unroll
+    for (int i = 0; i < RO; i++)
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) acc[i][t] = 0.0f;
+    for (int r = r0; r < r1; r++) {
+        const int n = r / OH, y = r - n * OH;
+        __global const float *g[RO];
+#pragma unroll
+        for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + min(o0 + i, OC - 1)) * HD + pd + y) * WD + pd;
+        __global const float *xr = xp + ((n * C + c) * HX + y) * WX;
+        for (int x0 = 0; x0 < OW; x0 += 16) {
+            float16 gv[RO];
+#pragma unroll
+            for (int i = 0; i < RO; i++) gv[i] = *(__global const ufloat16 *)(g[i] + x0);
+#pragma unroll
+            for (int kh = 0; kh < KS; kh++)
+#pragma unroll
+                for (int kw = 0; kw < KS; kw++) {
+                    const float16 xv = *(__global const ufloat16 *)(xr + kh * WX + kw + x0);
+#pragma unroll
+                    for (int i = 0; i < RO; i++) acc[i][kh * KS + kw] += gv[i] * xv;
+                }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RO; i++) {
+        if (o0 + i >= OC) break;
+        __global float *dst = part + ((chunk * OC + o0 + i) * C + c) * KS * KS;
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) dst[t] = hsum16(acc[i][t]);
+    }
+}
+
+// out[i] (+)= sum over the chunks of part[chunk][i], in order (one work-item per i).
+__kernel void sum_chunks_cpu(const int size, const int chunks, __global const float *part, __global float *out,
+                             const int accumulate) {
+    const int i = get_global_id(0);
+    if (i >= size) return;
+    float s = 0.0f;
+    for (int ch = 0; ch < chunks; ch++) s += part[ch * size + i];
+    out[i] = accumulate ? out[i] + s : s;
+}
+
+// dx (N, C, H, W) = the correlation of the padded dy planes (N, OC, HP, WP; HP >= H rounded up
+// to RR, plus KS - 1; WP >= W rounded up to 16, plus KS - 1) with the weights w (OC, C, KS, KS)
+// flipped: dx[c] += w[o][c][KS-1-j][KS-1-l] * dy[o] shifted by (j, l). For one o, a block of RM
+// consecutive channels' weights is one run of RM * KS * KS floats (broadcast from memory;
+// channels past C repeat the last one and are not stored). Work-item (y, z): rows RR*y.. of
+// image z / CB, channels RM * (z % CB).., every 16 columns of them in turn (a work-group per 16
+// columns cost more in PoCL's dispatch than its ~1 us of arithmetic).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void dgrad_cpu(const int OC, const int C, const int H, const int W, const int HP, const int WP, const int CB,
+               __global const float *dyp, __global const float *w, __global float *dx) {
+    const int y0 = get_global_id(0) * RR, n = get_global_id(1) / CB, cb = get_global_id(1) % CB;
+    int wm[RM];  // the channels' offsets in a row of w
+#pragma unroll
+    for (int m = 0; m < RM; m++) wm[m] = min(cb * RM + m, C - 1) * KS * KS + KS * KS - 1;
+    for (int x0 = 0; x0 < W; x0 += 16) {
+        float16 acc[RR][RM];
+#pragma unroll
+        for (int r = 0; r < RR; r++)
+#pragma unroll
+            for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
+        __global const float *src = dyp + n * OC * HP * WP + y0 * WP + x0;
+        __global const float *wk = w;
+        for (int o = 0; o < OC; o++, src += HP * WP, wk += C * KS * KS) {
+#pragma unroll
+            for (int t = 0; t < RR + KS - 1; t++) {  // the dy rows that feed RR dx rows
+#pragma unroll
+                for (int l = 0; l < KS; l++) {
+                    const float16 v = *(__global const ufloat16 *)(src + t * WP + l);
+#pragma unroll
+                    for (int r = 0; r < RR; r++) {
+                        const int j = t - r;
+                        if (j >= 0 && j < KS) {
+#pragma unroll
+                            for (int m = 0; m < RM; m++) acc[r][m] += wk[wm[m] - j * KS - l] * v;
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < RM; m++) {
+            const int c = cb * RM + m;
+            if (c >= C) break;
+#pragma unroll
+            for (int r = 0; r < RR; r++) {
+                if (y0 + r >= H) break;
+                __global float *d = dx + ((n * C + c) * H + y0 + r) * W + x0;
+                if (x0 + 16 <= W) {
+                    *(__global ufloat16 *)d = acc[r][m];
+                } else {
+                    float t[16];
+                    *(ufloat16 *)t = acc[r][m];
+                    for (int i = 0; i < W - x0; i++) d[i] = t[i];
+                }
+            }
+        }
+    }
+}
+
+// col2im for CPUs: dx(n, c, ih, iw) = the sum of the dcols (C*k*k, N*OH*OW) entries that
+// read it (+ bias[c] when has_bias: ConvTranspose2d's forward is this gather). A work-item
+// gathers `rows` input rows of (N*C*H) into their place in dx, tap by tap in conv.cl's col2im
+// order; with stride 1 a tap adds a shifted dcols row, in vectors.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void col2im_cpu(const int NCH, const int rows, const int C, const int H, const int W, const int k, const int s,
+                const int p, const int d, const int OH, const int OW, __global const float *dcols,
+                __global const float *bias, const int has_bias, __global float *dx) {
+    const int NP = NCH / (C * H) * OH * OW, r1 = min(NCH, (int)get_global_id(0) * rows + rows);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int ih = r % H, c = (r / H) % C, n = r / (H * C);
+        __global float *dst = dx + r * W;
+        const float b = has_bias ? bias[c] : 0.0f;
+        int i = 0;
+        for (; i + 16 <= W; i += 16) *(__global ufloat16 *)(dst + i) = 0.0f;
+        for (; i < W; i++) dst[i] = 0.0f;
+        for (int kh = 0; kh < k; kh++) {
+            const int th = ih + p - kh * d;
+            if (th < 0 || th % s || th / s >= OH) continue;
+            __global const float *row = dcols + (c * k + kh) * k * NP + (n * OH + th / s) * OW;
+            for (int kw = 0; kw < k; kw++) {
+                __global const float *src = row + kw * NP;
+                // iw = ow * s - p + kw * d for ow in [0, OW), iw in [0, W)
+                const int off = kw * d - p, last = W - 1 - off;
+                const int ow0 = off < 0 ? (-off + s - 1) / s : 0, ow1 = last < 0 ? 0 : min(OW, last / s + 1);
+                if (s == 1) {
+                    __global float *dd = dst + off;
+                    int ow = ow0;
+                    for (; ow + 16 <= ow1; ow += 16)
+                        *(__global ufloat16 *)(dd + ow) += *(__global const ufloat16 *)(src + ow);
+                    for (; ow < ow1; ow++) dd[ow] += src[ow];
+                } else {
+                    for (int ow = ow0; ow < ow1; ow++) dst[ow * s + off] += src[ow];
+                }
+            }
+        }
+        if (has_bias)
+            for (i = 0; i < W; i++) dst[i] += b;
+    }
+}
