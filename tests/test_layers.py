@@ -295,7 +295,7 @@ ADAPTIVE_CASES = [  # layer, input shape, output_size
     ("AdaptiveAvgPool2d", (1, 4, 8, 8), 4), ("AdaptiveAvgPool2d", (2, 3, 7, 5), 9),  # larger than the input
     ("AdaptiveAvgPool2d", (1, 5, 13, 11), 2), ("AdaptiveAvgPool2d", (3, 2, 6, 6), 6),
     ("AdaptiveAvgPool1d", (2, 3, 11), 1), ("AdaptiveAvgPool1d", (2, 3, 11), 4), ("AdaptiveAvgPool1d", (1, 5, 6), 3),
-    ("AdaptiveAvgPool1d", (2, 2, 5), 7),
+    ("AdaptiveAvgPool1d", (2, 2, 5), 7), ("AdaptiveAvgPool2d", (3, 5, 9, 12), 1),  # planes of vectors and a tail
 ]
 
 

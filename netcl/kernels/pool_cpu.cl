@@ -113,3 +113,19 @@ void maxpool2_bwd_cpu(const int NCOH, const int rows, const int H, const int W, 
             for (int iw = 0; iw < W; iw++) d1[W + iw] = 0.0f;
     }
 }
+
+// AdaptiveAvgPool with one output per plane (global average pooling), backward: every input of
+// plane p gets dy[p] / HW (pool.cl's adaptive_avgpool_bwd's value, without its per-element
+// window arithmetic). `planes` planes per work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void global_avgpool_bwd_cpu(const int NC, const int planes, const int HW, __global const float *dy,
+                            __global float *dx) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int p = get_global_id(0) * planes; p < p1; p++) {
+        const float v = dy[p] / (float)HW;
+        __global float *d = dx + p * HW;
+        int i = 0;
+        for (; i + 16 <= HW; i += 16) *(__global ufloat16 *)(d + i) = v;
+        for (; i < HW; i++) d[i] = v;
+    }
+}

@@ -117,8 +117,13 @@ class _AdaptiveAvgPool(Module):
 
     def backward(self, dy):
         shape, g = self._saved
-        dx = ops.new(dy, shape)
-        ops.launch1d(dy.queue, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
+        q, dx = dy.queue, ops.new(dy, shape)
+        nc, h, w, oh, ow = g
+        if oh * ow == 1 and ops.is_cpu(q):  # global average pooling: a broadcast in vectors
+            planes = max(1, ops.cpu_chunk(dx.size)[0] // (h * w))
+            ops.launch(q, "pool_cpu", "global_avgpool_bwd_cpu", (-(-nc // planes),), (1,), nc, planes, h * w, dy, dx)
+        else:
+            ops.launch1d(q, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
         return dx.mark_written()
 
 
