@@ -3,7 +3,7 @@
 Training runs as im2col + GEMM (kernels/conv.cl, gemm.cl): groups=1 batches the GEMM over the
 images, other groups batch it over the groups; depthwise convolutions (groups == in_channels)
 run direct kernels instead. On CPUs the backward of a stride-1 3x3 or 5x5 convolution runs
-direct kernels too (kernels/convbwd_cpu.cl: no im2col columns, no col2im). ConvTranspose2d is
+direct kernels too (kernels/convtrain_cpu.cl: no im2col columns, no col2im). ConvTranspose2d is
 the convolution's data gradient: forward is GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 
@@ -26,7 +26,7 @@ def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
 
 def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     """out (n, c, h, w) = the gather of dcols (c*k*k, n*oh*ow) (+ bias): on GPUs one work-item per
-    element of out, on CPUs rows of it in vectors (convbwd_cpu.cl)."""
+    element of out, on CPUs rows of it in vectors (convtrain_cpu.cl)."""
     has_bias = bias is not None
     bias_arg = bias if has_bias else ops.dummy(q)
     if ops.config_class(q) == "gpu":
@@ -34,21 +34,34 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
                    bias_arg, int(has_bias), out)
     else:
         rows, items = _cpu_rows(n * c * h, w)
-        ops.launch(q, "convbwd_cpu", "col2im_cpu", (items,), (1,), n * c * h, rows, c, h, w, k, s, p, d, oh, ow,
+        ops.launch(q, _FAMILY, "col2im_cpu", (items,), (1,), n * c * h, rows, c, h, w, k, s, p, d, oh, ow,
                    dcols, bias_arg, int(has_bias), out, options=_cpu_options(k))
     out.mark_written()
 
 
-# convbwd_cpu.cl's direct kernels: dgrad_cpu's block of RM channels x RR rows x 16 columns per
+# convtrain_cpu.cl's direct kernels: corr_cpu's block of RM channels x RR rows x 16 columns per
 # work-item; wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators:
 # 18 and 25 of the 32 AVX-512 registers). Rows narrower than 16 would be mostly padding in
 # their vectors: the GEMMs and col2im are faster there.
-_DGRAD_RM, _DGRAD_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = 4, 2, {3: 2, 5: 1}, 16
+_FAMILY, _CORR_RM, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 4, 2, {3: 2, 5: 1}, 16
 _WGRAD_L2, _WGRAD_ITEMS = 512 * 1024, 32
 
 
-def _cpu_options(k):
-    return (f"-DKS={k}", f"-DRM={_DGRAD_RM}", f"-DRR={_DGRAD_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}")
+def _cpu_options(k, flip=0):
+    return (f"-DKS={k}", f"-DRM={_CORR_RM}", f"-DRR={_CORR_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}", f"-DFLIP={flip}")
+
+
+def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
+    """out (N, CO, OH, OW) = corr_cpu's correlation of the zero-bordered planes inp (N, CI, HP, WP)
+    with the weights w (element strides sco per output and sci per input channel; flip: taps
+    reversed, a data gradient) (+ bias)."""
+    n, co, oh, ow = out.shape
+    _, ci, hp, wp = inp.shape
+    k, cb = math.isqrt(w.size // (co * ci)), -(-co // _CORR_RM)
+    has_bias = bias is not None
+    ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
+               inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, options=_cpu_options(k, flip))
+    out.mark_written()
 
 
 def _pad_planes(q, src, dst, border, sums, options):
@@ -57,7 +70,7 @@ def _pad_planes(q, src, dst, border, sums, options):
     n, c, h, w = src.shape
     _, _, hp, wp = dst.shape
     planes, items = _cpu_rows(n * c, hp * wp)
-    ops.launch(q, "convbwd_cpu", "pad_planes_cpu", (items,), (1,), n * c, planes, h, w, hp, wp, border, border,
+    ops.launch(q, _FAMILY, "pad_planes_cpu", (items,), (1,), n * c, planes, h, w, hp, wp, border, border,
                src, dst, sums, options=options)
     dst.mark_written()
 
@@ -194,7 +207,7 @@ class Conv2d(Module):
         return dx
 
     def _backward_cpu(self, dy):
-        """backward() on a CPU, groups == 1 (convbwd_cpu.cl). Stride 1, no dilation, 3x3 or 5x5,
+        """backward() on a CPU, groups == 1 (convtrain_cpu.cl). Stride 1, no dilation, 3x3 or 5x5,
         rows of 16 or more: direct kernels (_backward_direct). Otherwise one pass over dy gives the
         weight gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T,
         dcols = W^T dy, then col2im."""
@@ -208,7 +221,7 @@ class Conv2d(Module):
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
         rows, items = _cpu_rows(n * oc, P)
-        ops.launch(q, "convbwd_cpu", "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, NP, dy, dyp, sums,
+        ops.launch(q, _FAMILY, "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, NP, dy, dyp, sums,
                    options=options)
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
@@ -221,21 +234,21 @@ class Conv2d(Module):
     def _bias_grad_cpu(self, n, oc, sums):
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
-            ops.launch1d(gb.queue, "convbwd_cpu", "bias_grad_cpu", oc, n, oc, sums, gb, int(acc))
+            ops.launch1d(gb.queue, _FAMILY, "bias_grad_cpu", oc, n, oc, sums, gb, int(acc))
             gb.mark_written()
 
     def _backward_direct(self, dy):
         """The CPU backward of a stride-1, undilated conv without im2col columns: dy copied once into
         zero-bordered planes (k-1-p wide; the bias gradient's sums on the way), x into planes padded
         by p; dW = wgrad_cpu's correlation of the two (partial sums per chunk of rows, then added in
-        order); dx = dgrad_cpu's correlation of padded dy with the flipped weights."""
+        order); dx = corr_cpu's correlation of padded dy with the flipped weights."""
         x, _ = self._saved
         n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape
         k, _, p, _ = self._geometry()
-        q, rm, rr, ro = dy.queue, _DGRAD_RM, _DGRAD_RR, _WGRAD_RO[k]
+        q, ro = dy.queue, _WGRAD_RO[k]
         options, pd, w16 = _cpu_options(k), k - 1 - p, -(-ow // 16) * 16
-        hd, wd = -(-h // rr) * rr + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
+        hd, wd = -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
         dyp, sums = ops.new(q, (n, oc, hd, wd)), ops.new(q, (n * oc,))
         _pad_planes(q, dy, dyp, pd, sums, options)
         hx, wx = oh + k - 1, w16 + k - 1
@@ -248,16 +261,15 @@ class Conv2d(Module):
             rows = -(-rows // 2)
         chunks = -(-n * oh // rows)
         part = ops.new(q, (chunks, oc, c * k * k))
-        ops.launch(q, "convbwd_cpu", "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
+        ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
                    rows, dyp, xp, part, options=options)
         gw, acc = ops.grad_target(self.weight)
-        ops.launch1d(q, "convbwd_cpu", "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
+        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
         gw.mark_written()
         self._bias_grad_cpu(n, oc, sums)
         dx = ops.new(q, (n, c, h, w))
-        ops.launch(q, "convbwd_cpu", "dgrad_cpu", (-(-h // rr), n * -(-c // rm)), (1, 1), oc, c, h, w, hd, wd,
-                   -(-c // rm), dyp, self.weight, dx, options=options)
-        return dx.mark_written()
+        _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
+        return dx
 
     def _backward_depthwise(self, dy):
         x = self._saved

@@ -1,16 +1,19 @@
-// Conv2d's backward pass on CPU devices (PoCL): float16 vectors along image rows, one
+// Conv2d's training passes on CPU devices (PoCL): float16 vectors along image rows, one
 // work-item (local size 1) per block of rows, no index division per element.
 //
-// The data gradient of a stride-1, undilated convolution is a correlation of dy with the
-// flipped, transposed weights (padding k-1-p): dgrad_cpu computes it directly, register-blocked
-// like the fused forward (kernels/conv_cpu.cl): a work-item owns RM channels x RR rows x 16
-// columns of dx (RR * RM float16 accumulators), loads dy rows as vectors and broadcasts weights.
-// dy is first copied into zero-bordered planes (pad_planes_cpu), so the inner loops have no
-// bounds checks. Other convolutions gather their im2col columns (col2im_cpu, vectorised along
-// the rows where the stride is 1).
+// A stride-1, undilated convolution and its data gradient are both correlations of
+// zero-bordered planes with the weights (the gradient: of dy with the weights flipped and
+// transposed, padding k-1-p): corr_cpu computes either directly, register-blocked like the fused
+// forward (kernels/conv_cpu.cl): a work-item owns RM channels x RR rows x 16 columns of the
+// output (RR * RM float16 accumulators), loads input rows as vectors and broadcasts weights.
+// The planes are first copied with their zero border (pad_planes_cpu), so the inner loops have
+// no bounds checks. wgrad_cpu correlates padded dy and x into the weight gradient. Other
+// convolutions gather their im2col columns (col2im_cpu, vectorised along the rows where the
+// stride is 1).
 //
 // Defines (netcl.nn.conv, with defaults so the file builds without them): KS (kernel size),
-// RM and RR (dgrad_cpu's channels and rows per work-item), RO (wgrad_cpu's output channels).
+// FLIP (corr_cpu's weight order), RM and RR (corr_cpu's channels and rows per work-item), RO
+// (wgrad_cpu's output channels).
 #ifndef KS
 #define KS 3
 #endif
@@ -22,6 +25,9 @@
 #endif
 #ifndef RO
 #define RO 2
+#endif
+#ifndef FLIP
+#define FLIP 0
 #endif
 
 typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
@@ -172,31 +178,33 @@ __kernel void sum_chunks_cpu(const int size, const int chunks, __global const fl
     out[i] = accumulate ? out[i] + s : s;
 }
 
-// dx (N, C, H, W) = the correlation of the padded dy planes (N, OC, HP, WP; HP >= H rounded up
-// to RR, plus KS - 1; WP >= W rounded up to 16, plus KS - 1) with the weights w (OC, C, KS, KS)
-// flipped: dx[c] += w[o][c][KS-1-j][KS-1-l] * dy[o] shifted by (j, l). For one o, a block of RM
-// consecutive channels' weights is one run of RM * KS * KS floats (broadcast from memory;
-// channels past C repeat the last one and are not stored). Work-item (y, z): rows RR*y.. of
-// image z / CB, channels RM * (z % CB).., every 16 columns of them in turn (a work-group per 16
-// columns cost more in PoCL's dispatch than its ~1 us of arithmetic).
+// out (N, CO, OH, OW) = the stride-1 correlation of zero-bordered input planes (N, CI, HP, WP;
+// HP >= OH rounded up to RR, plus KS - 1; WP >= OW rounded up to 16, plus KS - 1) with the
+// weights, plus bias[co] when has_bias: out[co] += wgt(co, ci, j, l) * inp[ci] shifted by (j, l).
+// FLIP 0, a convolution: wgt = w[co * SCO + ci * SCI + j * KS + l]; FLIP 1, its data gradient
+// (inp = dy, w (CI, CO, KS, KS)): wgt = w[co * SCO + ci * SCI + (KS-1-j) * KS + KS-1-l].
+// Work-item (y, z): rows RR*y.. of image z / CB, channels RM * (z % CB).. (past CO: the last
+// one's weights, not stored), every 16 columns of them in turn (a work-group per 16 columns
+// cost more in PoCL's dispatch than its ~1 us of arithmetic); weights are broadcast from memory.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
-void dgrad_cpu(const int OC, const int C, const int H, const int W, const int HP, const int WP, const int CB,
-               __global const float *dyp, __global const float *w, __global float *dx) {
+void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int HP, const int WP, const int CB,
+              const int SCO, const int SCI, __global const float *inp, __global const float *w,
+              __global const float *bias, const int has_bias, __global float *out) {
     const int y0 = get_global_id(0) * RR, n = get_global_id(1) / CB, cb = get_global_id(1) % CB;
-    int wm[RM];  // the channels' offsets in a row of w
+    int wm[RM];  // the channels' first weights
 #pragma unroll
-    for (int m = 0; m < RM; m++) wm[m] = min(cb * RM + m, C - 1) * KS * KS + KS * KS - 1;
-    for (int x0 = 0; x0 < W; x0 += 16) {
+    for (int m = 0; m < RM; m++) wm[m] = min(cb * RM + m, CO - 1) * SCO + (FLIP ? KS * KS - 1 : 0);
+    for (int x0 = 0; x0 < OW; x0 += 16) {
         float16 acc[RR][RM];
 #pragma unroll
         for (int r = 0; r < RR; r++)
 #pragma unroll
             for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
-        __global const float *src = dyp + n * OC * HP * WP + y0 * WP + x0;
+        __global const float *src = inp + n * CI * HP * WP + y0 * WP + x0;
         __global const float *wk = w;
-        for (int o = 0; o < OC; o++, src += HP * WP, wk += C * KS * KS) {
+        for (int ci = 0; ci < CI; ci++, src += HP * WP, wk += SCI) {
 #pragma unroll
-            for (int t = 0; t < RR + KS - 1; t++) {  // the dy rows that feed RR dx rows
+            for (int t = 0; t < RR + KS - 1; t++) {  // the input rows that feed RR output rows
 #pragma unroll
                 for (int l = 0; l < KS; l++) {
                     const float16 v = *(__global const ufloat16 *)(src + t * WP + l);
@@ -205,7 +213,8 @@ void dgrad_cpu(const int OC, const int C, const int H, const int W, const int HP
                         const int j = t - r;
                         if (j >= 0 && j < KS) {
 #pragma unroll
-                            for (int m = 0; m < RM; m++) acc[r][m] += wk[wm[m] - j * KS - l] * v;
+                            for (int m = 0; m < RM; m++)
+                                acc[r][m] += wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)] * v;
                         }
                     }
                 }
@@ -213,18 +222,20 @@ void dgrad_cpu(const int OC, const int C, const int H, const int W, const int HP
         }
 #pragma unroll
         for (int m = 0; m < RM; m++) {
-            const int c = cb * RM + m;
-            if (c >= C) break;
+            const int co = cb * RM + m;
+            if (co >= CO) break;
+            const float b = has_bias ? bias[co] : 0.0f;
 #pragma unroll
             for (int r = 0; r < RR; r++) {
-                if (y0 + r >= H) break;
-                __global float *d = dx + ((n * C + c) * H + y0 + r) * W + x0;
-                if (x0 + 16 <= W) {
-                    *(__global ufloat16 *)d = acc[r][m];
+                if (y0 + r >= OH) break;
+                __global float *d = out + ((n * CO + co) * OH + y0 + r) * OW + x0;
+                const float16 v = acc[r][m] + b;
+                if (x0 + 16 <= OW) {
+                    *(__global ufloat16 *)d = v;
                 } else {
                     float t[16];
-                    *(ufloat16 *)t = acc[r][m];
-                    for (int i = 0; i < W - x0; i++) d[i] = t[i];
+                    *(ufloat16 *)t = v;
+                    for (int i = 0; i < OW - x0; i++) d[i] = t[i];
                 }
             }
         }
