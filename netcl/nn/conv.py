@@ -152,12 +152,26 @@ class Conv2d(Module):
     def _depthwise(self):
         return self.groups > 1 and self.groups == self.in_channels
 
+    def _direct_cpu(self, q, shape):
+        """Whether forward and backward run convtrain_cpu.cl's direct kernels: a CPU, groups 1,
+        stride 1, no dilation, 3x3 or 5x5, padding below the kernel size, rows of 16 or more."""
+        k, s, p, d = self._geometry()
+        w = shape[3]
+        return (self.groups == 1 and s == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1
+                and min(w, w + 2 * p - k + 1) >= _DIRECT_MIN_WIDTH and ops.is_cpu(q))
+
     def forward(self, x):
         q = self._on(x)
         _, oc, oh, ow = self.output_shape(x.shape)  # checks the rank first
         n, c, h, w = x.shape
         k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
+        if self._direct_cpu(q, x.shape):  # x with its zero border, correlated with the weights
+            xp = ops.new(q, (n, c, -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1))
+            _pad_planes(q, x, xp, p, None, _cpu_options(k))
+            _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
+            self._saved = (x.shape, None, xp)  # backward's weight gradient reads the padded x
+            return y
         if self._depthwise():
             has_bias = self.bias is not None
             ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
@@ -178,7 +192,7 @@ class Conv2d(Module):
             ops.launch1d(q, "conv", "cn_to_nchw", y.size, n, oc, P, t, self.bias if has_bias else ops.dummy(q),
                          int(has_bias), y)
             y.mark_written()
-        self._saved = (x, cols)  # x: the CPU backward's direct weight gradient reads it
+        self._saved = (x.shape, cols, None)
         return y
 
     def backward(self, dy):
@@ -186,8 +200,7 @@ class Conv2d(Module):
             return self._backward_depthwise(dy)
         if self.groups == 1 and ops.is_cpu(dy.queue):
             return self._backward_cpu(dy)
-        x, cols = self._saved
-        n, c, h, w = x.shape
+        (n, c, h, w), cols, _ = self._saved
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk, G = dy.queue, oh * ow, c * k * k, self.groups
@@ -207,16 +220,15 @@ class Conv2d(Module):
         return dx
 
     def _backward_cpu(self, dy):
-        """backward() on a CPU, groups == 1 (convtrain_cpu.cl). Stride 1, no dilation, 3x3 or 5x5,
-        rows of 16 or more: direct kernels (_backward_direct). Otherwise one pass over dy gives the
-        weight gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T,
-        dcols = W^T dy, then col2im."""
-        x, cols = self._saved
-        n, c, h, w = x.shape
+        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a direct forward, direct
+        kernels (_backward_direct). Otherwise one pass over dy gives the weight gradient's GEMM
+        operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T, dcols = W^T dy, then
+        col2im."""
+        (n, c, h, w), cols, _ = self._saved
+        if cols is None:
+            return self._backward_direct(dy)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
-        if s == 1 and d == 1 and p <= k - 1 and k in _WGRAD_RO and w >= _DIRECT_MIN_WIDTH:
-            return self._backward_direct(dy)
         q, P, ckk = dy.queue, oh * ow, c * k * k
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
@@ -239,11 +251,10 @@ class Conv2d(Module):
 
     def _backward_direct(self, dy):
         """The CPU backward of a stride-1, undilated conv without im2col columns: dy copied once into
-        zero-bordered planes (k-1-p wide; the bias gradient's sums on the way), x into planes padded
-        by p; dW = wgrad_cpu's correlation of the two (partial sums per chunk of rows, then added in
-        order); dx = corr_cpu's correlation of padded dy with the flipped weights."""
-        x, _ = self._saved
-        n, c, h, w = x.shape
+        zero-bordered planes (k-1-p wide; the bias gradient's sums on the way); dW = wgrad_cpu's
+        correlation of that with the forward's padded x (partial sums per chunk of rows, then added
+        in order); dx = corr_cpu's correlation of padded dy with the flipped weights."""
+        (n, c, h, w), _, xp = self._saved
         _, oc, oh, ow = dy.shape
         k, _, p, _ = self._geometry()
         q, ro = dy.queue, _WGRAD_RO[k]
@@ -251,9 +262,7 @@ class Conv2d(Module):
         hd, wd = -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
         dyp, sums = ops.new(q, (n, oc, hd, wd)), ops.new(q, (n * oc,))
         _pad_planes(q, dy, dyp, pd, sums, options)
-        hx, wx = oh + k - 1, w16 + k - 1
-        xp = ops.new(q, (n, c, hx, wx))
-        _pad_planes(q, x, xp, p, None, options)
+        hx, wx = xp.shape[2:]
         # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
         # the work-items (channels x output blocks x chunks) are enough for every core
         ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
