@@ -50,6 +50,7 @@ def test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, 
 WIDE_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, bias: rows of 16 or more
     (2, 6, 11, 37, 5, 3, 1, 1, 1, True),   # CPU direct kernels: vectors and a tail, odd rows, channel tails
     (1, 3, 20, 16, 4, 5, 1, 2, 1, False),  # direct 5x5
+    (1, 10, 6, 20, 12, 3, 1, 1, 1, True),  # direct, blocks of 8 channels and a tail both ways
     (2, 5, 9, 20, 7, 3, 1, 0, 1, True),    # direct, no padding: dy padded by 2
     (1, 4, 7, 21, 3, 3, 1, 2, 1, True),    # direct, padding 2: dy not padded, dx narrower than dy
     (2, 4, 8, 18, 6, 3, 2, 1, 1, True),    # stride 2: GEMMs and a strided col2im

@@ -39,16 +39,18 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     out.mark_written()
 
 
-# convtrain_cpu.cl's direct kernels: corr_cpu's block of RM channels x RR rows x 16 columns per
-# work-item; wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators:
-# 18 and 25 of the 32 AVX-512 registers). Rows narrower than 16 would be mostly padding in
+# convtrain_cpu.cl's direct kernels: corr_cpu's block of RM channels (8, or 4 for fewer than 8)
+# x 2 rows x 16 columns per work-item (8 x 2 ran 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4;
+# 8 x 3 spilled); wgrad_cpu's RO output channels per kernel size (RO * k * k float16
+# accumulators: 27 and 25 of the 32 AVX-512 registers; 3x3 with 2 output channels ran 10-40%
+# slower, with 4 the accumulators spilled). Rows narrower than 16 would be mostly padding in
 # their vectors: the GEMMs and col2im are faster there.
-_FAMILY, _CORR_RM, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 4, 2, {3: 2, 5: 1}, 16
+_FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _WGRAD_L2, _WGRAD_ITEMS = 512 * 1024, 32
 
 
-def _cpu_options(k, flip=0):
-    return (f"-DKS={k}", f"-DRM={_CORR_RM}", f"-DRR={_CORR_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}", f"-DFLIP={flip}")
+def _cpu_options(k, flip=0, rm=8):
+    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={_CORR_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}", f"-DFLIP={flip}")
 
 
 def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
@@ -57,10 +59,10 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
     reversed, a data gradient) (+ bias)."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
-    k, cb = math.isqrt(w.size // (co * ci)), -(-co // _CORR_RM)
-    has_bias = bias is not None
+    k, rm = math.isqrt(w.size // (co * ci)), 8 if co >= 8 else 4
+    cb, has_bias = -(-co // rm), bias is not None
     ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
-               inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, options=_cpu_options(k, flip))
+               inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, options=_cpu_options(k, flip, rm))
     out.mark_written()
 
 
