@@ -1,5 +1,5 @@
-// Conv2d's training passes on CPU devices (PoCL): float16 vectors along image rows, one
-// work-item (local size 1) per block of rows, no index division per element.
+// Conv2d's training passes on CPU devices (PoCL; netcl.nn.conv's Conv2d._cpu_mode picks them):
+// explicit float16 vectors, one work-item (local size 1) per block of rows, register blocking.
 //
 // A stride-1, undilated convolution and its data gradient are both correlations of
 // zero-bordered planes with the weights (the gradient: of dy with the weights flipped and
@@ -7,13 +7,15 @@
 // forward (kernels/conv_cpu.cl): a work-item owns RM channels x RR rows x 16 columns of the
 // output (RR * RM float16 accumulators), loads input rows as vectors and broadcasts weights.
 // The planes are first copied with their zero border (pad_planes_cpu), so the inner loops have
-// no bounds checks. wgrad_cpu correlates padded dy and x into the weight gradient. Other
+// no bounds checks; wgrad_cpu correlates padded dy and x into the weight gradient. Rows too
+// narrow for 16-wide vectors, and stride 2: corrc_cpu (output channels in the lanes), corrt_cpu
+// for a strided convolution's data gradient, im2col_cpu for the weight gradient's GEMM. Other
 // convolutions gather their im2col columns (col2im_cpu, vectorised along the rows where the
 // stride is 1).
 //
 // Defines (netcl.nn.conv, with defaults so the file builds without them): KS (kernel size),
-// FLIP (corr_cpu's weight order), RM and RR (corr_cpu's channels and rows per work-item), RO
-// (wgrad_cpu's output channels).
+// FLIP (the weight order), RM and RR (corr_cpu's channels and rows per work-item), RO
+// (wgrad_cpu's output channels), TC (corrc_cpu's positions per work-item).
 #ifndef KS
 #define KS 3
 #endif
@@ -29,6 +31,13 @@
 #ifndef FLIP
 #define FLIP 0
 #endif
+#ifndef TC
+#define TC 8
+#endif
+// The correlations' accumulators add FLUSH input channels' products, then join a running total:
+// a plain running sum over C * KS * KS products (1152 for 128 channels) rounded several times
+// worse than the GEMMs' blocked sums.
+#define FLUSH 16
 
 typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
 
@@ -195,30 +204,40 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
 #pragma unroll
     for (int m = 0; m < RM; m++) wm[m] = min(cb * RM + m, CO - 1) * SCO + (FLIP ? KS * KS - 1 : 0);
     for (int x0 = 0; x0 < OW; x0 += 16) {
-        float16 acc[RR][RM];
+        float16 acc[RR][RM], tot[RR][RM];
 #pragma unroll
         for (int r = 0; r < RR; r++)
 #pragma unroll
-            for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
+            for (int m = 0; m < RM; m++) tot[r][m] = 0.0f;
         __global const float *src = inp + n * CI * HP * WP + y0 * WP + x0;
         __global const float *wk = w;
-        for (int ci = 0; ci < CI; ci++, src += HP * WP, wk += SCI) {
+        for (int c0 = 0; c0 < CI; c0 += FLUSH) {
 #pragma unroll
-            for (int t = 0; t < RR + KS - 1; t++) {  // the input rows that feed RR output rows
+            for (int r = 0; r < RR; r++)
 #pragma unroll
-                for (int l = 0; l < KS; l++) {
-                    const float16 v = *(__global const ufloat16 *)(src + t * WP + l);
+                for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
+            for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP, wk += SCI) {
 #pragma unroll
-                    for (int r = 0; r < RR; r++) {
-                        const int j = t - r;
-                        if (j >= 0 && j < KS) {
+                for (int t = 0; t < RR + KS - 1; t++) {  // the input rows that feed RR output rows
 #pragma unroll
-                            for (int m = 0; m < RM; m++)
-                                acc[r][m] += wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)] * v;
+                    for (int l = 0; l < KS; l++) {
+                        const float16 v = *(__global const ufloat16 *)(src + t * WP + l);
+#pragma unroll
+                        for (int r = 0; r < RR; r++) {
+                            const int j = t - r;
+                            if (j >= 0 && j < KS) {
+#pragma unroll
+                                for (int m = 0; m < RM; m++)
+                                    acc[r][m] += wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)] * v;
+                            }
                         }
                     }
                 }
             }
+#pragma unroll
+            for (int r = 0; r < RR; r++)
+#pragma unroll
+                for (int m = 0; m < RM; m++) tot[r][m] += acc[r][m];
         }
 #pragma unroll
         for (int m = 0; m < RM; m++) {
@@ -229,7 +248,7 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
             for (int r = 0; r < RR; r++) {
                 if (y0 + r >= OH) break;
                 __global float *d = out + ((n * CO + co) * OH + y0 + r) * OW + x0;
-                const float16 v = acc[r][m] + b;
+                const float16 v = tot[r][m] + b;
                 if (x0 + 16 <= OW) {
                     *(__global ufloat16 *)d = v;
                 } else {
@@ -242,9 +261,151 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
     }
 }
 
+// The same correlation (any stride) for planes too narrow for corr_cpu's row vectors: the
+// output channels are the vector lanes. The weights are packed channel-last first (wt[ci][j *
+// KS + l][COP], COP = CO rounded up to 32, zeros past CO: pack_weights_cpu); a work-item owns 32
+// output channels (two float16) x TC positions of one output row (2 * TC accumulators) and
+// broadcasts the inputs. Work-item (t, z): row tile t of the OH * XT (XT tiles of TC positions
+// per row; past OW they read the zero border and are not stored), z = block * N + n: the
+// work-items that run together share their block's weights (all of them would not stay in L2).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const int OW, const int HP, const int WP,
+               const int XT, const int S, __global const float *inp, __global const float *wt,
+               __global const float *bias, const int has_bias, __global float *out) {
+    const int t = get_global_id(0), y = t / XT, x0 = (t - y * XT) * TC, N = get_global_size(1) / (COP / 32);
+    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
+    float16 acc[TC][2], tot[TC][2];
+#pragma unroll
+    for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
+    __global const float *src = inp + n * CI * HP * WP + y * S * WP + x0 * S;
+    __global const float *wk = wt + co0;
+    for (int c0 = 0; c0 < CI; c0 += FLUSH) {
+#pragma unroll
+        for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
+        for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP) {
+#pragma unroll
+            for (int j = 0; j < KS; j++)
+#pragma unroll
+                for (int l = 0; l < KS; l++, wk += COP) {
+                    const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
+#pragma unroll
+                    for (int i = 0; i < TC; i++) {
+                        const float v = src[j * WP + i * S + l];
+                        acc[i][0] += v * w0;
+                        acc[i][1] += v * w1;
+                    }
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
+    }
+    __global float *dst = out + (n * CO + co0) * OH * OW + y * OW + x0;
+    const int lanes = min(32, CO - co0);
+    float v[TC][32];  // stored by lane: dst's channels are planes apart
+#pragma unroll
+    for (int i = 0; i < TC; i++) {
+        *(ufloat16 *)v[i] = tot[i][0];
+        *(ufloat16 *)(v[i] + 16) = tot[i][1];
+    }
+    for (int m = 0; m < lanes; m++) {
+        const float b = has_bias ? bias[co0 + m] : 0.0f;
+        for (int i = 0; i < min(TC, OW - x0); i++) dst[m * OH * OW + i] = v[i][m] + b;
+    }
+}
+
+// A strided convolution's data gradient, channels in the vector lanes as corrc_cpu: dx[n][c][ih]
+// [iw] = sum over (o, j, l) of w[o][c][j][l] * dy[n][o][(ih + p - j) / S][(iw + p - l) / S],
+// over the taps where both divide. A work-item owns 32 channels x TC positions iw0 + S * i of
+// row ih (one phase of the row: the same taps are valid for all of them, and their dy inputs
+// are consecutive), so no multiply-add meets an inserted zero. dyb: dy (N, CI, OH, OW) at row and
+// column T = ceil((KS - 1) / S) of zero planes (N, CI, HD, WD); wt[o][j * KS + l][COP] (channels
+// past CO zero). Work-item (t, z): t = ((ih * S) + phase) * XT + tile, z = block * N + n.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corrt_cpu(const int CI, const int CO, const int COP, const int H, const int W, const int HD, const int WD,
+               const int XT, const int S, const int p, const int T, __global const float *dyb,
+               __global const float *wt, __global float *out) {
+    const int t = get_global_id(0), tile = t % XT, phase = t / XT % S, ih = t / (XT * S);
+    const int iw0 = phase + S * TC * tile, N = get_global_size(1) / (COP / 32);
+    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
+    float16 acc[TC][2], tot[TC][2];
+#pragma unroll
+    for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
+    const int j0 = (ih + p) % S, l0 = (iw0 + p) % S;
+    for (int c0 = 0; c0 < CI; c0 += FLUSH) {
+#pragma unroll
+        for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
+        for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++) {
+            for (int j = j0; j < KS; j += S) {
+                __global const float *row = dyb + ((n * CI + ci) * HD + (ih + p - j + S * T) / S) * WD;
+                for (int l = l0; l < KS; l += S) {
+                    __global const float *src = row + (iw0 + p - l + S * T) / S;
+                    __global const float *wk = wt + (ci * KS * KS + j * KS + l) * COP + co0;
+                    const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
+#pragma unroll
+                    for (int i = 0; i < TC; i++) {
+                        acc[i][0] += src[i] * w0;
+                        acc[i][1] += src[i] * w1;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
+    }
+    __global float *dst = out + (n * CO + co0) * H * W + ih * W + iw0;
+    const int lanes = min(32, CO - co0), count = iw0 < W ? min(TC, (W - 1 - iw0) / S + 1) : 0;
+    float v[TC][32];
+#pragma unroll
+    for (int i = 0; i < TC; i++) {
+        *(ufloat16 *)v[i] = tot[i][0];
+        *(ufloat16 *)(v[i] + 16) = tot[i][1];
+    }
+    for (int m = 0; m < lanes; m++)
+        for (int i = 0; i < count; i++) dst[m * H * W + S * i] = v[i][m];
+}
+
+// wt[ci][tap][co] (COP >= CO columns, zeros past CO) from a convolution's weights for corrc_cpu
+// and corrt_cpu: w (CO, CI, KS, KS), or (transposed) w (CI, CO, KS, KS), the taps in reverse
+// order where `reverse` (a stride-1 data gradient). One work-item per (ci, co).
+__kernel void pack_weights_cpu(const int CO, const int CI, const int COP, const int transposed, const int reverse,
+                               __global const float *w, __global float *wt) {
+    const int g = get_global_id(0);
+    if (g >= CI * COP) return;
+    const int ci = g / COP, co = g - ci * COP;
+    __global float *d = wt + ci * KS * KS * COP + co;
+    __global const float *s = w + (transposed ? ci * CO + co : co * CI + ci) * KS * KS;
+    for (int tap = 0; tap < KS * KS; tap++) d[tap * COP] = co < CO ? s[reverse ? KS * KS - 1 - tap : tap] : 0.0f;
+}
+
+// im2col for CPUs from the zero-bordered planes xp (N, C, HP, WP): cols (C*KS*KS, N*OH*OW),
+// row (c, j, l), column (n, y, x) = xp[n][c][S*y + j][S*x + l], no bounds checks. Work-item
+// (r, g): cols row r, output rows (n, y) [g * rows, ...), copied in vectors (stride 2: the even
+// lanes of two).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int OW, const int S, const int NOH,
+                const int rows, __global const float *xp, __global float *cols) {
+    const int r = get_global_id(0), c = r / (KS * KS), j = r / KS % KS, l = r % KS;
+    const int t1 = min(NOH, (int)get_global_id(1) * rows + rows);
+    for (int t = get_global_id(1) * rows; t < t1; t++) {
+        const int n = t / OH, y = t - n * OH;
+        __global const float *src = xp + ((n * C + c) * HP + S * y + j) * WP + l;
+        __global float *dst = cols + r * NOH * OW + t * OW;
+        int x = 0;
+        if (S == 1) {
+            for (; x + 16 <= OW; x += 16) *(__global ufloat16 *)(dst + x) = *(__global const ufloat16 *)(src + x);
+        } else if (S == 2) {
+            for (; x + 16 <= OW; x += 16) {
+                const float16 a = *(__global const ufloat16 *)(src + 2 * x), b = *(__global const ufloat16 *)(src + 2 * x + 16);
+                *(__global ufloat16 *)(dst + x) = (float16)(a.even, b.even);
+            }
+        }
+        for (; x < OW; x++) dst[x] = src[S * x];
+    }
+}
+
 // col2im for CPUs: dx(n, c, ih, iw) = the sum of the dcols (C*k*k, N*OH*OW) entries that
 // read it (+ bias[c] when has_bias: ConvTranspose2d's forward is this gather). A work-item
-// gathers `rows` input rows of (N*C*H) into their place in dx, tap by tap in conv.cl's col2im
+// gathers `rows` input rows of (N*C*H) into their place in dx, tap by tap in conv.cl's col2im_gpu
 // order; with stride 1 a tap adds a shifted dcols row, in vectors.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void col2im_cpu(const int NCH, const int rows, const int C, const int H, const int W, const int k, const int s,

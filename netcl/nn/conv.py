@@ -22,6 +22,7 @@ def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
         ops.launch(q, "conv", "im2col_gpu", (cols.size,), (_GPU_LOCAL,), *args)
     else:
         ops.launch(q, "conv", "im2col", (n * oh, c * k * k), (8, 1), *args)
+    return cols.mark_written()
 
 
 def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
@@ -64,6 +65,54 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
     ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
                inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, options=_cpu_options(k, flip, rm))
     out.mark_written()
+
+
+# corrc_cpu's output positions per work-item (x 32 channels), and the most weights per output
+# channel it takes (C * k * k): at 256 -> 512 channels on 8x8 planes (2304) its weight traffic
+# left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at 64 -> 64 it ran 250, they 100.
+_CORRC_TC, _CORRC_MAX_R = 8, 1152
+
+
+def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
+    """out (N, CO, OH, OW) = corrc_cpu's correlation (stride `stride`) of the zero-bordered planes
+    inp (N, CI, HP, WP) with w (CO, CI, k, k), or with w (CI, CO, k, k) flipped (flip: a data
+    gradient), through its channel-last packing (+ bias)."""
+    n, co, oh, ow = out.shape
+    _, ci, hp, wp = inp.shape
+    k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
+    options = _cpu_options(k) + (f"-DTC={_CORRC_TC}",)
+    wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
+    xt, has_bias = -(-ow // _CORRC_TC), bias is not None
+    ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
+               inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, options=options)
+    out.mark_written()
+
+
+def _pack_weights(q, w, ci, co, k, cop, transposed, reverse, options):
+    """corrc_cpu's and corrt_cpu's channel-last weights wt (ci, k*k, cop) from w (co, ci, k, k) or
+    (transposed) w (ci, co, k, k), the taps reversed where `reverse`."""
+    wt = ops.new(q, (ci, k * k, cop))
+    ops.launch(q, _FAMILY, "pack_weights_cpu", (ci * cop,), (32,), co, ci, cop, int(transposed), int(reverse), w, wt,
+               options=options)
+    return wt.mark_written()
+
+
+def _corrt_cpu(q, dy, w, dx, stride, padding):
+    """dx (N, C, H, W) = the data gradient of a strided convolution with weights w (OC, C, k, k)
+    and padding `padding`, from dy (N, OC, OH, OW): corrt_cpu on dy with a zero border."""
+    n, c, h, w_ = dx.shape
+    _, oc, oh, ow = dy.shape
+    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _CORRC_TC, -(-c // 32) * 32
+    options, border = _cpu_options(k) + (f"-DTC={tc}",), -(-(k - 1) // s)
+    dyb = ops.new(q, (n, oc, max(-(-(h + padding) // s), oh) + 2 * border + 1,
+                      max(-(-(w_ + padding) // s), ow) + tc + 2 * border + 1))
+    _pad_planes(q, dy, dyb, border, None, options)
+    wt = _pack_weights(q, w, oc, c, k, cop, True, False, options)
+    positions = -(-w_ // s)  # of a row's first phase, the longest
+    xt = -(-positions // tc)
+    ops.launch(q, _FAMILY, "corrt_cpu", (h * s * xt, n * cop // 32), (1, 1), oc, c, cop, h, w_, dyb.shape[2],
+               dyb.shape[3], xt, s, padding, border, dyb, wt, dx, options=options)
+    dx.mark_written()
 
 
 def _pad_planes(q, src, dst, border, sums, options):
@@ -154,13 +203,20 @@ class Conv2d(Module):
     def _depthwise(self):
         return self.groups > 1 and self.groups == self.in_channels
 
-    def _direct_cpu(self, q, shape):
-        """Whether forward and backward run convtrain_cpu.cl's direct kernels: a CPU, groups 1,
-        stride 1, no dilation, 3x3 or 5x5, padding below the kernel size, rows of 16 or more."""
+    def _cpu_mode(self, q, shape):
+        """Which of convtrain_cpu.cl's direct kernels the training passes run, for an undilated 3x3
+        or 5x5 convolution on a CPU with groups 1 and padding below the kernel size: "rows"
+        (stride 1, rows of 16 or more: corr_cpu, wgrad_cpu, corr_cpu on dy), "channels" (narrower
+        rows or stride 2, up to _CORRC_MAX_R weights per output channel: corrc_cpu, then im2col
+        and a GEMM for dW, corrc_cpu on dy or (stride 2) a GEMM and col2im for dx); None: im2col
+        and GEMMs."""
         k, s, p, d = self._geometry()
-        w = shape[3]
-        return (self.groups == 1 and s == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1
-                and min(w, w + 2 * p - k + 1) >= _DIRECT_MIN_WIDTH and ops.is_cpu(q))
+        if not (self.groups == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1 and ops.is_cpu(q)):
+            return None
+        w, ow = shape[3], (shape[3] + 2 * p - k) // s + 1
+        if s == 1 and min(w, ow) >= _DIRECT_MIN_WIDTH:
+            return "rows"
+        return "channels" if s <= 2 and shape[1] * k * k <= _CORRC_MAX_R else None
 
     def forward(self, x):
         q = self._on(x)
@@ -168,11 +224,19 @@ class Conv2d(Module):
         n, c, h, w = x.shape
         k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
-        if self._direct_cpu(q, x.shape):  # x with its zero border, correlated with the weights
+        mode = self._cpu_mode(q, x.shape)
+        if mode == "rows":  # x with its zero border, correlated with the weights
             xp = ops.new(q, (n, c, -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1))
             _pad_planes(q, x, xp, p, None, _cpu_options(k))
             _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
-            self._saved = (x.shape, None, xp)  # backward's weight gradient reads the padded x
+            self._saved = (x.shape, mode, xp)  # backward's weight gradient reads the padded x
+            return y
+        if mode == "channels":
+            tc = _CORRC_TC
+            xp = ops.new(q, (n, c, s * (oh - 1) + k, max(s * (-(-ow // tc) * tc - 1) + k, w + p)))
+            _pad_planes(q, x, xp, p, None, _cpu_options(k))
+            _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias)
+            self._saved = (x.shape, mode, xp)  # backward's weight gradient runs im2col on it
             return y
         if self._depthwise():
             has_bias = self.bias is not None
@@ -194,7 +258,7 @@ class Conv2d(Module):
             ops.launch1d(q, "conv", "cn_to_nchw", y.size, n, oc, P, t, self.bias if has_bias else ops.dummy(q),
                          int(has_bias), y)
             y.mark_written()
-        self._saved = (x.shape, cols, None)
+        self._saved = (x.shape, None, cols)
         return y
 
     def backward(self, dy):
@@ -202,7 +266,7 @@ class Conv2d(Module):
             return self._backward_depthwise(dy)
         if self.groups == 1 and ops.is_cpu(dy.queue):
             return self._backward_cpu(dy)
-        (n, c, h, w), cols, _ = self._saved
+        (n, c, h, w), _, cols = self._saved
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk, G = dy.queue, oh * ow, c * k * k, self.groups
@@ -222,16 +286,22 @@ class Conv2d(Module):
         return dx
 
     def _backward_cpu(self, dy):
-        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a direct forward, direct
+        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a "rows" forward, direct
         kernels (_backward_direct). Otherwise one pass over dy gives the weight gradient's GEMM
-        operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T, dcols = W^T dy, then
-        col2im."""
-        (n, c, h, w), cols, _ = self._saved
-        if cols is None:
+        operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from im2col after a
+        "channels" forward); dx = corrc_cpu's correlation of padded dy with the flipped weights
+        (a "channels" forward of stride 1), else dcols = W^T dy, then col2im."""
+        (n, c, h, w), mode, cols = self._saved
+        if mode == "rows":
             return self._backward_direct(dy)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
+        if mode == "channels":  # the forward saved its padded x: im2col here, from it
+            xp, cols = cols, ops.new(q, (ckk, n * P))
+            rows, items = _cpu_rows(n * oh, ow)
+            ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
+                       rows, xp, cols, options=_cpu_options(k))
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
         rows, items = _cpu_rows(n * oc, P)
@@ -240,8 +310,17 @@ class Conv2d(Module):
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
         self._bias_grad_cpu(n, oc, sums)
-        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
         dx = ops.new(q, (n, c, h, w))
+        if mode == "channels" and s == 1:
+            pd, tc = k - 1 - p, _CORRC_TC
+            dyb = ops.new(q, (n, oc, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)))
+            _pad_planes(q, dy, dyb, pd, None, options)
+            _corrc_cpu(q, dyb, self.weight, dx, 1, 1)
+            return dx
+        if mode == "channels":
+            _corrt_cpu(q, dy, self.weight, dx, s, p)
+            return dx
+        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
