@@ -148,25 +148,30 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
     for (int i = 0; i < RO; i++)
 #pragma unroll
         for (int t = 0; t < KS * KS; t++) acc[i][t] = 0.0f;
-    for (int r = r0; r < r1; r++) {
-        const int n = r / OH, y = r - n * OH;
+    for (int r = r0; r < r1;) {  // the chunk's rows image by image (a division per image, not per row)
+        const int n = r / OH, y0 = r - n * OH, y1 = min(OH, y0 + r1 - r);
         __global const float *g[RO];
 #pragma unroll
-        for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + min(o0 + i, OC - 1)) * HD + pd + y) * WD + pd;
-        __global const float *xr = xp + ((n * C + c) * HX + y) * WX;
-        for (int x0 = 0; x0 < OW; x0 += 16) {
-            float16 gv[RO];
+        for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + min(o0 + i, OC - 1)) * HD + pd + y0) * WD + pd;
+        __global const float *xr = xp + ((n * C + c) * HX + y0) * WX;
+        for (int y = y0; y < y1; y++, xr += WX) {
+            for (int x0 = 0; x0 < OW; x0 += 16) {
+                float16 gv[RO];
 #pragma unroll
-            for (int i = 0; i < RO; i++) gv[i] = *(__global const ufloat16 *)(g[i] + x0);
+                for (int i = 0; i < RO; i++) gv[i] = *(__global const ufloat16 *)(g[i] + x0);
 #pragma unroll
-            for (int kh = 0; kh < KS; kh++)
+                for (int kh = 0; kh < KS; kh++)
 #pragma unroll
-                for (int kw = 0; kw < KS; kw++) {
-                    const float16 xv = *(__global const ufloat16 *)(xr + kh * WX + kw + x0);
+                    for (int kw = 0; kw < KS; kw++) {
+                        const float16 xv = *(__global const ufloat16 *)(xr + kh * WX + kw + x0);
 #pragma unroll
-                    for (int i = 0; i < RO; i++) acc[i][kh * KS + kw] += gv[i] * xv;
-                }
+                        for (int i = 0; i < RO; i++) acc[i][kh * KS + kw] += gv[i] * xv;
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < RO; i++) g[i] += WD;
         }
+        r += y1 - y0;
     }
 #pragma unroll
     for (int i = 0; i < RO; i++) {
