@@ -2,9 +2,10 @@
 
 Training runs as im2col + GEMM (kernels/conv.cl, gemm.cl): groups=1 batches the GEMM over the
 images, other groups batch it over the groups; depthwise convolutions (groups == in_channels)
-run direct kernels instead. On CPUs the backward of a stride-1 3x3 or 5x5 convolution runs
-direct kernels too (kernels/convtrain_cpu.cl: no im2col columns, no col2im). ConvTranspose2d is
-the convolution's data gradient: forward is GEMM + col2im, its input gradient is im2col + GEMM."""
+run direct kernels instead. On CPUs, undilated 3x3 and 5x5 convolutions of stride 1 or 2 run
+direct kernels (kernels/convtrain_cpu.cl, Conv2d._cpu_mode): no im2col columns in the forward
+and the data gradient, no col2im. ConvTranspose2d is the convolution's data gradient: forward
+is GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 
 from netcl import ops
@@ -208,8 +209,8 @@ class Conv2d(Module):
         or 5x5 convolution on a CPU with groups 1 and padding below the kernel size: "rows"
         (stride 1, rows of 16 or more: corr_cpu, wgrad_cpu, corr_cpu on dy), "channels" (narrower
         rows or stride 2, up to _CORRC_MAX_R weights per output channel: corrc_cpu, then im2col
-        and a GEMM for dW, corrc_cpu on dy or (stride 2) a GEMM and col2im for dx); None: im2col
-        and GEMMs."""
+        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx); None:
+        im2col and GEMMs."""
         k, s, p, d = self._geometry()
         if not (self.groups == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1 and ops.is_cpu(q)):
             return None
@@ -289,8 +290,9 @@ class Conv2d(Module):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a "rows" forward, direct
         kernels (_backward_direct). Otherwise one pass over dy gives the weight gradient's GEMM
         operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from im2col after a
-        "channels" forward); dx = corrc_cpu's correlation of padded dy with the flipped weights
-        (a "channels" forward of stride 1), else dcols = W^T dy, then col2im."""
+        "channels" forward); dx after a "channels" forward: corrc_cpu's correlation of padded dy
+        with the flipped weights (stride 1) or corrt_cpu (stride 2), else dcols = W^T dy and
+        col2im."""
         (n, c, h, w), mode, cols = self._saved
         if mode == "rows":
             return self._backward_direct(dy)
