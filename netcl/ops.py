@@ -93,6 +93,44 @@ def act_bwd(act, saved, dy, slope=0.0):
     return dx.mark_written()
 
 
+def is_cpu(q):
+    """Whether the queue's device runs the CPU kernel variants (ops.config_class, so tests can force
+    the GPU ones on a CPU device)."""
+    return config_class(q) != "gpu"
+
+
+# CPU element-wise kernels (act_cpu.cl, norm_cpu.cl, ...): one work-item (local size 1) per chunk
+# of a tensor, in float16 vectors. PoCL runs each work-group as a task (about a microsecond of
+# overhead): chunks of 1-16K floats, at least _CPU_CHUNKS of them where the tensor allows.
+_CPU_CHUNK_MIN, _CPU_CHUNK_MAX, _CPU_CHUNKS = 1024, 16384, 32
+
+
+def cpu_chunk(n):
+    """(floats per work-item, work-items) of a chunked CPU kernel over n elements; chunks are
+    whole float16 vectors."""
+    chunk = min(_CPU_CHUNK_MAX, max(_CPU_CHUNK_MIN, -(-n // _CPU_CHUNKS)))
+    chunk = -(-chunk // 16) * 16
+    return chunk, max(1, -(-n // chunk))
+
+
+def act_fwd_cpu(act, x, slope=0.0, out=None):
+    """act_fwd on a CPU device: act_cpu.cl, built for this activation."""
+    y = out if out is not None else new(x, x.shape)
+    chunk, items = cpu_chunk(x.size)
+    launch(x.queue, "act_cpu", "act_fwd_cpu", (items,), (1,), x.size, chunk, float(slope), x, y,
+           options=(f"-DACT_KIND={int(act)}",))
+    return y.mark_written()
+
+
+def act_bwd_cpu(act, saved, dy, slope=0.0):
+    """act_bwd on a CPU device: act_cpu.cl, built for this activation."""
+    dx = new(dy, dy.shape)
+    chunk, items = cpu_chunk(dy.size)
+    launch(dy.queue, "act_cpu", "act_bwd_cpu", (items,), (1,), dy.size, chunk, float(slope), saved, dy, dx,
+           options=(f"-DACT_KIND={int(act)}",))
+    return dx.mark_written()
+
+
 def mul(a, b):
     y = new(a, a.shape)
     launch1d(a.queue, "pointwise", "mul", a.size, a.size, a, b, y)

@@ -47,12 +47,49 @@ def test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, 
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
 
 
+CPU_PATH_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, bias: each of the CPU training paths
+    (2, 6, 11, 37, 5, 3, 1, 1, 1, True),   # "rows" kernels: vectors and a tail, odd rows, channel tails
+    (1, 3, 20, 16, 4, 5, 1, 2, 1, False),  # direct 5x5
+    (1, 10, 6, 20, 12, 3, 1, 1, 1, True),  # direct, blocks of 8 channels and a tail both ways
+    (2, 5, 9, 20, 7, 3, 1, 0, 1, True),    # direct, no padding: dy padded by 2
+    (1, 4, 7, 21, 3, 3, 1, 2, 1, True),    # direct, padding 2: dy not padded, dx narrower than dy
+    (2, 4, 8, 18, 6, 3, 2, 1, 1, True),    # stride 2: GEMMs and a strided col2im
+    (2, 3, 6, 33, 4, 1, 1, 0, 1, True),    # 1x1: GEMMs and col2im in vectors
+    (2, 3, 9, 26, 4, 3, 1, 2, 2, False),   # dilated: GEMMs and col2im in vectors
+    (2, 36, 7, 9, 40, 3, 1, 1, 1, False),  # "channels": two blocks of 32 and tails both ways
+    (2, 40, 6, 10, 36, 3, 2, 1, 1, True),  # "channels", stride 2: both phases of even and odd rows
+    (1, 5, 9, 11, 33, 5, 2, 2, 1, True),   # "channels", 5x5 stride 2, odd sizes
+    (2, 3, 5, 1, 4, 3, 2, 1, 1, True),     # "channels", stride 2 over one column: an empty phase
+]
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,bias", CPU_PATH_CASES)
+def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch, cls, n, c, h, w, k, ks, s, p, d,
+                                   bias):
+    """Shapes that reach each of the CPU training paths (convtrain_cpu.cl; Conv2d._cpu_mode), on
+    both device classes, and gradients accumulated over two backward passes."""
+    from netcl import ops
+
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, d, 1, bias)
+    layer = nn.Conv2d(c, k, ks, stride=s, padding=p, dilation=d, bias=bias)
+    x = rand(rng, n, c, h, w)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    first = run_netcl(queue, layer, x, dy)[2]
+    second = run_netcl(queue, layer, x, dy)[2]
+    for name in first:
+        assert_close(second[name], 2 * first[name], what=name)
+
+
 TRANSPOSE_CASES = [  # N, C, H, W, K, k, stride, padding, output_padding, bias
     (2, 4, 5, 7, 3, 3, 2, 1, 1, True),   # stride 2, output_padding 1
     (1, 3, 4, 5, 5, 4, 2, 1, 0, True),   # the usual 2x upsampling, batch 1
     (2, 5, 3, 3, 2, 2, 2, 0, 0, False),  # non-overlapping
     (3, 2, 6, 5, 7, 3, 1, 1, 0, True),   # stride 1: a padded convolution's adjoint
     (1, 3, 4, 3, 2, 5, 3, 2, 2, True),   # stride 3, output_padding 2, odd sizes
+    (2, 3, 5, 17, 4, 3, 1, 1, 0, True),  # rows of 17: the CPU col2im's vectors and tail
 ]
 
 

@@ -100,6 +100,29 @@ def test_batchnorm2d_vs_torch(queue, rng, torch, record_error, shape, momentum):
     check_batchnorm(queue, rng, torch, record_error, shape, momentum)
 
 
+@pytest.fixture
+def gpu_class(queue, monkeypatch):
+    """The "gpu" device class on this device: the layers launch their GPU kernels."""
+    from netcl import ops
+
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 17, 4, 3)])
+def test_batchnorm2d_gpu_class_vs_torch(queue, rng, torch, record_error, gpu_class, shape):
+    check_batchnorm(queue, rng, torch, record_error, shape, 0.1)
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+def test_batchnorm2d_long_rows_vs_torch(queue, rng, torch, record_error, monkeypatch, cls):
+    """Rows of vectors and a tail (37), element-wise chunks that end inside rows."""
+    from netcl import ops
+
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    check_batchnorm(queue, rng, torch, record_error, (3, 4, 20, 37), 0.1)
+
+
 @pytest.mark.parametrize("shape,part_len,offset", [((3, 5, 7, 9), 37, 0.5), ((5, 4, 13, 11), 100, 0.5),
                                                    ((70, 3, 1, 1), 37, 0.5), ((2, 3, 16, 16), 64, 30.0)])
 def test_batchnorm2d_many_parts_vs_torch(queue, rng, torch, record_error, monkeypatch, shape, part_len, offset):
@@ -154,6 +177,12 @@ def test_activation_vs_torch(queue, rng, torch, record_error, name, kw, shape, m
     ref = getattr(torch.nn, name)(**kw)
     layer = getattr(nn, name)(**kw).train(mode == "train")
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+@pytest.mark.parametrize("name,kw", ACTIVATIONS)
+def test_activation_many_chunks_vs_torch(queue, rng, torch, record_error, name, kw):
+    """A tensor of many CPU work-items' chunks (act_cpu.cl), its size not a multiple of 16."""
+    test_activation_vs_torch(queue, rng, torch, record_error, name, kw, (3, 5, 41, 53), "train")
 
 
 @pytest.mark.parametrize("name,kw", ACTIVATIONS)
@@ -266,7 +295,7 @@ ADAPTIVE_CASES = [  # layer, input shape, output_size
     ("AdaptiveAvgPool2d", (1, 4, 8, 8), 4), ("AdaptiveAvgPool2d", (2, 3, 7, 5), 9),  # larger than the input
     ("AdaptiveAvgPool2d", (1, 5, 13, 11), 2), ("AdaptiveAvgPool2d", (3, 2, 6, 6), 6),
     ("AdaptiveAvgPool1d", (2, 3, 11), 1), ("AdaptiveAvgPool1d", (2, 3, 11), 4), ("AdaptiveAvgPool1d", (1, 5, 6), 3),
-    ("AdaptiveAvgPool1d", (2, 2, 5), 7),
+    ("AdaptiveAvgPool1d", (2, 2, 5), 7), ("AdaptiveAvgPool2d", (3, 5, 9, 12), 1),  # planes of vectors and a tail
 ]
 
 
@@ -296,6 +325,8 @@ POOL_CASES = [  # shape, kernel, stride, padding
     ((2, 6, 8, 9), 2, 1, 0),
     ((1, 3, 13, 12), 5, 3, 2),
     ((3, 2, 5, 5), 1, 2, 0),
+    ((2, 3, 20, 37), 2, None, 0),  # 2x2 on CPUs: vectors of 8 windows, odd width, a scalar tail
+    ((1, 2, 17, 24), 2, 2, 0),  # odd height, vectors of 8 then 4
 ]
 
 
@@ -307,6 +338,33 @@ def test_pool_vs_torch(queue, rng, torch, record_error, kind, shape, ks, s, p):
     ref = getattr(torch.nn, kind)(ks, stride=s, padding=p)  # AvgPool2d: count_include_pad=True by default
     dy = rand(rng, *layer.output_shape(shape))
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+
+
+@pytest.mark.parametrize("shape,ks,s,p", [POOL_CASES[0], POOL_CASES[-2]])
+def test_pool_gpu_class_vs_torch(queue, rng, torch, record_error, gpu_class, shape, ks, s, p):
+    test_pool_vs_torch(queue, rng, torch, record_error, "MaxPool2d", shape, ks, s, p)
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+def test_maxpool_ties_nan_inf_vs_torch(queue, rng, torch, monkeypatch, cls):
+    """MaxPool2d(2)'s winner where values tie (the first in row-major order), are NaN (a later NaN
+    wins) or infinite, in every lane of the CPU kernels' vectors and tails: the same output and the
+    same gradient routing as PyTorch."""
+    from netcl import ops
+
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    x = rng.integers(-2, 3, (2, 3, 6, 30)).astype(np.float32)  # small integers: many ties
+    flat = x.reshape(-1)
+    for v in (np.nan, np.inf, -np.inf):
+        flat[rng.choice(flat.size, 40, replace=False)] = v
+    dy = rand(rng, 2, 3, 3, 15)
+    y, dx, _ = run_netcl(queue, nn.MaxPool2d(2), x, dy)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = torch.nn.MaxPool2d(2)(xt)
+    yt.backward(torch.tensor(dy))
+    assert np.array_equal(y, yt.detach().numpy(), equal_nan=True)
+    assert np.array_equal(dx, xt.grad.numpy())
 
 
 @pytest.mark.parametrize("shape,dim", [((4, 10), 1), ((3, 7), -1), ((2, 3, 4, 5), 1), ((2, 3, 4, 5), -1),

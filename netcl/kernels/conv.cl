@@ -1,7 +1,8 @@
 // im2col / col2im for the training path of Conv2d and ConvTranspose2d (square kernel k, stride s,
 // padding p, dilation d). cols is (C*k*k, N*OH*OW): row r = (c, kh, kw), column q = (n, oh, ow).
-// On CPUs both walk whole image rows per work-item: the index divisions happen once per row
-// instead of once per element, and the row is read and written along w (GPU variants below).
+// On CPUs im2col walks whole image rows per work-item: the index divisions happen once per row
+// instead of once per element, and the row is read and written along w (GPU variants below;
+// the CPUs' col2im is convbwd_cpu.cl's).
 
 // One work-item per (cols row r, output row (n, oh)).
 __kernel void im2col(const int N, const int C, const int H, const int W, const int k, const int s,
@@ -24,37 +25,6 @@ __kernel void im2col(const int N, const int C, const int H, const int W, const i
     }
 }
 
-// dx(n, c, ih, iw) = sum over the (kh, kw, oh, ow) that read it of dcols (+ bias[c] when
-// has_bias: ConvTranspose2d's forward is this gather); a gather, so no atomics.
-// One work-item per input row (n, c, ih).
-__kernel void col2im(const int N, const int C, const int H, const int W, const int k, const int s,
-                     const int p, const int d, const int OH, const int OW, __global const float *dcols,
-                     __global const float *bias, const int has_bias, __global float *dx) {
-    const int t = get_global_id(0);
-    if (t >= N * C * H) return;
-    const int ih = t % H, c = (t / H) % C, n = t / (H * C);
-    const int NP = N * OH * OW;
-    __global float *dst = dx + t * W;
-    for (int iw = 0; iw < W; iw++) {
-        float acc = 0.0f;
-        for (int kh = 0; kh < k; kh++) {
-            const int th = ih + p - kh * d;
-            if (th < 0 || th % s) continue;
-            const int oh = th / s;
-            if (oh >= OH) continue;
-            __global const float *src = dcols + (c * k + kh) * k * NP + (n * OH + oh) * OW;
-            for (int kw = 0; kw < k; kw++) {
-                const int tw = iw + p - kw * d;
-                if (tw < 0 || tw % s) continue;
-                const int ow = tw / s;
-                if (ow >= OW) continue;
-                acc += src[kw * NP + ow];
-            }
-        }
-        dst[iw] = has_bias ? acc + bias[c] : acc;
-    }
-}
-
 // GPU variants (device class "gpu"): one work-item per element, consecutive work-items on
 // consecutive pixels, so a warp's reads and writes are contiguous (in the row walkers above its
 // work-items are a row apart). The index divisions are cheap next to the memory traffic. The
@@ -73,7 +43,9 @@ __kernel void im2col_gpu(const int N, const int C, const int H, const int W, con
     cols[e] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * W + iw] : 0.0f;
 }
 
-// col2im's gather (the same taps in the same order) with one work-item per dx element, iw fastest.
+// dx(n, c, ih, iw) = the sum over the (kh, kw, oh, ow) that read it of dcols (+ bias[c] when
+// has_bias: ConvTranspose2d's forward is this gather; no atomics), one work-item per dx
+// element, iw fastest; convbwd_cpu.cl's col2im_cpu sums the same taps in the same order.
 __kernel void col2im_gpu(const int N, const int C, const int H, const int W, const int k, const int s,
                          const int p, const int d, const int OH, const int OW, __global const float *dcols,
                          __global const float *bias, const int has_bias, __global float *dx) {

@@ -12,13 +12,13 @@ class _Activation(Module):
     slope = 0.0
 
     def forward(self, x):
-        self._on(x)
-        y = ops.act_fwd(self.act, x, self.slope)
+        q = self._on(x)
+        y = (ops.act_fwd_cpu if ops.is_cpu(q) else ops.act_fwd)(self.act, x, self.slope)
         self._saved = y if self.act.saves_output else x
         return y
 
     def backward(self, dy):
-        return ops.act_bwd(self.act, self._saved, dy, self.slope)
+        return (ops.act_bwd_cpu if ops.is_cpu(dy.queue) else ops.act_bwd)(self.act, self._saved, dy, self.slope)
 
 
 class ReLU(_Activation):

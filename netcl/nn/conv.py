@@ -2,8 +2,10 @@
 
 Training runs as im2col + GEMM (kernels/conv.cl, gemm.cl): groups=1 batches the GEMM over the
 images, other groups batch it over the groups; depthwise convolutions (groups == in_channels)
-run direct kernels instead. ConvTranspose2d is the convolution's data gradient: forward is
-GEMM + col2im, its input gradient is im2col + GEMM."""
+run direct kernels instead. On CPUs, undilated 3x3 and 5x5 convolutions of stride 1 or 2 run
+direct kernels (kernels/convtrain_cpu.cl, Conv2d._cpu_mode): no im2col columns in the forward
+and the data gradient, no col2im. ConvTranspose2d is the convolution's data gradient: forward
+is GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 
 from netcl import ops
@@ -21,18 +23,114 @@ def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
         ops.launch(q, "conv", "im2col_gpu", (cols.size,), (_GPU_LOCAL,), *args)
     else:
         ops.launch(q, "conv", "im2col", (n * oh, c * k * k), (8, 1), *args)
+    return cols.mark_written()
 
 
 def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     """out (n, c, h, w) = the gather of dcols (c*k*k, n*oh*ow) (+ bias): on GPUs one work-item per
-    element of out, on CPUs one per row."""
+    element of out, on CPUs rows of it in vectors (convtrain_cpu.cl)."""
     has_bias = bias is not None
-    args = (n, c, h, w, k, s, p, d, oh, ow, dcols, bias if has_bias else ops.dummy(q), int(has_bias), out)
+    bias_arg = bias if has_bias else ops.dummy(q)
     if ops.config_class(q) == "gpu":
-        ops.launch(q, "conv", "col2im_gpu", (out.size,), (_GPU_LOCAL,), *args)
+        ops.launch(q, "conv", "col2im_gpu", (out.size,), (_GPU_LOCAL,), n, c, h, w, k, s, p, d, oh, ow, dcols,
+                   bias_arg, int(has_bias), out)
     else:
-        ops.launch(q, "conv", "col2im", (n * c * h,), (8,), *args)
+        rows, items = _cpu_rows(n * c * h, w)
+        ops.launch(q, _FAMILY, "col2im_cpu", (items,), (1,), n * c * h, rows, c, h, w, k, s, p, d, oh, ow,
+                   dcols, bias_arg, int(has_bias), out, options=_cpu_options(k))
     out.mark_written()
+
+
+# convtrain_cpu.cl's direct kernels: corr_cpu's block of RM channels (8, or 4 for fewer than 8)
+# x 2 rows x 16 columns per work-item (8 x 2 ran 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4;
+# 8 x 3 spilled); wgrad_cpu's RO output channels per kernel size (RO * k * k float16
+# accumulators: 27 and 25 of the 32 AVX-512 registers; 3x3 with 2 output channels ran 10-40%
+# slower, with 4 the accumulators spilled). Rows narrower than 16 would be mostly padding in
+# their vectors: the GEMMs and col2im are faster there.
+_FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
+_WGRAD_L2, _WGRAD_ITEMS = 512 * 1024, 32
+
+
+def _cpu_options(k, flip=0, rm=8):
+    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={_CORR_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}", f"-DFLIP={flip}")
+
+
+def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
+    """out (N, CO, OH, OW) = corr_cpu's correlation of the zero-bordered planes inp (N, CI, HP, WP)
+    with the weights w (element strides sco per output and sci per input channel; flip: taps
+    reversed, a data gradient) (+ bias)."""
+    n, co, oh, ow = out.shape
+    _, ci, hp, wp = inp.shape
+    k, rm = math.isqrt(w.size // (co * ci)), 8 if co >= 8 else 4
+    cb, has_bias = -(-co // rm), bias is not None
+    ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
+               inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, options=_cpu_options(k, flip, rm))
+    out.mark_written()
+
+
+# corrc_cpu's output positions per work-item (x 32 channels), and the most weights per output
+# channel it takes (C * k * k): at 256 -> 512 channels on 8x8 planes (2304) its weight traffic
+# left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at 64 -> 64 it ran 250, they 100.
+_CORRC_TC, _CORRC_MAX_R = 8, 1152
+
+
+def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
+    """out (N, CO, OH, OW) = corrc_cpu's correlation (stride `stride`) of the zero-bordered planes
+    inp (N, CI, HP, WP) with w (CO, CI, k, k), or with w (CI, CO, k, k) flipped (flip: a data
+    gradient), through its channel-last packing (+ bias)."""
+    n, co, oh, ow = out.shape
+    _, ci, hp, wp = inp.shape
+    k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
+    options = _cpu_options(k) + (f"-DTC={_CORRC_TC}",)
+    wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
+    xt, has_bias = -(-ow // _CORRC_TC), bias is not None
+    ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
+               inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, options=options)
+    out.mark_written()
+
+
+def _pack_weights(q, w, ci, co, k, cop, transposed, reverse, options):
+    """corrc_cpu's and corrt_cpu's channel-last weights wt (ci, k*k, cop) from w (co, ci, k, k) or
+    (transposed) w (ci, co, k, k), the taps reversed where `reverse`."""
+    wt = ops.new(q, (ci, k * k, cop))
+    ops.launch(q, _FAMILY, "pack_weights_cpu", (ci * cop,), (32,), co, ci, cop, int(transposed), int(reverse), w, wt,
+               options=options)
+    return wt.mark_written()
+
+
+def _corrt_cpu(q, dy, w, dx, stride, padding):
+    """dx (N, C, H, W) = the data gradient of a strided convolution with weights w (OC, C, k, k)
+    and padding `padding`, from dy (N, OC, OH, OW): corrt_cpu on dy with a zero border."""
+    n, c, h, w_ = dx.shape
+    _, oc, oh, ow = dy.shape
+    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _CORRC_TC, -(-c // 32) * 32
+    options, border = _cpu_options(k) + (f"-DTC={tc}",), -(-(k - 1) // s)
+    dyb = ops.new(q, (n, oc, max(-(-(h + padding) // s), oh) + 2 * border + 1,
+                      max(-(-(w_ + padding) // s), ow) + tc + 2 * border + 1))
+    _pad_planes(q, dy, dyb, border, None, options)
+    wt = _pack_weights(q, w, oc, c, k, cop, True, False, options)
+    positions = -(-w_ // s)  # of a row's first phase, the longest
+    xt = -(-positions // tc)
+    ops.launch(q, _FAMILY, "corrt_cpu", (h * s * xt, n * cop // 32), (1, 1), oc, c, cop, h, w_, dyb.shape[2],
+               dyb.shape[3], xt, s, padding, border, dyb, wt, dx, options=options)
+    dx.mark_written()
+
+
+def _pad_planes(q, src, dst, border, sums, options):
+    """dst (N, C, HP, WP) = src (N, C, H, W) at row and column `border` of zero planes (and the
+    planes' sums into `sums` unless None)."""
+    n, c, h, w = src.shape
+    _, _, hp, wp = dst.shape
+    planes, items = _cpu_rows(n * c, hp * wp)
+    ops.launch(q, _FAMILY, "pad_planes_cpu", (items,), (1,), n * c, planes, h, w, hp, wp, border, border,
+               src, dst, sums, options=options)
+    dst.mark_written()
+
+
+def _cpu_rows(nrows, length):
+    """(rows per work-item, work-items) of a CPU kernel over nrows rows of `length` floats."""
+    rows = max(1, ops.cpu_chunk(nrows * length)[0] // length)
+    return rows, -(-nrows // rows)
 
 
 def _check_groups(in_channels, out_channels, groups):
@@ -106,12 +204,41 @@ class Conv2d(Module):
     def _depthwise(self):
         return self.groups > 1 and self.groups == self.in_channels
 
+    def _cpu_mode(self, q, shape):
+        """Which of convtrain_cpu.cl's direct kernels the training passes run, for an undilated 3x3
+        or 5x5 convolution on a CPU with groups 1 and padding below the kernel size: "rows"
+        (stride 1, rows of 16 or more: corr_cpu, wgrad_cpu, corr_cpu on dy), "channels" (narrower
+        rows or stride 2, up to _CORRC_MAX_R weights per output channel: corrc_cpu, then im2col
+        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx); None:
+        im2col and GEMMs."""
+        k, s, p, d = self._geometry()
+        if not (self.groups == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1 and ops.is_cpu(q)):
+            return None
+        w, ow = shape[3], (shape[3] + 2 * p - k) // s + 1
+        if s == 1 and min(w, ow) >= _DIRECT_MIN_WIDTH:
+            return "rows"
+        return "channels" if s <= 2 and shape[1] * k * k <= _CORRC_MAX_R else None
+
     def forward(self, x):
         q = self._on(x)
         _, oc, oh, ow = self.output_shape(x.shape)  # checks the rank first
         n, c, h, w = x.shape
         k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
+        mode = self._cpu_mode(q, x.shape)
+        if mode == "rows":  # x with its zero border, correlated with the weights
+            xp = ops.new(q, (n, c, -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1))
+            _pad_planes(q, x, xp, p, None, _cpu_options(k))
+            _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
+            self._saved = (x.shape, mode, xp)  # backward's weight gradient reads the padded x
+            return y
+        if mode == "channels":
+            tc = _CORRC_TC
+            xp = ops.new(q, (n, c, s * (oh - 1) + k, max(s * (-(-ow // tc) * tc - 1) + k, w + p)))
+            _pad_planes(q, x, xp, p, None, _cpu_options(k))
+            _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias)
+            self._saved = (x.shape, mode, xp)  # backward's weight gradient runs im2col on it
+            return y
         if self._depthwise():
             has_bias = self.bias is not None
             ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
@@ -132,13 +259,15 @@ class Conv2d(Module):
             ops.launch1d(q, "conv", "cn_to_nchw", y.size, n, oc, P, t, self.bias if has_bias else ops.dummy(q),
                          int(has_bias), y)
             y.mark_written()
-        self._saved = (x.shape, cols)
+        self._saved = (x.shape, None, cols)
         return y
 
     def backward(self, dy):
         if self._depthwise():
             return self._backward_depthwise(dy)
-        (n, c, h, w), cols = self._saved
+        if self.groups == 1 and ops.is_cpu(dy.queue):
+            return self._backward_cpu(dy)
+        (n, c, h, w), _, cols = self._saved
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk, G = dy.queue, oh * ow, c * k * k, self.groups
@@ -155,6 +284,83 @@ class Conv2d(Module):
                          ops.new(q, (ckk, NP)), (NP, 1, ckg * NP), batch=G)
         dx = ops.new(q, (n, c, h, w))
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+        return dx
+
+    def _backward_cpu(self, dy):
+        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a "rows" forward, direct
+        kernels (_backward_direct). Otherwise one pass over dy gives the weight gradient's GEMM
+        operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from im2col after a
+        "channels" forward); dx after a "channels" forward: corrc_cpu's correlation of padded dy
+        with the flipped weights (stride 1) or corrt_cpu (stride 2), else dcols = W^T dy and
+        col2im."""
+        (n, c, h, w), mode, cols = self._saved
+        if mode == "rows":
+            return self._backward_direct(dy)
+        _, oc, oh, ow = dy.shape
+        k, s, p, d = self._geometry()
+        q, P, ckk = dy.queue, oh * ow, c * k * k
+        if mode == "channels":  # the forward saved its padded x: im2col here, from it
+            xp, cols = cols, ops.new(q, (ckk, n * P))
+            rows, items = _cpu_rows(n * oh, ow)
+            ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
+                       rows, xp, cols, options=_cpu_options(k))
+        NP, options = n * P, _cpu_options(k)
+        dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
+        rows, items = _cpu_rows(n * oc, P)
+        ops.launch(q, _FAMILY, "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, NP, dy, dyp, sums,
+                   options=options)
+        gw, acc = ops.grad_target(self.weight)
+        ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
+        self._bias_grad_cpu(n, oc, sums)
+        dx = ops.new(q, (n, c, h, w))
+        if mode == "channels" and s == 1:
+            pd, tc = k - 1 - p, _CORRC_TC
+            dyb = ops.new(q, (n, oc, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)))
+            _pad_planes(q, dy, dyb, pd, None, options)
+            _corrc_cpu(q, dyb, self.weight, dx, 1, 1)
+            return dx
+        if mode == "channels":
+            _corrt_cpu(q, dy, self.weight, dx, s, p)
+            return dx
+        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
+        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+        return dx
+
+    def _bias_grad_cpu(self, n, oc, sums):
+        if self.bias is not None:
+            gb, acc = ops.grad_target(self.bias)
+            ops.launch1d(gb.queue, _FAMILY, "bias_grad_cpu", oc, n, oc, sums, gb, int(acc))
+            gb.mark_written()
+
+    def _backward_direct(self, dy):
+        """The CPU backward of a stride-1, undilated conv without im2col columns: dy copied once into
+        zero-bordered planes (k-1-p wide; the bias gradient's sums on the way); dW = wgrad_cpu's
+        correlation of that with the forward's padded x (partial sums per chunk of rows, then added
+        in order); dx = corr_cpu's correlation of padded dy with the flipped weights."""
+        (n, c, h, w), _, xp = self._saved
+        _, oc, oh, ow = dy.shape
+        k, _, p, _ = self._geometry()
+        q, ro = dy.queue, _WGRAD_RO[k]
+        options, pd, w16 = _cpu_options(k), k - 1 - p, -(-ow // 16) * 16
+        hd, wd = -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
+        dyp, sums = ops.new(q, (n, oc, hd, wd)), ops.new(q, (n * oc,))
+        _pad_planes(q, dy, dyp, pd, sums, options)
+        hx, wx = xp.shape[2:]
+        # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
+        # the work-items (channels x output blocks x chunks) are enough for every core
+        ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
+        while rows > 1 and c * ob * -(-n * oh // rows) < _WGRAD_ITEMS:
+            rows = -(-rows // 2)
+        chunks = -(-n * oh // rows)
+        part = ops.new(q, (chunks, oc, c * k * k))
+        ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
+                   rows, dyp, xp, part, options=options)
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
+        gw.mark_written()
+        self._bias_grad_cpu(n, oc, sums)
+        dx = ops.new(q, (n, c, h, w))
+        _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
         return dx
 
     def _backward_depthwise(self, dy):

@@ -3,17 +3,16 @@ import math
 
 from netcl import ops
 from netcl.nn.module import Module, as_float, check_rank, constant, positive
-from netcl.runtime import device_class
 
-# Values per part of a channel in the two-stage reductions (kernels/norm.cl): a GPU wants
-# thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
-# pass reads from its cache). Starting values: to be tuned per device.
+# Values per part of a channel in the two-stage reductions (kernels/norm.cl, norm_cpu.cl): a GPU
+# wants thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
+# pass reads from its L2 cache; 16K floats = 64 KiB).
 PART_LEN = {"gpu": 4096, "cpu": 16384}
 
 
 def _parts(q, m):
     """(values per part, parts) for a channel of m values."""
-    length = PART_LEN[device_class(q)]
+    length = PART_LEN["cpu" if ops.is_cpu(q) else "gpu"]
     return length, -(-m // length)
 
 
@@ -52,10 +51,14 @@ class BatchNorm2d(Module):
         n, c, h, w = x.shape
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
+        cpu = ops.is_cpu(q)  # CPUs: norm_cpu.cl's vector kernels for the part sums and element-wise passes
         if self.training:
             length, parts = _parts(q, n * h * w)
             mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
-            ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
+            if cpu:
+                ops.launch(q, "norm_cpu", "bn_stats_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, part)
+            else:
+                ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
             ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean, var,
                        self.running_mean, self.running_var, self.momentum)
             self.running_mean.mark_written()
@@ -63,7 +66,13 @@ class BatchNorm2d(Module):
         else:
             mean, var = self.running_mean, self.running_var
         y = ops.new(q, x.shape)
-        ops.launch1d(q, "norm", "bn_apply", x.size, n, c, h * w, x, mean, var, self.weight, self.bias, self.eps, y)
+        if cpu:
+            chunk, items = ops.cpu_chunk(x.size)
+            ops.launch(q, "norm_cpu", "bn_apply_cpu", (items,), (1,), x.size, chunk, c, h * w, x, mean, var,
+                       self.weight, self.bias, self.eps, y)
+        else:
+            ops.launch1d(q, "norm", "bn_apply", x.size, n, c, h * w, x, mean, var, self.weight, self.bias, self.eps,
+                         y)
         self._saved = (x, mean, var, self.training)
         return y.mark_written()
 
@@ -77,11 +86,20 @@ class BatchNorm2d(Module):
         q = dy.queue
         length, parts = _parts(q, n * h * w)
         part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
-        ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, part)
+        cpu = ops.is_cpu(q)
+        if cpu:
+            ops.launch(q, "norm_cpu", "bn_bwd_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, dy, mean, part)
+        else:
+            ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, part)
         ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
                    sums)
-        ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.eps,
-                     sums, dx, int(training))
+        if cpu:
+            chunk, items = ops.cpu_chunk(dx.size)
+            ops.launch(q, "norm_cpu", "bn_bwd_apply_cpu", (items,), (1,), dx.size, chunk, c, h * w, x, dy, mean, var,
+                       self.weight, self.eps, sums, dx, int(training))
+        else:
+            ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.eps,
+                         sums, dx, int(training))
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()

@@ -28,6 +28,16 @@ class _Pool2d(Module):
         return n * c, h, w, self.kernel_size, self.stride, self.padding, oh, ow
 
 
+def _pool2_rows(q, g):
+    """(work-items, output rows per work-item) of pool_cpu.cl's 2x2 kernels, or None where they do
+    not apply (not a CPU, or another window than 2x2, stride 2, no padding)."""
+    nc, _, _, k, s, p, oh, ow = g
+    if (k, s, p) != (2, 2, 0) or not ops.is_cpu(q):
+        return None
+    rows = max(1, ops.cpu_chunk(nc * oh * ow)[0] // ow)
+    return -(-nc * oh // rows), rows
+
+
 class MaxPool2d(_Pool2d):
     # x: (N, C, H, W) -> (N, C, H', W'); padded positions never win
     def forward(self, x):
@@ -35,14 +45,25 @@ class MaxPool2d(_Pool2d):
         g = self._geometry(x.shape)
         y = ops.new(q, self.output_shape(x.shape))
         arg = alloc(q, 4 * y.size)
-        ops.launch1d(q, "pool", "maxpool_fwd", y.size, *g, x, y, arg)
+        rows = _pool2_rows(q, g)
+        if rows is not None:  # CPUs, 2x2 windows: pool_cpu.cl's vector kernel
+            nc, h, w, _, _, _, oh, ow = g
+            ops.launch(q, "pool_cpu", "maxpool2_fwd_cpu", rows[:1], (1,), nc * oh, rows[1], h, w, oh, ow, x, y, arg)
+        else:
+            ops.launch1d(q, "pool", "maxpool_fwd", y.size, *g, x, y, arg)
         self._saved = (x.shape, g, arg)
         return y.mark_written()
 
     def backward(self, dy):
         shape, g, arg = self._saved
+        q = dy.queue
         dx = ops.new(dy, shape)
-        ops.launch1d(dy.queue, "pool", "maxpool_bwd", dx.size, *g, dy, arg, dx)
+        rows = _pool2_rows(q, g)
+        if rows is not None:
+            nc, h, w, _, _, _, oh, ow = g
+            ops.launch(q, "pool_cpu", "maxpool2_bwd_cpu", rows[:1], (1,), nc * oh, rows[1], h, w, oh, ow, dy, arg, dx)
+        else:
+            ops.launch1d(q, "pool", "maxpool_bwd", dx.size, *g, dy, arg, dx)
         return dx.mark_written()
 
 
@@ -96,8 +117,13 @@ class _AdaptiveAvgPool(Module):
 
     def backward(self, dy):
         shape, g = self._saved
-        dx = ops.new(dy, shape)
-        ops.launch1d(dy.queue, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
+        q, dx = dy.queue, ops.new(dy, shape)
+        nc, h, w, oh, ow = g
+        if oh * ow == 1 and ops.is_cpu(q):  # global average pooling: a broadcast in vectors
+            planes = max(1, ops.cpu_chunk(dx.size)[0] // (h * w))
+            ops.launch(q, "pool_cpu", "global_avgpool_bwd_cpu", (-(-nc // planes),), (1,), nc, planes, h * w, dy, dx)
+        else:
+            ops.launch1d(q, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
         return dx.mark_written()
 
 

@@ -1,0 +1,450 @@
+// Conv2d's training passes on CPU devices (PoCL; netcl.nn.conv's Conv2d._cpu_mode picks them):
+// explicit float16 vectors, one work-item (local size 1) per block of rows, register blocking.
+//
+// A stride-1, undilated convolution and its data gradient are both correlations of
+// zero-bordered planes with the weights (the gradient: of dy with the weights flipped and
+// transposed, padding k-1-p): corr_cpu computes either directly, register-blocked like the fused
+// forward (kernels/conv_cpu.cl): a work-item owns RM channels x RR rows x 16 columns of the
+// output (RR * RM float16 accumulators), loads input rows as vectors and broadcasts weights.
+// The planes are first copied with their zero border (pad_planes_cpu), so the inner loops have
+// no bounds checks; wgrad_cpu correlates padded dy and x into the weight gradient. Rows too
+// narrow for 16-wide vectors, and stride 2: corrc_cpu (output channels in the lanes), corrt_cpu
+// for a strided convolution's data gradient, im2col_cpu for the weight gradient's GEMM. Other
+// convolutions gather their im2col columns (col2im_cpu, vectorised along the rows where the
+// stride is 1).
+//
+// Defines (netcl.nn.conv, with defaults so the file builds without them): KS (kernel size),
+// FLIP (the weight order), RM and RR (corr_cpu's channels and rows per work-item), RO
+// (wgrad_cpu's output channels), TC (corrc_cpu's positions per work-item).
+#ifndef KS
+#define KS 3
+#endif
+#ifndef RM
+#define RM 4
+#endif
+#ifndef RR
+#define RR 2
+#endif
+#ifndef RO
+#define RO 2
+#endif
+#ifndef FLIP
+#define FLIP 0
+#endif
+#ifndef TC
+#define TC 8
+#endif
+// The correlations' accumulators add FLUSH input channels' products, then join a running total:
+// a plain running sum over C * KS * KS products (1152 for 128 channels) rounded several times
+// worse than the GEMMs' blocked sums.
+#define FLUSH 16
+
+typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
+
+inline float hsum16(const float16 v) {
+    const float8 h8 = v.lo + v.hi;
+    const float4 h4 = h8.lo + h8.hi;
+    const float2 h2 = h4.lo + h4.hi;
+    return h2.x + h2.y;
+}
+
+// dyp (OC, N*P) from dy (N, OC, P), and sums[n * OC + o] = the sum of row (n, o): the weight
+// gradient's GEMM operand and the bias gradient's per-image sums in one pass over dy. Rows
+// [r * rows, (r + 1) * rows) of the N*OC rows per work-item; the sums in float16 lanes, flushed
+// every 32 vectors (no lane adds a long sequential run: norm_cpu.cl's FLUSH).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const int NP, __global const float *dy,
+                 __global float *dyp, __global float *sums) {
+    const int r1 = min(NOC, (int)get_global_id(0) * rows + rows);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int n = r / OC, o = r - n * OC;
+        __global const float *src = dy + r * P;
+        __global float *dst = dyp + o * NP + n * P;
+        float16 s16 = 0.0f, r16 = 0.0f;
+        int i = 0, nv = 0;
+        for (; i + 16 <= P; i += 16) {
+            const float16 v = *(__global const ufloat16 *)(src + i);
+            *(__global ufloat16 *)(dst + i) = v;
+            r16 += v;
+            if (++nv == 32) s16 += r16, r16 = 0.0f, nv = 0;
+        }
+        float t = 0.0f;
+        for (; i < P; i++) {
+            dst[i] = src[i];
+            t += src[i];
+        }
+        r16.s0 += t;
+        sums[r] = hsum16(s16 + r16);
+    }
+}
+
+// g[o] (+)= sum over n of sums[n * OC + o], in order of n: the bias gradient.
+__kernel void bias_grad_cpu(const int N, const int OC, __global const float *sums, __global float *g,
+                            const int accumulate) {
+    const int o = get_global_id(0);
+    if (o >= OC) return;
+    float s = 0.0f;
+    for (int n = 0; n < N; n++) s += sums[n * OC + o];
+    g[o] = accumulate ? g[o] + s : s;
+}
+
+// dst (NC, HP, WP) = src (NC, H, W) placed at row `top`, column `left` of zero planes, and
+// (sums != 0) sums[plane] = the plane's sum (the bias gradient's per-image sums, in float16
+// lanes flushed every 32 vectors: no lane adds a long sequential run). `planes` planes per
+// work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void pad_planes_cpu(const int NC, const int planes, const int H, const int W, const int HP, const int WP,
+                    const int top, const int left, __global const float *src, __global float *dst,
+                    __global float *sums) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
+        __global float *d = dst + pl * HP * WP;
+        __global const float *s = src + pl * H * W;
+        float16 s16 = 0.0f, r16 = 0.0f;
+        int nv = 0;
+        for (int h = 0; h < HP; h++, d += WP) {
+            int i = 0;
+            if (h < top || h >= top + H) {
+                for (; i + 16 <= WP; i += 16) *(__global ufloat16 *)(d + i) = 0.0f;
+                for (; i < WP; i++) d[i] = 0.0f;
+                continue;
+            }
+            for (; i < left; i++) d[i] = 0.0f;
+            __global float *dd = d + left;
+            for (i = 0; i + 16 <= W; i += 16, s += 16) {
+                const float16 v = *(__global const ufloat16 *)s;
+                *(__global ufloat16 *)(dd + i) = v;
+                r16 += v;
+                if (++nv == 32) s16 += r16, r16 = 0.0f, nv = 0;
+            }
+            float t = 0.0f;
+            for (; i < W; i++, s++) {
+                dd[i] = *s;
+                t += *s;
+            }
+            r16.s0 += t;
+            for (i = left + W; i < WP; i++) d[i] = 0.0f;
+        }
+        if (sums) sums[pl] = hsum16(s16 + r16);
+    }
+}
+
+// The weight gradient of a stride-1, undilated convolution, directly: dW[o][c][kh][kw] =
+// sum over (n, y, x) of dy[n][o][y][x] * x[n][c][y + kh - p][x + kw - p], from the padded
+// planes of dy (dyp: N, OC, HD, WD with dy at (pd, pd) and zeros past each row, so that whole
+// vectors of 16 columns read zeros beyond OW) and x (xp: N, C, HX, WX with x at (p, p)).
+// Work-item (c, ob, chunk): RO output channels ob*RO.. (the last block repeats the last one)
+// and input channel c over the rows [chunk * rows, ...) of the N*OH output rows: RO * KS * KS
+// float16 accumulators, RO + KS * KS vector loads per KS * KS * RO multiply-adds. Writes the
+// chunk's partial sums to part[chunk][o][c][kh][kw]; sum_chunks_cpu adds the chunks.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int OW, const int HD, const int WD, const int pd,
+               const int HX, const int WX, const int rows, __global const float *dyp, __global const float *xp,
+               __global float *part) {
+    const int c = get_global_id(0), o0 = get_global_id(1) * RO, chunk = get_global_id(2);
+    const int r0 = chunk * rows, r1 = min(N * OH, r0 + rows);
+    float16 acc[RO][KS * KS];
+#pragma unroll
+    for (int i = 0; i < RO; i++)
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) acc[i][t] = 0.0f;
+    for (int r = r0; r < r1;) {  // the chunk's rows image by image (a division per image, not per row)
+        const int n = r / OH, y0 = r - n * OH, y1 = min(OH, y0 + r1 - r);
+        __global const float *g[RO];
+#pragma unroll
+        for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + min(o0 + i, OC - 1)) * HD + pd + y0) * WD + pd;
+        __global const float *xr = xp + ((n * C + c) * HX + y0) * WX;
+        for (int y = y0; y < y1; y++, xr += WX) {
+            for (int x0 = 0; x0 < OW; x0 += 16) {
+                float16 gv[RO];
+#pragma unroll
+                for (int i = 0; i < RO; i++) gv[i] = *(__global const ufloat16 *)(g[i] + x0);
+#pragma unroll
+                for (int kh = 0; kh < KS; kh++)
+#pragma unroll
+                    for (int kw = 0; kw < KS; kw++) {
+                        const float16 xv = *(__global const ufloat16 *)(xr + kh * WX + kw + x0);
+#pragma unroll
+                        for (int i = 0; i < RO; i++) acc[i][kh * KS + kw] += gv[i] * xv;
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < RO; i++) g[i] += WD;
+        }
+        r += y1 - y0;
+    }
+#pragma unroll
+    for (int i = 0; i < RO; i++) {
+        if (o0 + i >= OC) break;
+        __global float *dst = part + ((chunk * OC + o0 + i) * C + c) * KS * KS;
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) dst[t] = hsum16(acc[i][t]);
+    }
+}
+
+// out[i] (+)= sum over the chunks of part[chunk][i], in order (one work-item per i).
+__kernel void sum_chunks_cpu(const int size, const int chunks, __global const float *part, __global float *out,
+                             const int accumulate) {
+    const int i = get_global_id(0);
+    if (i >= size) return;
+    float s = 0.0f;
+    for (int ch = 0; ch < chunks; ch++) s += part[ch * size + i];
+    out[i] = accumulate ? out[i] + s : s;
+}
+
+// out (N, CO, OH, OW) = the stride-1 correlation of zero-bordered input planes (N, CI, HP, WP;
+// HP >= OH rounded up to RR, plus KS - 1; WP >= OW rounded up to 16, plus KS - 1) with the
+// weights, plus bias[co] when has_bias: out[co] += wgt(co, ci, j, l) * inp[ci] shifted by (j, l).
+// FLIP 0, a convolution: wgt = w[co * SCO + ci * SCI + j * KS + l]; FLIP 1, its data gradient
+// (inp = dy, w (CI, CO, KS, KS)): wgt = w[co * SCO + ci * SCI + (KS-1-j) * KS + KS-1-l].
+// Work-item (y, z): rows RR*y.. of image z / CB, channels RM * (z % CB).. (past CO: the last
+// one's weights, not stored), every 16 columns of them in turn (a work-group per 16 columns
+// cost more in PoCL's dispatch than its ~1 us of arithmetic); weights are broadcast from memory.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int HP, const int WP, const int CB,
+              const int SCO, const int SCI, __global const float *inp, __global const float *w,
+              __global const float *bias, const int has_bias, __global float *out) {
+    const int y0 = get_global_id(0) * RR, n = get_global_id(1) / CB, cb = get_global_id(1) % CB;
+    int wm[RM];  // the channels' first weights
+#pragma unroll
+    for (int m = 0; m < RM; m++) wm[m] = min(cb * RM + m, CO - 1) * SCO + (FLIP ? KS * KS - 1 : 0);
+    for (int x0 = 0; x0 < OW; x0 += 16) {
+        float16 acc[RR][RM], tot[RR][RM];
+#pragma unroll
+        for (int r = 0; r < RR; r++)
+#pragma unroll
+            for (int m = 0; m < RM; m++) tot[r][m] = 0.0f;
+        __global const float *src = inp + n * CI * HP * WP + y0 * WP + x0;
+        __global const float *wk = w;
+        for (int c0 = 0; c0 < CI; c0 += FLUSH) {
+#pragma unroll
+            for (int r = 0; r < RR; r++)
+#pragma unroll
+                for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
+            for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP, wk += SCI) {
+#pragma unroll
+                for (int t = 0; t < RR + KS - 1; t++) {  // the input rows that feed RR output rows
+#pragma unroll
+                    for (int l = 0; l < KS; l++) {
+                        const float16 v = *(__global const ufloat16 *)(src + t * WP + l);
+#pragma unroll
+                        for (int r = 0; r < RR; r++) {
+                            const int j = t - r;
+                            if (j >= 0 && j < KS) {
+#pragma unroll
+                                for (int m = 0; m < RM; m++)
+                                    acc[r][m] += wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)] * v;
+                            }
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RR; r++)
+#pragma unroll
+                for (int m = 0; m < RM; m++) tot[r][m] += acc[r][m];
+        }
+#pragma unroll
+        for (int m = 0; m < RM; m++) {
+            const int co = cb * RM + m;
+            if (co >= CO) break;
+            const float b = has_bias ? bias[co] : 0.0f;
+#pragma unroll
+            for (int r = 0; r < RR; r++) {
+                if (y0 + r >= OH) break;
+                __global float *d = out + ((n * CO + co) * OH + y0 + r) * OW + x0;
+                const float16 v = tot[r][m] + b;
+                if (x0 + 16 <= OW) {
+                    *(__global ufloat16 *)d = v;
+                } else {
+                    float t[16];
+                    *(ufloat16 *)t = v;
+                    for (int i = 0; i < OW - x0; i++) d[i] = t[i];
+                }
+            }
+        }
+    }
+}
+
+// The same correlation (any stride) for planes too narrow for corr_cpu's row vectors: the
+// output channels are the vector lanes. The weights are packed channel-last first (wt[ci][j *
+// KS + l][COP], COP = CO rounded up to 32, zeros past CO: pack_weights_cpu); a work-item owns 32
+// output channels (two float16) x TC positions of one output row (2 * TC accumulators) and
+// broadcasts the inputs. Work-item (t, z): row tile t of the OH * XT (XT tiles of TC positions
+// per row; past OW they read the zero border and are not stored), z = block * N + n: the
+// work-items that run together share their block's weights (all of them would not stay in L2).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const int OW, const int HP, const int WP,
+               const int XT, const int S, __global const float *inp, __global const float *wt,
+               __global const float *bias, const int has_bias, __global float *out) {
+    const int t = get_global_id(0), y = t / XT, x0 = (t - y * XT) * TC, N = get_global_size(1) / (COP / 32);
+    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
+    float16 acc[TC][2], tot[TC][2];
+#pragma unroll
+    for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
+    __global const float *src = inp + n * CI * HP * WP + y * S * WP + x0 * S;
+    __global const float *wk = wt + co0;
+    for (int c0 = 0; c0 < CI; c0 += FLUSH) {
+#pragma unroll
+        for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
+        for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP) {
+#pragma unroll
+            for (int j = 0; j < KS; j++)
+#pragma unroll
+                for (int l = 0; l < KS; l++, wk += COP) {
+                    const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
+#pragma unroll
+                    for (int i = 0; i < TC; i++) {
+                        const float v = src[j * WP + i * S + l];
+                        acc[i][0] += v * w0;
+                        acc[i][1] += v * w1;
+                    }
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
+    }
+    __global float *dst = out + (n * CO + co0) * OH * OW + y * OW + x0;
+    const int lanes = min(32, CO - co0);
+    float v[TC][32];  // stored by lane: dst's channels are planes apart
+#pragma unroll
+    for (int i = 0; i < TC; i++) {
+        *(ufloat16 *)v[i] = tot[i][0];
+        *(ufloat16 *)(v[i] + 16) = tot[i][1];
+    }
+    for (int m = 0; m < lanes; m++) {
+        const float b = has_bias ? bias[co0 + m] : 0.0f;
+        for (int i = 0; i < min(TC, OW - x0); i++) dst[m * OH * OW + i] = v[i][m] + b;
+    }
+}
+
+// A strided convolution's data gradient, channels in the vector lanes as corrc_cpu: dx[n][c][ih]
+// [iw] = sum over (o, j, l) of w[o][c][j][l] * dy[n][o][(ih + p - j) / S][(iw + p - l) / S],
+// over the taps where both divide. A work-item owns 32 channels x TC positions iw0 + S * i of
+// row ih (one phase of the row: the same taps are valid for all of them, and their dy inputs
+// are consecutive), so no multiply-add meets an inserted zero. dyb: dy (N, CI, OH, OW) at row and
+// column T = ceil((KS - 1) / S) of zero planes (N, CI, HD, WD); wt[o][j * KS + l][COP] (channels
+// past CO zero). Work-item (t, z): t = ((ih * S) + phase) * XT + tile, z = block * N + n.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corrt_cpu(const int CI, const int CO, const int COP, const int H, const int W, const int HD, const int WD,
+               const int XT, const int S, const int p, const int T, __global const float *dyb,
+               __global const float *wt, __global float *out) {
+    const int t = get_global_id(0), tile = t % XT, phase = t / XT % S, ih = t / (XT * S);
+    const int iw0 = phase + S * TC * tile, N = get_global_size(1) / (COP / 32);
+    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
+    float16 acc[TC][2], tot[TC][2];
+#pragma unroll
+    for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
+    const int j0 = (ih + p) % S, l0 = (iw0 + p) % S;
+    for (int c0 = 0; c0 < CI; c0 += FLUSH) {
+#pragma unroll
+        for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
+        for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++) {
+            for (int j = j0; j < KS; j += S) {
+                __global const float *row = dyb + ((n * CI + ci) * HD + (ih + p - j + S * T) / S) * WD;
+                for (int l = l0; l < KS; l += S) {
+                    __global const float *src = row + (iw0 + p - l + S * T) / S;
+                    __global const float *wk = wt + (ci * KS * KS + j * KS + l) * COP + co0;
+                    const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
+#pragma unroll
+                    for (int i = 0; i < TC; i++) {
+                        acc[i][0] += src[i] * w0;
+                        acc[i][1] += src[i] * w1;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
+    }
+    __global float *dst = out + (n * CO + co0) * H * W + ih * W + iw0;
+    const int lanes = min(32, CO - co0), count = iw0 < W ? min(TC, (W - 1 - iw0) / S + 1) : 0;
+    float v[TC][32];
+#pragma unroll
+    for (int i = 0; i < TC; i++) {
+        *(ufloat16 *)v[i] = tot[i][0];
+        *(ufloat16 *)(v[i] + 16) = tot[i][1];
+    }
+    for (int m = 0; m < lanes; m++)
+        for (int i = 0; i < count; i++) dst[m * H * W + S * i] = v[i][m];
+}
+
+// wt[ci][tap][co] (COP >= CO columns, zeros past CO) from a convolution's weights for corrc_cpu
+// and corrt_cpu: w (CO, CI, KS, KS), or (transposed) w (CI, CO, KS, KS), the taps in reverse
+// order where `reverse` (a stride-1 data gradient). One work-item per (ci, co).
+__kernel void pack_weights_cpu(const int CO, const int CI, const int COP, const int transposed, const int reverse,
+                               __global const float *w, __global float *wt) {
+    const int g = get_global_id(0);
+    if (g >= CI * COP) return;
+    const int ci = g / COP, co = g - ci * COP;
+    __global float *d = wt + ci * KS * KS * COP + co;
+    __global const float *s = w + (transposed ? ci * CO + co : co * CI + ci) * KS * KS;
+    for (int tap = 0; tap < KS * KS; tap++) d[tap * COP] = co < CO ? s[reverse ? KS * KS - 1 - tap : tap] : 0.0f;
+}
+
+// im2col for CPUs from the zero-bordered planes xp (N, C, HP, WP): cols (C*KS*KS, N*OH*OW),
+// row (c, j, l), column (n, y, x) = xp[n][c][S*y + j][S*x + l], no bounds checks. Work-item
+// (r, g): cols row r, output rows (n, y) [g * rows, ...), copied in vectors (stride 2: the even
+// lanes of two).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int OW, const int S, const int NOH,
+                const int rows, __global const float *xp, __global float *cols) {
+    const int r = get_global_id(0), c = r / (KS * KS), j = r / KS % KS, l = r % KS;
+    const int t1 = min(NOH, (int)get_global_id(1) * rows + rows);
+    for (int t = get_global_id(1) * rows; t < t1; t++) {
+        const int n = t / OH, y = t - n * OH;
+        __global const float *src = xp + ((n * C + c) * HP + S * y + j) * WP + l;
+        __global float *dst = cols + r * NOH * OW + t * OW;
+        int x = 0;
+        if (S == 1) {
+            for (; x + 16 <= OW; x += 16) *(__global ufloat16 *)(dst + x) = *(__global const ufloat16 *)(src + x);
+        } else if (S == 2) {
+            for (; x + 16 <= OW; x += 16) {
+                const float16 a = *(__global const ufloat16 *)(src + 2 * x), b = *(__global const ufloat16 *)(src + 2 * x + 16);
+                *(__global ufloat16 *)(dst + x) = (float16)(a.even, b.even);
+            }
+        }
+        for (; x < OW; x++) dst[x] = src[S * x];
+    }
+}
+
+// col2im for CPUs: dx(n, c, ih, iw) = the sum of the dcols (C*k*k, N*OH*OW) entries that
+// read it (+ bias[c] when has_bias: ConvTranspose2d's forward is this gather). A work-item
+// gathers `rows` input rows of (N*C*H) into their place in dx, tap by tap in conv.cl's col2im_gpu
+// order; with stride 1 a tap adds a shifted dcols row, in vectors.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void col2im_cpu(const int NCH, const int rows, const int C, const int H, const int W, const int k, const int s,
+                const int p, const int d, const int OH, const int OW, __global const float *dcols,
+                __global const float *bias, const int has_bias, __global float *dx) {
+    const int NP = NCH / (C * H) * OH * OW, r1 = min(NCH, (int)get_global_id(0) * rows + rows);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int ih = r % H, c = (r / H) % C, n = r / (H * C);
+        __global float *dst = dx + r * W;
+        const float b = has_bias ? bias[c] : 0.0f;
+        int i = 0;
+        for (; i + 16 <= W; i += 16) *(__global ufloat16 *)(dst + i) = 0.0f;
+        for (; i < W; i++) dst[i] = 0.0f;
+        for (int kh = 0; kh < k; kh++) {
+            const int th = ih + p - kh * d;
+            if (th < 0 || th % s || th / s >= OH) continue;
+            __global const float *row = dcols + (c * k + kh) * k * NP + (n * OH + th / s) * OW;
+            for (int kw = 0; kw < k; kw++) {
+                __global const float *src = row + kw * NP;
+                // iw = ow * s - p + kw * d for ow in [0, OW), iw in [0, W)
+                const int off = kw * d - p, last = W - 1 - off;
+                const int ow0 = off < 0 ? (-off + s - 1) / s : 0, ow1 = last < 0 ? 0 : min(OW, last / s + 1);
+                if (s == 1) {
+                    __global float *dd = dst + off;
+                    int ow = ow0;
+                    for (; ow + 16 <= ow1; ow += 16)
+                        *(__global ufloat16 *)(dd + ow) += *(__global const ufloat16 *)(src + ow);
+                    for (; ow < ow1; ow++) dd[ow] += src[ow];
+                } else {
+                    for (int ow = ow0; ow < ow1; ow++) dst[ow * s + off] += src[ow];
+                }
+            }
+        }
+        if (has_bias)
+            for (i = 0; i < W; i++) dst[i] += b;
+    }
+}

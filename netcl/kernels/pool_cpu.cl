@@ -1,0 +1,131 @@
+// MaxPool2d with 2x2 windows, stride 2, no padding (the common down-sampling), for CPU devices
+// (PoCL): a work-item runs `rows` output rows of (N*C*OH, OW), 8 (then 4) outputs at a time from
+// vector loads of two input rows (.even and .odd are the windows' two columns). The saved
+// argmax is pool.cl's (ih * W + iw within the plane), and PyTorch's order and NaN rule: the
+// window's values in row-major order, a later one wins when greater or NaN.
+
+// unaligned vector access (rows of odd length start anywhere)
+typedef float16 __attribute__((aligned(4))) ufloat16;
+typedef float8 __attribute__((aligned(4))) ufloat8;
+typedef float4 __attribute__((aligned(4))) ufloat4;
+typedef float2 __attribute__((aligned(4))) ufloat2;
+typedef int8 __attribute__((aligned(4))) uint8v;
+typedef int4 __attribute__((aligned(4))) uint4v;
+
+// The maxima of windows (a, b / c, d): top-left, top-right, bottom-left, bottom-right values;
+// i0 the top-left inputs' indices; *bi gets the winners' indices. Branch-free (a selection per
+// candidate): random data would mispredict every other branch. One function per vector type.
+#define MAX2X2_FN(F, I)                                                                      \
+    inline F max2x2_##F(const F a, const F b, const F c, const F d, const I i0, const int W, I *bi) { \
+        F best = a;                                                                          \
+        I at = i0, m = isnan(b) | (b > best);                                                \
+        best = m ? b : best;                                                                 \
+        at = m ? i0 + 1 : at;                                                                \
+        m = isnan(c) | (c > best);                                                           \
+        best = m ? c : best;                                                                 \
+        at = m ? i0 + W : at;                                                                \
+        m = isnan(d) | (d > best);                                                           \
+        best = m ? d : best;                                                                 \
+        *bi = m ? i0 + W + 1 : at;                                                           \
+        return best;                                                                         \
+    }
+MAX2X2_FN(float8, int8)
+MAX2X2_FN(float4, int4)
+MAX2X2_FN(float, int)
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void maxpool2_fwd_cpu(const int NCOH, const int rows, const int H, const int W, const int OH, const int OW,
+                      __global const float *x, __global float *y, __global int *arg) {
+    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int8 lane2 = (int8)(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W;  // the window rows' offsets in the plane
+        __global const float *x0 = x + nc * H * W + top, *x1 = x0 + W;
+        __global float *yr = y + r * OW;
+        __global int *ar = arg + r * OW;
+        int ow = 0;
+        for (; ow + 8 <= OW; ow += 8) {
+            const float16 t = *(__global const ufloat16 *)(x0 + 2 * ow), b = *(__global const ufloat16 *)(x1 + 2 * ow);
+            int8 bi;
+            *(__global ufloat8 *)(yr + ow) = max2x2_float8(t.even, t.odd, b.even, b.odd, top + 2 * ow + lane2, W, &bi);
+            *(__global uint8v *)(ar + ow) = bi;
+        }
+        for (; ow + 4 <= OW; ow += 4) {
+            const float8 t = *(__global const ufloat8 *)(x0 + 2 * ow), b = *(__global const ufloat8 *)(x1 + 2 * ow);
+            int4 bi;
+            *(__global ufloat4 *)(yr + ow) = max2x2_float4(t.even, t.odd, b.even, b.odd, top + 2 * ow + lane2.lo, W, &bi);
+            *(__global uint4v *)(ar + ow) = bi;
+        }
+        for (; ow < OW; ow++) {
+            const float2 t = *(__global const ufloat2 *)(x0 + 2 * ow), b = *(__global const ufloat2 *)(x1 + 2 * ow);
+            int bi;
+            yr[ow] = max2x2_float(t.x, t.y, b.x, b.y, top + 2 * ow, W, &bi);
+            ar[ow] = bi;
+        }
+    }
+}
+
+// dx from dy and the argmax: each input lies in at most one window, so a work-item writes the
+// two input rows of each of its output rows whole (the gradient where the argmax points, else
+// 0), and the row and column no window covers (odd H or W) with zeros. No atomics, no gather.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void maxpool2_bwd_cpu(const int NCOH, const int rows, const int H, const int W, const int OH, const int OW,
+                      __global const float *dy, __global const int *arg, __global float *dx) {
+    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int8 lane2 = (int8)(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W;
+        __global float *d0 = dx + nc * H * W + top, *d1 = d0 + W;
+        __global const float *g = dy + r * OW;
+        __global const int *ar = arg + r * OW;
+        int ow = 0;
+        for (; ow + 8 <= OW; ow += 8) {
+            const float8 gv = *(__global const ufloat8 *)(g + ow);
+            const int8 a = *(__global const uint8v *)(ar + ow), i0 = top + 2 * ow + lane2;
+            float16 t, b;
+            t.even = a == i0 ? gv : 0.0f;
+            t.odd = a == i0 + 1 ? gv : 0.0f;
+            b.even = a == i0 + W ? gv : 0.0f;
+            b.odd = a == i0 + W + 1 ? gv : 0.0f;
+            *(__global ufloat16 *)(d0 + 2 * ow) = t;
+            *(__global ufloat16 *)(d1 + 2 * ow) = b;
+        }
+        for (; ow + 4 <= OW; ow += 4) {
+            const float4 gv = *(__global const ufloat4 *)(g + ow);
+            const int4 a = *(__global const uint4v *)(ar + ow), i0 = top + 2 * ow + lane2.lo;
+            float8 t, b;
+            t.even = a == i0 ? gv : 0.0f;
+            t.odd = a == i0 + 1 ? gv : 0.0f;
+            b.even = a == i0 + W ? gv : 0.0f;
+            b.odd = a == i0 + W + 1 ? gv : 0.0f;
+            *(__global ufloat8 *)(d0 + 2 * ow) = t;
+            *(__global ufloat8 *)(d1 + 2 * ow) = b;
+        }
+        for (; ow < OW; ow++) {
+            const int i = top + 2 * ow, a = ar[ow];
+            d0[2 * ow] = a == i ? g[ow] : 0.0f;
+            d0[2 * ow + 1] = a == i + 1 ? g[ow] : 0.0f;
+            d1[2 * ow] = a == i + W ? g[ow] : 0.0f;
+            d1[2 * ow + 1] = a == i + W + 1 ? g[ow] : 0.0f;
+        }
+        if (W & 1) d0[W - 1] = d1[W - 1] = 0.0f;
+        if ((H & 1) && oh == OH - 1)
+            for (int iw = 0; iw < W; iw++) d1[W + iw] = 0.0f;
+    }
+}
+
+// AdaptiveAvgPool with one output per plane (global average pooling), backward: every input of
+// plane p gets dy[p] / HW (pool.cl's adaptive_avgpool_bwd's value, without its per-element
+// window arithmetic). `planes` planes per work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void global_avgpool_bwd_cpu(const int NC, const int planes, const int HW, __global const float *dy,
+                            __global float *dx) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int p = get_global_id(0) * planes; p < p1; p++) {
+        const float v = dy[p] / (float)HW;
+        __global float *d = dx + p * HW;
+        int i = 0;
+        for (; i + 16 <= HW; i += 16) *(__global ufloat16 *)(d + i) = v;
+        for (; i < HW; i++) d[i] = v;
+    }
+}
