@@ -10,12 +10,12 @@ from netcl import Tensor, nn, ops
 from netcl.apps.bench import torch_layer
 from netcl.nn import sequential
 
-# (netcl layer class, its keyword arguments, the torch module): every kernel family of act.h that
-# differentiates through its input, and one through its output (Sigmoid)
+# name -> (netcl layer class, its keyword arguments, the torch module): activations that
+# differentiate through their input (z recomputed) and through their output (Sigmoid, Tanh: act(z))
 ACTS = {"ReLU": (nn.ReLU, {}, "ReLU()"), "LeakyReLU": (nn.LeakyReLU, {"negative_slope": 0.1}, "LeakyReLU(0.1)"),
         "SiLU": (nn.SiLU, {}, "SiLU()"), "GELU": (nn.GELU, {}, "GELU()"),
         "GELU_tanh": (nn.GELU, {"approximate": "tanh"}, "GELU(approximate='tanh')"),
-        "Sigmoid": (nn.Sigmoid, {}, "Sigmoid()"), "Hardswish": (nn.Hardswish, {}, "Hardswish()")}
+        "Sigmoid": (nn.Sigmoid, {}, "Sigmoid()"), "Tanh": (nn.Tanh, {}, "Tanh()"), "Hardswish": (nn.Hardswish, {}, "Hardswish()")}
 
 
 @pytest.fixture
@@ -108,6 +108,20 @@ def check(got, ref, what, rtol):
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("shape", [(3, 3, 9, 11), (1, 3, 6, 37)])
 def test_fused_training_equals_unfused_and_torch(queue, rng, torch, record_error, monkeypatch, cls, act, shape):
+    check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape)
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+@pytest.mark.parametrize("act", ["LeakyReLU", "Tanh"])
+def test_fused_training_many_parts(queue, rng, torch, record_error, monkeypatch, cls, act):
+    """Several parts per channel in the backward's part sums (a shorter last part)."""
+    from netcl.nn import norm
+
+    monkeypatch.setattr(norm, "PART_LEN", {"cpu": 37, "gpu": 37})
+    check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, (3, 3, 9, 11))
+
+
+def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape):
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     model = randomize(build(act), rng).to(queue).train()
