@@ -40,8 +40,8 @@ def launch(queue, family, name, gsize, lsize, *args, options=()):
     return _enqueue(queue, k, gsize, lsize, args)
 
 
-def launch1d(queue, family, name, n, *args):
-    return launch(queue, family, name, (max(n, 1),), (_LOCAL,), *args)
+def launch1d(queue, family, name, n, *args, options=()):
+    return launch(queue, family, name, (max(n, 1),), (_LOCAL,), *args, options=options)
 
 
 _MAX_ELEMENTS = 2**31 - 1  # kernels index with 32-bit ints

@@ -115,14 +115,18 @@ def count_launches(step):
 
 
 def profile_netcl(name, batch, args):
-    """Per-layer forward and backward milliseconds (the queue drained after each)."""
+    """Per-layer forward and backward milliseconds (the queue drained after each). A BatchNorm2d
+    and the activation after it run fused as training runs them (netcl.nn.sequential.TRAIN_FUSE;
+    NETCL_TRAIN_FUSE=0 turns it off): the BatchNorm's row holds both, the activation's shows 0."""
     import netcl
     from netcl import Tensor
+    from netcl.nn.sequential import fuses_with_next
 
     q = netcl.default_queue(args.device)
     model = build_netcl(name).to(q).train()
     x, _ = data(name, batch)
     layers = [layer for _, layer in model.chain()]
+    skipped = {i + 1 for i in range(len(layers) - 1) if fuses_with_next(layers[i], layers[i + 1])}
     rows = []
     for rep in range(args.warmup + args.steps):
         cur = Tensor.from_host(q, x)
@@ -130,15 +134,19 @@ def profile_netcl(name, batch, args):
         for i, layer in enumerate(layers):
             q.finish()
             t = time.perf_counter()
-            cur = layer(cur)
+            if i + 1 in skipped:
+                cur = layer.forward(cur, act=layers[i + 1])
+            elif i not in skipped:
+                cur = layer(cur)
             q.finish()
             outs.append((cur, time.perf_counter() - t))
         dy = Tensor.from_host(q, np.ones(cur.shape, np.float32))
         back = []
-        for layer in reversed(layers):
+        for i in reversed(range(len(layers))):
             q.finish()
             t = time.perf_counter()
-            dy = layer.backward(dy)
+            if i not in skipped:
+                dy = layers[i].backward(dy)
             q.finish()
             back.append(time.perf_counter() - t)
         if rep >= args.warmup:

@@ -3,7 +3,11 @@
 // values; one work-group of RED work-items per (part, channel) writes a partial result, then one
 // work-group per channel combines its parts (many work-groups even for 16 channels of 2M values:
 // a GPU needs thousands; Python picks `len` per device class). LayerNorm works on (M, D): one
-// work-group per row, and per column for the parameter gradients.
+// work-group per row, and per column for the parameter gradients. bn_apply, bn_bwd_part and
+// bn_bwd_apply are built per activation (bn_act.h): training fuses BatchNorm2d with the
+// activation after it.
+#include "act.h"
+#include "bn_act.h"
 #define RED 64
 
 float group_sum(__local float *part, float v) {
@@ -94,28 +98,32 @@ __kernel void bn_stats_finish(const int N, const int HW, const int len, const in
     }
 }
 
-// y = (x - mean) / sqrt(var + eps) * gamma + beta (batch or running statistics)
+// y = act((x - mean) / sqrt(var + eps) * gamma + beta) (batch or running statistics)
 __kernel void bn_apply(const int N, const int C, const int HW, __global const float *x,
                        __global const float *mean, __global const float *var, __global const float *gamma,
-                       __global const float *beta, const float eps, __global float *y) {
+                       __global const float *beta, const float eps, const float slope, __global float *y) {
     const int i = get_global_id(0);
     if (i >= N * C * HW) return;
     const int c = (i / HW) % C;
-    y[i] = (x[i] - mean[c]) * rsqrt(var[c] + eps) * gamma[c] + beta[c];
+    y[i] = ACT_APPLY(ACT_KIND, BN_Z(x[i], mean[c], rsqrt(var[c] + eps), gamma[c], beta[c]), slope);
 }
 
-// Backward, stage 1: part p of channel c writes sum(dy) and sum(dy * (x - mean)).
+// Backward, stage 1: part p of channel c writes sum(dz) and sum(dz * (x - mean)), dz = dy
+// through the fused activation (BN_DZ).
 __kernel void bn_bwd_part(const int N, const int C, const int HW, const int len, __global const float *x,
-                          __global const float *dy, __global const float *mean, __global float *part) {
+                          __global const float *dy, __global const float *mean, __global const float *var,
+                          __global const float *gamma, __global const float *beta, const float eps,
+                          const float slope, __global float *part) {
     __local float red[RED];
     const int p = get_group_id(0), c = get_group_id(1), t = get_local_id(0), parts = get_num_groups(0);
     const int j0 = p * len + t, j1 = min(N * HW, (p + 1) * len);
-    const float mu = mean[c];
+    const float mu = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
     int hw, o = bn_offset(j0, c, C, HW, &hw);
     float sb = 0.0f, sg = 0.0f;
     for (int j = j0; j < j1; j += RED, o = bn_step(o, &hw, C, HW)) {
-        sb += dy[o];
-        sg += dy[o] * (x[o] - mu);
+        const float g = BN_DZ(x[o], dy[o], mu, inv, ga, be, slope);
+        sb += g;
+        sg += g * (x[o] - mu);
     }
     sb = group_sum(red, sb);
     sg = group_sum(red, sg);
@@ -148,19 +156,21 @@ __kernel void bn_bwd_finish(const int parts, __global const float *part, __globa
     }
 }
 
-// Backward, stage 3, element-wise: dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma)
-// with batch statistics, or dx = gamma * invstd * dy with running statistics (eval mode: they
-// are constants).
+// Backward, stage 3, element-wise: dx = gamma * invstd / M * (M * dz - dbeta - xhat * dgamma)
+// with batch statistics, or dx = gamma * invstd * dz with running statistics (eval mode: they
+// are constants); dz = dy through the fused activation (BN_DZ).
 __kernel void bn_bwd_apply(const int N, const int C, const int HW, __global const float *x,
                            __global const float *dy, __global const float *mean, __global const float *var,
-                           __global const float *gamma, const float eps, __global const float *sums,
-                           __global float *dx, const int batch_stats) {
+                           __global const float *gamma, __global const float *beta, const float eps,
+                           const float slope, __global const float *sums, __global float *dx,
+                           const int batch_stats) {
     const int i = get_global_id(0);
     if (i >= N * C * HW) return;
     const int c = (i / HW) % C, M = N * HW;
     const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv;
-    dx[i] = batch_stats ? g / (float)M * ((float)M * dy[i] - sums[2 * c] - (x[i] - mean[c]) * inv * sums[2 * c + 1])
-                        : g * dy[i];
+    const float dz = BN_DZ(x[i], dy[i], mean[c], inv, gamma[c], beta[c], slope);
+    dx[i] = batch_stats ? g / (float)M * ((float)M * dz - sums[2 * c] - (x[i] - mean[c]) * inv * sums[2 * c + 1])
+                        : g * dz;
 }
 
 // Softmax over the middle axis of (outer, D, inner); one work-item per (outer, inner) line.

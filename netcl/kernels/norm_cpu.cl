@@ -3,6 +3,10 @@
 // and no index division per element (a division per row). The parts are norm.cl's: a channel's
 // M = N * HW values in (n, hw) order, `len` per part (the last one shorter), so norm.cl's
 // bn_stats_finish and bn_bwd_finish combine them, in the same fixed order.
+// The apply and backward kernels are built per activation (-DACT_KIND, -DACT_OUT: see BN_DZ):
+// training fuses BatchNorm2d with the activation after it; ACT_NONE is plain BatchNorm.
+#include "act.h"
+#include "bn_act.h"
 
 typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
 
@@ -71,13 +75,16 @@ void bn_stats_part_cpu(const int N, const int C, const int HW, const int plen, _
     part[2 * (c * parts + pi) + 1] = sq - sd * sd / cnt;
 }
 
-// Backward, stage 1: part p of channel c writes sum(dy) and sum(dy * (x - mean)).
+// Backward, stage 1: part p of channel c writes sum(dz) and sum(dz * (x - mean)), dz = dy
+// through the fused activation (BN_DZ).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_bwd_part_cpu(const int N, const int C, const int HW, const int plen, __global const float *x,
-                     __global const float *dy, __global const float *mean, __global float *part) {
+                     __global const float *dy, __global const float *mean, __global const float *var,
+                     __global const float *gamma, __global const float *beta, const float eps, const float slope,
+                     __global float *part) {
     const int pi = get_global_id(0), c = get_global_id(1), parts = get_global_size(0);
     const int j0 = pi * plen, j1 = min(N * HW, j0 + plen);
-    const float mu = mean[c];
+    const float mu = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
     float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
     int nv = 0;
     for (int j = j0, len; j < j1; j += len) {
@@ -86,15 +93,17 @@ void bn_bwd_part_cpu(const int N, const int C, const int HW, const int plen, __g
         len = min(HW - hw, j1 - j);
         int i = 0;
         for (; i + 16 <= len; i += 16) {
-            const float16 g = *(__global const ufloat16 *)(gp + i);
+            const float16 xv = *(__global const ufloat16 *)(xp + i);
+            const float16 g = BN_DZ(xv, *(__global const ufloat16 *)(gp + i), mu, inv, ga, be, slope);
             rb16 += g;
-            rg16 += g * (*(__global const ufloat16 *)(xp + i) - mu);
+            rg16 += g * (xv - mu);
             if (++nv == FLUSH) b16 += rb16, g16 += rg16, rb16 = rg16 = 0.0f, nv = 0;
         }
         float tb = 0.0f, tg = 0.0f;
         for (; i < len; i++) {
-            tb += gp[i];
-            tg += gp[i] * (xp[i] - mu);
+            const float g = BN_DZ(xp[i], gp[i], mu, inv, ga, be, slope);
+            tb += g;
+            tg += g * (xp[i] - mu);
         }
         rb16.s0 += tb;
         rg16.s0 += tg;
@@ -106,11 +115,11 @@ void bn_bwd_part_cpu(const int N, const int C, const int HW, const int plen, __g
 // The element-wise passes: work-item t runs the chunk [t * chunk, (t + 1) * chunk) of the
 // (N*C*HW) tensor row by row, each row (n, c) with its channel's constants.
 
-// y = (x - mean) * rsqrt(var + eps) * gamma + beta (batch or running statistics)
+// y = act((x - mean) * rsqrt(var + eps) * gamma + beta) (batch or running statistics)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, __global const float *x,
                   __global const float *mean, __global const float *var, __global const float *gamma,
-                  __global const float *beta, const float eps, __global float *y) {
+                  __global const float *beta, const float eps, const float slope, __global float *y) {
     const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C;
@@ -118,32 +127,35 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
         e = min(i1, (r + 1) * HW);
         int k = i;
         for (; k + 16 <= e; k += 16)
-            *(__global ufloat16 *)(y + k) = (*(__global const ufloat16 *)(x + k) - m) * inv * g + b;
-        for (; k < e; k++) y[k] = (x[k] - m) * inv * g + b;
+            *(__global ufloat16 *)(y + k) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const ufloat16 *)(x + k), m, inv, g, b),
+                                                      slope);
+        for (; k < e; k++) y[k] = ACT_APPLY(ACT_KIND, BN_Z(x[k], m, inv, g, b), slope);
     }
 }
 
 // Backward, stage 3, element-wise: with batch statistics
-// dx = gamma * invstd * (dy - dbeta / M - (x - mean) * invstd * dgamma / M), with running
-// statistics (eval mode: constants) dx = gamma * invstd * dy. sums[c] = (dbeta, dgamma).
+// dx = gamma * invstd * (dz - dbeta / M - (x - mean) * invstd * dgamma / M), with running
+// statistics (eval mode: constants) dx = gamma * invstd * dz. sums[c] = (dbeta, dgamma); dz =
+// dy through the fused activation (BN_DZ).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int HW, __global const float *x,
                       __global const float *dy, __global const float *mean, __global const float *var,
-                      __global const float *gamma, const float eps, __global const float *sums,
-                      __global float *dx, const int batch_stats) {
+                      __global const float *gamma, __global const float *beta, const float eps, const float slope,
+                      __global const float *sums, __global float *dx, const int batch_stats) {
     const float inv_m = 1.0f / (float)(total / C);
     const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C;
-        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c];
+        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
         const float k1 = batch_stats ? sums[2 * c] * inv_m : 0.0f;
         const float k2 = batch_stats ? sums[2 * c + 1] * inv * inv_m : 0.0f;
         e = min(i1, (r + 1) * HW);
         int k = i;
         for (; k + 16 <= e; k += 16) {
-            const float16 xv = *(__global const ufloat16 *)(x + k), gv = *(__global const ufloat16 *)(dy + k);
+            const float16 xv = *(__global const ufloat16 *)(x + k);
+            const float16 gv = BN_DZ(xv, *(__global const ufloat16 *)(dy + k), m, inv, ga, be, slope);
             *(__global ufloat16 *)(dx + k) = g * (gv - k1 - (xv - m) * k2);
         }
-        for (; k < e; k++) dx[k] = g * (dy[k] - k1 - (x[k] - m) * k2);
+        for (; k < e; k++) dx[k] = g * (BN_DZ(x[k], dy[k], m, inv, ga, be, slope) - k1 - (x[k] - m) * k2);
     }
 }

@@ -2,6 +2,7 @@
 import math
 
 from netcl import ops
+from netcl.act import Act
 from netcl.nn.module import Module, as_float, check_rank, constant, positive
 
 # Values per part of a channel in the two-stage reductions (kernels/norm.cl, norm_cpu.cl): a GPU
@@ -14,6 +15,12 @@ def _parts(q, m):
     """(values per part, parts) for a channel of m values."""
     length = PART_LEN["cpu" if ops.is_cpu(q) else "gpu"]
     return length, -(-m // length)
+
+
+def _act_options(act):
+    """Build options of the BatchNorm kernels fused with activation `act` (kernels/bn_act.h); none for
+    plain BatchNorm, whose program the other norm kernels share."""
+    return () if act == Act.NONE else (f"-DACT_KIND={int(act)}", f"-DACT_OUT={int(act.saves_output)}")
 
 
 class BatchNorm2d(Module):
@@ -45,7 +52,12 @@ class BatchNorm2d(Module):
             raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
         return tuple(shape)
 
-    def forward(self, x):
+    def forward(self, x, act=None):
+        """y = BatchNorm(x), or act(BatchNorm(x)) in the same pass when given `act`, the activation
+        layer that follows (Sequential's training path: one pass instead of two, and backward
+        differentiates through both without the activation's saved tensor)."""
+        code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
+        options = _act_options(code)
         q = self._on(x)
         self.output_shape(x.shape)
         n, c, h, w = x.shape
@@ -69,15 +81,16 @@ class BatchNorm2d(Module):
         if cpu:
             chunk, items = ops.cpu_chunk(x.size)
             ops.launch(q, "norm_cpu", "bn_apply_cpu", (items,), (1,), x.size, chunk, c, h * w, x, mean, var,
-                       self.weight, self.bias, self.eps, y)
+                       self.weight, self.bias, self.eps, slope, y, options=options)
         else:
             ops.launch1d(q, "norm", "bn_apply", x.size, n, c, h * w, x, mean, var, self.weight, self.bias, self.eps,
-                         y)
-        self._saved = (x, mean, var, self.training)
+                         slope, y, options=options)
+        self._saved = (x, mean, var, self.training, code, slope)
         return y.mark_written()
 
     def backward(self, dy):
-        x, mean, var, training = self._saved  # eval mode (frozen statistics) differentiates as torch does
+        x, mean, var, training, code, slope = self._saved  # eval mode (frozen statistics) differentiates as torch does
+        options = _act_options(code)
         n, c, h, w = x.shape
         dx = ops.new(dy, dy.shape)
         gw, acc_w = ops.grad_target(self.weight)
@@ -88,18 +101,20 @@ class BatchNorm2d(Module):
         part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
         cpu = ops.is_cpu(q)
         if cpu:
-            ops.launch(q, "norm_cpu", "bn_bwd_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, dy, mean, part)
+            ops.launch(q, "norm_cpu", "bn_bwd_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, dy, mean, var,
+                       self.weight, self.bias, self.eps, slope, part, options=options)
         else:
-            ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, part)
+            ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, var,
+                       self.weight, self.bias, self.eps, slope, part, options=options)
         ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
                    sums)
         if cpu:
             chunk, items = ops.cpu_chunk(dx.size)
             ops.launch(q, "norm_cpu", "bn_bwd_apply_cpu", (items,), (1,), dx.size, chunk, c, h * w, x, dy, mean, var,
-                       self.weight, self.eps, sums, dx, int(training))
+                       self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
         else:
-            ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.eps,
-                         sums, dx, int(training))
+            ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.bias,
+                         self.eps, slope, sums, dx, int(training), options=options)
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()

@@ -1,9 +1,28 @@
 """Sequential: layers applied in order, the model type every part of netcl walks; in eval mode
-it prepares the fused inference path (netcl.jit) from its layer list."""
+it prepares the fused inference path (netcl.jit) from its layer list. In training it runs a
+BatchNorm2d and the activation right after it as one layer (TRAIN_FUSE)."""
+import os
+
+from netcl.act import Act
 from netcl.jit import plan_fused
 from netcl.nn.module import Module, child_shape
+from netcl.nn.norm import BatchNorm2d
 from netcl.runtime import default_queue
 from netcl.tensor import Tensor, _as_float32
+
+# Training fuses a BatchNorm2d with the activation layer right after it in the same layer list:
+# the BatchNorm writes act(BatchNorm(x)) in its own pass, its backward differentiates through
+# both, and the activation layer is skipped both ways (about a third fewer element-wise passes
+# over those tensors). NETCL_TRAIN_FUSE=0 in the environment (or TRAIN_FUSE = False here) runs
+# every layer on its own, as calling the layers one by one does.
+TRAIN_FUSE = os.environ.get("NETCL_TRAIN_FUSE", "1") != "0"
+
+
+def fuses_with_next(layer, nxt):
+    """Whether training runs `layer` and the layer `nxt` after it as one BatchNorm2d + activation
+    pass: an activation is any layer with an `act` (a netcl.act.Act) and a `slope`, as in netcl.jit."""
+    return (TRAIN_FUSE and type(layer) is BatchNorm2d and isinstance(getattr(nxt, "act", None), Act)
+            and hasattr(nxt, "slope"))
 
 
 class Sequential(Module):
@@ -20,6 +39,7 @@ class Sequential(Module):
         self.layers = list(layers)
         self._fused = None
         self._fused_input = None  # the input of a fused forward, which saves nothing for backward
+        self._skipped = ()  # indices of the activations the last training forward ran inside their BatchNorm2d
 
     def __getitem__(self, i):
         if not isinstance(i, slice):
@@ -77,10 +97,24 @@ class Sequential(Module):
             y = self._fused(x)
         else:
             self._fused_input = None
-            y = x
-            for layer in self.layers:
-                y = layer(y)
+            y = self._run_layers(x, self.training)
         self._out_shape = y.shape
+        return y
+
+    def _run_layers(self, y, fuse):
+        """The layers in order; with `fuse`, a BatchNorm2d and the activation after it as one pass."""
+        skipped, layers = [], self.layers
+        for i, layer in enumerate(layers):
+            if i in skipped:
+                continue
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            if fuse and fuses_with_next(layer, nxt):
+                y = layer.forward(y, act=nxt)
+                nxt._saved = None  # its output is the BatchNorm's: no stale input for a backward of its own
+                skipped.append(i + 1)
+            else:
+                y = layer(y)
+        self._skipped = tuple(skipped)
         return y
 
     def predict(self, x, queue=None):
@@ -105,9 +139,9 @@ class Sequential(Module):
                              f"got {dy.shape}")
         x, self._fused_input = self._fused_input, None
         if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs
-            for layer in self.layers:
-                x = layer(x)
-        for layer in reversed(self.layers):
-            dy = layer.backward(dy)
+            self._run_layers(x, False)
+        for i in reversed(range(len(self.layers))):
+            if i not in self._skipped:  # a skipped activation's gradient is its BatchNorm2d's
+                dy = self.layers[i].backward(dy)
         self._out_shape = None
         return dy

@@ -1,0 +1,199 @@
+"""Training fuses a BatchNorm2d with the activation right after it (netcl.nn.sequential.TRAIN_FUSE,
+kernels/bn_act.h): the forward output, dx, every parameter gradient and the running statistics
+equal the unfused layers' (float32 noise) and float64 PyTorch's, on the CPU kernels and on the
+GPU kernels (forced on this device), with fewer launches per step."""
+import numpy as np
+import pytest
+from conftest import assert_close
+
+from netcl import Tensor, nn, ops
+from netcl.apps.bench import torch_layer
+from netcl.nn import sequential
+
+# name -> (netcl layer class, its keyword arguments, the torch module): activations that
+# differentiate through their input (z recomputed) and through their output (Sigmoid, Tanh: act(z))
+ACTS = {"ReLU": (nn.ReLU, {}, "ReLU()"), "LeakyReLU": (nn.LeakyReLU, {"negative_slope": 0.1}, "LeakyReLU(0.1)"),
+        "SiLU": (nn.SiLU, {}, "SiLU()"), "GELU": (nn.GELU, {}, "GELU()"),
+        "GELU_tanh": (nn.GELU, {"approximate": "tanh"}, "GELU(approximate='tanh')"),
+        "Sigmoid": (nn.Sigmoid, {}, "Sigmoid()"), "Tanh": (nn.Tanh, {}, "Tanh()"), "Hardswish": (nn.Hardswish, {}, "Hardswish()")}
+
+
+@pytest.fixture
+def torch():
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+def build(act):
+    """BatchNorm2d + activation pairs at the top level, inside a Residual's body and in a nested
+    Sequential at the very end (the model's output); a BatchNorm2d followed by a Sequential
+    holding an activation, and an activation after a Residual (not fused)."""
+    cls, kw, _ = ACTS[act]
+    return nn.Sequential(  # convolutions before a BatchNorm2d without bias (its gradient is 0: noise only)
+        nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), cls(**kw),
+        nn.Residual(nn.Conv2d(6, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), cls(**kw),
+                    nn.Conv2d(6, 6, 1, bias=False), nn.BatchNorm2d(6)),
+        cls(**kw),
+        nn.Conv2d(6, 5, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(5), nn.Sequential(cls(**kw)),
+        nn.Sequential(nn.Conv2d(5, 5, 1, bias=False), nn.BatchNorm2d(5), cls(**kw)))
+
+
+PAIRS = 3  # fused pairs in build(): one launch forward and one backward saved each
+
+
+def randomize(model, rng):
+    for name, t in model.named_parameters():
+        if name.endswith("weight") and t.shape == (t.shape[0],):  # BatchNorm's gamma: away from 0
+            t.set_(rng.uniform(0.5, 1.5, t.shape).astype(np.float32))
+        else:
+            t.set_((rng.standard_normal(t.shape) * 0.3).astype(np.float32))
+    return model
+
+
+def torch_twin(torch, model, act):
+    """float64 PyTorch twin (netcl.apps.bench.torch_layer, with act's module where it has none)."""
+    mod = ACTS[act][2]
+    ns = {"nn": torch.nn}
+
+    def twin(m):
+        if isinstance(m, nn.Sequential):
+            return torch.nn.Sequential(*[twin(x) for x in m])
+        if isinstance(m, nn.Residual):
+            class Res(torch.nn.Module):
+                def __init__(self, body):
+                    super().__init__()
+                    self.body = body
+
+                def forward(self, x):
+                    return self.body(x) + x
+            return Res(twin(m.body))
+        if isinstance(m, ACTS[act][0]):
+            return eval("nn." + mod, ns)
+        return torch_layer(torch, m)
+    return twin(model).double().train()
+
+
+def run(q, model, x, dy, fuse, monkeypatch, steps=2):
+    """`steps` training steps (fresh gradients each): (y, dx, {name: grad}, {name: buffer}) of the last."""
+    monkeypatch.setattr(sequential, "TRAIN_FUSE", fuse)
+    for _ in range(steps):
+        model.zero_grad()
+        y = model(Tensor.from_host(q, x))
+        dx = model.backward(Tensor.from_host(q, dy))
+    return (y.to_host(), dx.to_host(), {k: p.grad.to_host() for k, p in model.named_parameters()},
+            {k: b.to_host() for k, b in model.named_buffers()})
+
+
+def run_torch(torch, ref, x, dy, steps=2):
+    for _ in range(steps):
+        ref.zero_grad()
+        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        y = ref(xt)
+        y.backward(torch.tensor(dy, dtype=torch.float64))
+    return (y.detach().numpy(), xt.grad.numpy(), {k: p.grad.numpy() for k, p in ref.named_parameters()},
+            {k: b.numpy() for k, b in ref.named_buffers() if not k.endswith("num_batches_tracked")})
+
+
+def check(got, ref, what, rtol):
+    errs = [assert_close(got[0], ref[0], rtol, what=f"{what} forward"),
+            assert_close(got[1], ref[1], rtol, what=f"{what} dx")]
+    assert set(got[2]) == set(ref[2]) and set(got[3]) == set(ref[3])
+    errs += [assert_close(got[2][k], ref[2][k], rtol, what=f"{what} grad {k}") for k in got[2]]
+    errs += [assert_close(got[3][k], ref[3][k], rtol, what=f"{what} {k}") for k in got[3]]
+    return errs[0], max(errs[1:])
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("shape", [(3, 3, 9, 11), (1, 3, 6, 37)])
+def test_fused_training_equals_unfused_and_torch(queue, rng, torch, record_error, monkeypatch, cls, act, shape):
+    check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape)
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+@pytest.mark.parametrize("act", ["LeakyReLU", "Tanh"])
+def test_fused_training_many_parts(queue, rng, torch, record_error, monkeypatch, cls, act):
+    """Several parts per channel in the backward's part sums (a shorter last part)."""
+    from netcl.nn import norm
+
+    monkeypatch.setattr(norm, "PART_LEN", {"cpu": 37, "gpu": 37})
+    check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, (3, 3, 9, 11))
+
+
+def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape):
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    model = randomize(build(act), rng).to(queue).train()
+    ref = torch_twin(torch, model, act)
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal(shape) * 2 + 0.3).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    model.load_state_dict(state)
+    unfused = run(queue, model, x, dy, False, monkeypatch)
+    check(fused, unfused, "fused vs unfused", 2e-6)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "fused vs torch", 1e-5))
+
+
+def count_launches(monkeypatch):
+    n = [0]
+    enqueue = ops._enqueue
+
+    def counted(*args):
+        n[0] += 1
+        return enqueue(*args)
+    monkeypatch.setattr(ops, "_enqueue", counted)
+    return n
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls):
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    model = build("LeakyReLU").to(queue).train()
+    x = Tensor.from_host(queue, rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
+    dy = Tensor.from_host(queue, rng.standard_normal(model.output_shape(x.shape)).astype(np.float32))
+    n = count_launches(monkeypatch)
+    per_step = {}
+    for fuse in (False, True):
+        monkeypatch.setattr(sequential, "TRAIN_FUSE", fuse)
+        model(x)
+        model.backward(dy)  # a first step builds the kernels
+        before = n[0]
+        model(x)
+        model.backward(dy)
+        per_step[fuse] = n[0] - before
+    assert per_step[True] == per_step[False] - 2 * PAIRS, per_step
+
+
+def test_nan_input_propagates_as_unfused(queue, rng, monkeypatch):
+    model = build("ReLU").to(queue).train()
+    x = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+    x[1, 2, 4, 5] = np.nan
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    fused = run(queue, model, x, dy, True, monkeypatch, steps=1)
+    model.load_state_dict(state)
+    unfused = run(queue, model, x, dy, False, monkeypatch, steps=1)
+    for a, b in zip(fused[:2], unfused[:2]):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    assert np.isnan(fused[0]).any() and np.isnan(fused[1]).any()
+
+
+def test_layers_called_one_by_one_and_eval_do_not_fuse(queue, rng, monkeypatch):
+    """Calling the layers individually (or in eval mode) runs each on its own; the activation
+    layer skipped by a fused forward keeps no stale input."""
+    model = build("ReLU").to(queue).train()
+    x = Tensor.from_host(queue, rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
+    y = model(x).to_host()
+    assert model.layers[2]._saved is None  # ran inside layer 1
+    cur = x
+    for layer in model:
+        cur = layer(cur)
+    np.testing.assert_allclose(cur.to_host(), y, rtol=2e-6, atol=1e-6)
+    assert model.layers[2]._saved is not None and model.layers[1]._saved[4] == 0  # unfused
+    model.eval()
+    model._fused = None  # eval without a fused plan runs the layer list: unfused, running statistics
+    model(x)
+    assert model.layers[1]._saved[4] == 0 and model.layers[2]._saved is not None
