@@ -73,14 +73,12 @@ __kernel void bn_stats_part(const int N, const int C, const int HW, const int le
 
 // Batch statistics, stage 2, one work-group per channel: the mean from the parts' sums, then
 // the variance as the parts' own squared deviations plus their means' (the two-pass formula
-// over parts; each work-item a strided subset in order, then a fixed tree). The running
-// statistics are updated with the unbiased variance, as PyTorch does.
-__kernel void bn_stats_finish(const int N, const int HW, const int len, const int parts,
-                              __global const float *part, __global float *mean, __global float *var,
-                              __global float *run_mean, __global float *run_var, const float momentum) {
-    __local float red[RED];
-    const int c = get_group_id(0), t = get_local_id(0), M = N * HW;
-    __global const float *pc = part + 2 * c * parts;
+// over parts; each work-item a strided subset in order, then a fixed tree), every work-item
+// of the group getting both. The running statistics are updated with the unbiased variance, as
+// PyTorch does.
+inline void bn_stats_of(__local float *red, __global const float *pc, const int parts, const int len,
+                        const int M, float *mean, float *var) {
+    const int t = get_local_id(0);
     float s = 0.0f;
     for (int p = t; p < parts; p += RED) s += pc[2 * p];
     const float mu = group_sum(red, s) / (float)M;
@@ -89,13 +87,48 @@ __kernel void bn_stats_finish(const int N, const int HW, const int len, const in
         const float n = (float)min(len, M - p * len), d = pc[2 * p] / n - mu;
         q += pc[2 * p + 1] + n * d * d;
     }
-    const float v = group_sum(red, q) / (float)M;
-    if (t == 0) {
-        mean[c] = mu;
-        var[c] = v;
-        run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * mu;
-        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)max(M - 1, 1);
-    }
+    *mean = mu;
+    *var = group_sum(red, q) / (float)M;
+}
+
+// ... and the channel's batch statistics out, the running ones updated (one work-item).
+inline void bn_stats_out(const int c, const int M, const float mu, const float v, __global float *mean,
+                         __global float *var, __global float *run_mean, __global float *run_var,
+                         const float momentum) {
+    mean[c] = mu;
+    var[c] = v;
+    run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * mu;
+    run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)max(M - 1, 1);
+}
+
+__kernel void bn_stats_finish(const int N, const int HW, const int len, const int parts,
+                              __global const float *part, __global float *mean, __global float *var,
+                              __global float *run_mean, __global float *run_var, const float momentum) {
+    __local float red[RED];
+    const int c = get_group_id(0), M = N * HW;
+    float mu, v;
+    bn_stats_of(red, part + 2 * c * parts, parts, len, M, &mu, &v);
+    if (get_local_id(0) == 0) bn_stats_out(c, M, mu, v, mean, var, run_mean, run_var, momentum);
+}
+
+// Stage 2 and the element-wise pass in one launch (training on GPUs: a launch less per layer):
+// work-group (k, c) combines channel c's parts exactly as bn_stats_finish does (group 0 also
+// writes the statistics out), then writes y = act(z) for part k of the channel, as bn_apply.
+__kernel void bn_apply_batch(const int N, const int C, const int HW, const int len, const int parts,
+                             __global const float *part, __global const float *x, __global float *mean,
+                             __global float *var, __global float *run_mean, __global float *run_var,
+                             const float momentum, __global const float *gamma, __global const float *beta,
+                             const float eps, const float slope, __global float *y) {
+    __local float red[RED];
+    const int k = get_group_id(0), c = get_group_id(1), t = get_local_id(0), M = N * HW;
+    float mu, v;
+    bn_stats_of(red, part + 2 * c * parts, parts, len, M, &mu, &v);
+    if (k == 0 && t == 0) bn_stats_out(c, M, mu, v, mean, var, run_mean, run_var, momentum);
+    const float inv = rsqrt(v + eps), ga = gamma[c], be = beta[c];
+    const int j0 = k * len + t, j1 = min(M, (k + 1) * len);
+    int hw, o = bn_offset(j0, c, C, HW, &hw);
+    for (int j = j0; j < j1; j += RED, o = bn_step(o, &hw, C, HW))
+        y[o] = ACT_APPLY(ACT_KIND, BN_Z(x[o], mu, inv, ga, be), slope);
 }
 
 // y = act((x - mean) / sqrt(var + eps) * gamma + beta) (batch or running statistics)
@@ -135,24 +168,58 @@ __kernel void bn_bwd_part(const int N, const int C, const int HW, const int len,
 
 // Backward, stage 2: one work-group per channel sums the parts in a fixed order into
 // dbeta = sum(dy) and dgamma = sum(dy * xhat) (accumulated into the gradients when acc), and
-// keeps both in sums[c] for bn_bwd_apply.
+// keeps both in sums[c] for bn_bwd_apply; every work-item of the group gets both.
+inline void bn_bwd_sums_of(__local float *red, __global const float *pc, const int parts, const float inv,
+                           float *db, float *dg) {
+    const int t = get_local_id(0);
+    float sb = 0.0f, sg = 0.0f;
+    for (int p = t; p < parts; p += RED) {
+        sb += pc[2 * p];
+        sg += pc[2 * p + 1];
+    }
+    *db = group_sum(red, sb);
+    *dg = group_sum(red, sg) * inv;
+}
+
 __kernel void bn_bwd_finish(const int parts, __global const float *part, __global const float *var,
                             const float eps, __global float *dgamma, __global float *dbeta, const int acc,
                             __global float *sums) {
     __local float red[RED];
-    const int c = get_group_id(0), t = get_local_id(0);
-    float sb = 0.0f, sg = 0.0f;
-    for (int p = t; p < parts; p += RED) {
-        sb += part[2 * (c * parts + p)];
-        sg += part[2 * (c * parts + p) + 1];
-    }
-    const float db = group_sum(red, sb);
-    const float dg = group_sum(red, sg) * rsqrt(var[c] + eps);
-    if (t == 0) {
+    const int c = get_group_id(0);
+    float db, dg;
+    bn_bwd_sums_of(red, part + 2 * c * parts, parts, rsqrt(var[c] + eps), &db, &dg);
+    if (get_local_id(0) == 0) {
         dgamma[c] = acc ? dgamma[c] + dg : dg;
         dbeta[c] = acc ? dbeta[c] + db : db;
         sums[2 * c] = db;
         sums[2 * c + 1] = dg;
+    }
+}
+
+// Stages 2 and 3 in one launch with batch statistics (training on GPUs): work-group (k, c)
+// sums channel c's parts exactly as bn_bwd_finish does (group 0 also writes the parameter
+// gradients), then writes dx for part k of the channel, as bn_bwd_apply does.
+__kernel void bn_bwd_apply_batch(const int N, const int C, const int HW, const int len, const int parts,
+                                 __global const float *part, __global const float *x, __global const float *dy,
+                                 __global const float *mean, __global const float *var,
+                                 __global const float *gamma, __global const float *beta, const float eps,
+                                 const float slope, __global float *dgamma, __global float *dbeta, const int acc,
+                                 __global float *dx) {
+    __local float red[RED];
+    const int k = get_group_id(0), c = get_group_id(1), t = get_local_id(0), M = N * HW;
+    const float inv = rsqrt(var[c] + eps);
+    float db, dg;
+    bn_bwd_sums_of(red, part + 2 * c * parts, parts, inv, &db, &dg);
+    if (k == 0 && t == 0) {
+        dgamma[c] = acc ? dgamma[c] + dg : dg;
+        dbeta[c] = acc ? dbeta[c] + db : db;
+    }
+    const float mu = mean[c], ga = gamma[c], be = beta[c], g = ga * inv;
+    const int j0 = k * len + t, j1 = min(M, (k + 1) * len);
+    int hw, o = bn_offset(j0, c, C, HW, &hw);
+    for (int j = j0; j < j1; j += RED, o = bn_step(o, &hw, C, HW)) {
+        const float dz = BN_DZ(x[o], dy[o], mu, inv, ga, be, slope);
+        dx[o] = g / (float)M * ((float)M * dz - db - (x[o] - mu) * inv * dg);
     }
 }
 

@@ -64,25 +64,28 @@ class BatchNorm2d(Module):
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
         cpu = ops.is_cpu(q)  # CPUs: norm_cpu.cl's vector kernels for the part sums and element-wise passes
+        y = ops.new(q, x.shape)
         if self.training:
             length, parts = _parts(q, n * h * w)
             mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
             if cpu:
                 ops.launch(q, "norm_cpu", "bn_stats_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, part)
-            else:
+                ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean, var,
+                           self.running_mean, self.running_var, self.momentum)
+            else:  # GPUs: the statistics' second stage runs inside the element-wise pass (a launch less)
                 ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
-            ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean, var,
-                       self.running_mean, self.running_var, self.momentum)
+                ops.launch(q, "norm", "bn_apply_batch", (parts * 64, c), (64, 1), n, c, h * w, length, parts, part,
+                           x, mean, var, self.running_mean, self.running_var, self.momentum, self.weight, self.bias,
+                           self.eps, slope, y, options=options)
             self.running_mean.mark_written()
             self.running_var.mark_written()
         else:
             mean, var = self.running_mean, self.running_var
-        y = ops.new(q, x.shape)
         if cpu:
             chunk, items = ops.cpu_chunk(x.size)
             ops.launch(q, "norm_cpu", "bn_apply_cpu", (items,), (1,), x.size, chunk, c, h * w, x, mean, var,
                        self.weight, self.bias, self.eps, slope, y, options=options)
-        else:
+        elif not self.training:
             ops.launch1d(q, "norm", "bn_apply", x.size, n, c, h * w, x, mean, var, self.weight, self.bias, self.eps,
                          slope, y, options=options)
         self._saved = (x, mean, var, self.training, code, slope)
@@ -98,21 +101,27 @@ class BatchNorm2d(Module):
         assert acc_w == acc_b
         q = dy.queue
         length, parts = _parts(q, n * h * w)
-        part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
         cpu = ops.is_cpu(q)
+        part = ops.new(q, (c, parts, 2))
+        sums = ops.new(q, (c, 2)) if cpu or not training else None  # the second stage's result, between launches
         if cpu:
             ops.launch(q, "norm_cpu", "bn_bwd_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, dy, mean, var,
                        self.weight, self.bias, self.eps, slope, part, options=options)
         else:
             ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, var,
                        self.weight, self.bias, self.eps, slope, part, options=options)
-        ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
-                   sums)
+        if not cpu and training:  # GPUs: the sums' second stage runs inside the element-wise pass
+            ops.launch(q, "norm", "bn_bwd_apply_batch", (parts * 64, c), (64, 1), n, c, h * w, length, parts, part,
+                       x, dy, mean, var, self.weight, self.bias, self.eps, slope, gw, gb, int(acc_w), dx,
+                       options=options)
+        else:
+            ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
+                       sums)
         if cpu:
             chunk, items = ops.cpu_chunk(dx.size)
             ops.launch(q, "norm_cpu", "bn_bwd_apply_cpu", (items,), (1,), dx.size, chunk, c, h * w, x, dy, mean, var,
                        self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
-        else:
+        elif not training:
             ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.bias,
                          self.eps, slope, sums, dx, int(training), options=options)
         gw.mark_written()
