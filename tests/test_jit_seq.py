@@ -145,3 +145,38 @@ def test_upsample_kernel(q, mode, scale):
     model = _randomize(nn.Sequential(nn.Conv2d(2, 3, 1), nn.Sigmoid(), nn.Upsample(scale, mode)), rng)
     for shape in ((1, 2, 1, 1), (2, 2, 5, 7)):
         _check(model, q, rng.normal(size=shape).astype(np.float32), launches=2)
+
+
+def test_vit_tiny_threads_get_their_own_results(q):
+    """Four threads calling one eval vit_tiny (predict and model(Tensor), batch sizes 1-3): each
+    gets its own result, as for the conv models."""
+    from conftest import hammer_threads
+
+    rng = np.random.default_rng(14)
+    model = _randomize(models.vit_tiny(), rng).eval()
+    xs = [rng.normal(size=(1 + i % 3, 1, 8, 8)).astype(np.float32) for i in range(4)]
+    hammer_threads(model, q, xs, calls=40)
+
+
+def _walk(module):
+    yield module
+    for _, child in module.named_children():
+        yield from _walk(child)
+
+
+def test_vit_tiny_weights_changed_after_eval_are_not_stale(q):
+    """LayerNorm weights folded into the next Linear (and the attention projections) are refolded
+    when they change after eval()."""
+    rng = np.random.default_rng(15)
+    model = _randomize(models.vit_tiny(), rng).eval()
+    x = rng.normal(size=(2, 1, 8, 8)).astype(np.float32)
+    y0, _ = _check(model, q, x)
+    norms = [m for m in _walk(model) if isinstance(m, nn.LayerNorm)]
+    attns = [m for m in _walk(model) if isinstance(m, nn.MultiheadAttention)]
+    assert len(norms) == 5 and len(attns) == 2
+    for layer in norms:
+        layer.weight.set_(rng.normal(1, 0.3, layer.weight.shape).astype(np.float32))
+        layer.bias.set_(rng.normal(0, 0.3, layer.bias.shape).astype(np.float32))
+    attns[0].in_proj_weight.set_(rng.normal(0, 0.3, attns[0].in_proj_weight.shape).astype(np.float32))
+    y1, _ = _check(model, q, x)
+    assert np.abs(y1 - y0).max() > 1e-3
