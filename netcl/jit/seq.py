@@ -1,4 +1,4 @@
-"""The fused path's sequence stages (kernels/seq.cl, and kernels/shape.cl's transpose): LayerNorm
+"""The fused path's sequence and resampling stages (kernels/seq.cl, a kernel per define set): LayerNorm
 where no Linear follows it, the attention core of a MultiheadAttention (between its input and
 output projections, which run in the linear family), the mean over an axis (global average
 pooling, the average over tokens), a Transpose that no Linear or mean absorbed, a MaxPool2d no
