@@ -9,7 +9,7 @@
 #define ACT_KIND ACT_NONE
 #endif
 
-typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
+#include "vec_cpu.h"
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void act_fwd_cpu(const int n, const int chunk, const float slope, __global const float *x, __global float *y) {

@@ -39,14 +39,7 @@
 // worse than the GEMMs' blocked sums.
 #define FLUSH 16
 
-typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
-
-inline float hsum16(const float16 v) {
-    const float8 h8 = v.lo + v.hi;
-    const float4 h4 = h8.lo + h8.hi;
-    const float2 h2 = h4.lo + h4.hi;
-    return h2.x + h2.y;
-}
+#include "vec_cpu.h"
 
 // dyp (OC, N*P) from dy (N, OC, P), and sums[n * OC + o] = the sum of row (n, o): the weight
 // gradient's GEMM operand and the bias gradient's per-image sums in one pass over dy. Rows

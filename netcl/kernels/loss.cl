@@ -4,9 +4,9 @@
 // writes out = (sum of the terms, refused), which the host reads (and divides in double precision).
 #define RED 64
 
-// Every work-item of the group calls it (no early return before it: it has barriers).
-static void group_sum(const float term, const float bad, __local float *s, __local float *f,
-                      __global float *part) {
+// The group's sum of `term` and maximum of `bad`, left in s[0] and f[0]. Every work-item of the
+// group calls it (no early return before it: it has barriers).
+static void group_reduce(const float term, const float bad, __local float *s, __local float *f) {
     const int t = get_local_id(0);
     s[t] = term;
     f[t] = bad;
@@ -18,7 +18,13 @@ static void group_sum(const float term, const float bad, __local float *s, __loc
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (t == 0) {
+}
+
+// ... written to the group's entries of part
+static void group_sum(const float term, const float bad, __local float *s, __local float *f,
+                      __global float *part) {
+    group_reduce(term, bad, s, f);
+    if (get_local_id(0) == 0) {
         part[get_group_id(0)] = s[0];
         part[get_num_groups(0) + get_group_id(0)] = f[0];
     }
@@ -86,16 +92,7 @@ __kernel void loss_sum(const int groups, __global const float *part, __global fl
         a += part[g];
         b = fmax(b, part[groups + g]);
     }
-    s[t] = a;
-    f[t] = b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = RED / 2; w > 0; w >>= 1) {
-        if (t < w) {
-            s[t] += s[t + w];
-            f[t] = fmax(f[t], f[t + w]);
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    group_reduce(a, b, s, f);
     if (t == 0) {
         out[0] = s[0];
         out[1] = f[0];

@@ -8,14 +8,7 @@
 #include "act.h"
 #include "bn_act.h"
 
-typedef float16 __attribute__((aligned(4))) ufloat16;  // unaligned vector access
-
-inline float hsum16(const float16 v) {
-    const float8 h8 = v.lo + v.hi;
-    const float4 h4 = h8.lo + h8.hi;
-    const float2 h2 = h4.lo + h4.hi;
-    return h2.x + h2.y;
-}
+#include "vec_cpu.h"
 
 // Sums run in float16 accumulators (VW lanes), flushed into a second set every FLUSH vectors:
 // no lane adds more than about FLUSH + values / (16 * FLUSH) terms in a row (the rounding of a

@@ -1,5 +1,6 @@
 // MaxPool2d / AvgPool2d, forward and backward, on (N*C) planes of H x W.
 // Backward passes gather over the windows that cover each input, so they need no atomics.
+#include "pool.h"
 
 __kernel void maxpool_fwd(const int NC, const int H, const int W, const int k, const int s, const int p,
                           const int OH, const int OW, __global const float *x, __global float *y,
@@ -7,19 +8,8 @@ __kernel void maxpool_fwd(const int NC, const int H, const int W, const int k, c
     const int idx = get_global_id(0);
     if (idx >= NC * OH * OW) return;
     const int ow = idx % OW, oh = (idx / OW) % OH, nc = idx / (OW * OH);
-    __global const float *xp = x + nc * H * W;
-    float best = -INFINITY;
-    int bi = -1;
-    for (int kh = 0; kh < k; kh++) {
-        const int ih = oh * s - p + kh;
-        if (ih < 0 || ih >= H) continue;
-        for (int kw = 0; kw < k; kw++) {
-            const int iw = ow * s - p + kw;
-            if (iw < 0 || iw >= W) continue;
-            const float v = xp[ih * W + iw];
-            if (v > best || isnan(v) || bi < 0) { best = v; bi = ih * W + iw; }  // NaN wins, as in PyTorch
-        }
-    }
+    int bi;
+    const float best = window_max(x + nc * H * W, H, W, k, s, p, oh, ow, &bi);
     y[idx] = best;
     arg[idx] = bi;
 }

@@ -4,8 +4,9 @@
 // argmax is pool.cl's (ih * W + iw within the plane), and PyTorch's order and NaN rule: the
 // window's values in row-major order, a later one wins when greater or NaN.
 
+#include "vec_cpu.h"
+
 // unaligned vector access (rows of odd length start anywhere)
-typedef float16 __attribute__((aligned(4))) ufloat16;
 typedef float8 __attribute__((aligned(4))) ufloat8;
 typedef float4 __attribute__((aligned(4))) ufloat4;
 typedef float2 __attribute__((aligned(4))) ufloat2;

@@ -1,5 +1,6 @@
 // Upsample by an integer factor s, PyTorch semantics: planes (N*C of them) of h x w become
 // (h*s) x (w*s). Backward kernels gather (one work-item per input element, no atomics).
+#include "resize.h"
 
 // nearest: y[p, oy, ox] = x[p, oy / s, ox / s]; n = planes * h*s * w*s
 __kernel void nearest_fwd(const int n, const int s, const int h, const int w,
@@ -24,17 +25,7 @@ __kernel void nearest_bwd(const int n, const int s, const int h, const int w,
     dx[i] = acc;
 }
 
-// bilinear, align_corners=False: output index o reads source coordinate (o + 0.5) / s - 0.5,
-// clamped at 0 (PyTorch's area_pixel_compute_source_index); lo = its floor, hi = lo + 1 except
-// at the last row/column (hi = lo there), and f = its fraction is the weight of hi.
-inline void source(int o, float inv, int size, int *lo, int *hi, float *f) {
-    float c = fmax((o + 0.5f) * inv - 0.5f, 0.0f);
-    int l = (int)c;  // c >= 0: truncation is floor
-    *lo = l;
-    *hi = l < size - 1 ? l + 1 : l;
-    *f = c - (float)l;
-}
-
+// bilinear, align_corners=False: the source coordinates of resize.h
 __kernel void bilinear_fwd(const int n, const int s, const int h, const int w,
                            __global const float *x, __global float *y) {
     int i = get_global_id(0);

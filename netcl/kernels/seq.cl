@@ -1,6 +1,8 @@
-// The fused path's sequence kernels (netcl/jit/seq.py): LayerNorm, self-attention and the mean
-// over an axis, each built for one stage's sizes (defines), with the batch as an argument; a
+// The fused path's sequence and resampling kernels (netcl/jit/seq.py): LayerNorm, self-attention,
+// the mean over an axis, Transpose, MaxPool2d and Upsample, each built for one stage's sizes (defines), with the batch as an argument; a
 // program holds the kernel whose defines it was given.
+#include "pool.h"
+#include "resize.h"
 
 // LayerNorm over the last axis, rows of D: y = (x - mean) / sqrt(var + EPS) * gamma + beta, biased
 // variance in two passes, as PyTorch. One work-item per row. Defines: D EPS
@@ -112,36 +114,22 @@ __kernel void transpose_rows(const int rows, __global const float *restrict x, _
 #endif
 
 #ifdef PK
-// MaxPool2d (PK x PK windows, stride PS, padding PP; padded positions never win, a NaN wins as in
-// PyTorch) of planes H x W into OH x OW: one work-item per output row.
+// MaxPool2d (PK x PK windows, stride PS, padding PP: pool.h's window_max) of planes H x W into
+// OH x OW: one work-item per output row.
 __kernel void maxpool(const int rows, __global const float *restrict x, __global float *restrict y) {
     const int r = get_global_id(0);
     if (r >= rows) return;
     const int oh = r % OH;
     __global const float *xp = x + (size_t)(r / OH) * H * W;
     __global float *yr = y + (size_t)r * OW;
-    for (int ow = 0; ow < OW; ow++) {
-        float best = -INFINITY;
-        bool any = false;
-        for (int kh = 0; kh < PK; kh++) {
-            const int ih = oh * PS - PP + kh;
-            if (ih < 0 || ih >= H) continue;
-            for (int kw = 0; kw < PK; kw++) {
-                const int iw = ow * PS - PP + kw;
-                if (iw < 0 || iw >= W) continue;
-                const float v = xp[ih * W + iw];
-                if (v > best || isnan(v) || !any) best = v;
-                any = true;
-            }
-        }
-        yr[ow] = best;
-    }
+    int arg;
+    for (int ow = 0; ow < OW; ow++) yr[ow] = window_max(xp, H, W, PK, PS, PP, oh, ow, &arg);
 }
 #endif
 
 #ifdef US
-// Upsample by US, nearest (BILINEAR 0) or bilinear with align_corners=False (as kernels/resize.cl,
-// whose formulas these are), planes H x W: one work-item per output row.
+// Upsample by US, nearest (BILINEAR 0) or bilinear with align_corners=False (resize.h's source
+// coordinates, as kernels/resize.cl), planes H x W: one work-item per output row.
 __kernel void upsample_rows(const int rows, __global const float *restrict x, __global float *restrict y) {
     const int r = get_global_id(0);
     if (r >= rows) return;
@@ -150,14 +138,12 @@ __kernel void upsample_rows(const int rows, __global const float *restrict x, __
     __global float *yr = y + (size_t)r * W * US;
 #if BILINEAR
     const float inv = 1.0f / US;
-    const float cy = fmax((oy + 0.5f) * inv - 0.5f, 0.0f);
-    const int y0 = (int)cy, y1 = y0 < H - 1 ? y0 + 1 : y0;
-    const float fy = cy - (float)y0;
+    int y0, y1, x0, x1;
+    float fy, fx;
+    source(oy, inv, H, &y0, &y1, &fy);
     __global const float *r0 = xp + y0 * W, *r1 = xp + y1 * W;
     for (int ox = 0; ox < W * US; ox++) {
-        const float cx = fmax((ox + 0.5f) * inv - 0.5f, 0.0f);
-        const int x0 = (int)cx, x1 = x0 < W - 1 ? x0 + 1 : x0;
-        const float fx = cx - (float)x0;
+        source(ox, inv, W, &x0, &x1, &fx);
         yr[ox] = (1.0f - fy) * ((1.0f - fx) * r0[x0] + fx * r0[x1]) + fy * ((1.0f - fx) * r1[x0] + fx * r1[x1]);
     }
 #else
