@@ -340,12 +340,13 @@ class _Planner:
         while i < len(layers):
             lay = layers[i]
             nxt = lambda j: layers[i + j] if i + j < len(layers) else None  # noqa: E731
+            act_at = lambda j: (nxt(j), 1) if _is_act(nxt(j)) else (None, 0)  # noqa: E731  an optional activation
             if isinstance(lay, Conv2d) and _fusable_conv(lay):
-                j, bn, act, pool = 1, None, None, None
+                j, bn, pool = 1, None, None
                 if isinstance(nxt(j), BatchNorm2d) and nxt(j).num_features == lay.out_channels:
                     bn, j = nxt(j), j + 1
-                if _is_act(nxt(j)):
-                    act, j = nxt(j), j + 1
+                act, a = act_at(j)
+                j += a
                 p = nxt(j)
                 if (lay.groups == 1 and isinstance(p, MaxPool2d) and p.kernel_size == 2 and p.stride == 2
                         and p.padding == 0):
@@ -353,31 +354,28 @@ class _Planner:
                 v = self.emit(ConvStage(lay, bn, act, pool), v)
                 i += j
             elif isinstance(lay, Linear):
-                act = nxt(1) if _is_act(nxt(1)) else None
+                act, a = act_at(1)
                 v = self.emit(LinearStage.of(lay, act), v)
-                i += 2 if act is not None else 1
+                i += 1 + a
             elif isinstance(lay, LayerNorm) and isinstance(nxt(1), Linear):
-                act = nxt(2) if _is_act(nxt(2)) else None
+                act, a = act_at(2)
                 v = self.emit(LinearStage.of(nxt(1), act, ln=lay), v)
-                i += 3 if act is not None else 2
+                i += 2 + a
             elif isinstance(lay, LayerNorm) and isinstance(nxt(1), MultiheadAttention):
-                act = nxt(2) if _is_act(nxt(2)) else None
+                act, a = act_at(2)
                 v = self.attention(nxt(1), v, lay, act)
-                i += 3 if act is not None else 2
+                i += 2 + a
             elif isinstance(lay, MultiheadAttention):
-                act = nxt(1) if _is_act(nxt(1)) else None
+                act, a = act_at(1)
                 v = self.attention(lay, v, act=act)
-                i += 2 if act is not None else 1
+                i += 1 + a
             elif isinstance(lay, LayerNorm):
                 v = self.emit(LayerNormStage(lay), v)
                 i += 1
-            elif isinstance(lay, Transpose) and isinstance(nxt(1), Linear) and _same_swap(lay, nxt(2)):
-                v = self.emit(LinearStage.of(nxt(1), swap=lay), v)
-                i += 3
-            elif (isinstance(lay, Transpose) and isinstance(nxt(1), Linear) and _is_act(nxt(2))
-                  and _same_swap(lay, nxt(3))):
-                v = self.emit(LinearStage.of(nxt(1), nxt(2), swap=lay), v)
-                i += 4
+            elif isinstance(lay, Transpose) and isinstance(nxt(1), Linear) and _same_swap(lay, nxt(2 + act_at(2)[1])):
+                act, a = act_at(2)
+                v = self.emit(LinearStage.of(nxt(1), act, swap=lay), v)
+                i += 3 + a
             elif isinstance(lay, Transpose) and _global_pool(nxt(1), AdaptiveAvgPool1d) and _swaps_last_two(lay):
                 v = self.emit(MeanStage(nxt(1), swapped=True), v)
                 i += 2
@@ -391,9 +389,9 @@ class _Planner:
                 v = self.emit(ResampleStage(lay), v)
                 i += 1
             elif _is_residual(lay):
-                act = nxt(1) if _is_act(nxt(1)) else None
+                act, a = act_at(1)
                 v = self.residual(lay, v, act)
-                i += 2 if act is not None else 1
+                i += 1 + a
             elif _is_concat(lay):
                 v = self.concat(lay, v)
                 i += 1
