@@ -5,7 +5,7 @@ children's state_dict keys follow PyTorch's attribute paths ("3.body.0.weight",
 import numpy as np
 
 from netcl import ops
-from netcl.nn.module import Module, ShapeError, as_int, child_shape
+from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
 from netcl.nn.sequential import Sequential
 
 
@@ -14,11 +14,6 @@ def _add(a, b, out=None):
     y = out if out is not None else ops.new(a, a.shape)
     ops.launch1d(a.queue, "blocks", "add", a.size, a.size, a, b, y)
     return y.mark_written()
-
-
-def _repr(name, children, extra=""):
-    body = "".join(f"\n  ({k}): " + repr(v).replace("\n", "\n  ") for k, v in children)
-    return f"{name}({extra + ',' if extra else ''}{body}\n)"
 
 
 class Residual(Module):
@@ -41,7 +36,7 @@ class Residual(Module):
         return cls(*children["body"].layers, shortcut=children.get("shortcut"))
 
     def __repr__(self):
-        return _repr("Residual", self.named_children())
+        return block_repr("Residual", self.named_children())
 
     def output_shape(self, shape):
         y = child_shape("body", self.body, shape)
@@ -66,28 +61,9 @@ class Residual(Module):
         return _add(dx, dy if self.shortcut is None else self.shortcut.backward(dy))
 
 
-class ModuleList(Module):
+class ModuleList(LayerList):
     """Layers held side by side (Concat's branches), keyed "<b>.<...>" like torch.nn.ModuleList.
     It is not applied to an input itself: the block that holds it applies its layers."""
-
-    def __init__(self, *layers):
-        super().__init__()
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, Module):
-                raise TypeError(f"ModuleList takes netcl.nn layers; argument {i} is {type(layer).__name__}")
-        self.layers = list(layers)
-
-    def named_children(self):
-        return [(str(i), layer) for i, layer in enumerate(self.layers)]
-
-    @classmethod
-    def from_config(cls, config, children):
-        if config:
-            raise ValueError(f"ModuleList takes no config, got {config}")
-        return cls(*children.values())
-
-    def __repr__(self):
-        return _repr("ModuleList", self.named_children())
 
     def output_shape(self, shape):
         raise ValueError("a ModuleList holds layers and is not applied to an input (use Sequential for layers "
@@ -121,7 +97,7 @@ class Concat(Module):
         return cls(*children["branches"].layers, **config)
 
     def __repr__(self):
-        return _repr("Concat", self.named_children(), f"dim={self.dim}")
+        return block_repr("Concat", self.named_children(), f"dim={self.dim}")
 
     def _axis(self, rank):
         if not -rank < self.dim < rank or self.dim % rank == 0:

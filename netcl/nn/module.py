@@ -293,3 +293,32 @@ def bound_config(cls, config):
     bound.apply_defaults()
     return dict(bound.arguments)
 
+
+def block_repr(name, children, extra=""):
+    """A block's repr: its name, `extra` settings, then each (key, child) indented below."""
+    body = "".join(f"\n  ({k}): " + repr(v).replace("\n", "\n  ") for k, v in children)
+    return f"{name}({extra + ',' if extra else ''}{body}\n)"
+
+
+class LayerList(Module):
+    """Layers held in a list, keyed "0", "1", ... (Sequential, ModuleList): the list, its children,
+    its rebuilding from a file and its repr."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"{type(self).__name__} takes netcl.nn layers; argument {i} is {type(layer).__name__}")
+        self.layers = list(layers)
+
+    def named_children(self):
+        return [(str(i), layer) for i, layer in enumerate(self.layers)]
+
+    @classmethod
+    def from_config(cls, config, children):
+        if config:
+            raise ValueError(f"{cls.__name__} takes no config, got {config}")
+        return cls(*children.values())
+
+    def __repr__(self):
+        return block_repr(type(self).__name__, self.named_children())

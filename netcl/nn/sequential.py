@@ -5,7 +5,7 @@ import os
 
 from netcl.act import Act
 from netcl.jit import plan_fused
-from netcl.nn.module import Module, child_shape
+from netcl.nn.module import LayerList, child_shape
 from netcl.nn.norm import BatchNorm2d
 from netcl.runtime import default_queue
 from netcl.tensor import Tensor, _as_float32
@@ -25,18 +25,14 @@ def fuses_with_next(layer, nxt):
             and hasattr(nxt, "slope"))
 
 
-class Sequential(Module):
+class Sequential(LayerList):
     """Layers applied in order. The layer list is the single source of truth: training,
     saving and export walk it; the fused inference path (eval mode) is derived from it."""
 
     def __init__(self, *layers):
-        super().__init__()
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, Module):
-                raise TypeError(f"Sequential takes netcl.nn layers; argument {i} is {type(layer).__name__}")
-        self.layers = list(layers)
+        super().__init__(*layers)
         self._fused = None
         self._fused_input = None  # the input of a fused forward, which saves nothing for backward
         self._skipped = ()  # indices of the activations the last training forward ran inside their BatchNorm2d
@@ -52,19 +48,6 @@ class Sequential(Module):
 
     def __iter__(self):
         return iter(self.layers)
-
-    def __repr__(self):
-        body = "".join(f"\n  ({i}): " + repr(layer).replace("\n", "\n  ") for i, layer in enumerate(self.layers))
-        return f"Sequential({body}\n)"
-
-    def named_children(self):
-        return [(str(i), layer) for i, layer in enumerate(self.layers)]
-
-    @classmethod
-    def from_config(cls, config, children):
-        if config:
-            raise ValueError(f"Sequential takes no config, got {config}")
-        return cls(*children.values())
 
     def chain(self, prefix=""):
         for name, layer in self.named_children():
