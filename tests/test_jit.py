@@ -186,6 +186,24 @@ def test_winograd_equals_unfused(q, monkeypatch, tile, batch):
     np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_winograd_choice_follows_the_vector_width():
+    """Winograd's float8 blocks run at half width on AVX-512: there the direct kernel takes every
+    3x3 conv whose rows fill a native vector; on 8-wide devices (AVX2) the choice is by shape."""
+    from types import SimpleNamespace
+
+    from netcl.jit.config import JitConfig
+    from netcl.jit.conv_wino import wino_tile
+
+    spec = SimpleNamespace(ks=3, stride=1, k=64, used=(16, 16))
+    config = JitConfig()
+    assert wino_tile(spec, config, 32, direct_vw=16, native_vw=16) == 0
+    assert wino_tile(spec, config, 32, direct_vw=8, native_vw=16) == 4
+    assert wino_tile(spec, config, 32, direct_vw=16, native_vw=8) == 4
+    assert wino_tile(spec, config, 1, direct_vw=0, native_vw=16) == 2  # no direct kernel fits
+    assert wino_tile(SimpleNamespace(ks=3, stride=2, k=64, used=(16, 16)), config, 32, 16, 8) == 0
+    assert wino_tile(spec, JitConfig(cpu_wino=2), 32, direct_vw=16, native_vw=16) == 2  # forced
+
+
 @pytest.mark.parametrize("tile", ["2", "4"])
 def test_winograd_block_shapes(q, monkeypatch, tile):
     """Register blocks that leave tiles and channel blocks partly empty still agree."""

@@ -1,6 +1,8 @@
 """Per-stage time of a reference model's fused inference plan on the default device: each stage
-run alone with the queue drained after it (the median of --repeats), beside the whole plan's
-round trip. Where the fused path's time goes, before changing it.
+run alone, --chain launches back to back and the queue drained after them (the median of
+--repeats, divided by --chain: the round trip's wait, ~50 us on PoCL, is spread over the chain),
+with its kernel, beside the whole plan's round trip. Where the fused path's time goes, before
+changing it.
 
     python tools/profile_fused.py --model vit_tiny --batch 32
 """
@@ -20,6 +22,7 @@ def main(argv=None):
     ap.add_argument("--model", default="resnet8")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--chain", type=int, default=10, help="launches per sample (1: each drained alone)")
     args = ap.parse_args(argv)
     q = runtime.default_queue()
     model = models.build(args.model)
@@ -47,7 +50,7 @@ def main(argv=None):
                 s.kernel.set_arg(j, b)
                 s.bound[i] = None
             run = lambda s=s: exe.target.cl.enqueue_nd_range_kernel(q, s.kernel, s.gsize, s.lsize)  # noqa: E731
-            name = str(s.stage)
+            name = f"{s.stage}  [{s.launch.name} {'x'.join(map(str, s.gsize))}/{'x'.join(map(str, s.lsize))}]"
         else:
             st = s
             src = Tensor(exe.shapes[st.src], q, bufs[exe.root[st.src]] or exe.dev_in.buf)
@@ -57,9 +60,10 @@ def main(argv=None):
         for r in range(args.repeats + 2):
             q.finish()
             t = time.perf_counter()
-            out = run()
+            for _ in range(args.chain):
+                out = run()
             q.finish()
-            ts.append(time.perf_counter() - t)
+            ts.append((time.perf_counter() - t) / args.chain)
         if not isinstance(s, _Bound):
             bufs[s.dst] = out.buf
         rows.append((name, 1e3 * np.median(ts[2:])))

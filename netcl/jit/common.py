@@ -18,14 +18,15 @@ _programs = {}  # (context, family, options) -> pyopencl.Program; bounded by the
 
 
 class Target:
-    """The device one executable builds for: queue, kernel class (gpu or not), compute units and
-    the tuning config (netcl.jit.config.JitConfig)."""
+    """The device one executable builds for: queue, kernel class (gpu or not), compute units, the
+    preferred float vector width and the tuning config (netcl.jit.config.JitConfig)."""
 
     def __init__(self, q, gpu, config):
         import pyopencl as cl
 
         self.cl, self.q, self.gpu, self.config = cl, q, gpu, config
         self.n_cu = q.device.max_compute_units
+        self.vector_width = q.device.preferred_vector_width_float  # PoCL: 16 on AVX-512, 8 on AVX2
 
     def program(self, family, defines, extra=()):
         """netcl/kernels/<family>.cl built with `defines` as -D options, once per context and options

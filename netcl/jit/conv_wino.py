@@ -12,15 +12,23 @@ _WINO_G = {2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2]
                         [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
 
 
-def wino_tile(spec, config, n):
+def wino_tile(spec, config, n, direct_vw=0, native_vw=8):
     """The output tile at batch n: 4 (4x fewer multiplies than direct, but 2.25x the transformed
     weights of tile 2, streamed once per group of tiles) where there are enough output channels
-    and 4x4 tiles to pay for it, else 2; 0 = not Winograd (not 3x3 stride 1, or config.cpu_wino = 0).
+    and 4x4 tiles to pay for it, else 2; 0 = not Winograd (not 3x3 stride 1, or config.cpu_wino = 0,
+    or the direct kernel fills vectors of 16 or more lanes: direct_vw, its vector for this conv, is
+    the device's native width native_vw).
     The batch moves it across one threshold only (stages.conv_families builds both sides)."""
     if spec.ks != 3 or spec.stride != 1:
         return 0
     if config.cpu_wino is not None:
         return config.cpu_wino
+    # Winograd's blocks are float8: on AVX-512 (PoCL's native float width 16) they run at half
+    # width, and the direct kernel's float16 rows beat them wherever a row fills one (resnet8 batch
+    # 32 here: its 16- and 32-channel layers 0.53 / 0.48 ms direct vs 1.13 / 0.57 ms Winograd; batch
+    # 1 34 vs 79 us); 8-wide rows (8x8 planes) still go to Winograd (64 channels: 0.46 vs 0.85 ms)
+    if native_vw >= 16 and direct_vw >= native_vw:
+        return 0
     oh, ow = spec.used
     return 4 if spec.k >= 32 and n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
 

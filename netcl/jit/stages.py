@@ -480,10 +480,11 @@ def conv_family(spec, target, n, depthwise=False):
         return ConvDw, 0
     if target.gpu:
         return ConvGpu, 0
-    tile = wino_tile(spec, target.config, n)
+    block = cpu_block(spec, target.config)
+    tile = wino_tile(spec, target.config, n, block[0] if block else 0, target.vector_width)
     if tile:
         return ConvWino, tile
-    if cpu_block(spec, target.config) is not None:
+    if block is not None:
         return ConvCpu, 0
     return ConvGpu, 0
 
