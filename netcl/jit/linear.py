@@ -1,13 +1,27 @@
-"""Fused linear family (kernels/linear.cl): [LayerNorm +] Linear + activation [+ residual add +
-activation], along the last axis or, between two Transposes, along an inner one. Weights stored
-(in, out) with out padded to the vector width LJ; each work-item a block of RB rows x LJ outputs
-(with a LayerNorm on CPUs, up to 4 vectors of them, one at a time)."""
+"""Fused linear family: [LayerNorm +] Linear + activation [+ residual add + activation], along the
+last axis or, between two Transposes, along an inner one. Weights stored (in, out) with out padded
+to the vector width. GPUs (kernels/linear.cl): each work-item RB rows x LJ outputs. CPUs
+(kernels/linear_cpu.cl): each work-item RB rows x JV float16 vectors of outputs at once, over
+several row blocks."""
 import numpy as np
 
 from netcl.jit.common import Launch, act_defines
 
-_CPU_LJ, _CPU_RB = 16, 4  # one float16 of W per k, four rows broadcast against it (device/POCL.md)
 _GPU_LJ, _GPU_RB = 4, 1
+# CPU register block: RB rows x JV float16 outputs, RB * JV <= 24 accumulators of the 32 AVX-512
+# registers (the rest: JV loads of W, a broadcast); vit_tiny batch 32's projections here ran at
+# ~20 GFLOP/s with linear.cl's 4 x 1 vector (vloadN and fma() are calls through memory on PoCL)
+_CPU_ACC, _CPU_JV, _CPU_RB = 24, 6, 8
+_CPU_ITEMS = 16  # work-items per compute unit, at most: each runs several row blocks
+
+
+def cpu_block(out_f):
+    """(JV, RB, NJ): float16 output vectors and rows per work-item, output groups per row."""
+    gx = -(-out_f // 16)
+    jv = min(gx, _CPU_JV)
+    nj = -(-gx // jv)
+    jv = -(-gx // nj)  # the groups as even as they go: 7 vectors as 4 + 3, not 6 + 1
+    return jv, min(_CPU_RB, _CPU_ACC // jv), nj
 
 
 class LinearLaunch(Launch):
@@ -17,23 +31,24 @@ class LinearLaunch(Launch):
     def __init__(self, target, stage, shape):
         in_f, out_f = stage.in_f, stage.out_f
         self.axis, self.inner = stage.axis_of(shape), stage.inner(shape)
-        lj = _GPU_LJ if target.gpu else (_CPU_LJ if out_f > 8 else 8)
-        self.rb, self.lj = (_GPU_RB if target.gpu else _CPU_RB), lj
-        self.outp, self.out_f, self.stage = -(-out_f // lj) * lj, out_f, stage
-        gx = self.outp // lj  # output vectors of a row
-        # on CPUs a LayerNorm's row statistics serve up to 4 output vectors of a work-item (making
-        # them costs about as much as one vector's products); more would starve the cores at batch 1
-        self.jw = min(gx, 4) if stage.ln is not None and not target.gpu else 1
-        defines = dict(IN_F=in_f, OUT_F=out_f, OUT_P=self.outp, LJ=lj, RB=self.rb, JW=self.jw, INNER=self.inner,
+        self.out_f, self.stage, self.gpu = out_f, stage, target.gpu
+        defines = dict(IN_F=in_f, OUT_F=out_f, INNER=self.inner,
                        LN=int(stage.ln is not None), LN_EPS=repr(float(stage.ln.eps if stage.ln else 0.0)) + "f",
                        **act_defines(stage.act, stage.slope), RES=int(stage.res is not None),
                        **{k + "2": v for k, v in act_defines(stage.act2, stage.slope2).items()})
-        self.program, self.name = target.program("linear", defines), "linear"
         if target.gpu:
+            self.rb, self.lj = _GPU_RB, _GPU_LJ
+            self.outp = -(-out_f // self.lj) * self.lj
+            gx = self.outp // self.lj
             lx = min(64, 1 << max(0, (gx - 1).bit_length()))  # 64 work-items a group, the spare ones on rows
             self.lsize = (lx, 64 // lx)
-        else:  # PoCL runs a group's work-items in a loop on one core: groups of one spread best
-            self.lsize = (1, 1)
+            self.program, self.name = target.program("linear", dict(defines, OUT_P=self.outp, LJ=self.lj, RB=self.rb,
+                                                                    JW=1)), "linear"
+        else:
+            jv, self.rb, self.nj = cpu_block(out_f)
+            self.outp, self.lsize, self.n_cu = -(-out_f // 16) * 16, (1, 1), target.n_cu
+            self.program, self.name = target.program("linear_cpu", dict(defines, OUT_P=self.outp, RB=self.rb, JV=jv),
+                                                     ["-cl-mad-enable"]), "linear_cpu"
         self.w_buf = target.buffer(4 * in_f * self.outp)
         self.b_buf = target.buffer(4 * self.outp)
 
@@ -41,8 +56,12 @@ class LinearLaunch(Launch):
         out_shape = list(shape)
         out_shape[self.axis] = self.out_f
         rows = int(np.prod(shape, dtype=np.int64)) // shape[self.axis]
-        lx, ly = self.lsize
-        gsize = (-(-(-(-self.outp // (self.lj * self.jw))) // lx) * lx, -(-(-(-rows // self.rb)) // ly) * ly)
+        blocks = -(-rows // self.rb)
+        if self.gpu:
+            lx, ly = self.lsize
+            gsize = (-(-(self.outp // self.lj) // lx) * lx, -(-blocks // ly) * ly)
+        else:
+            gsize = (self.nj, max(1, min(blocks, -(-_CPU_ITEMS * self.n_cu // self.nj))))
         return [np.int32(rows), None, self.w_buf, self.b_buf, None, None], gsize, tuple(out_shape), 4 * rows * self.out_f
 
     def pack(self, w, b):
