@@ -49,7 +49,8 @@ class AttentionLaunch(_NoWeights):
         hd = self.e // self.heads
         self.qb = 1 if target.gpu else 16  # queries per work-item (kernels/seq.cl says why)
         self.program = target.program("seq", dict(L=self.length, E=self.e, HD=hd, QB=self.qb,
-                                                  SCALE=repr(float(np.float32(1.0 / math.sqrt(hd)))) + "f"))
+                                                  SCALE=repr(float(np.float32(1.0 / math.sqrt(hd)))) + "f"),
+                                      ["-cl-mad-enable"])
         self.name = "attention"
         self.blocks = -(-self.length // self.qb)
         self.lsize = (min(self.blocks, _GPU_LOCAL), 1) if target.gpu else (1, 1)

@@ -62,7 +62,7 @@ __kernel void attention(const int nh, __global const float *restrict qkv, __glob
         for (int c = 0; c < 16; c++) {
             __global const float *kj = base + (size_t)min(j0 + c, L - 1) * 3 * E + E;
             QV t = q[0] * kj[0];
-            for (int d = 1; d < HD; d++) t = fma(q[d], (QV)(kj[d]), t);
+            for (int d = 1; d < HD; d++) t += q[d] * kj[d];  // not fma(): an out-of-line call on PoCL
             sc[c] = j0 + c < L ? t : (QV)(-INFINITY);
             mb = fmax(mb, sc[c]);
         }
@@ -73,7 +73,7 @@ __kernel void attention(const int nh, __global const float *restrict qkv, __glob
             __global const float *vj = base + (size_t)(j0 + c) * 3 * E + 2 * E;
             const QV p = exp(sc[c] - mb);
             l += p;
-            for (int d = 0; d < HD; d++) acc[d] = fma(p, (QV)(vj[d]), acc[d]);
+            for (int d = 0; d < HD; d++) acc[d] += p * vj[d];
         }
         m = mb;
     }
