@@ -262,11 +262,35 @@ def test_direct_upload_path(q):
     xs = [rng.normal(size=(2, 3, 32, 32)).astype(np.float32) for _ in range(3)]
     refs = [model.predict(x, q) for x in xs]
     exe = next(iter(model._fused._exe.values()))
-    assert exe.staged and (exe.direct_upload or exe.host_in is not None)  # GPUs upload directly, CPUs stage
-    exe.direct_upload = True
-    for x, ref in zip(xs, refs):
-        np.testing.assert_array_equal(model.predict(x, q), ref)
+    assert exe.staged and (exe.direct_upload or exe.host_in is not None)  # GPUs upload directly, CPUs map
     fresh = Executable(exe.compiled, exe.shape, model._fused.output)
     fresh.direct_upload = True
-    np.testing.assert_array_equal(fresh.infer(xs[0]), refs[0])
+    for x, ref in zip(xs, refs):
+        np.testing.assert_array_equal(fresh.infer(x), ref)
     assert not hasattr(fresh, "host_in")
+
+
+def test_mapped_input_path(q):
+    """CPUs: infer()'s input buffer is mapped for the host's copy and unmapped before the kernels
+    read it; a call that fails between the two leaves the next call a working buffer; inputs of
+    several chunks (copied on threads) arrive whole."""
+    from netcl.jit.executable import Executable
+
+    rng = np.random.default_rng(19)
+    model = randomize_batchnorm(small_detector(), rng).eval()
+    shape = (2, 3, 32, 32)
+    xs = [rng.normal(size=shape).astype(np.float32) for _ in range(3)]
+    ref = [model(Tensor.from_host(q, x)).to_host() for x in xs]
+    exe = next(iter(model._fused._exe.values()))
+    fresh = Executable(exe.compiled, exe.shape, model._fused.output)
+    fresh.direct_upload = False
+    np.testing.assert_allclose(fresh.infer(xs[0]), ref[0], atol=1e-5, rtol=1e-5)
+    run = fresh.run
+    fresh.run = lambda x: (_ for _ in ()).throw(RuntimeError("injected"))
+    with pytest.raises(RuntimeError, match="injected"):
+        fresh.infer(xs[1])
+    fresh.run = run
+    for x, r in zip(xs[1:], ref[1:]):
+        np.testing.assert_allclose(fresh.infer(x), r, atol=1e-5, rtol=1e-5)
+    fresh.chunks = [(0, 1000), (1000, 4000), (4000, xs[0].size)]  # the threaded copy
+    np.testing.assert_allclose(fresh.infer(xs[2]), ref[2], atol=1e-5, rtol=1e-5)

@@ -93,8 +93,8 @@ class FusedPlan:
             total -= old.nbytes
 
     def infer(self, x, queue=None):
-        """Host array in, host array out: the whole round trip through pinned staging buffers
-        (the upload is cut in chunks so that copying into pinned memory overlaps the transfer).
+        """Host array in, host array out: the whole round trip (Executable.infer: on GPUs the upload
+        straight from x, on CPUs a copy into the mapped input buffer, on threads where it is large).
         Returns a new float32 numpy array; one wait per call."""
         q = queue if queue is not None else runtime.default_queue()
         x = np.ascontiguousarray(x, np.float32)

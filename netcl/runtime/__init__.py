@@ -1,5 +1,6 @@
 """Device selection, one context and queue per device, cached programs, pooled buffers, and the
 counters that tell a steady training step (no buffers made, no programs built) from a first one."""
+import os
 import re
 
 import numpy as np
@@ -8,7 +9,8 @@ from netcl.runtime import program
 from netcl.runtime.device import DeviceInfo, devices, select_device
 from netcl.runtime.program import build, kernel_source
 
-_queues = {}  # device spec -> CommandQueue
+_queues = {}  # device -> CommandQueue
+_chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQueue
 _pools = {}  # context -> MemoryPool
 _kernels = {}  # (context, family, options) -> {name: Kernel}
 
@@ -17,10 +19,15 @@ def default_queue(spec=None):
     """The pyopencl.CommandQueue of the selected device (see select_device); one per device per process."""
     import pyopencl as cl
 
+    key = (spec, os.environ.get("NETCL_DEVICE", "")) if spec is None else (spec, None)
+    q = _chosen.get(key)  # selecting walks every platform's devices: ~16 us, each predict() asked
+    if q is not None:
+        return q
     device = select_device(spec)
     q = _queues.get(device.int_ptr)
     if q is None:
         q = _queues[device.int_ptr] = cl.CommandQueue(cl.Context([device]))
+    _chosen[key] = q
     return q
 
 
