@@ -38,6 +38,14 @@ def test_median_time_warms_up_then_times_repeats():
     assert len(calls) == 4  # min_seconds asks for more runs, max_repeats bounds them
 
 
+def test_interleaved_medians_take_turns():
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    out = common.interleaved_medians(fns, 2, 3, warmup=1)
+    assert set(out) == {"a", "b"} and all(v >= 0.0 for v in out.values())
+    assert "".join(order) == "aaabbb" * 3  # per round: each runtime's warm-up and repeats in turn
+
+
 def test_ort_session_refuses_an_unknown_provider(tmp_path):
     pytest.importorskip("onnxruntime")
     with pytest.raises(ValueError, match="provider must be one of"):

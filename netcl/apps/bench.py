@@ -15,7 +15,7 @@ import numpy as np
 import netcl
 from netcl import Tensor, jit, models, nn
 from netcl.apps import common, recipes
-from netcl.apps.common import median_time, ort_session
+from netcl.apps.common import interleaved_medians, ort_session
 from netcl.io import export_onnx
 
 MODELS = ("detector26", "resnet8", "mobilenetv2_tiny", "unet_tiny", "vit_tiny", "cnn", "mlp")
@@ -48,10 +48,12 @@ def cuda_available():
 
 
 def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("cpu", "cuda"), ort_threads=None,
-          device=None, tf32_column=True, torch_column=False, seed=0, log=print):
+          device=None, tf32_column=True, torch_column=False, seed=0, rounds=1, log=print):
     """Time netcl (fused eval path) and onnxruntime on the reference models.
 
-    models: names from netcl.models; batches: batch sizes; repeats: timed runs (median);
+    models: names from netcl.models; batches: batch sizes; repeats: timed runs per round (the
+    median over all rounds is reported); rounds: how often the runtimes take turns
+    (interleaved_medians);
     providers: onnxruntime providers to compare against ('cpu', 'cuda'; 'cuda' is skipped with a
     note when onnxruntime has no CUDA provider); ort_threads: onnxruntime CPU threads (default: all
     cores); device: netcl's OpenCL device spec (as NETCL_DEVICE); tf32_column: also time CUDA with
@@ -108,8 +110,12 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             y_inf = fused.infer(x, q)
             if not np.array_equal(y_inf, y):
                 raise RuntimeError(f"{name} batch {b}: plan.infer differs from model(Tensor)")
-            row["netcl"] = 1e3 * median_time(lambda: fused.infer(x, q), repeats, warmup=warmup)
-            row["netcl_tensor"] = 1e3 * median_time(run_netcl, repeats, warmup=warmup)
+            timed = {"netcl": lambda: fused.infer(x, q), "netcl_tensor": run_netcl}
+            for key, sess in sessions.items():
+                timed[key] = lambda sess=sess: sess.run(None, {"input": x})
+            if tmodel is not None:
+                timed["torch_cuda"], row["diff_torch_cuda"] = _torch_run(tmodel, x, y)
+            row.update({k: 1e3 * v for k, v in interleaved_medians(timed, repeats, rounds, warmup=warmup).items()})
             # host cost of enqueueing one forward (no wait), per kernel launch
             xt = Tensor.from_host(q, x)
             q.finish()
@@ -123,10 +129,6 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             n_launch = (jit.STATS["launches"] - launches_before) // len(t_host)
             row["launches"], row["unfused_layers"] = n_launch, len(fused.unfused())
             row["host_us_per_launch"] = 1e6 * statistics.median(t_host) / max(n_launch, 1)
-            for key, sess in sessions.items():
-                row[key] = 1e3 * median_time(lambda: sess.run(None, {"input": x}), repeats, warmup=warmup)
-            if tmodel is not None:
-                row["torch_cuda"], row["diff_torch_cuda"] = _time_torch(tmodel, x, y, repeats, warmup)
             log(format_row(row))
             rows.append(row)
     return rows
@@ -218,14 +220,14 @@ def torch_layer(torch, m):
     return t
 
 
-def _time_torch(tm, x, y_netcl, repeats, warmup):
+def _torch_run(tm, x, y_netcl):
+    """(a round trip through the torch CUDA twin, its max abs difference from netcl's output)."""
     import torch
 
     def run():
         with torch.no_grad():
             return tm(torch.from_numpy(x).cuda()).cpu().numpy()
-    d = float(np.abs(run() - y_netcl).max())
-    return 1e3 * median_time(run, repeats, warmup=warmup), d
+    return run, float(np.abs(run() - y_netcl).max())
 
 
 # -- presentation ------------------------------------------------------------------------
@@ -298,8 +300,9 @@ _CLI_DOC = """Benchmark netcl's fused inference path against onnxruntime (CPU, a
 
 Reference models (detector26, resnet8, mobilenetv2_tiny, unet_tiny, vit_tiny, cnn, mlp) at
 several batch sizes; every figure is a full
-host -> device -> host round trip, the median of --repeats runs after warm-up, in one process
-with the same weights and inputs; outputs are checked to agree before timing. onnxruntime's
+host -> device -> host round trip, the median of --rounds x --repeats runs after warm-up (the
+runtimes take turns, --repeats runs each per round), in one process with the same weights and
+inputs; outputs are checked to agree before timing. onnxruntime's
 CUDA provider is checked to be really in use; TF32 off is the fair float32 column, TF32 on is
 reported separately. Prints a Markdown table with ratios and writes results.json, table.md and
 a PNG plot of latency against batch size into --out-dir. The launches column counts the fused
@@ -322,6 +325,8 @@ def main(argv=None, prog=None):
     ap.add_argument("--batches", type=common.positive_ints, default=BATCHES, help="default: 1,8,32")
     ap.add_argument("--repeats", type=common.positive_int, default=50,
                     help="timed runs per figure; the median is reported")
+    ap.add_argument("--rounds", type=common.positive_int, default=3,
+                    help="rounds in which the runtimes take turns (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--providers", type=common.names, default=("cpu", "cuda"),
                     help="onnxruntime providers: cpu, cuda (cuda is skipped when absent)")
@@ -336,12 +341,13 @@ def main(argv=None, prog=None):
 
     rows = bench(args.models, args.batches, repeats=args.repeats, warmup=args.warmup,
                        providers=args.providers, ort_threads=args.ort_threads, device=args.device,
-                       tf32_column=not args.no_tf32_column, torch_column=args.torch, seed=args.seed)
+                       tf32_column=not args.no_tf32_column, torch_column=args.torch, seed=args.seed,
+                       rounds=args.rounds)
     os.makedirs(args.out_dir, exist_ok=True)
     table = format_table(rows)
     dev = rows[0]["device"] if rows else "?"
     header = f"netcl on {dev}; onnxruntime CPU threads: {args.ort_threads or os.cpu_count()}; " \
-             f"median of {args.repeats} round trips"
+             f"median of {args.rounds} x {args.repeats} round trips, runtimes alternating"
     print("\n" + header + "\n\n" + table)
     with open(os.path.join(args.out_dir, "table.md"), "w") as f:
         f.write(header + "\n\n" + table + "\n")

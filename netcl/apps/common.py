@@ -52,6 +52,22 @@ def median_time(fn, repeats, *, warmup=0, min_seconds=0.0, max_repeats=50):
     return statistics.median(times)
 
 
+def interleaved_medians(fns, repeats, rounds, *, warmup=0):
+    """{key: median wall seconds} of the callables in `fns`, timed in `rounds` rounds that take
+    each in turn for `repeats` runs (after `warmup` untimed ones per round): peers share the
+    machine's slow and fast moments instead of each getting its own stretch of them."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            for _ in range(repeats):
+                t = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 # -- argument types for argparse ---------------------------------------------------------
 def _positive_ints(text, expected):
     try:

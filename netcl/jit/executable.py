@@ -34,7 +34,7 @@ _pool = None
 _pool_lock = threading.Lock()
 
 
-_POLL_S = 0.5e-3  # how long infer() polls for its result on CPU devices before it sleeps
+_POLL_S = 150e-6  # how long infer() polls for its result on CPU devices before it sleeps
 
 
 def _copy_pool():
@@ -262,9 +262,9 @@ class Executable:
         else:
             # on CPU devices the calling thread first polls for the read, yielding its core to
             # PoCL's workers between polls, instead of sleeping in a blocking read: waking a sleeping
-            # thread cost ~45 us of a batch-1 round trip here (11 empty launches + read: 88 -> 41
-            # us; resnet8 batch 1 0.44 -> 0.41 ms). Past _POLL_S it sleeps (polling a long run
-            # slowed it by 1-4%).
+            # thread cost ~45 us of a round trip here (11 empty launches + read: 88 -> 41 us; mlp
+            # batch 1 0.12 -> 0.08 ms). Past _POLL_S it sleeps: polling longer took time from the
+            # workers (0.5 ms: vit_tiny batch 1 0.30 -> 0.36 ms; 150 us: 0.29 -> 0.27, resnet8 even).
             done = cl.enqueue_copy(self.q, self.host_out, y.buf, is_blocking=False)
             self.q.flush()
             complete, until = cl.command_execution_status.COMPLETE, time.perf_counter() + _POLL_S

@@ -64,7 +64,7 @@ __kernel void attention(const int nh, __global const float *restrict qkv, __glob
             QV t = q[0] * kj[0];
             for (int d = 1; d < HD; d++) t += q[d] * kj[d];  // not fma(): an out-of-line call on PoCL
             sc[c] = j0 + c < L ? t : (QV)(-INFINITY);
-            mb = fmax(mb, sc[c]);
+            mb = sc[c] > mb ? sc[c] : mb;  // fmax (NaN skipped) as an inline blend: vector fmax is a call on PoCL
         }
         const QV corr = exp(m - mb);  // rescales what the earlier blocks summed (0 for the first)
         l *= corr;
