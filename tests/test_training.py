@@ -85,6 +85,62 @@ def test_gradients_accumulate_across_backward_calls(queue, rng):
         assert_close(total, a + b, what="accumulated gradient")
 
 
+INPUT_GRAD_MODELS = {
+    # first layer: a conv on each CPU path (rows: 16 wide, stride 1; channels: narrow; im2col: 1x1) ...
+    "conv rows": (lambda: nn.Sequential(nn.Conv2d(2, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU(),
+                                        nn.Flatten(), nn.Linear(5 * 4 * 16, 3)), (3, 2, 4, 16)),
+    "conv channels": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Tanh(), nn.Flatten(),
+                                            nn.Linear(4 * 3 * 3, 2)), (2, 3, 6, 6)),
+    "conv 1x1": (lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 25, 2)),
+                 (2, 3, 5, 5)),
+    "depthwise": (lambda: nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.Flatten(),
+                                        nn.Linear(4 * 16, 2)), (2, 4, 4, 4)),
+    # ... parameter-free layers before the first Linear, and a block first (its own full backward)
+    "flatten first": (lambda: nn.Sequential(nn.Sigmoid(), nn.Flatten(), nn.Linear(12, 5), nn.ReLU(),
+                                            nn.Linear(5, 2)), (4, 3, 4)),
+    "residual first": (lambda: nn.Sequential(nn.Residual(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6)),
+                                             nn.Linear(6, 2)), (3, 6)),
+}
+
+
+@pytest.mark.parametrize("kernels", ["device", "gpu"])
+@pytest.mark.parametrize("name", INPUT_GRAD_MODELS)
+def test_backward_without_the_input_gradient(queue, rng, monkeypatch, name, kernels):
+    """backward(dy, input_grad=False) gives every parameter the gradient backward(dy) gives it,
+    returns None and launches fewer kernels where the first layer's data gradient costs some
+    (the device's kernels, and the GPU ones forced on it)."""
+    from netcl import ops
+
+    if kernels == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    make, shape = INPUT_GRAD_MODELS[name]
+    x = Tensor.from_host(queue, rng.standard_normal(shape).astype(np.float32))
+    netcl.manual_seed(3)
+    model = make().to(queue)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    launches = []
+    for input_grad in (True, False):
+        model.zero_grad()
+        model(x)
+        calls = []
+        real = ops._enqueue
+        ops._enqueue = lambda *a: calls.append(1) or real(*a)
+        try:
+            dx = model.backward(Tensor.from_host(queue, dy), input_grad=input_grad)
+        finally:
+            ops._enqueue = real
+        launches.append(len(calls))
+        if input_grad:
+            assert dx is not None and dx.shape == shape
+            full = grads(model)
+        else:
+            assert dx is None
+            for a, b in zip(grads(model), full):
+                np.testing.assert_array_equal(a, b)
+    if name != "residual first":
+        assert launches[1] < launches[0], launches
+
+
 def test_sequential_vs_torch(queue, rng):
     """A whole model, forward and backward, parameters and running statistics, vs PyTorch."""
     torch = pytest.importorskip("torch")

@@ -87,7 +87,7 @@ def run_netcl(name, batch, args):
 
     def step():
         loss_fn(model(xt), target)  # returns a float: one read per step
-        model.backward(loss_fn.backward())
+        model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
         opt.step()
         opt.zero_grad()
 

@@ -104,7 +104,7 @@ def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed
             xb = x_tr[idx] if augment is None else augment(x_tr[idx], aug_rng)
             logits = model(Tensor.from_host(queue, xb))
             loss = loss_fn(logits, y_tr[idx])
-            model.backward(loss_fn.backward())
+            model.backward(loss_fn.backward(), input_grad=False)  # the data needs no gradient
             opt.step()
             opt.zero_grad()
             losses.append(loss)
@@ -204,7 +204,7 @@ def train_segmentation(model, queue, data, epochs=6, batch_size=32, lr=3e-3, see
         for s in range(steps):
             idx = order[s * batch_size:(s + 1) * batch_size]
             losses.append(loss_fn(train_net(Tensor.from_host(queue, x_tr[idx])), m_tr[idx]))
-            train_net.backward(loss_fn.backward())
+            train_net.backward(loss_fn.backward(), input_grad=False)
             opt.step()
             opt.zero_grad()
             bar.update(loss=float(np.mean(losses[-20:])))

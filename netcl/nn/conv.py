@@ -263,10 +263,17 @@ class Conv2d(Module):
         return y
 
     def backward(self, dy):
+        return self._backward(dy, True)
+
+    def backward_params(self, dy):
+        self._backward(dy, False)
+
+    def _backward(self, dy, need_dx):
+        """The gradients of weight and bias; dx too unless need_dx is False (then None)."""
         if self._depthwise():
-            return self._backward_depthwise(dy)
+            return self._backward_depthwise(dy, need_dx)
         if self.groups == 1 and ops.is_cpu(dy.queue):
-            return self._backward_cpu(dy)
+            return self._backward_cpu(dy, need_dx)
         (n, c, h, w), _, cols = self._saved
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
@@ -280,13 +287,15 @@ class Conv2d(Module):
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
             ops.sum_axis(dyp, NP, oc, 1, NP, gb, accumulate=acc)
+        if not need_dx:
+            return None
         dcols = ops.gemm(ckg, NP, ocg, self.weight, (1, ckg, ocg * ckg), dyp, (NP, 1, ocg * NP),
                          ops.new(q, (ckk, NP)), (NP, 1, ckg * NP), batch=G)
         dx = ops.new(q, (n, c, h, w))
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
-    def _backward_cpu(self, dy):
+    def _backward_cpu(self, dy, need_dx):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a "rows" forward, direct
         kernels (_backward_direct). Otherwise one pass over dy gives the weight gradient's GEMM
         operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from im2col after a
@@ -295,7 +304,7 @@ class Conv2d(Module):
         col2im."""
         (n, c, h, w), mode, cols = self._saved
         if mode == "rows":
-            return self._backward_direct(dy)
+            return self._backward_direct(dy, need_dx)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
@@ -312,6 +321,8 @@ class Conv2d(Module):
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
         self._bias_grad_cpu(n, oc, sums)
+        if not need_dx:
+            return None
         dx = ops.new(q, (n, c, h, w))
         if mode == "channels" and s == 1:
             pd, tc = k - 1 - p, _CORRC_TC
@@ -332,7 +343,7 @@ class Conv2d(Module):
             ops.launch1d(gb.queue, _FAMILY, "bias_grad_cpu", oc, n, oc, sums, gb, int(acc))
             gb.mark_written()
 
-    def _backward_direct(self, dy):
+    def _backward_direct(self, dy, need_dx):
         """The CPU backward of a stride-1, undilated conv without im2col columns: dy copied once into
         zero-bordered planes (k-1-p wide; the bias gradient's sums on the way); dW = wgrad_cpu's
         correlation of that with the forward's padded x (partial sums per chunk of rows, then added
@@ -359,11 +370,13 @@ class Conv2d(Module):
         ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
         gw.mark_written()
         self._bias_grad_cpu(n, oc, sums)
+        if not need_dx:
+            return None
         dx = ops.new(q, (n, c, h, w))
         _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
         return dx
 
-    def _backward_depthwise(self, dy):
+    def _backward_depthwise(self, dy, need_dx):
         x = self._saved
         n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape
@@ -374,6 +387,8 @@ class Conv2d(Module):
         gw.mark_written()
         if self.bias is not None:
             _channel_sum(dy, self.bias)
+        if not need_dx:
+            return None
         dx = ops.new(q, x.shape)
         ops.launch1d(q, "conv", "dw_backward_data", n * c * h, *geometry, dy, self.weight, dx)
         return dx.mark_written()

@@ -49,11 +49,19 @@ class Linear(Module):
         return y.reshape(out_shape)
 
     def backward(self, dy):
+        dy2 = self._param_grads(dy)
+        dx = ops.matmul(dy2, self.weight, trans_b=True)
+        return dx.reshape(dy.shape[:-1] + (self.in_features,))
+
+    def backward_params(self, dy):
+        self._param_grads(dy)
+
+    def _param_grads(self, dy):
+        """dW (+)= x^T dy, db (+)= the column sums of dy; returns dy as rows."""
         dy2, x2 = dy.reshape(-1, self.out_features), self._x2
         gw, acc = ops.grad_target(self.weight)
         ops.matmul(x2, dy2, trans_a=True, out=gw, beta=float(acc))
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
             ops.sum_axis(dy2, dy2.shape[0], self.out_features, self.out_features, 1, gb, accumulate=acc)
-        dx = ops.matmul(dy2, self.weight, trans_b=True)
-        return dx.reshape(dy.shape[:-1] + (self.in_features,))
+        return dy2

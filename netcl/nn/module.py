@@ -170,6 +170,13 @@ class Module:
     def backward(self, dy):
         raise NotImplementedError(type(self).__name__)
 
+    def backward_params(self, dy):
+        """backward()'s parameter gradients without the input's (a model's first layer when its input
+        needs no gradient, as PyTorch skips it for an input without requires_grad); returns None.
+        Layers whose input gradient costs real work (Conv2d, Linear, Sequential) skip it; others
+        run backward() and drop it."""
+        self.backward(dy)
+
     # -- derived by walking the protocol ------------------------------------------------------
     def chain(self, prefix=""):
         """(path, layer) for each layer this one applies in order: itself here; a Sequential

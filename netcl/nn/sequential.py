@@ -110,8 +110,11 @@ class Sequential(LayerList):
             return self._fused.infer(x, queue)
         return self.forward(Tensor.from_host(queue or default_queue(), x)).to_host()
 
-    def backward(self, dy):
-        """Back-propagate dL/d(output) through every layer; returns dL/d(input)."""
+    def backward(self, dy, input_grad=True):
+        """Back-propagate dL/d(output) through every layer; returns dL/d(input). With
+        input_grad=False (the input needs no gradient: a training step's data) the layers before
+        the first one with parameters are skipped, that one computes its parameters' gradients
+        only (Module.backward_params: no data-gradient convolution or GEMM), and it returns None."""
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
@@ -123,8 +126,20 @@ class Sequential(LayerList):
         x, self._fused_input = self._fused_input, None
         if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs
             self._run_layers(x, False)
-        for i in reversed(range(len(self.layers))):
-            if i not in self._skipped:  # a skipped activation's gradient is its BatchNorm2d's
+        first = 0
+        if not input_grad:  # the first layer that has parameters: nothing before it needs a gradient
+            first = next((i for i, lay in enumerate(self.layers) if i not in self._skipped and lay.parameters()),
+                         len(self.layers))
+        for i in reversed(range(first, len(self.layers))):
+            if i in self._skipped:  # a skipped activation's gradient is its BatchNorm2d's
+                continue
+            if i == first and not input_grad:
+                self.layers[i].backward_params(dy)
+                dy = None
+            else:
                 dy = self.layers[i].backward(dy)
         self._out_shape = None
-        return dy
+        return dy if input_grad else None
+
+    def backward_params(self, dy):
+        self.backward(dy, input_grad=False)
