@@ -42,6 +42,22 @@ def build(act):
 PAIRS = 3  # fused pairs in build(): one launch forward and one backward saved each
 
 
+def build_pooled(act):
+    """BatchNorm2d + activation + MaxPool2d(2) triples (on CPUs the pool runs in the BatchNorm's
+    pass: netcl.nn.norm.pools_in_norm): odd sizes (a row and a column no window covers), one inside
+    a Residual's body, one ending the model; and a 3x3 pool after a pair (not taken)."""
+    cls, kw, _ = ACTS[act]
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), cls(**kw), nn.MaxPool2d(2),
+        nn.Residual(nn.Conv2d(6, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), cls(**kw), nn.MaxPool2d(2),
+                    nn.Upsample(scale_factor=2)),
+        nn.Conv2d(6, 5, 3, padding=1, bias=False), nn.BatchNorm2d(5), cls(**kw), nn.MaxPool2d(3, stride=1),
+        nn.Conv2d(5, 4, 1, bias=False), nn.BatchNorm2d(4), cls(**kw), nn.MaxPool2d(2))
+
+
+TRIPLES = 3  # pools run inside a BatchNorm's pass in build_pooled() on a CPU: one launch each saved
+
+
 def randomize(model, rng):
     for name, t in model.named_parameters():
         if name.endswith("weight") and t.shape == (t.shape[0],):  # BatchNorm's gamma: away from 0
@@ -121,10 +137,17 @@ def test_fused_training_many_parts(queue, rng, torch, record_error, monkeypatch,
     check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, (3, 3, 9, 11))
 
 
-def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape):
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("shape", [(2, 3, 13, 21), (1, 3, 8, 40)])
+def test_pooled_training_equals_unfused_and_torch(queue, rng, torch, record_error, monkeypatch, cls, act, shape):
+    check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, build_pooled)
+
+
+def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, builder=build):
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
-    model = randomize(build(act), rng).to(queue).train()
+    model = randomize(builder(act), rng).to(queue).train()
     ref = torch_twin(torch, model, act)
     state = {k: v.copy() for k, v in model.state_dict().items()}
     x = (rng.standard_normal(shape) * 2 + 0.3).astype(np.float32)
@@ -147,11 +170,13 @@ def count_launches(monkeypatch):
     return n
 
 
+@pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("cls", ["native", "gpu"])
-def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls):
+def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled):
+    """Two launches per BatchNorm + activation pair; one more per pool in the pass (CPUs)."""
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
-    model = build("LeakyReLU").to(queue).train()
+    model = (build_pooled if pooled else build)("LeakyReLU").to(queue).train()
     x = Tensor.from_host(queue, rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
     dy = Tensor.from_host(queue, rng.standard_normal(model.output_shape(x.shape)).astype(np.float32))
     n = count_launches(monkeypatch)
@@ -164,12 +189,14 @@ def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls):
         model(x)
         model.backward(dy)
         per_step[fuse] = n[0] - before
-    assert per_step[True] == per_step[False] - 2 * PAIRS, per_step
+    saved = 2 * PAIRS if not pooled else 2 * (TRIPLES + 1) + (TRIPLES if cls == "native" else 0)
+    assert per_step[True] == per_step[False] - saved, per_step
 
 
-def test_nan_input_propagates_as_unfused(queue, rng, monkeypatch):
-    model = build("ReLU").to(queue).train()
-    x = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+@pytest.mark.parametrize("builder", [build, build_pooled])
+def test_nan_input_propagates_as_unfused(queue, rng, monkeypatch, builder):
+    model = builder("ReLU").to(queue).train()
+    x = rng.standard_normal((2, 3, 9, 11) if builder is build else (2, 3, 13, 21)).astype(np.float32)
     x[1, 2, 4, 5] = np.nan
     dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
     state = {k: v.copy() for k, v in model.state_dict().items()}

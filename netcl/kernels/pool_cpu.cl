@@ -5,11 +5,14 @@
 // window's values in row-major order, a later one wins when greater or NaN.
 
 #include "vec_cpu.h"
+#include "act.h"
+#include "bn_act.h"
 
 // unaligned vector access (rows of odd length start anywhere)
 typedef float8 __attribute__((aligned(4))) ufloat8;
 typedef float4 __attribute__((aligned(4))) ufloat4;
 typedef float2 __attribute__((aligned(4))) ufloat2;
+typedef int16 __attribute__((aligned(4))) uint16v;
 typedef int8 __attribute__((aligned(4))) uint8v;
 typedef int4 __attribute__((aligned(4))) uint4v;
 
@@ -19,17 +22,18 @@ typedef int4 __attribute__((aligned(4))) uint4v;
 #define MAX2X2_FN(F, I)                                                                      \
     inline F max2x2_##F(const F a, const F b, const F c, const F d, const I i0, const int W, I *bi) { \
         F best = a;                                                                          \
-        I at = i0, m = isnan(b) | (b > best);                                                \
+        I at = i0, m = (b != b) | (b > best);                                              \
         best = m ? b : best;                                                                 \
         at = m ? i0 + 1 : at;                                                                \
-        m = isnan(c) | (c > best);                                                           \
+        m = (c != c) | (c > best);                                                         \
         best = m ? c : best;                                                                 \
         at = m ? i0 + W : at;                                                                \
-        m = isnan(d) | (d > best);                                                           \
+        m = (d != d) | (d > best);                                                         \
         best = m ? d : best;                                                                 \
         *bi = m ? i0 + W + 1 : at;                                                           \
         return best;                                                                         \
     }
+MAX2X2_FN(float16, int16)
 MAX2X2_FN(float8, int8)
 MAX2X2_FN(float4, int4)
 MAX2X2_FN(float, int)
@@ -64,6 +68,50 @@ void maxpool2_fwd_cpu(const int NCOH, const int rows, const int H, const int W, 
             ar[ow] = bi;
         }
     }
+}
+
+// BatchNorm2d (batch statistics) + its activation + this 2x2 max pool in one pass (training, where
+// Sequential pairs them: netcl.nn.norm): y and arg as maxpool2_fwd_cpu's from act(BN_Z(x)), the
+// same expressions as bn_apply_cpu's, so the pool sees the values the unfused layers would give
+// it; the BatchNorm's full-size output is never stored. Built with bn_act.h's ACT_KIND.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_maxpool2_cpu(const int NCOH, const int rows, const int C, const int H, const int W, const int OH, const int OW,
+                     __global const float *x, __global const float *mean, __global const float *var,
+                     __global const float *gamma, __global const float *beta, const float eps, const float slope,
+                     __global float *y, __global int *arg) {
+    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int16 lane2 = (int16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+#define BNA(v) ACT_APPLY(ACT_KIND, BN_Z(v, m, inv, ga, be), slope)
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W, c = nc % C;
+        const float m = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
+        __global const float *x0 = x + nc * H * W + top, *x1 = x0 + W;
+        __global float *yr = y + r * OW;
+        __global int *ar = arg + r * OW;
+        int ow = 0;
+        for (; ow + 16 <= OW; ow += 16) {  // 16 windows: two float16 of each input row
+            const float16 t0 = BNA(*(__global const ufloat16 *)(x0 + 2 * ow)), t1 = BNA(*(__global const ufloat16 *)(x0 + 2 * ow + 16));
+            const float16 b0 = BNA(*(__global const ufloat16 *)(x1 + 2 * ow)), b1 = BNA(*(__global const ufloat16 *)(x1 + 2 * ow + 16));
+            int16 bi;
+            *(__global ufloat16 *)(yr + ow) = max2x2_float16((float16)(t0.even, t1.even), (float16)(t0.odd, t1.odd),
+                                                             (float16)(b0.even, b1.even), (float16)(b0.odd, b1.odd),
+                                                             top + 2 * ow + lane2, W, &bi);
+            *(__global uint16v *)(ar + ow) = bi;
+        }
+        for (; ow + 8 <= OW; ow += 8) {
+            const float16 t = BNA(*(__global const ufloat16 *)(x0 + 2 * ow)), b = BNA(*(__global const ufloat16 *)(x1 + 2 * ow));
+            int8 bi;
+            *(__global ufloat8 *)(yr + ow) = max2x2_float8(t.even, t.odd, b.even, b.odd, top + 2 * ow + lane2.lo, W, &bi);
+            *(__global uint8v *)(ar + ow) = bi;
+        }
+        for (; ow < OW; ow++) {
+            const float2 t = BNA(*(__global const ufloat2 *)(x0 + 2 * ow)), b = BNA(*(__global const ufloat2 *)(x1 + 2 * ow));
+            int bi;
+            yr[ow] = max2x2_float(t.x, t.y, b.x, b.y, top + 2 * ow, W, &bi);
+            ar[ow] = bi;
+        }
+    }
+#undef BNA
 }
 
 // dx from dy and the argmax: each input lies in at most one window, so a work-item writes the

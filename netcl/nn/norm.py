@@ -4,6 +4,8 @@ import math
 from netcl import ops
 from netcl.act import Act
 from netcl.nn.module import Module, as_float, check_rank, constant, positive
+from netcl.nn.pool import MaxPool2d, _pool2_rows
+from netcl.runtime import alloc
 
 # Values per part of a channel in the two-stage reductions (kernels/norm.cl, norm_cpu.cl): a GPU
 # wants thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
@@ -15,6 +17,12 @@ def _parts(q, m):
     """(values per part, parts) for a channel of m values."""
     length = PART_LEN["cpu" if ops.is_cpu(q) else "gpu"]
     return length, -(-m // length)
+
+
+def pools_in_norm(pool, q, shape):
+    """Whether a training BatchNorm2d (+ activation) on `shape` can run the MaxPool2d `pool` after
+    it in its element-wise pass: a CPU, and the 2x2 stride-2 unpadded windows of pool_cpu.cl."""
+    return type(pool) is MaxPool2d and _pool2_rows(q, pool._geometry(shape)) is not None
 
 
 def _act_options(act):
@@ -52,10 +60,13 @@ class BatchNorm2d(Module):
             raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
         return tuple(shape)
 
-    def forward(self, x, act=None):
+    def forward(self, x, act=None, pool=None):
         """y = BatchNorm(x), or act(BatchNorm(x)) in the same pass when given `act`, the activation
         layer that follows (Sequential's training path: one pass instead of two, and backward
-        differentiates through both without the activation's saved tensor)."""
+        differentiates through both without the activation's saved tensor). With `pool`, the
+        MaxPool2d after the activation (2x2, stride 2, training on a CPU: pools_in_norm), the pass
+        returns the pooled result and leaves the pool what its backward reads; the BatchNorm's
+        own output is not stored."""
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
         options = _act_options(code)
         q = self._on(x)
@@ -64,7 +75,7 @@ class BatchNorm2d(Module):
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
         cpu = ops.is_cpu(q)  # CPUs: norm_cpu.cl's vector kernels for the part sums and element-wise passes
-        y = ops.new(q, x.shape)
+        y = ops.new(q, x.shape) if pool is None else None
         if self.training:
             length, parts = _parts(q, n * h * w)
             mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
@@ -81,7 +92,17 @@ class BatchNorm2d(Module):
             self.running_var.mark_written()
         else:
             mean, var = self.running_mean, self.running_var
-        if cpu:
+        if pool is not None:
+            assert self.training and pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
+            g = pool._geometry(x.shape)
+            items, rows = _pool2_rows(q, g)
+            nc, _, _, _, _, _, oh, ow = g
+            y = ops.new(q, pool.output_shape(x.shape))
+            arg = alloc(q, 4 * y.size)
+            ops.launch(q, "pool_cpu", "bn_maxpool2_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, mean, var,
+                       self.weight, self.bias, self.eps, slope, y, arg, options=options)
+            pool._saved = (x.shape, g, arg)
+        elif cpu:
             chunk, items = ops.cpu_chunk(x.size)
             ops.launch(q, "norm_cpu", "bn_apply_cpu", (items,), (1,), x.size, chunk, c, h * w, x, mean, var,
                        self.weight, self.bias, self.eps, slope, y, options=options)

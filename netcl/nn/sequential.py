@@ -6,7 +6,7 @@ import os
 from netcl.act import Act
 from netcl.jit import plan_fused
 from netcl.nn.module import LayerList, child_shape
-from netcl.nn.norm import BatchNorm2d
+from netcl.nn.norm import BatchNorm2d, pools_in_norm
 from netcl.runtime import default_queue
 from netcl.tensor import Tensor, _as_float32
 
@@ -86,16 +86,21 @@ class Sequential(LayerList):
 
     def _run_layers(self, y, fuse):
         """The layers in order; with `fuse`, a BatchNorm2d and the activation after it as one pass."""
-        skipped, layers = [], self.layers
+        skipped, pooled, layers = [], [], self.layers
         for i, layer in enumerate(layers):
             if i in skipped:
                 continue
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if fuse and fuses_with_next(layer, nxt):
-                y = layer.forward(y, act=nxt)
+                pool = layers[i + 2] if i + 2 < len(layers) else None
+                if pool is not None and pools_in_norm(pool, y.queue, y.shape):
+                    y = layer.forward(y, act=nxt, pool=pool)  # the pool's forward too; its backward runs
+                    pooled.append(i + 2)
+                else:
+                    y = layer.forward(y, act=nxt)
                 nxt._saved = None  # its output is the BatchNorm's: no stale input for a backward of its own
                 skipped.append(i + 1)
-            else:
+            elif i not in pooled:
                 y = layer(y)
         self._skipped = tuple(skipped)
         return y
