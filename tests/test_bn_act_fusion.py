@@ -55,7 +55,7 @@ def build_pooled(act):
         nn.Conv2d(5, 4, 1, bias=False), nn.BatchNorm2d(4), cls(**kw), nn.MaxPool2d(2))
 
 
-TRIPLES = 3  # pools run inside a BatchNorm's pass in build_pooled() on a CPU: one launch each saved
+TRIPLES = 3  # pools run inside a BatchNorm's passes in build_pooled() on a CPU: two launches more each
 
 
 def randomize(model, rng):
@@ -127,14 +127,18 @@ def test_fused_training_equals_unfused_and_torch(queue, rng, torch, record_error
     check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape)
 
 
+@pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("cls", ["native", "gpu"])
 @pytest.mark.parametrize("act", ["LeakyReLU", "Tanh"])
-def test_fused_training_many_parts(queue, rng, torch, record_error, monkeypatch, cls, act):
+def test_fused_training_many_parts(queue, rng, torch, record_error, monkeypatch, cls, act, pooled):
     """Several parts per channel in the backward's part sums (a shorter last part)."""
     from netcl.nn import norm
 
     monkeypatch.setattr(norm, "PART_LEN", {"cpu": 37, "gpu": 37})
-    check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, (3, 3, 9, 11))
+    if pooled:  # 37 values: one pooled row (two input rows of 21) per part
+        check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, (3, 3, 13, 21), build_pooled)
+    else:
+        check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, (3, 3, 9, 11))
 
 
 @pytest.mark.parametrize("cls", ["native", "gpu"])
@@ -173,7 +177,7 @@ def count_launches(monkeypatch):
 @pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("cls", ["native", "gpu"])
 def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled):
-    """Two launches per BatchNorm + activation pair; one more per pool in the pass (CPUs)."""
+    """Two launches per BatchNorm + activation pair; two more per pool in its passes (CPUs)."""
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     model = (build_pooled if pooled else build)("LeakyReLU").to(queue).train()
@@ -189,7 +193,8 @@ def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled
         model(x)
         model.backward(dy)
         per_step[fuse] = n[0] - before
-    saved = 2 * PAIRS if not pooled else 2 * (TRIPLES + 1) + (TRIPLES if cls == "native" else 0)
+    # a pool in the pass: its forward and backward launches too (CPUs)
+    saved = 2 * PAIRS if not pooled else 2 * (TRIPLES + 1) + (2 * TRIPLES if cls == "native" else 0)
     assert per_step[True] == per_step[False] - saved, per_step
 
 

@@ -152,3 +152,104 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         for (; k < e; k++) dx[k] = g * (BN_DZ(x[k], dy[k], m, inv, ga, be, slope) - k1 - (x[k] - m) * k2);
     }
 }
+
+// BatchNorm2d (+ activation) whose output fed a 2x2 stride-2 MaxPool2d run in its forward pass
+// (pool_cpu.cl's bn_maxpool2_cpu): the backward takes the pool's gradient dp (N, C, OH, OW) and
+// argmax, and gives each input element g = dp of its window where the argmax points there, else
+// 0 (maxpool2_bwd_cpu's rule; rows and columns no window covers get 0), without storing g.
+// POOL_G: gt, gb = the g of input rows top and top + 1, columns 2 * ow .. 2 * ow + 15, of 8
+// windows (a macro: a function's vector out-parameters went through memory)
+#define POOL_G(dp, ar, top, W, ow, gt, gb)                                                        \
+    do {                                                                                        \
+        const float8 gv_ = *(__global const ufloat8 *)((dp) + (ow));                            \
+        const int8 a_ = *(__global const uint8v *)((ar) + (ow));                                \
+        const int8 i0_ = (top) + 2 * (ow) + (int8)(0, 2, 4, 6, 8, 10, 12, 14);                  \
+        gt = INTERLEAVE8(a_ == i0_ ? gv_ : 0.0f, a_ == i0_ + 1 ? gv_ : 0.0f);                    \
+        gb = INTERLEAVE8(a_ == i0_ + (W) ? gv_ : 0.0f, a_ == i0_ + (W) + 1 ? gv_ : 0.0f);        \
+    } while (0)
+
+inline float pool_g1(__global const float *dp, __global const int *ar, const int top, const int W, const int OW,
+                     const int row, const int iw) {  // one element: row 0 or 1 of the window pair
+    if (iw >= 2 * OW) return 0.0f;
+    const int ow = iw >> 1;
+    return ar[ow] == top + row * W + iw ? dp[ow] : 0.0f;
+}
+
+// Stage 1: part pi of channel c walks pooled rows [pi * prow, ...) of its N * OH (each two input
+// rows, and the last one the uncovered row of an odd H) and writes sum(dz), sum(dz * (x - mean)).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, const int OH, const int OW,
+                          const int prow, __global const float *x, __global const float *dp,
+                          __global const int *arg, __global const float *mean, __global const float *var,
+                          __global const float *gamma, __global const float *beta, const float eps,
+                          const float slope, __global float *part) {
+    const int pi = get_global_id(0), c = get_global_id(1), parts = get_global_size(0);
+    const int r0 = pi * prow, r1 = min(N * OH, r0 + prow);
+    const float mu = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
+    float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
+    float tb = 0.0f, tg = 0.0f;
+    int nv = 0;
+    for (int r = r0; r < r1; r++) {
+        const int n = r / OH, oh = r - n * OH, top = 2 * oh * W;
+        __global const float *xp = x + (n * C + c) * H * W + top;
+        __global const float *dpr = dp + ((n * C + c) * OH + oh) * OW;
+        __global const int *ar = arg + ((n * C + c) * OH + oh) * OW;
+        int ow = 0;
+        for (; ow + 8 <= OW; ow += 8) {
+            float16 gt, gb;
+            POOL_G(dpr, ar, top, W, ow, gt, gb);
+            const float16 xt = *(__global const ufloat16 *)(xp + 2 * ow), xb = *(__global const ufloat16 *)(xp + W + 2 * ow);
+            const float16 dt = BN_DZ(xt, gt, mu, inv, ga, be, slope), db = BN_DZ(xb, gb, mu, inv, ga, be, slope);
+            rb16 += dt + db;
+            rg16 += dt * (xt - mu) + db * (xb - mu);
+            if (++nv == FLUSH) b16 += rb16, g16 += rg16, rb16 = rg16 = 0.0f, nv = 0;
+        }
+        const int last = (oh == OH - 1 && (H & 1)) ? 3 : 2;  // input rows of this pooled row
+        for (int row = 0; row < last; row++) {
+            for (int iw = row < 2 ? 2 * ow : 0; iw < W; iw++) {
+                const float xv = xp[row * W + iw];
+                const float d = BN_DZ(xv, row < 2 ? pool_g1(dpr, ar, top, W, OW, row, iw) : 0.0f, mu, inv, ga, be, slope);
+                tb += d;
+                tg += d * (xv - mu);
+            }
+        }
+    }
+    part[2 * (c * parts + pi)] = hsum16(b16 + rb16) + tb;
+    part[2 * (c * parts + pi) + 1] = hsum16(g16 + rg16) + tg;
+}
+
+// Stage 3: dx as bn_bwd_apply_cpu's, for `rows` pooled rows (of N * C * OH) per work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const int H, const int W, const int OH,
+                           const int OW, __global const float *x, __global const float *dp, __global const int *arg,
+                           __global const float *mean, __global const float *var, __global const float *gamma,
+                           __global const float *beta, const float eps, const float slope,
+                           __global const float *sums, __global float *dx, const int batch_stats) {
+    const float inv_m = 1.0f / (float)((NCOH / OH) / C * H * W);
+    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W, c = nc % C;
+        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
+        const float k1 = batch_stats ? sums[2 * c] * inv_m : 0.0f;
+        const float k2 = batch_stats ? sums[2 * c + 1] * inv * inv_m : 0.0f;
+        __global const float *xp = x + nc * H * W + top, *dpr = dp + r * OW;
+        __global const int *ar = arg + r * OW;
+        __global float *dxp = dx + nc * H * W + top;
+        int ow = 0;
+        for (; ow + 8 <= OW; ow += 8) {
+            float16 gt, gb;
+            POOL_G(dpr, ar, top, W, ow, gt, gb);
+            const float16 xt = *(__global const ufloat16 *)(xp + 2 * ow), xb = *(__global const ufloat16 *)(xp + W + 2 * ow);
+            *(__global ufloat16 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
+            *(__global ufloat16 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+        }
+        const int last = (oh == OH - 1 && (H & 1)) ? 3 : 2;
+        for (int row = 0; row < last; row++) {
+            for (int iw = row < 2 ? 2 * ow : 0; iw < W; iw++) {
+                const float xv = xp[row * W + iw];
+                const float gv = row < 2 ? pool_g1(dpr, ar, top, W, OW, row, iw) : 0.0f;
+                dxp[row * W + iw] = g * (BN_DZ(xv, gv, m, inv, ga, be, slope) - k1 - (xv - m) * k2);
+            }
+        }
+    }
+}

@@ -8,13 +8,6 @@
 #include "act.h"
 #include "bn_act.h"
 
-// unaligned vector access (rows of odd length start anywhere)
-typedef float8 __attribute__((aligned(4))) ufloat8;
-typedef float4 __attribute__((aligned(4))) ufloat4;
-typedef float2 __attribute__((aligned(4))) ufloat2;
-typedef int16 __attribute__((aligned(4))) uint16v;
-typedef int8 __attribute__((aligned(4))) uint8v;
-typedef int4 __attribute__((aligned(4))) uint4v;
 
 // The maxima of windows (a, b / c, d): top-left, top-right, bottom-left, bottom-right values;
 // i0 the top-left inputs' indices; *bi gets the winners' indices. Branch-free (a selection per

@@ -5,6 +5,16 @@
 #define NETCL_VEC_CPU_H
 
 typedef float16 __attribute__((aligned(4))) ufloat16;
+typedef float8 __attribute__((aligned(4))) ufloat8;
+typedef float4 __attribute__((aligned(4))) ufloat4;
+typedef float2 __attribute__((aligned(4))) ufloat2;
+typedef int16 __attribute__((aligned(4))) uint16v;
+typedef int8 __attribute__((aligned(4))) uint8v;
+typedef int4 __attribute__((aligned(4))) uint4v;
+
+// float16 (e0, o0, e1, o1, ...) from float8 e and o: one two-source shuffle (clang's builtin:
+// OpenCL's shuffle2 is an out-of-line call on PoCL)
+#define INTERLEAVE8(e, o) __builtin_shufflevector((float8)(e), (float8)(o), 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
 
 inline float hsum16(const float16 v) {
     const float8 h8 = v.lo + v.hi;

@@ -112,8 +112,12 @@ class BatchNorm2d(Module):
         self._saved = (x, mean, var, self.training, code, slope)
         return y.mark_written()
 
-    def backward(self, dy):
+    def backward(self, dy, pool=None):
+        """dx from dy; with `pool`, the MaxPool2d its forward ran (forward(pool=...)): dy is then the
+        pool's output gradient, routed through the pool's argmax inside both passes."""
         x, mean, var, training, code, slope = self._saved  # eval mode (frozen statistics) differentiates as torch does
+        if pool is not None:
+            return self._backward_pooled(dy, pool)
         options = _act_options(code)
         n, c, h, w = x.shape
         dx = ops.new(dy, dy.shape)
@@ -145,6 +149,33 @@ class BatchNorm2d(Module):
         elif not training:
             ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.bias,
                          self.eps, slope, sums, dx, int(training), options=options)
+        gw.mark_written()
+        gb.mark_written()
+        return dx.mark_written()
+
+    def _backward_pooled(self, dp, pool):
+        """backward() through the fused pool (norm_cpu.cl's bn_pool_bwd_* kernels): its gradient
+        per input is made where needed, never stored."""
+        x, mean, var, training, code, slope = self._saved
+        shape, g, arg = pool._saved
+        if shape != x.shape or dp.shape != pool.output_shape(shape):
+            raise RuntimeError("BatchNorm2d.backward(pool=...) needs the forward that ran that pool")
+        options = _act_options(code)
+        n, c, h, w = x.shape
+        nc, _, _, _, _, _, oh, ow = g
+        q = dp.queue
+        dx = ops.new(q, x.shape)
+        gw, acc = ops.grad_target(self.weight)
+        gb, _ = ops.grad_target(self.bias)
+        prow = max(1, PART_LEN["cpu"] // (2 * w))  # pooled rows per part: each two input rows
+        parts = -(-n * oh // prow)
+        part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
+        ops.launch(q, "norm_cpu", "bn_pool_bwd_part_cpu", (parts, c), (1, 1), n, c, h, w, oh, ow, prow, x, dp, arg,
+                   mean, var, self.weight, self.bias, self.eps, slope, part, options=options)
+        ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc), sums)
+        items, rows = _pool2_rows(q, g)
+        ops.launch(q, "norm_cpu", "bn_pool_bwd_apply_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, dp, arg,
+                   mean, var, self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()

@@ -36,6 +36,7 @@ class Sequential(LayerList):
         self._fused = None
         self._fused_input = None  # the input of a fused forward, which saves nothing for backward
         self._skipped = ()  # indices of the activations the last training forward ran inside their BatchNorm2d
+        self._pooled = ()  # indices of the MaxPool2d layers it ran there too (their backward as well)
 
     def __getitem__(self, i):
         if not isinstance(i, slice):
@@ -102,7 +103,7 @@ class Sequential(LayerList):
                 skipped.append(i + 1)
             elif i not in pooled:
                 y = layer(y)
-        self._skipped = tuple(skipped)
+        self._skipped, self._pooled = tuple(skipped), tuple(pooled)
         return y
 
     def predict(self, x, queue=None):
@@ -135,14 +136,20 @@ class Sequential(LayerList):
         if not input_grad:  # the first layer that has parameters: nothing before it needs a gradient
             first = next((i for i, lay in enumerate(self.layers) if i not in self._skipped and lay.parameters()),
                          len(self.layers))
+        pool = None  # a MaxPool2d the BatchNorm2d before it ran: its gradient goes through that one's backward
         for i in reversed(range(first, len(self.layers))):
             if i in self._skipped:  # a skipped activation's gradient is its BatchNorm2d's
                 continue
-            if i == first and not input_grad:
-                self.layers[i].backward_params(dy)
-                dy = None
+            layer = self.layers[i]
+            if i in self._pooled:
+                pool = layer
+                continue
+            if pool is not None:
+                dy, pool = layer.backward(dy, pool=pool), None
+            elif i == first and not input_grad:
+                layer.backward_params(dy)
             else:
-                dy = self.layers[i].backward(dy)
+                dy = layer.backward(dy)
         self._out_shape = None
         return dy if input_grad else None
 
