@@ -168,6 +168,16 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         gb = INTERLEAVE8(a_ == i0_ + (W) ? gv_ : 0.0f, a_ == i0_ + (W) + 1 ? gv_ : 0.0f);        \
     } while (0)
 
+// POOL_G4: the same for 4 windows (8 columns)
+#define POOL_G4(dp, ar, top, W, ow, gt, gb)                                                       \
+    do {                                                                                        \
+        const float4 gv_ = *(__global const ufloat4 *)((dp) + (ow));                            \
+        const int4 a_ = *(__global const uint4v *)((ar) + (ow));                                \
+        const int4 i0_ = (top) + 2 * (ow) + (int4)(0, 2, 4, 6);                                 \
+        gt = INTERLEAVE4(a_ == i0_ ? gv_ : 0.0f, a_ == i0_ + 1 ? gv_ : 0.0f);                    \
+        gb = INTERLEAVE4(a_ == i0_ + (W) ? gv_ : 0.0f, a_ == i0_ + (W) + 1 ? gv_ : 0.0f);        \
+    } while (0)
+
 inline float pool_g1(__global const float *dp, __global const int *ar, const int top, const int W, const int OW,
                      const int row, const int iw) {  // one element: row 0 or 1 of the window pair
     if (iw >= 2 * OW) return 0.0f;
@@ -187,6 +197,7 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
     const int r0 = pi * prow, r1 = min(N * OH, r0 + prow);
     const float mu = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
     float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
+    float8 b8 = 0.0f, g8 = 0.0f;  // the 4-window steps' sums (one a pooled row at most)
     float tb = 0.0f, tg = 0.0f;
     int nv = 0;
     for (int r = r0; r < r1; r++) {
@@ -204,6 +215,15 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
             rg16 += dt * (xt - mu) + db * (xb - mu);
             if (++nv == FLUSH) b16 += rb16, g16 += rg16, rb16 = rg16 = 0.0f, nv = 0;
         }
+        if (ow + 4 <= OW) {  // 4 windows more (8x8 planes have only these)
+            float8 gt, gb;
+            POOL_G4(dpr, ar, top, W, ow, gt, gb);
+            const float8 xt = *(__global const ufloat8 *)(xp + 2 * ow), xb = *(__global const ufloat8 *)(xp + W + 2 * ow);
+            const float8 dt = BN_DZ(xt, gt, mu, inv, ga, be, slope), db = BN_DZ(xb, gb, mu, inv, ga, be, slope);
+            b8 += dt + db;
+            g8 += dt * (xt - mu) + db * (xb - mu);
+            ow += 4;
+        }
         const int last = (oh == OH - 1 && (H & 1)) ? 3 : 2;  // input rows of this pooled row
         for (int row = 0; row < last; row++) {
             for (int iw = row < 2 ? 2 * ow : 0; iw < W; iw++) {
@@ -214,8 +234,8 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
             }
         }
     }
-    part[2 * (c * parts + pi)] = hsum16(b16 + rb16) + tb;
-    part[2 * (c * parts + pi) + 1] = hsum16(g16 + rg16) + tg;
+    part[2 * (c * parts + pi)] = hsum16(b16 + rb16) + hsum8(b8) + tb;
+    part[2 * (c * parts + pi) + 1] = hsum16(g16 + rg16) + hsum8(g8) + tg;
 }
 
 // Stage 3: dx as bn_bwd_apply_cpu's, for `rows` pooled rows (of N * C * OH) per work-item.
@@ -242,6 +262,14 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
             const float16 xt = *(__global const ufloat16 *)(xp + 2 * ow), xb = *(__global const ufloat16 *)(xp + W + 2 * ow);
             *(__global ufloat16 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
             *(__global ufloat16 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+        }
+        if (ow + 4 <= OW) {
+            float8 gt, gb;
+            POOL_G4(dpr, ar, top, W, ow, gt, gb);
+            const float8 xt = *(__global const ufloat8 *)(xp + 2 * ow), xb = *(__global const ufloat8 *)(xp + W + 2 * ow);
+            *(__global ufloat8 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
+            *(__global ufloat8 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+            ow += 4;
         }
         const int last = (oh == OH - 1 && (H & 1)) ? 3 : 2;
         for (int row = 0; row < last; row++) {

@@ -97,6 +97,12 @@ void bn_maxpool2_cpu(const int NCOH, const int rows, const int C, const int H, c
             *(__global ufloat8 *)(yr + ow) = max2x2_float8(t.even, t.odd, b.even, b.odd, top + 2 * ow + lane2.lo, W, &bi);
             *(__global uint8v *)(ar + ow) = bi;
         }
+        for (; ow + 4 <= OW; ow += 4) {
+            const float8 t = BNA(*(__global const ufloat8 *)(x0 + 2 * ow)), b = BNA(*(__global const ufloat8 *)(x1 + 2 * ow));
+            int4 bi;
+            *(__global ufloat4 *)(yr + ow) = max2x2_float4(t.even, t.odd, b.even, b.odd, top + 2 * ow + lane2.lo.lo, W, &bi);
+            *(__global uint4v *)(ar + ow) = bi;
+        }
         for (; ow < OW; ow++) {
             const float2 t = BNA(*(__global const ufloat2 *)(x0 + 2 * ow)), b = BNA(*(__global const ufloat2 *)(x1 + 2 * ow));
             int bi;
