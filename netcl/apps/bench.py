@@ -5,6 +5,7 @@ trip (host array in, host array out), the median of `repeats` runs after warm-up
 checked to agree before anything is timed. `bench()` returns the rows; `format_table()` and
 `plot()` present them (tools/benchmark_onnx_vs_native.py and `netcl bench` call these).
 """
+import gc
 import os
 import statistics
 import tempfile
@@ -15,7 +16,7 @@ import numpy as np
 import netcl
 from netcl import Tensor, jit, models, nn
 from netcl.apps import common, recipes
-from netcl.apps.common import interleaved_medians, ort_session
+from netcl.apps.common import PerBlock, interleaved_medians, ort_session
 from netcl.io import export_onnx
 
 MODELS = ("detector26", "resnet8", "mobilenetv2_tiny", "unet_tiny", "vit_tiny", "cnn", "mlp")
@@ -74,9 +75,8 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
         model, shape, inputs = prepare_model(name, q, seed)
         path = os.path.join(tmp, f"{name}.onnx")
         export_onnx(model, (1,) + tuple(shape), path, dynamic_batch=True)
-        sessions = {}
-        if "cpu" in providers:
-            sessions["ort_cpu"] = ort_session(path, "cpu", threads=ort_threads)
+        sessions = {}  # live for the whole model; the CPU session is made per use (PerBlock says why)
+        cpu_session = (lambda: ort_session(path, "cpu", threads=ort_threads)) if "cpu" in providers else None
         if "cuda" in providers:
             sessions["ort_cuda"] = ort_session(path, "cuda", tf32=False)
             if tf32_column:
@@ -97,7 +97,8 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             y_ref = run_netcl()
             model._fused = fused
             row["diff_unfused"] = float(np.abs(y - y_ref).max())
-            for key, sess in sessions.items():
+            checked = dict(sessions, ort_cpu=cpu_session()) if cpu_session else sessions
+            for key, sess in checked.items():
                 yo = sess.run(None, {"input": x})[0]
                 d = float(np.abs(yo - y).max())
                 row[f"diff_{key}"] = d
@@ -110,7 +111,10 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             y_inf = fused.infer(x, q)
             if not np.array_equal(y_inf, y):
                 raise RuntimeError(f"{name} batch {b}: plan.infer differs from model(Tensor)")
+            del checked
             timed = {"netcl": lambda: fused.infer(x, q), "netcl_tensor": run_netcl}
+            if cpu_session:
+                timed["ort_cpu"] = PerBlock(lambda: _session_block(cpu_session(), x))
             for key, sess in sessions.items():
                 timed[key] = lambda sess=sess: sess.run(None, {"input": x})
             if tmodel is not None:
@@ -218,6 +222,16 @@ def torch_layer(torch, m):
     if m.bias is not None:
         t.bias.data[:] = torch.from_numpy(m.bias.to_host())
     return t
+
+
+def _session_block(sess, x):
+    """(a run of onnxruntime session `sess` on x, a function that drops the session: its threads end)."""
+    held = [sess]
+
+    def close():
+        held.clear()
+        gc.collect()
+    return (lambda: held[0].run(None, {"input": x})), close
 
 
 def _torch_run(tm, x, y_netcl):
