@@ -178,13 +178,6 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         gb = INTERLEAVE4(a_ == i0_ + (W) ? gv_ : 0.0f, a_ == i0_ + (W) + 1 ? gv_ : 0.0f);        \
     } while (0)
 
-inline float pool_g1(__global const float *dp, __global const int *ar, const int top, const int W, const int OW,
-                     const int row, const int iw) {  // one element: row 0 or 1 of the window pair
-    if (iw >= 2 * OW) return 0.0f;
-    const int ow = iw >> 1;
-    return ar[ow] == top + row * W + iw ? dp[ow] : 0.0f;
-}
-
 // Stage 1: part pi of channel c walks pooled rows [pi * prow, ...) of its N * OH (each two input
 // rows, and the last one the uncovered row of an odd H) and writes sum(dz), sum(dz * (x - mean)).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -224,14 +217,23 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
             g8 += dt * (xt - mu) + db * (xb - mu);
             ow += 4;
         }
-        const int last = (oh == OH - 1 && (H & 1)) ? 3 : 2;  // input rows of this pooled row
-        for (int row = 0; row < last; row++) {
-            for (int iw = row < 2 ? 2 * ow : 0; iw < W; iw++) {
-                const float xv = xp[row * W + iw];
-                const float d = BN_DZ(xv, row < 2 ? pool_g1(dpr, ar, top, W, OW, row, iw) : 0.0f, mu, inv, ga, be, slope);
-                tb += d;
-                tg += d * (xv - mu);
-            }
+        for (; ow < OW; ow++) {  // one window at a time
+            const float gv = dpr[ow];
+            const int a = ar[ow], i0 = top + 2 * ow;
+            const float2 gt = (float2)(a == i0 ? gv : 0.0f, a == i0 + 1 ? gv : 0.0f);
+            const float2 gb = (float2)(a == i0 + W ? gv : 0.0f, a == i0 + W + 1 ? gv : 0.0f);
+            const float2 xt = *(__global const ufloat2 *)(xp + 2 * ow), xb = *(__global const ufloat2 *)(xp + W + 2 * ow);
+            const float2 dt = BN_DZ(xt, gt, mu, inv, ga, be, slope), db = BN_DZ(xb, gb, mu, inv, ga, be, slope);
+            const float2 sb = dt + db, sg = dt * (xt - mu) + db * (xb - mu);
+            tb += sb.x + sb.y;
+            tg += sg.x + sg.y;
+        }
+        // what no window covers (g = 0): the last column of an odd W, the last row of an odd H
+        for (int e = 0; e < ((W & 1) ? 2 : 0) + ((oh == OH - 1 && (H & 1)) ? W : 0); e++) {
+            const int at = e < ((W & 1) ? 2 : 0) ? e * W + W - 1 : 2 * W + e - ((W & 1) ? 2 : 0);
+            const float xv = xp[at], d = BN_DZ(xv, 0.0f, mu, inv, ga, be, slope);
+            tb += d;
+            tg += d * (xv - mu);
         }
     }
     part[2 * (c * parts + pi)] = hsum16(b16 + rb16) + hsum8(b8) + tb;
@@ -271,13 +273,19 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
             *(__global ufloat8 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
             ow += 4;
         }
-        const int last = (oh == OH - 1 && (H & 1)) ? 3 : 2;
-        for (int row = 0; row < last; row++) {
-            for (int iw = row < 2 ? 2 * ow : 0; iw < W; iw++) {
-                const float xv = xp[row * W + iw];
-                const float gv = row < 2 ? pool_g1(dpr, ar, top, W, OW, row, iw) : 0.0f;
-                dxp[row * W + iw] = g * (BN_DZ(xv, gv, m, inv, ga, be, slope) - k1 - (xv - m) * k2);
-            }
+        for (; ow < OW; ow++) {  // one window at a time
+            const float gv = dpr[ow];
+            const int a = ar[ow], i0 = top + 2 * ow;
+            const float2 gt = (float2)(a == i0 ? gv : 0.0f, a == i0 + 1 ? gv : 0.0f);
+            const float2 gb = (float2)(a == i0 + W ? gv : 0.0f, a == i0 + W + 1 ? gv : 0.0f);
+            const float2 xt = *(__global const ufloat2 *)(xp + 2 * ow), xb = *(__global const ufloat2 *)(xp + W + 2 * ow);
+            *(__global ufloat2 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
+            *(__global ufloat2 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+        }
+        for (int e = 0; e < ((W & 1) ? 2 : 0) + ((oh == OH - 1 && (H & 1)) ? W : 0); e++) {  // g = 0 there
+            const int at = e < ((W & 1) ? 2 : 0) ? e * W + W - 1 : 2 * W + e - ((W & 1) ? 2 : 0);
+            const float xv = xp[at];
+            dxp[at] = g * (BN_DZ(xv, 0.0f, m, inv, ga, be, slope) - k1 - (xv - m) * k2);
         }
     }
 }
