@@ -68,6 +68,23 @@ def test_layernorm_linear_any_width(q, in_f, out_f):
         _check(model, q, rng.normal(3, 2, size=shape).astype(np.float32), launches=1)
 
 
+@pytest.mark.parametrize("out_f", [16, 96, 97, 112, 200, 300])
+@pytest.mark.parametrize("ln", [False, True])
+def test_linear_blocks_rows_and_output_groups(q, out_f, ln):
+    """The CPU linear kernel's geometry: up to 6 float16 outputs per work-item (more in several
+    groups: 7 vectors as 4 + 3), row blocks of 4-8, several blocks per work-item (2000 rows), a
+    residual add with its activation on full vectors and on the tail; the GPU kernel on GPUs."""
+    from netcl.jit.linear import cpu_block
+
+    assert cpu_block(16) == (1, 8, 1) and cpu_block(96) == (6, 4, 1) and cpu_block(112) == (4, 6, 2)
+    rng = np.random.default_rng(out_f + ln)
+    head = [nn.LayerNorm(24)] if ln else []
+    model = _randomize(nn.Sequential(*head, nn.Linear(24, out_f), nn.ReLU(),
+                                     nn.Residual(nn.Linear(out_f, out_f), nn.GELU()), nn.Hardswish()), rng)
+    for shape in ((1, 24), (3, 11, 24), (2000, 24)):
+        _check(model, q, rng.normal(1, 2, size=shape).astype(np.float32), launches=2)
+
+
 def test_layernorm_alone_and_the_mean_over_tokens(q):
     """A LayerNorm no Linear follows; Transpose(1, 2) + AdaptiveAvgPool1d(1) read in place."""
     rng = np.random.default_rng(2)
