@@ -60,6 +60,9 @@ CPU_PATH_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, bias: each of
     (2, 40, 6, 10, 36, 3, 2, 1, 1, True),  # "channels", stride 2: both phases of even and odd rows
     (1, 5, 9, 11, 33, 5, 2, 2, 1, True),   # "channels", 5x5 stride 2, odd sizes
     (2, 3, 5, 1, 4, 3, 2, 1, 1, True),     # "channels", stride 2 over one column: an empty phase
+    (2, 6, 17, 17, 8, 3, 2, 1, 1, True),   # "channels", stride 2, 9 columns: im2col's 8-wide step and a tail
+    (1, 4, 34, 33, 5, 3, 2, 1, 1, False),  # "channels", stride 2, 17 columns: its 16-wide step and a tail
+    (2, 4, 12, 12, 6, 3, 1, 1, 1, True),   # "channels", stride 1 on 12 columns: 8-wide and a tail
 ]
 
 

@@ -391,10 +391,18 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
         int x = 0;
         if (S == 1) {
             for (; x + 16 <= OW; x += 16) *(__global ufloat16 *)(dst + x) = *(__global const ufloat16 *)(src + x);
+            for (; x + 8 <= OW; x += 8) *(__global ufloat8 *)(dst + x) = *(__global const ufloat8 *)(src + x);
         } else if (S == 2) {
+            // the even lanes of two loads, the second ending at the last element used (2x + 30,
+            // 2x + 14): a row holds no more (a load at 2x + 16 read one float past it)
             for (; x + 16 <= OW; x += 16) {
-                const float16 a = *(__global const ufloat16 *)(src + 2 * x), b = *(__global const ufloat16 *)(src + 2 * x + 16);
-                *(__global ufloat16 *)(dst + x) = (float16)(a.even, b.even);
+                const float16 a = *(__global const ufloat16 *)(src + 2 * x), b = *(__global const ufloat16 *)(src + 2 * x + 15);
+                *(__global ufloat16 *)(dst + x) = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23,
+                                                                          25, 27, 29, 31);
+            }
+            for (; x + 8 <= OW; x += 8) {  // 8x8 outputs
+                const float8 a = *(__global const ufloat8 *)(src + 2 * x), b = *(__global const ufloat8 *)(src + 2 * x + 7);
+                *(__global ufloat8 *)(dst + x) = __builtin_shufflevector(a, b, 0, 2, 4, 6, 9, 11, 13, 15);
             }
         }
         for (; x < OW; x++) dst[x] = src[S * x];
