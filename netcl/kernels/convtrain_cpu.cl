@@ -313,53 +313,64 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
 
 // A strided convolution's data gradient, channels in the vector lanes as corrc_cpu: dx[n][c][ih]
 // [iw] = sum over (o, j, l) of w[o][c][j][l] * dy[n][o][(ih + p - j) / S][(iw + p - l) / S],
-// over the taps where both divide. A work-item owns 32 channels x TC positions iw0 + S * i of
-// row ih (one phase of the row: the same taps are valid for all of them, and their dy inputs
-// are consecutive), so no multiply-add meets an inserted zero. dyb: dy (N, CI, OH, OW) at row and
-// column T = ceil((KS - 1) / S) of zero planes (N, CI, HD, WD); wt[o][j * KS + l][COP] (channels
-// past CO zero). Work-item (t, z): t = ((ih * S) + phase) * XT + tile, z = block * N + n.
+// over the taps where both divide. A work-item owns 16 * CV channels (CV float16: 2, or 1 where
+// the gradient has at most 16 channels, which would leave half of two vectors' lanes zero) x TC
+// positions iw0 + S * i of row ih (one phase of the row: the same taps are valid for all of them,
+// and their dy inputs are consecutive), so no multiply-add meets an inserted zero. dyb: dy (N,
+// CI, OH, OW) at row and column T = ceil((KS - 1) / S) of zero planes (N, CI, HD, WD); wt[o][j *
+// KS + l][COP] (channels past CO zero). Work-item (t, z): t = ((ih * S) + phase) * XT + tile, z =
+// block * N + n. Each FLUSH input channels' sums join the output tile in private memory.
+#ifndef CV
+#define CV 2
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corrt_cpu(const int CI, const int CO, const int COP, const int H, const int W, const int HD, const int WD,
                const int XT, const int S, const int p, const int T, __global const float *dyb,
                __global const float *wt, __global float *out) {
     const int t = get_global_id(0), tile = t % XT, phase = t / XT % S, ih = t / (XT * S);
-    const int iw0 = phase + S * TC * tile, N = get_global_size(1) / (COP / 32);
-    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
-    float16 acc[TC][2], tot[TC][2];
+    const int iw0 = phase + S * TC * tile, N = get_global_size(1) / (COP / (16 * CV));
+    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * (16 * CV);
+    float16 acc[TC][CV], tot[TC][CV];
 #pragma unroll
-    for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
+    for (int i = 0; i < TC; i++)
+#pragma unroll
+        for (int v = 0; v < CV; v++) tot[i][v] = 0.0f;
     const int j0 = (ih + p) % S, l0 = (iw0 + p) % S;
     for (int c0 = 0; c0 < CI; c0 += FLUSH) {
 #pragma unroll
-        for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
+        for (int i = 0; i < TC; i++)
+#pragma unroll
+            for (int v = 0; v < CV; v++) acc[i][v] = 0.0f;
         for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++) {
             for (int j = j0; j < KS; j += S) {
                 __global const float *row = dyb + ((n * CI + ci) * HD + (ih + p - j + S * T) / S) * WD;
                 for (int l = l0; l < KS; l += S) {
                     __global const float *src = row + (iw0 + p - l + S * T) / S;
                     __global const float *wk = wt + (ci * KS * KS + j * KS + l) * COP + co0;
-                    const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
+                    float16 wv[CV];
 #pragma unroll
-                    for (int i = 0; i < TC; i++) {
-                        acc[i][0] += src[i] * w0;
-                        acc[i][1] += src[i] * w1;
-                    }
+                    for (int v = 0; v < CV; v++) wv[v] = *(__global const ufloat16 *)(wk + 16 * v);
+#pragma unroll
+                    for (int i = 0; i < TC; i++)
+#pragma unroll
+                        for (int v = 0; v < CV; v++) acc[i][v] += src[i] * wv[v];
                 }
             }
         }
 #pragma unroll
-        for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
+        for (int i = 0; i < TC; i++)
+#pragma unroll
+            for (int v = 0; v < CV; v++) tot[i][v] += acc[i][v];
     }
     __global float *dst = out + (n * CO + co0) * H * W + ih * W + iw0;
-    const int lanes = min(32, CO - co0), count = iw0 < W ? min(TC, (W - 1 - iw0) / S + 1) : 0;
-    float v[TC][32];
+    const int lanes = min(16 * CV, CO - co0), count = iw0 < W ? min(TC, (W - 1 - iw0) / S + 1) : 0;
+    float vals[TC][16 * CV];
 #pragma unroll
-    for (int i = 0; i < TC; i++) {
-        *(ufloat16 *)v[i] = tot[i][0];
-        *(ufloat16 *)(v[i] + 16) = tot[i][1];
-    }
+    for (int i = 0; i < TC; i++)
+#pragma unroll
+        for (int v = 0; v < CV; v++) *(ufloat16 *)(vals[i] + 16 * v) = tot[i][v];
     for (int m = 0; m < lanes; m++)
-        for (int i = 0; i < count; i++) dst[m * H * W + S * i] = v[i][m];
+        for (int i = 0; i < count; i++) dst[m * H * W + S * i] = vals[i][m];
 }
 
 // wt[ci][tap][co] (COP >= CO columns, zeros past CO) from a convolution's weights for corrc_cpu

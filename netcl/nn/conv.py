@@ -103,15 +103,18 @@ def _corrt_cpu(q, dy, w, dx, stride, padding):
     and padding `padding`, from dy (N, OC, OH, OW): corrt_cpu on dy with a zero border."""
     n, c, h, w_ = dx.shape
     _, oc, oh, ow = dy.shape
-    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _CORRC_TC, -(-c // 32) * 32
-    options, border = _cpu_options(k) + (f"-DTC={tc}",), -(-(k - 1) // s)
+    # up to 16 channels: one float16 of them per work-item and twice the positions (two would
+    # leave half their lanes zero: resnet8's 16-channel stride-2 gradient ran at ~80 GFLOP/s)
+    cv = 1 if c <= 16 else 2
+    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _CORRC_TC * (3 - cv), -(-c // (16 * cv)) * 16 * cv
+    options, border = _cpu_options(k) + (f"-DTC={tc}", f"-DCV={cv}"), -(-(k - 1) // s)
     dyb = ops.new(q, (n, oc, max(-(-(h + padding) // s), oh) + 2 * border + 1,
                       max(-(-(w_ + padding) // s), ow) + tc + 2 * border + 1))
     _pad_planes(q, dy, dyb, border, None, options)
     wt = _pack_weights(q, w, oc, c, k, cop, True, False, options)
     positions = -(-w_ // s)  # of a row's first phase, the longest
     xt = -(-positions // tc)
-    ops.launch(q, _FAMILY, "corrt_cpu", (h * s * xt, n * cop // 32), (1, 1), oc, c, cop, h, w_, dyb.shape[2],
+    ops.launch(q, _FAMILY, "corrt_cpu", (h * s * xt, n * cop // (16 * cv)), (1, 1), oc, c, cop, h, w_, dyb.shape[2],
                dyb.shape[3], xt, s, padding, border, dyb, wt, dx, options=options)
     dx.mark_written()
 
