@@ -11,6 +11,7 @@
 // PoCL vectorises explicit vectors, not loops across work-items (device/POCL.md): hence the
 // register block of RB x LJ accumulators with one vector load of W per k and RB scalar broadcasts.
 #include "act.h"
+#include "linear.h"
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
@@ -29,25 +30,11 @@ __kernel void linear(const int rows, __global const float *restrict x, __global 
                      __global const float *restrict res) {
     const int jw0 = get_global_id(0) * JW * LJ, r0 = get_global_id(1) * RB;
     if (jw0 >= OUT_F || r0 >= rows) return;
-    size_t xo[RB];  // each row's element 0 (rows past the end read the last row; their results are dropped)
-    for (int rr = 0; rr < RB; rr++) {
-        const int r = min(r0 + rr, rows - 1);
-        xo[rr] = (size_t)(r / INNER) * IN_F * INNER + r % INNER;
-    }
+    size_t xo[RB];
+    row_offsets(r0, rows, xo);
 #if LN
     float mean[RB], rstd[RB];
-    for (int rr = 0; rr < RB; rr++) {  // two passes, biased variance, as PyTorch
-        float s = 0.0f;
-        for (int k = 0; k < IN_F; k++) s += x[xo[rr] + k];
-        const float m = s / IN_F;
-        float v = 0.0f;
-        for (int k = 0; k < IN_F; k++) {
-            const float d = x[xo[rr] + k] - m;
-            v = fma(d, d, v);
-        }
-        mean[rr] = m;
-        rstd[rr] = 1.0f / sqrt(v / IN_F + LN_EPS);
-    }
+    ln_stats(x, xo, mean, rstd);
 #endif
     for (int j0 = jw0; j0 < min(jw0 + JW * LJ, OUT_F); j0 += LJ) {
         VEC acc[RB];

@@ -10,6 +10,7 @@
 // are dereferenced, never vloadN/vstoreN or fma() (PoCL makes those out-of-line calls through
 // memory); -cl-mad-enable fuses the multiply-adds.
 #include "act.h"
+#include "linear.h"
 #include "vec_cpu.h"
 
 #if RES
@@ -26,26 +27,11 @@ void linear_cpu(const int rows, __global const float *restrict x, __global const
     const int j0 = get_global_id(0) * JV * 16;  // this group's first output
     const int jv_n = min(JV, (OUT_P - j0) / 16);  // its vectors (the last group may have fewer)
     for (int r0 = get_global_id(1) * RB; r0 < rows; r0 += get_global_size(1) * RB) {
-        size_t xo[RB];  // each row's element 0 (rows past the end read the last row; dropped)
-#pragma unroll
-        for (int rr = 0; rr < RB; rr++) {
-            const int r = min(r0 + rr, rows - 1);
-            xo[rr] = (size_t)(r / INNER) * IN_F * INNER + r % INNER;
-        }
+        size_t xo[RB];
+        row_offsets(r0, rows, xo);
 #if LN
         float mean[RB], rstd[RB];
-        for (int rr = 0; rr < RB; rr++) {  // two passes, biased variance, as PyTorch
-            float s = 0.0f;
-            for (int k = 0; k < IN_F; k++) s += x[xo[rr] + k];
-            const float m = s / IN_F;
-            float v = 0.0f;
-            for (int k = 0; k < IN_F; k++) {
-                const float d = x[xo[rr] + k] - m;
-                v += d * d;
-            }
-            mean[rr] = m;
-            rstd[rr] = 1.0f / sqrt(v / IN_F + LN_EPS);
-        }
+        ln_stats(x, xo, mean, rstd);
 #endif
         float16 acc[RB][JV];
 #pragma unroll

@@ -178,6 +178,21 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         gb = INTERLEAVE4(a_ == i0_ + (W) ? gv_ : 0.0f, a_ == i0_ + (W) + 1 ? gv_ : 0.0f);        \
     } while (0)
 
+// POOL_G1: the same for one window (2 columns), as float2
+#define POOL_G1(dp, ar, top, W, ow, gt, gb)                                                       \
+    do {                                                                                        \
+        const float gv_ = (dp)[ow];                                                             \
+        const int a_ = (ar)[ow], i0_ = (top) + 2 * (ow);                                        \
+        gt = (float2)(a_ == i0_ ? gv_ : 0.0f, a_ == i0_ + 1 ? gv_ : 0.0f);                      \
+        gb = (float2)(a_ == i0_ + (W) ? gv_ : 0.0f, a_ == i0_ + (W) + 1 ? gv_ : 0.0f);          \
+    } while (0)
+
+// The inputs of pooled row oh that no window covers (g = 0 there): the last column of the two
+// rows when W is odd, and the whole third row below the last pooled row when H is odd; UNCOVERED_AT
+// is the e-th one's offset from the pooled row's first input
+#define UNCOVERED_N(W, H, oh, OH) (((W) & 1 ? 2 : 0) + ((oh) == (OH) - 1 && ((H) & 1) ? (W) : 0))
+#define UNCOVERED_AT(e, W) ((e) < ((W) & 1 ? 2 : 0) ? (e) * (W) + (W) - 1 : 2 * (W) + (e) - ((W) & 1 ? 2 : 0))
+
 // Stage 1: part pi of channel c walks pooled rows [pi * prow, ...) of its N * OH (each two input
 // rows, and the last one the uncovered row of an odd H) and writes sum(dz), sum(dz * (x - mean)).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -218,19 +233,16 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
             ow += 4;
         }
         for (; ow < OW; ow++) {  // one window at a time
-            const float gv = dpr[ow];
-            const int a = ar[ow], i0 = top + 2 * ow;
-            const float2 gt = (float2)(a == i0 ? gv : 0.0f, a == i0 + 1 ? gv : 0.0f);
-            const float2 gb = (float2)(a == i0 + W ? gv : 0.0f, a == i0 + W + 1 ? gv : 0.0f);
+            float2 gt, gb;
+            POOL_G1(dpr, ar, top, W, ow, gt, gb);
             const float2 xt = *(__global const ufloat2 *)(xp + 2 * ow), xb = *(__global const ufloat2 *)(xp + W + 2 * ow);
             const float2 dt = BN_DZ(xt, gt, mu, inv, ga, be, slope), db = BN_DZ(xb, gb, mu, inv, ga, be, slope);
             const float2 sb = dt + db, sg = dt * (xt - mu) + db * (xb - mu);
             tb += sb.x + sb.y;
             tg += sg.x + sg.y;
         }
-        // what no window covers (g = 0): the last column of an odd W, the last row of an odd H
-        for (int e = 0; e < ((W & 1) ? 2 : 0) + ((oh == OH - 1 && (H & 1)) ? W : 0); e++) {
-            const int at = e < ((W & 1) ? 2 : 0) ? e * W + W - 1 : 2 * W + e - ((W & 1) ? 2 : 0);
+        for (int e = 0; e < UNCOVERED_N(W, H, oh, OH); e++) {
+            const int at = UNCOVERED_AT(e, W);
             const float xv = xp[at], d = BN_DZ(xv, 0.0f, mu, inv, ga, be, slope);
             tb += d;
             tg += d * (xv - mu);
@@ -274,16 +286,14 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
             ow += 4;
         }
         for (; ow < OW; ow++) {  // one window at a time
-            const float gv = dpr[ow];
-            const int a = ar[ow], i0 = top + 2 * ow;
-            const float2 gt = (float2)(a == i0 ? gv : 0.0f, a == i0 + 1 ? gv : 0.0f);
-            const float2 gb = (float2)(a == i0 + W ? gv : 0.0f, a == i0 + W + 1 ? gv : 0.0f);
+            float2 gt, gb;
+            POOL_G1(dpr, ar, top, W, ow, gt, gb);
             const float2 xt = *(__global const ufloat2 *)(xp + 2 * ow), xb = *(__global const ufloat2 *)(xp + W + 2 * ow);
             *(__global ufloat2 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
             *(__global ufloat2 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
         }
-        for (int e = 0; e < ((W & 1) ? 2 : 0) + ((oh == OH - 1 && (H & 1)) ? W : 0); e++) {  // g = 0 there
-            const int at = e < ((W & 1) ? 2 : 0) ? e * W + W - 1 : 2 * W + e - ((W & 1) ? 2 : 0);
+        for (int e = 0; e < UNCOVERED_N(W, H, oh, OH); e++) {
+            const int at = UNCOVERED_AT(e, W);
             const float xv = xp[at];
             dxp[at] = g * (BN_DZ(xv, 0.0f, m, inv, ga, be, slope) - k1 - (xv - m) * k2);
         }

@@ -1,0 +1,33 @@
+// What the fused linear family's kernels share (linear.cl, linear_cpu.cl; defines IN_F INNER RB
+// LN LN_EPS): each row's first input element, and a LayerNorm's statistics of RB rows.
+#ifndef NETCL_LINEAR_H
+#define NETCL_LINEAR_H
+
+// xo[rr] = the offset of row r0 + rr's element 0 (rows past the end read the last row; their
+// results are dropped)
+inline void row_offsets(const int r0, const int rows, size_t *xo) {
+    for (int rr = 0; rr < RB; rr++) {
+        const int r = min(r0 + rr, rows - 1);
+        xo[rr] = (size_t)(r / INNER) * IN_F * INNER + r % INNER;
+    }
+}
+
+#if LN
+// mean and 1 / sqrt(variance + eps) of each row: two passes, biased variance, as PyTorch
+inline void ln_stats(__global const float *x, const size_t *xo, float *mean, float *rstd) {
+    for (int rr = 0; rr < RB; rr++) {
+        float s = 0.0f;
+        for (int k = 0; k < IN_F; k++) s += x[xo[rr] + k];
+        const float m = s / IN_F;
+        float v = 0.0f;
+        for (int k = 0; k < IN_F; k++) {
+            const float d = x[xo[rr] + k] - m;
+            v = fma(d, d, v);
+        }
+        mean[rr] = m;
+        rstd[rr] = 1.0f / sqrt(v / IN_F + LN_EPS);
+    }
+}
+#endif
+
+#endif
