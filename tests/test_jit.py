@@ -186,6 +186,25 @@ def test_winograd_equals_unfused(q, monkeypatch, tile, batch):
     np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("ow", [2, 4, 8, 16])
+@pytest.mark.parametrize("padding", [0, 1])
+def test_stride2_direct_conv_at_every_vector_width(q, ow, padding):
+    """The CPU direct kernel at stride 2 (its even-element loads) for rows of 2, 4, 8 and 16
+    outputs, the input as wide as the outputs need and no wider (odd), stored with and without a
+    border, batch 1 and 3."""
+    rng = np.random.default_rng(ow + padding)
+    netcl.manual_seed(ow)
+    w = 2 * ow + 1 - 2 * padding
+    model = randomize_batchnorm(nn.Sequential(nn.Sigmoid(), nn.Conv2d(3, 9, 3, stride=2, padding=padding),
+                                              nn.BatchNorm2d(9), nn.ReLU(),
+                                              nn.Conv2d(9, 4, 3, stride=2, padding=1)), rng).eval()
+    for n in (1, 3):
+        x = rng.normal(size=(n, 3, 5, w)).astype(np.float32)
+        y = _fused(model, q, x)
+        assert y.shape[3] == -(-ow // 2)
+        np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
 def test_winograd_choice_follows_the_vector_width():
     """Winograd's float8 blocks run at half width on AVX-512: there the direct kernel takes every
     3x3 conv whose rows fill a native vector; on 8-wide devices (AVX2) the choice is by shape."""

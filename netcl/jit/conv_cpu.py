@@ -35,7 +35,7 @@ class ConvCpu(Launch):
         self.grid = (uw // vw, ohu // rr, kb)  # times the batch along z
         lx = self.grid[0] if self.grid[0] <= 16 else _largest_divisor(self.grid[0], 16)
         ly = _largest_divisor(self.grid[1], max(1, 32 // lx))
-        self.program, self.name = target.program("conv_cpu", dict(spec.defines(), VW=vw, VW2=2 * vw, VWH=vw // 2,
+        self.program, self.name = target.program("conv_cpu", dict(spec.defines(), VW=vw, VWH=vw // 2,
                                                                   RM=rm, RR=rr, KB=kb, LX=lx, LY=ly),
                                                  ["-cl-mad-enable"]), "conv_cpu"
         self.lsize, self.spec = (lx, ly, 1), spec

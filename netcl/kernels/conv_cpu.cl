@@ -1,5 +1,5 @@
-// Fused conv, CPU direct family (netcl/jit/conv_cpu.py). Defines: conv.h's, and VW VW2 VWH
-// (vector width, twice, half) RM RR KB (register block, channel blocks) LX LY (work-group), MULT
+// Fused conv, CPU direct family (netcl/jit/conv_cpu.py). Defines: conv.h's, and VW VWH
+// (vector width, half of it) RM RR KB (register block, channel blocks) LX LY (work-group), MULT
 // (0: dense; else depthwise with this channel multiplier, RM = 1: output channel kb reads input
 // channel kb / MULT only, weights [K][KS * KS]).
 #include "act.h"
@@ -13,15 +13,20 @@
 // unaligned vector loads and stores by dereference: PoCL's vloadN/fma on wide vectors are
 // out-of-line calls (the vectors go through memory), plain operators stay in registers
 typedef VEC __attribute__((aligned(4))) uvec;
-#if STRIDE == 2
-typedef CAT(float, VW2) __attribute__((aligned(4))) uvec2;
-#endif
 #define VLOAD(o, p) (*(const uvec *)(p))
 #define VSTORE(v, o, p) (*(uvec *)(p) = (v))
 #if STRIDE == 1
 #define LOADX(p) (*(__global const uvec *)(p))
+#else  // the even elements p[0], p[2], .. p[2 VW - 2]: two loads, the second ending at the last one
+       // (one load of 2 VW read a float past it), one shuffle
+#if VW == 8
+#define EVENS 0, 2, 4, 6, 9, 11, 13, 15
+#elif VW == 4
+#define EVENS 0, 2, 5, 7
 #else
-#define LOADX(p) (*(__global const uvec2 *)(p)).even
+#define EVENS 0, 3
+#endif
+#define LOADX(p) __builtin_shufflevector(*(__global const uvec *)(p), *(__global const uvec *)((p) + VW - 1), EVENS)
 #endif
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
