@@ -163,6 +163,28 @@ def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, 
     record_error(*check(fused, run_torch(torch, ref, x, dy), "fused vs torch", 1e-5))
 
 
+@pytest.mark.parametrize("pooled", [False, True])
+def test_frozen_batchnorm_in_a_training_model(queue, rng, monkeypatch, pooled):
+    """A BatchNorm2d in eval mode (running statistics, as when fine-tuning) inside a model that
+    trains: fused with its activation (and its pool, on CPUs) as unfused, statistics untouched."""
+    model = randomize(build_pooled("ReLU") if pooled else build("ReLU"), rng).to(queue).train()
+    for layer in model.layers:
+        if isinstance(layer, nn.BatchNorm2d):
+            layer.eval()
+    shape = (2, 3, 13, 21) if pooled else (2, 3, 9, 11)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    model.load_state_dict(state)
+    unfused = run(queue, model, x, dy, False, monkeypatch)
+    check(fused, unfused, "frozen BatchNorm fused vs unfused", 2e-6)
+    for layer in model.layers:
+        if isinstance(layer, nn.BatchNorm2d):
+            key = next(k for k, t in model.named_buffers() if t is layer.running_mean)
+            np.testing.assert_array_equal(fused[3][key], state[key])
+
+
 def count_launches(monkeypatch):
     n = [0]
     enqueue = ops._enqueue

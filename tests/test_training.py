@@ -195,6 +195,14 @@ def test_eval_mode_backward_vs_torch(queue, rng):
             ref = tparams[k].grad.numpy()
             assert_close(p.grad.to_host(), ref.T if k == "6.weight" else ref, what=k)
     np.testing.assert_array_equal(model.state_dict()["1.running_var"], sd["1.running_var"].astype(np.float32))
+    # an eval (fused) forward, then train(), then backward: the replay follows the forward's mode
+    # (running statistics, left unchanged), not the mode set since
+    model.zero_grad()
+    model(Tensor.from_host(queue, x))
+    model.train()
+    assert_close(model.backward(Tensor.from_host(queue, dy)).to_host(), xt.grad.numpy(), what="dx after train()")
+    np.testing.assert_array_equal(model.state_dict()["1.running_var"], sd["1.running_var"].astype(np.float32))
+    assert model.training and model[1].training
 
 
 def test_digits_cnn_reaches_95_percent(queue, record_note):

@@ -111,7 +111,7 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             y_inf = fused.infer(x, q)
             if not np.array_equal(y_inf, y):
                 raise RuntimeError(f"{name} batch {b}: plan.infer differs from model(Tensor)")
-            del checked
+            del checked, sess  # the CPU session among them: its workers end here
             timed = {"netcl": lambda: fused.infer(x, q), "netcl_tensor": run_netcl}
             if cpu_session:
                 timed["ort_cpu"] = PerBlock(lambda: _session_block(cpu_session(), x))

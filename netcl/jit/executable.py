@@ -251,9 +251,9 @@ class Executable:
         else:
             np.copyto(dst, src)
         dst.base.release(q)  # unmap: the kernels may read it now
-        y = self.run(self.dev_in)
-        self._map_input()  # after the kernels, in queue order
-        return self._finish(y)
+        out = self._finish(self.run(self.dev_in))
+        self._map_input()  # after the read (a plan's output may be a view of its input)
+        return out
 
     def _finish(self, y):
         cl = self.target.cl

@@ -64,7 +64,8 @@ class BatchNorm2d(Module):
         """y = BatchNorm(x), or act(BatchNorm(x)) in the same pass when given `act`, the activation
         layer that follows (Sequential's training path: one pass instead of two, and backward
         differentiates through both without the activation's saved tensor). With `pool`, the
-        MaxPool2d after the activation (2x2, stride 2, training on a CPU: pools_in_norm), the pass
+        MaxPool2d after the activation (2x2, stride 2, on a CPU: pools_in_norm; Sequential's
+        training forward, whether this BatchNorm uses batch or running statistics), the pass
         returns the pooled result and leaves the pool what its backward reads; the BatchNorm's
         own output is not stored."""
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
@@ -93,7 +94,7 @@ class BatchNorm2d(Module):
         else:
             mean, var = self.running_mean, self.running_var
         if pool is not None:
-            assert self.training and pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
+            assert pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
             g = pool._geometry(x.shape)
             items, rows = _pool2_rows(q, g)
             nc, _, _, _, _, _, oh, ow = g

@@ -130,8 +130,8 @@ class Sequential(LayerList):
             raise ValueError(f"backward expects a gradient of the last output's shape {self._out_shape}, "
                              f"got {dy.shape}")
         x, self._fused_input = self._fused_input, None
-        if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs
-            self._run_layers(x, False)
+        if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs,
+            self._replay_eval(x)  # in eval mode even if train() came since (the forward's statistics)
         first = 0
         if not input_grad:  # the first layer that has parameters: nothing before it needs a gradient
             first = next((i for i, lay in enumerate(self.layers) if i not in self._skipped and lay.parameters()),
@@ -155,3 +155,19 @@ class Sequential(LayerList):
 
     def backward_params(self, dy):
         self.backward(dy, input_grad=False)
+
+    def _replay_eval(self, x):
+        """The layers' forward on x in eval mode (every module's flag set and restored directly:
+        train()/eval() would also make or drop the fused plan)."""
+        modes, todo = [], [self]
+        while todo:
+            m = todo.pop()
+            modes.append((m, m.training))
+            todo += [c for _, c in m.named_children()]
+        try:
+            for m, _ in modes:
+                m.training = False
+            self._run_layers(x, False)
+        finally:
+            for m, mode in modes:
+                m.training = mode
