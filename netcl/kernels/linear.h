@@ -5,7 +5,8 @@
 
 // xo[rr] = the offset of row r0 + rr's element 0 (rows past the end read the last row; their
 // results are dropped)
-inline void row_offsets(const int r0, const int rows, size_t *xo) {
+__attribute__((always_inline)) inline void row_offsets(const int r0, const int rows, size_t *xo) {
+#pragma unroll
     for (int rr = 0; rr < RB; rr++) {
         const int r = min(r0 + rr, rows - 1);
         xo[rr] = (size_t)(r / INNER) * IN_F * INNER + r % INNER;
@@ -14,7 +15,7 @@ inline void row_offsets(const int r0, const int rows, size_t *xo) {
 
 #if LN
 // mean and 1 / sqrt(variance + eps) of each row: two passes, biased variance, as PyTorch
-inline void ln_stats(__global const float *x, const size_t *xo, float *mean, float *rstd) {
+__attribute__((always_inline)) inline void ln_stats(__global const float *x, const size_t *xo, float *mean, float *rstd) {
     for (int rr = 0; rr < RB; rr++) {
         float s = 0.0f;
         for (int k = 0; k < IN_F; k++) s += x[xo[rr] + k];
@@ -22,7 +23,7 @@ inline void ln_stats(__global const float *x, const size_t *xo, float *mean, flo
         float v = 0.0f;
         for (int k = 0; k < IN_F; k++) {
             const float d = x[xo[rr] + k] - m;
-            v = fma(d, d, v);
+            v += d * d;  // fused with -cl-mad-enable (linear_cpu.cl; fma() was a call there)
         }
         mean[rr] = m;
         rstd[rr] = 1.0f / sqrt(v / IN_F + LN_EPS);
