@@ -71,16 +71,6 @@ void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const
     }
 }
 
-// g[o] (+)= sum over n of sums[n * OC + o], in order of n: the bias gradient.
-__kernel void bias_grad_cpu(const int N, const int OC, __global const float *sums, __global float *g,
-                            const int accumulate) {
-    const int o = get_global_id(0);
-    if (o >= OC) return;
-    float s = 0.0f;
-    for (int n = 0; n < N; n++) s += sums[n * OC + o];
-    g[o] = accumulate ? g[o] + s : s;
-}
-
 // dst (NC, HP, WP) = src (NC, H, W) placed at row `top`, column `left` of zero planes, and
 // (sums != 0) sums[plane] = the plane's sum (the bias gradient's per-image sums, in float16
 // lanes flushed every 32 vectors: no lane adds a long sequential run). `planes` planes per
@@ -175,7 +165,8 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
     }
 }
 
-// out[i] (+)= sum over the chunks of part[chunk][i], in order (one work-item per i).
+// out[i] (+)= sum over the chunks of part[chunk][i], in order (one work-item per i): the weight
+// gradient's chunks, and the bias gradient from per-image sums (N, OC) (chunks = N).
 __kernel void sum_chunks_cpu(const int size, const int chunks, __global const float *part, __global float *out,
                              const int accumulate) {
     const int i = get_global_id(0);

@@ -343,7 +343,7 @@ class Conv2d(Module):
     def _bias_grad_cpu(self, n, oc, sums):
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
-            ops.launch1d(gb.queue, _FAMILY, "bias_grad_cpu", oc, n, oc, sums, gb, int(acc))
+            ops.launch1d(gb.queue, _FAMILY, "sum_chunks_cpu", oc, oc, n, sums, gb, int(acc))  # over the images
             gb.mark_written()
 
     def _backward_direct(self, dy, need_dx):
