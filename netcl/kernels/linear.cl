@@ -30,12 +30,7 @@ __kernel void linear(const int rows, __global const float *restrict x, __global 
                      __global const float *restrict res) {
     const int jw0 = get_global_id(0) * JW * LJ, r0 = get_global_id(1) * RB;
     if (jw0 >= OUT_F || r0 >= rows) return;
-    size_t xo[RB];
-    row_offsets(r0, rows, xo);
-#if LN
-    float mean[RB], rstd[RB];
-    ln_stats(x, xo, mean, rstd);
-#endif
+    LIN_ROWS(r0, rows);
     for (int j0 = jw0; j0 < min(jw0 + JW * LJ, OUT_F); j0 += LJ) {
         VEC acc[RB];
         for (int rr = 0; rr < RB; rr++) acc[rr] = (VEC)(0.0f);
@@ -43,11 +38,7 @@ __kernel void linear(const int rows, __global const float *restrict x, __global 
             const VEC wv = VLOAD(0, w + (size_t)k * OUT_P + j0);
 #pragma unroll
             for (int rr = 0; rr < RB; rr++) {
-#if LN
-                const float xv = (x[xo[rr] + k] - mean[rr]) * rstd[rr];
-#else
-                const float xv = x[xo[rr] + (size_t)k * INNER];
-#endif
+                const float xv = LIN_X(rr, k);
                 acc[rr] = fma((VEC)(xv), wv, acc[rr]);
             }
         }

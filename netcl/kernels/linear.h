@@ -31,4 +31,15 @@ __attribute__((always_inline)) inline void ln_stats(__global const float *x, con
 }
 #endif
 
+// LIN_ROWS(r0, rows) declares a kernel's row state for rows r0 .. r0 + RB - 1 (xo, and with a
+// LayerNorm mean and rstd); LIN_X(rr, k) is then row rr's input k as the Linear sees it
+// (normalised, or along the inner axis). Macros over the kernel's x: one expression both kernels use.
+#if LN
+#define LIN_ROWS(r0, rows) size_t xo[RB]; float mean[RB], rstd[RB]; row_offsets(r0, rows, xo); ln_stats(x, xo, mean, rstd)
+#define LIN_X(rr, k) ((x[xo[rr] + (k)] - mean[rr]) * rstd[rr])
+#else
+#define LIN_ROWS(r0, rows) size_t xo[RB]; row_offsets(r0, rows, xo)
+#define LIN_X(rr, k) (x[xo[rr] + (size_t)(k) * INNER])
+#endif
+
 #endif

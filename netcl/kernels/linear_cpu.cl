@@ -27,12 +27,7 @@ void linear_cpu(const int rows, __global const float *restrict x, __global const
     const int j0 = get_global_id(0) * JV * 16;  // this group's first output
     const int jv_n = min(JV, (OUT_P - j0) / 16);  // its vectors (the last group may have fewer)
     for (int r0 = get_global_id(1) * RB; r0 < rows; r0 += get_global_size(1) * RB) {
-        size_t xo[RB];
-        row_offsets(r0, rows, xo);
-#if LN
-        float mean[RB], rstd[RB];
-        ln_stats(x, xo, mean, rstd);
-#endif
+        LIN_ROWS(r0, rows);
         float16 acc[RB][JV];
 #pragma unroll
         for (int rr = 0; rr < RB; rr++)
@@ -45,11 +40,7 @@ void linear_cpu(const int rows, __global const float *restrict x, __global const
             for (int v = 0; v < JV; v++) wv[v] = v < jv_n ? *(__global const ufloat16 *)(wk + 16 * v) : (float16)(0.0f);
 #pragma unroll
             for (int rr = 0; rr < RB; rr++) {
-#if LN
-                const float xv = (x[xo[rr] + k] - mean[rr]) * rstd[rr];
-#else
-                const float xv = x[xo[rr] + (size_t)k * INNER];
-#endif
+                const float xv = LIN_X(rr, k);
 #pragma unroll
                 for (int v = 0; v < JV; v++) acc[rr][v] += xv * wv[v];
             }
