@@ -16,7 +16,7 @@ from netcl.errors import CompileError, FormatError, NoDeviceError
 from netcl.io import export_onnx, export_test_case, import_onnx, load, load_checkpoint, save, save_checkpoint
 from netcl.io.onnx_export import TARGETS, resolve_opset
 from netcl.runtime import select_device
-from netcl.runtime.device import _all_devices
+from netcl.runtime.device import _all_devices, is_serial
 
 
 def _load_model(path):
@@ -29,8 +29,11 @@ def _load_model(path):
 def cmd_devices(args):
     chosen = select_device()
     for d, (_, dev) in zip(netcl.devices(), _all_devices()):
-        print(f"{'*' if dev == chosen else ' '} {d}")
-    print("(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose)")
+        note = ""
+        if is_serial(dev):
+            note = "  <- serial: kernels run in the calling thread; predict() uses it for small calls"
+        print(f"{'*' if dev == chosen else ' '} {d}{note}")
+    print("(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose; NETCL_CPU_SERIAL=0: no serial device)")
     return 0
 
 

@@ -2,6 +2,7 @@
 per input shape and kept within bounds; plan_fused(model) makes one when any stage fuses."""
 import threading
 from collections import OrderedDict
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class FusedPlan:
         self._compiled = OrderedDict()  # (queue, input shape without the batch) -> Compiled
         self._exe = OrderedDict()  # (queue, input shape) -> Executable, least recently used first
         self._lock = threading.RLock()
+        self._macs = {}  # input shape -> Module.macs: which device predict() uses on a PoCL CPU
 
     def __repr__(self):
         return f"FusedPlan({', '.join(str(s) for s in self.stages)})"
@@ -92,15 +94,41 @@ class FusedPlan:
             _, old = self._exe.popitem(last=False)
             total -= old.nbytes
 
+    def _small(self, shape):
+        """Whether a call of `shape` is small enough for PoCL's serial CPU device (runtime.serial_macs)."""
+        macs = self._macs.get(shape)
+        if macs is None:
+            try:
+                macs = self.model.macs(shape)
+            except ValueError:  # _executable raises it, with the layers' message
+                return False
+            if len(self._macs) >= 64:
+                self._macs.clear()
+            self._macs[shape] = macs
+        return macs <= runtime.serial_macs()
+
     def infer(self, x, queue=None):
         """Host array in, host array out: the whole round trip (Executable.infer: on GPUs the upload
         straight from x, on CPUs a copy into the mapped input buffer, on threads where it is large).
-        Returns a new float32 numpy array; one wait per call."""
-        q = queue if queue is not None else runtime.default_queue()
+        Returns a new float32 numpy array; one wait per call.
+
+        Without a queue: the default device's; on PoCL's threaded CPU device, a call of at most
+        runtime.serial_macs() multiply-accumulates runs on the same platform's serial device instead
+        (runtime.serial_queue: the kernels run in this thread, none waits for a worker on another
+        core; the same kernels, so the same results). Such a call keeps the GIL while it computes."""
         x = np.ascontiguousarray(x, np.float32)
+        q, one_at_a_time = queue, nullcontext()
+        if q is None:
+            q = runtime.default_queue()
+            serial = runtime.serial_queue(q)
+            if serial is not None and self._small(x.shape):
+                # one call at a time on the serial device: PoCL 3's serial driver deadlocks when two
+                # threads' commands meet in its queue (a command's completion runs the next one, which
+                # the other thread holds)
+                q, one_at_a_time = serial, runtime.serial_lock(serial)
         if x.size == 0:
             return np.zeros(self.model.output_shape(x.shape), np.float32)
-        with self._lock:
+        with one_at_a_time, self._lock:
             exe = self._executable(q, x.shape)
             fresh = not exe.staged
             y = exe.infer(x)

@@ -41,6 +41,10 @@ class MultiheadAttention(Module):
             raise ValueError(f"MultiheadAttention expects input (N, L, {self.embed_dim}), got {tuple(shape)}")
         return tuple(shape)
 
+    def macs(self, shape):  # the four projections, then scores and their weighted sum
+        n, L, e = self.output_shape(shape)
+        return n * (4 * L * e * e + 2 * L * L * e)
+
     def _heads(self, src, rw, off, n, L):
         h, d = self.num_heads, self.embed_dim // self.num_heads
         out = ops.new(src, (n * h, L, d))

@@ -50,6 +50,10 @@ class Residual(Module):
                              f"{tuple(shape)}; y = body(x) + shortcut(x) needs both the same")
         return y
 
+    def macs(self, shape):
+        self.output_shape(shape)
+        return self.body.macs(shape) + (self.shortcut.macs(shape) if self.shortcut is not None else 0)
+
     def forward(self, x):
         self._on(x)
         self.output_shape(x.shape)  # a shape error names its layer before any work is done
@@ -115,6 +119,10 @@ class Concat(Module):
             raise ShapeError("", "Concat", f"the branches disagree off the concat axis (dim={self.dim}) for input "
                              f"{tuple(shape)}: {given}")
         return outs[0][:d] + (sum(o[d] for o in outs),) + outs[0][d + 1:]
+
+    def macs(self, shape):
+        self.output_shape(shape)
+        return sum(br.macs(shape) for br in self.branches.layers)
 
     def forward(self, x):
         q = self._on(x)

@@ -8,6 +8,8 @@ and the data gradient, no col2im. ConvTranspose2d is the convolution's data grad
 is GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 
+import numpy as np
+
 from netcl import ops
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
@@ -200,6 +202,10 @@ class Conv2d(Module):
             raise ValueError(f"Conv2d kernel {self.kernel_size} (dilation {self.dilation}, padding {self.padding}) "
                              f"does not fit input {h}x{w}")
         return (n, self.out_channels, oh, ow)
+
+    def macs(self, shape):
+        n, k, oh, ow = self.output_shape(shape)
+        return n * k * oh * ow * (self.in_channels // self.groups) * self.kernel_size ** 2
 
     def _geometry(self):
         return self.kernel_size, self.stride, self.padding, self.dilation
@@ -436,6 +442,10 @@ class ConvTranspose2d(Module):
         if oh < 1 or ow < 1:
             raise ValueError(f"ConvTranspose2d with padding {self.padding} leaves no output for input {h}x{w}")
         return (n, self.out_channels, oh, ow)
+
+    def macs(self, shape):  # each input element meets K x k x k weights
+        self.output_shape(shape)
+        return int(np.prod(shape)) * self.out_channels * self.kernel_size ** 2
 
     def forward(self, x):
         # the data gradient of a Conv2d(K -> C) with this weight: dcols = W^T x, then col2im (+ bias)

@@ -1,6 +1,8 @@
 """Linear: y = x @ W + b over the last dimension; W stored (in_features, out_features)."""
 import math
 
+import numpy as np
+
 from netcl import ops
 from netcl.nn.module import Module, as_bool, positive, uniform
 
@@ -39,6 +41,9 @@ class Linear(Module):
             raise ValueError(f"Linear({self.in_features}, {self.out_features}) expects input (N, ..., "
                              f"{self.in_features}), got {tuple(shape)}")
         return tuple(shape[:-1]) + (self.out_features,)
+
+    def macs(self, shape):
+        return int(np.prod(self.output_shape(shape))) * self.in_features
 
     def forward(self, x):
         self._on(x)

@@ -164,6 +164,14 @@ class Module:
         """The output shape for an input of `shape` (no device needed); ValueError if it does not fit."""
         return tuple(shape)
 
+    def macs(self, shape):
+        """Multiply-accumulates of one forward for an input of `shape` (the batch included): the
+        products of convolutions, Linear layers and attention; element-wise layers, normalisations
+        and pooling count 0. What predict() sizes a call by (netcl.jit.plan); a model's cost at a
+        glance. ValueError as output_shape() when the shape does not fit."""
+        self.output_shape(shape)
+        return 0
+
     def forward(self, x):
         raise NotImplementedError(type(self).__name__)
 

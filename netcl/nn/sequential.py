@@ -71,6 +71,14 @@ class Sequential(LayerList):
             shape = child_shape(name, layer, shape)
         return tuple(shape)
 
+    def macs(self, shape):
+        total = 0
+        for name, layer in self.named_children():
+            out = child_shape(name, layer, shape)  # a shape that does not fit: the error names the layer
+            total += layer.macs(shape)
+            shape = out
+        return total
+
     def forward(self, x):
         if not isinstance(x, Tensor):
             raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "

@@ -2,33 +2,76 @@
 counters that tell a steady training step (no buffers made, no programs built) from a first one."""
 import os
 import re
+import threading
 
 import numpy as np
 
 from netcl.runtime import program
-from netcl.runtime.device import DeviceInfo, devices, select_device
+from netcl.runtime.device import DeviceInfo, devices, is_serial, select_device
 from netcl.runtime.program import build, kernel_source
 
 _queues = {}  # device -> CommandQueue
 _chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQueue
+_serial_locks = {}  # a serial device's queue (int_ptr) -> its Lock
+_serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
+SERIAL_MACS = 20_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _pools = {}  # context -> MemoryPool
 _kernels = {}  # (context, family, options) -> {name: Kernel}
 
 
 def default_queue(spec=None):
     """The pyopencl.CommandQueue of the selected device (see select_device); one per device per process."""
-    import pyopencl as cl
-
     key = (spec, os.environ.get("NETCL_DEVICE", "")) if spec is None else (spec, None)
     q = _chosen.get(key)  # selecting walks every platform's devices: ~16 us, each predict() asked
     if q is not None:
         return q
-    device = select_device(spec)
+    q = _chosen[key] = _queue_of(select_device(spec))
+    return q
+
+
+def _queue_of(device):
+    import pyopencl as cl
+
     q = _queues.get(device.int_ptr)
     if q is None:
         q = _queues[device.int_ptr] = cl.CommandQueue(cl.Context([device]))
-    _chosen[key] = q
     return q
+
+
+def serial_queue(queue):
+    """The queue of PoCL's serial CPU device (netcl.runtime.device: it runs each kernel in the thread
+    that enqueues it) when `queue` is on the same PoCL platform's threaded CPU device; else None
+    (GPUs, other OpenCL CPUs, PoCL without it, NETCL_CPU_SERIAL=0). One per device per process."""
+    if os.environ.get("NETCL_CPU_SERIAL", "").strip() == "0":
+        return None
+    key = queue.int_ptr
+    if key not in _serial:
+        import pyopencl as cl
+
+        dev, twin = queue.device, None
+        if dev.type & cl.device_type.CPU and not is_serial(dev):
+            twin = next((d for d in dev.platform.get_devices() if is_serial(d)), None)
+        _serial[key] = _queue_of(twin) if twin is not None else None
+    return _serial[key]
+
+
+def serial_lock(queue):
+    """The lock that makes one thread at a time use a serial device's queue (netcl.jit.plan)."""
+    return _serial_locks.setdefault(queue.int_ptr, threading.Lock())
+
+
+def serial_macs():
+    """The largest call (in multiply-accumulates, Module.macs) predict() sends to the serial device:
+    $NETCL_CPU_SERIAL = 0 (never), 1 or unset (SERIAL_MACS), or that number (e.g. 5e7)."""
+    v = os.environ.get("NETCL_CPU_SERIAL", "").strip()
+    if v in ("", "1"):
+        return SERIAL_MACS
+    try:
+        return max(0, int(float(v)))
+    except ValueError:
+        raise ValueError(f"NETCL_CPU_SERIAL={v!r}: expected 0 (off), 1 (on, up to {SERIAL_MACS:.0e} "
+                         "multiply-accumulates per call) or the largest call in multiply-accumulates "
+                         "(e.g. 5e7)") from None
 
 
 def device_class(queue):
@@ -106,5 +149,5 @@ def stats():
     return {"allocations": _allocations[0], "builds": program.stats["compiled"] + program.stats["disk"]}
 
 
-__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "device_class", "kernels", "alloc", "buffer",
-           "stats", "build", "kernel_source"]
+__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_macs",
+           "device_class", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]

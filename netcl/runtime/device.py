@@ -1,4 +1,13 @@
-"""OpenCL device selection: NETCL_DEVICE = gpu | cpu | <name substring>; default first GPU, else first CPU."""
+"""OpenCL device selection: NETCL_DEVICE = gpu | cpu | <name substring>; default first GPU, else first CPU.
+
+PoCL's serial CPU device: PoCL has two CPU drivers, "pthread" (a pool of worker threads, one per
+core; netcl's CPU device) and "basic", which runs each command in the thread that enqueues it.
+Unless POCL_DEVICES is set, netcl asks PoCL for both before its first OpenCL call (PoCL reads
+POCL_DEVICES once, when a process first lists platforms), so that predict() can run calls too
+small for two cores on the serial device (netcl.jit.plan): handing a kernel to a worker thread that
+sleeps on another core costs ~20-45 us on this project's 2-core machine, more than many of a small
+model's kernels take. The serial device is never chosen as "cpu" or by default, only by its name.
+NETCL_CPU_SERIAL=0 leaves POCL_DEVICES alone (and predict() on the pthread device)."""
 import os
 from dataclasses import dataclass
 
@@ -31,8 +40,26 @@ def _cl():
     return cl
 
 
+SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named by driver (PoCL 3; 5+)
+_asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
+
+
+def _ask_pocl_for_serial():
+    if not _asked:
+        _asked.append(True)
+        if "POCL_DEVICES" not in os.environ and os.environ.get("NETCL_CPU_SERIAL", "").strip() != "0":
+            os.environ["POCL_DEVICES"] = "pthread basic"
+
+
+def is_serial(device):
+    """Whether `device` (a pyopencl.Device) is PoCL's serial CPU device (see the module's doc)."""
+    return device.name.strip().startswith(SERIAL_PREFIXES) and "pocl" in device.platform.name.lower() + \
+        device.platform.vendor.lower()
+
+
 def _all_devices():
     cl = _cl()
+    _ask_pocl_for_serial()
     try:
         platforms = cl.get_platforms()
     except cl.Error as e:  # the ICD loader reports "no platforms" as an error
@@ -68,13 +95,16 @@ def select_device(spec=None):
     """The pyopencl.Device chosen by `spec` (default: $NETCL_DEVICE, else first GPU, else first CPU)."""
     spec = (spec if spec is not None else os.environ.get("NETCL_DEVICE", "")).strip()
     pairs = _all_devices()
-    if spec.lower() in ("gpu", "cpu"):
-        hits = [d for p, d in pairs if _type_name(d) == spec.lower()]
-    elif spec:
+    if spec and spec.lower() not in ("gpu", "cpu"):
         hits = [d for p, d in pairs if spec.lower() in f"{p.name} {d.name}".lower()]
-    else:
-        hits = [d for p, d in pairs if _type_name(d) == "gpu"] or [d for p, d in pairs if _type_name(d) == "cpu"]
-        hits = hits or [d for _, d in pairs]
+    else:  # by type: never the serial device while its platform has the threaded one
+        parallel = [(p, d) for p, d in pairs if not is_serial(d)] or pairs
+        if spec:
+            hits = [d for p, d in parallel if _type_name(d) == spec.lower()]
+        else:
+            hits = [d for p, d in parallel if _type_name(d) == "gpu"] or [d for p, d in parallel
+                                                                          if _type_name(d) == "cpu"]
+            hits = hits or [d for _, d in parallel]
     if not hits:
         found = ", ".join(f"{d.name.strip()} ({p.name.strip()})" for p, d in pairs)
         raise NoDeviceError(f"NETCL_DEVICE={spec!r} matches no OpenCL device; expected 'gpu', 'cpu' or a "
