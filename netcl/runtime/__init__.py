@@ -14,7 +14,7 @@ _queues = {}  # device -> CommandQueue
 _chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQueue
 _serial_locks = {}  # a serial device's queue (int_ptr) -> its Lock
 _serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
-SERIAL_MACS = 20_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
+SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _pools = {}  # context -> MemoryPool
 _kernels = {}  # (context, family, options) -> {name: Kernel}
 
