@@ -115,7 +115,9 @@ class FusedPlan:
         Without a queue: the default device's; on PoCL's threaded CPU device, a call of at most
         runtime.serial_macs() multiply-accumulates runs on the same platform's serial device instead
         (runtime.serial_queue: the kernels run in this thread, none waits for a worker on another
-        core; the same kernels, so the same results). Such a call keeps the GIL while it computes."""
+        core). The same kernel families, sized for one core: the reference models' results are equal
+        bit for bit; a kernel that splits a reduction across cores may add in another order (float32
+        noise). Such a call keeps the GIL while it computes, and calls there take turns."""
         x = np.ascontiguousarray(x, np.float32)
         q, one_at_a_time = queue, nullcontext()
         if q is None:
