@@ -15,10 +15,12 @@ from netcl.runtime import alloc
 def _as_float32(x):
     if isinstance(x, Tensor):
         return x.to_host()
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
+        return x  # the common case, without the dtype checks below (predict()'s per-call cost)
     try:
         a = np.asarray(x)
         # real numbers only: complex would silently lose its imaginary part
-        if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating) or a.dtype == np.bool_):
+        if a.dtype.kind not in "iubfm":  # (timedelta64 counts as an integer, as np.issubdtype says)
             raise TypeError
         return np.asarray(a, dtype=np.float32, order="C")
     except (TypeError, ValueError):

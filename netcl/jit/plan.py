@@ -94,18 +94,18 @@ class FusedPlan:
             _, old = self._exe.popitem(last=False)
             total -= old.nbytes
 
-    def _small(self, shape):
-        """Whether a call of `shape` is small enough for PoCL's serial CPU device (runtime.serial_macs)."""
+    def _macs_of(self, shape):
+        """Module.macs of a call of `shape` (cached), or None when the shape does not fit."""
         macs = self._macs.get(shape)
         if macs is None:
             try:
                 macs = self.model.macs(shape)
             except ValueError:  # _executable raises it, with the layers' message
-                return False
+                return None
             if len(self._macs) >= 64:
                 self._macs.clear()
             self._macs[shape] = macs
-        return macs <= runtime.serial_macs()
+        return macs
 
     def infer(self, x, queue=None):
         """Host array in, host array out: the whole round trip (Executable.infer: on GPUs the upload
@@ -113,8 +113,8 @@ class FusedPlan:
         Returns a new float32 numpy array; one wait per call.
 
         Without a queue: the default device's; on PoCL's threaded CPU device, a call of at most
-        runtime.serial_macs() multiply-accumulates runs on the same platform's serial device instead
-        (runtime.serial_queue: the kernels run in this thread, none waits for a worker on another
+        runtime.serial_route()'s bound of multiply-accumulates runs on the same platform's serial device
+        instead (runtime.serial_route: the kernels run in this thread, none waits for a worker on another
         core). The same kernel families, sized for one core: the reference models' results are equal
         bit for bit; a kernel that splits a reduction across cores may add in another order (float32
         noise). Such a call keeps the GIL while it computes, and calls there take turns."""
@@ -122,12 +122,14 @@ class FusedPlan:
         q, one_at_a_time = queue, nullcontext()
         if q is None:
             q = runtime.default_queue()
-            serial = runtime.serial_queue(q)
-            if serial is not None and self._small(x.shape):
-                # one call at a time on the serial device: PoCL 3's serial driver deadlocks when two
-                # threads' commands meet in its queue (a command's completion runs the next one, which
-                # the other thread holds)
-                q, one_at_a_time = serial, runtime.serial_lock(serial)
+            serial = runtime.serial_route(q)
+            if serial is not None:
+                macs = self._macs_of(x.shape)
+                if macs is not None and macs <= serial[2]:
+                    # one call at a time on the serial device: PoCL 3's serial driver deadlocks when two
+                    # threads' commands meet in its queue (a command's completion runs the next one,
+                    # which the other thread holds)
+                    q, one_at_a_time = serial[0], serial[1]
         if x.size == 0:
             return np.zeros(self.model.output_shape(x.shape), np.float32)
         with one_at_a_time, self._lock:

@@ -38,12 +38,8 @@ def _queue_of(device):
     return q
 
 
-def serial_queue(queue):
-    """The queue of PoCL's serial CPU device (netcl.runtime.device: it runs each kernel in the thread
-    that enqueues it) when `queue` is on the same PoCL platform's threaded CPU device; else None
-    (GPUs, other OpenCL CPUs, PoCL without it, NETCL_CPU_SERIAL=0). One per device per process."""
-    if os.environ.get("NETCL_CPU_SERIAL", "").strip() == "0":
-        return None
+def _twin(queue):
+    """(serial queue, its lock) for `queue`'s device, or None; cached per queue."""
     key = queue.int_ptr
     if key not in _serial:
         import pyopencl as cl
@@ -51,19 +47,16 @@ def serial_queue(queue):
         dev, twin = queue.device, None
         if dev.type & cl.device_type.CPU and not is_serial(dev):
             twin = next((d for d in dev.platform.get_devices() if is_serial(d)), None)
-        _serial[key] = _queue_of(twin) if twin is not None else None
+        if twin is not None:
+            twin = _queue_of(twin)
+            twin = twin, _serial_locks.setdefault(twin.int_ptr, threading.Lock())
+        _serial[key] = twin
     return _serial[key]
 
 
-def serial_lock(queue):
-    """The lock that makes one thread at a time use a serial device's queue (netcl.jit.plan)."""
-    return _serial_locks.setdefault(queue.int_ptr, threading.Lock())
-
-
-def serial_macs():
-    """The largest call (in multiply-accumulates, Module.macs) predict() sends to the serial device:
-    $NETCL_CPU_SERIAL = 0 (never), 1 or unset (SERIAL_MACS), or that number (e.g. 5e7)."""
-    v = os.environ.get("NETCL_CPU_SERIAL", "").strip()
+def _serial_limit(value):
+    """$NETCL_CPU_SERIAL's value as the largest call in multiply-accumulates (0: off)."""
+    v = value.strip()
     if v in ("", "1"):
         return SERIAL_MACS
     try:
@@ -72,6 +65,23 @@ def serial_macs():
         raise ValueError(f"NETCL_CPU_SERIAL={v!r}: expected 0 (off), 1 (on, up to {SERIAL_MACS:.0e} "
                          "multiply-accumulates per call) or the largest call in multiply-accumulates "
                          "(e.g. 5e7)") from None
+
+
+def serial_route(queue):
+    """(serial queue, its lock, the largest call in multiply-accumulates it takes) for predict() on
+    `queue`, or None: PoCL's serial CPU device (netcl.runtime.device: it runs each kernel in the
+    thread that enqueues it) when `queue` is on the same PoCL platform's threaded CPU device (not for
+    GPUs, other OpenCL CPUs, PoCL without it, or NETCL_CPU_SERIAL=0). The lock makes one thread at a
+    time use it (netcl.jit.plan). $NETCL_CPU_SERIAL is read per call (one read)."""
+    limit = _serial_limit(os.environ.get("NETCL_CPU_SERIAL", ""))
+    twin = _twin(queue) if limit else None
+    return None if twin is None else (twin[0], twin[1], limit)
+
+
+def serial_queue(queue):
+    """The queue of PoCL's serial CPU device next to `queue`'s (see serial_route), or None."""
+    route = serial_route(queue)
+    return None if route is None else route[0]
 
 
 def device_class(queue):
@@ -149,5 +159,5 @@ def stats():
     return {"allocations": _allocations[0], "builds": program.stats["compiled"] + program.stats["disk"]}
 
 
-__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_macs",
+__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route",
            "device_class", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
