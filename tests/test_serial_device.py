@@ -138,11 +138,20 @@ def worker(t):
     except Exception as e:
         errors.append(repr(e))
 
-pool = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-for t in pool:
-    t.start()
-for t in pool:
-    t.join()
+def explicit(t):  # the serial device's queue given by the caller: the same turns
+    try:
+        for j in range(300):
+            if not np.array_equal(own[t].predict(xs[0], serial), own_refs[t]):
+                wrong.append(("explicit", t))
+    except Exception as e:
+        errors.append(repr(e))
+
+for target in (worker, explicit):
+    pool = [threading.Thread(target=target, args=(t,)) for t in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
 assert serial is not None and serial.int_ptr in {k for k, _ in shared._fused._exe}
 print("wrong", len(wrong), "errors", errors[:1])
 """

@@ -119,20 +119,19 @@ class FusedPlan:
         bit for bit; a kernel that splits a reduction across cores may add in another order (float32
         noise). Such a call keeps the GIL while it computes, and calls there take turns."""
         x = np.ascontiguousarray(x, np.float32)
-        q, one_at_a_time = queue, nullcontext()
-        if q is None:
+        q, one_at_a_time = queue, None
+        if q is not None:
+            one_at_a_time = runtime.serial_lock(q)  # a queue of the serial device given: the same turns
+        else:
             q = runtime.default_queue()
             serial = runtime.serial_route(q)
             if serial is not None:
                 macs = self._macs_of(x.shape)
                 if macs is not None and macs <= serial[2]:
-                    # one call at a time on the serial device: PoCL 3's serial driver deadlocks when two
-                    # threads' commands meet in its queue (a command's completion runs the next one,
-                    # which the other thread holds)
-                    q, one_at_a_time = serial[0], serial[1]
+                    q, one_at_a_time = serial[0], serial[1]  # one call at a time there (serial_lock)
         if x.size == 0:
             return np.zeros(self.model.output_shape(x.shape), np.float32)
-        with one_at_a_time, self._lock:
+        with one_at_a_time or nullcontext(), self._lock:
             exe = self._executable(q, x.shape)
             fresh = not exe.staged
             y = exe.infer(x)
@@ -145,5 +144,5 @@ class FusedPlan:
             x.to(runtime.default_queue())
         if 0 in x.shape:  # (not x.size: np.prod costs microseconds per call)
             return ops.new(x.queue, self.model.output_shape(x.shape))
-        with self._lock:
+        with runtime.serial_lock(x.queue) or nullcontext(), self._lock:
             return self._executable(x.queue, x.shape).run(x)

@@ -12,7 +12,8 @@ from netcl.runtime.program import build, kernel_source
 
 _queues = {}  # device -> CommandQueue
 _chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQueue
-_serial_locks = {}  # a serial device's queue (int_ptr) -> its Lock
+_device_locks = {}  # device (int_ptr) -> a Lock for PoCL's serial device, None for any other
+_made = threading.Lock()  # held while a queue or lock above is made (two threads must not make two)
 _serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
 SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _pools = {}  # context -> MemoryPool
@@ -34,8 +35,24 @@ def _queue_of(device):
 
     q = _queues.get(device.int_ptr)
     if q is None:
-        q = _queues[device.int_ptr] = cl.CommandQueue(cl.Context([device]))
+        with _made:
+            q = _queues.get(device.int_ptr)
+            if q is None:
+                q = _queues[device.int_ptr] = cl.CommandQueue(cl.Context([device]))
     return q
+
+
+def serial_lock(queue):
+    """The lock every use of PoCL's serial device through netcl's inference path takes (one per
+    device, whatever the queue), or None for other devices: PoCL 3's serial driver deadlocks when two
+    threads' commands meet in it (a command's completion runs the next one, which the other thread
+    holds), so predict() and model(Tensor) in eval mode take turns there."""
+    dev = queue.device
+    lock = _device_locks.get(dev.int_ptr, False)
+    if lock is False:
+        with _made:
+            lock = _device_locks.setdefault(dev.int_ptr, threading.Lock() if is_serial(dev) else None)
+    return lock
 
 
 def _twin(queue):
@@ -49,7 +66,7 @@ def _twin(queue):
             twin = next((d for d in dev.platform.get_devices() if is_serial(d)), None)
         if twin is not None:
             twin = _queue_of(twin)
-            twin = twin, _serial_locks.setdefault(twin.int_ptr, threading.Lock())
+            twin = twin, serial_lock(twin)
         _serial[key] = twin
     return _serial[key]
 
@@ -159,5 +176,5 @@ def stats():
     return {"allocations": _allocations[0], "builds": program.stats["compiled"] + program.stats["disk"]}
 
 
-__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route",
+__all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
            "device_class", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
