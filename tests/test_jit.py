@@ -205,6 +205,22 @@ def test_stride2_direct_conv_at_every_vector_width(q, ow, padding):
         np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("w", [4, 8, 12, 16, 32, 6])
+@pytest.mark.parametrize("ks", [3, 5])
+def test_unpadded_input_edges_at_every_vector_width(q, monkeypatch, w, ks):
+    """A model's first conv reads an input stored without a border: the direct CPU kernel builds the
+    first and last vector of a row from one load and a shift in zeros (3x3 and 5x5, rows of 4 to 32
+    columns: vectors of 4, 8 and 16; 6: vectors of 2, lane by lane), equal to the unfused layers."""
+    monkeypatch.setenv("NETCL_CPU_WINO", "0")  # the direct kernel at every width
+    rng = np.random.default_rng(w + ks)
+    netcl.manual_seed(w)
+    model = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 9, ks, padding=ks // 2), nn.BatchNorm2d(9), nn.ReLU(),
+                                              nn.Conv2d(9, 4, 3, padding=1)), rng).eval()
+    for n in (1, 2):
+        x = rng.normal(size=(n, 3, 6, w)).astype(np.float32)
+        np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
 def test_winograd_choice_follows_the_vector_width():
     """Winograd's float8 blocks run at half width on AVX-512: there the direct kernel takes every
     3x3 conv whose rows fill a native vector; on 8-wide devices (AVX2) the choice is by shape."""

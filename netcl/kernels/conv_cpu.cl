@@ -29,6 +29,30 @@ typedef VEC __attribute__((aligned(4))) uvec;
 #define LOADX(p) __builtin_shufflevector(*(__global const uvec *)(p), *(__global const uvec *)((p) + VW - 1), EVENS)
 #endif
 
+// An unpadded input's first and last vector of a row at stride 1 (a model's first conv): the
+// vector at iw = -s holds x[0 .. VW-1-s] behind s zeros, the one ending s past the row holds
+// x[iw .. W-1] and s zeros: one load inside the row and one shuffle with a zero vector, for s = 1
+// and 2 (3x3 and 5x5 kernels), instead of a lane-by-lane fallback. ZL1 / ZR1: lanes for s = 1.
+#if STRIDE == 1 && IPB != PAD && VW >= 4
+#if VW == 16
+#define ZR1 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
+#define ZR2 16, 17, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+#define ZL1 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+#define ZL2 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17
+#elif VW == 8
+#define ZR1 8, 0, 1, 2, 3, 4, 5, 6
+#define ZR2 8, 9, 0, 1, 2, 3, 4, 5
+#define ZL1 1, 2, 3, 4, 5, 6, 7, 8
+#define ZL2 2, 3, 4, 5, 6, 7, 8, 9
+#else
+#define ZR1 4, 0, 1, 2
+#define ZR2 4, 5, 0, 1
+#define ZL1 1, 2, 3, 4
+#define ZL2 2, 3, 4, 5
+#endif
+#define EDGE_LOADS 1
+#endif
+
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
 void conv_cpu(__global const float *restrict x, __global const float *restrict wb,
               __global const float *restrict bias, __global float *restrict y, __global const float *restrict res) {
@@ -67,6 +91,16 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 #else
                 if (iw >= 0 && iw + (VW - 1) * STRIDE < W) {
                     xv = LOADX(xc + ih * IWS + iw);
+#if defined(EDGE_LOADS) && VW <= W
+                } else if (iw == -1 || iw == -2) {
+                    const VEC v = *(__global const uvec *)(xc + ih * IWS);
+                    xv = iw == -1 ? __builtin_shufflevector(v, (VEC)(0.0f), ZR1)
+                                  : __builtin_shufflevector(v, (VEC)(0.0f), ZR2);
+                } else if (iw + VW == W + 1 || iw + VW == W + 2) {
+                    const VEC v = *(__global const uvec *)(xc + ih * IWS + W - VW);
+                    xv = iw + VW == W + 1 ? __builtin_shufflevector(v, (VEC)(0.0f), ZL1)
+                                          : __builtin_shufflevector(v, (VEC)(0.0f), ZL2);
+#endif
                 } else {
                     float tmp[VW];
                     for (int l = 0; l < VW; l++) {
