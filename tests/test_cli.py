@@ -77,6 +77,18 @@ def test_bench_help(capsys):
     assert e.value.code == 0 and "--batches" in capsys.readouterr().out
 
 
+def test_bench_table_says_where_predict_ran():
+    from netcl.apps.bench import format_table
+
+    row = dict(model="m", batch=1, netcl=0.2, netcl_tensor=0.3, ort_cpu=0.1, launches=3, unfused_layers=0,
+               host_us_per_launch=9.0, diff_ort_cpu=1e-7)
+    table = format_table([dict(row, predict_serial=True), dict(row, batch=32, predict_serial=False)])
+    assert "predict() on" in table.splitlines()[0]
+    assert table.splitlines()[2].endswith("| serial device |") and table.splitlines()[3].endswith("| threaded device |")
+    assert "predict() on" not in format_table([row])  # a GPU or PoCL without its serial device: no column
+    assert "| 2.00x |" in table
+
+
 # -- ONNX interop: import, --target, --metadata, --test-case ------------------------------------
 def test_export_with_target_metadata_and_test_case(trained, capsys):
     onnx = pytest.importorskip("onnx")

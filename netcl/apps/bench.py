@@ -124,6 +124,9 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             if tmodel is not None:
                 timed["torch_cuda"], row["diff_torch_cuda"] = _torch_run(tmodel, x, y)
             row.update({k: 1e3 * v for k, v in interleaved_medians(timed, repeats, rounds, warmup=warmup).items()})
+            route = netcl.runtime.serial_route(q) if pq is None else None
+            macs = fused._macs_of(x.shape) if route is not None else None
+            row["predict_serial"] = macs is not None and macs <= route[2]  # predict() ran on PoCL's serial device
             # host cost of enqueueing one forward (no wait), per kernel launch
             xt = Tensor.from_host(q, x)
             q.finish()
@@ -270,8 +273,10 @@ def format_table(rows):
     """A Markdown table: latency per runtime (ms) and netcl's ratio to each (lower is better for netcl)."""
     present = [(k, label) for k, label in COLUMNS if any(k in r for r in rows)]
     others = [(k, label) for k, label in present if not k.startswith("netcl")]
+    serial = any(r.get("predict_serial") for r in rows)  # a column saying where predict() ran, when it moved
     head = (["model", "batch"] + [f"{label} ms" for _, label in present] +
-            [f"netcl / {label}" for _, label in others] + ["launches", "host us/launch", "max |diff| vs ort"])
+            [f"netcl / {label}" for _, label in others] + ["launches", "host us/launch", "max |diff| vs ort"] +
+            (["predict() on"] if serial else []))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["model"], str(r["batch"])]
@@ -279,6 +284,8 @@ def format_table(rows):
         cells += [f"{r['netcl'] / r[k]:.2f}x" if k in r else "-" for k, _ in others]
         diffs = [r[k] for k in ("diff_ort_cuda", "diff_ort_cpu") if k in r]
         cells += [_launches(r), f"{r['host_us_per_launch']:.1f}", f"{max(diffs):.1e}" if diffs else "-"]
+        if serial:
+            cells.append("serial device" if r.get("predict_serial") else "threaded device")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
