@@ -155,6 +155,24 @@ def test_maxpool_no_conv_took(q, pool):
     assert np.isnan(y).sum() == np.isnan(ref).sum() > 0
 
 
+@pytest.mark.parametrize("w", [16, 17, 34, 64])
+def test_maxpool2_rows_of_eight_outputs(q, w):
+    """2x2/2 pooling eight outputs at a time (rows of 16 inputs and more; a scalar tail after them),
+    NaN in either row and either lane of a window winning it, against float64 PyTorch too."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(w)
+    model = nn.Sequential(nn.Sigmoid(), nn.MaxPool2d(2))
+    x = rng.normal(size=(2, 3, 5, w)).astype(np.float32)
+    for n, c, h, col in ((0, 0, 0, 0), (0, 1, 1, 3), (1, 2, 2, 14), (1, 0, 3, w - 2), (1, 1, 0, 9)):
+        x[n, c, h, col] = np.nan
+    y, _ = _check(model, q, x, launches=1, unfused=("Sigmoid",))
+    ref = torch.nn.functional.max_pool2d(torch.sigmoid(torch.from_numpy(x).double()), 2).numpy()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    assert np.isnan(y).sum() == 5
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(y[ok], ref[ok], atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 @pytest.mark.parametrize("scale", [2, 3])
 def test_upsample_kernel(q, mode, scale):

@@ -17,7 +17,7 @@ inline float window_max(__global const float *xp, const int ph, const int pw, co
             const int iw = ow * s - p + kw;
             if (iw < 0 || iw >= pw) continue;
             const float v = xp[ih * pw + iw];
-            if (v > best || isnan(v) || bi < 0) { best = v; bi = ih * pw + iw; }
+            if (v > best || v != v || bi < 0) { best = v; bi = ih * pw + iw; }  // v != v: NaN (isnan is a call on PoCL)
         }
     }
     *arg = bi;

@@ -122,8 +122,23 @@ __kernel void maxpool(const int rows, __global const float *restrict x, __global
     const int oh = r % OH;
     __global const float *xp = x + (size_t)(r / OH) * H * W;
     __global float *yr = y + (size_t)r * OW;
+    int ow = 0;
+#if PK == 2 && PS == 2 && PP == 0
+    // 2x2/2 windows, eight outputs at a time: two rows of 16 inputs, their lane-wise max, then the
+    // max of even and odd lanes (PyTorch's rule: a NaN wins, in either operand)
+    typedef float16 __attribute__((aligned(4))) urow;
+    typedef float8 __attribute__((aligned(4))) uout;
+    __global const float *r0 = xp + 2 * oh * W;
+    for (; ow + 8 <= OW; ow += 8) {
+        const float16 a = *(__global const urow *)(r0 + 2 * ow), b = *(__global const urow *)(r0 + W + 2 * ow);
+        const float16 m = b > a || b != b ? b : a;
+        const float8 e = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14);
+        const float8 o = __builtin_shufflevector(m, m, 1, 3, 5, 7, 9, 11, 13, 15);
+        *(__global uout *)(yr + ow) = o > e || o != o ? o : e;
+    }
+#endif
     int arg;
-    for (int ow = 0; ow < OW; ow++) yr[ow] = window_max(xp, H, W, PK, PS, PP, oh, ow, &arg);
+    for (; ow < OW; ow++) yr[ow] = window_max(xp, H, W, PK, PS, PP, oh, ow, &arg);
 }
 #endif
 
