@@ -172,7 +172,9 @@ def test_threads_on_the_serial_device_get_their_own_results(serial):
 
 # -- the process-wide switch (PoCL reads POCL_DEVICES once per process) ---------------------------------
 def _devices_in_fresh_process(**env):
-    code = "import netcl; print('|'.join(d.name for d in netcl.devices()))"
+    code = ("import os, netcl; names = [d.name for d in netcl.devices()]; "
+            "assert os.environ.get('POCL_DEVICES') == " + repr(env.get("POCL_DEVICES")) + ", 'left set'; "
+            "print('|'.join(names))")
     full = {k: v for k, v in os.environ.items() if k not in ("POCL_DEVICES", "NETCL_CPU_SERIAL")}
     full.update(env, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "gen")]))
     out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)

@@ -3,7 +3,8 @@
 PoCL's serial CPU device: PoCL has two CPU drivers, "pthread" (a pool of worker threads, one per
 core; netcl's CPU device) and "basic", which runs each command in the thread that enqueues it.
 Unless POCL_DEVICES is set, netcl asks PoCL for both before its first OpenCL call (PoCL reads
-POCL_DEVICES once, when a process first lists platforms), so that predict() can run calls too
+POCL_DEVICES once, when a process first lists platforms; netcl removes it again then, so child
+processes inherit the environment they were given), so that predict() can run calls too
 small for two cores on the serial device (netcl.jit.plan): handing a kernel to a worker thread that
 sleeps on another core costs ~20-45 us on this project's 2-core machine, more than many of a small
 model's kernels take. The serial device is never chosen as "cpu" or by default, only by its name.
@@ -45,10 +46,14 @@ _asked = []  # set once this process has listed platforms: POCL_DEVICES is read 
 
 
 def _ask_pocl_for_serial():
+    """Set POCL_DEVICES for PoCL's first look (see the module's doc; _all_devices removes it again
+    once PoCL has read it); True when this call set it."""
     if not _asked:
         _asked.append(True)
         if "POCL_DEVICES" not in os.environ and os.environ.get("NETCL_CPU_SERIAL", "").strip() != "0":
             os.environ["POCL_DEVICES"] = "pthread basic"
+            return True
+    return False
 
 
 def is_serial(device):
@@ -59,17 +64,21 @@ def is_serial(device):
 
 def _all_devices():
     cl = _cl()
-    _ask_pocl_for_serial()
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error as e:  # the ICD loader reports "no platforms" as an error
-        raise NoDeviceError(f"no OpenCL platform found ({e}). " + _INSTALL_HINT) from e
+    asked = _ask_pocl_for_serial()
     out = []
-    for p in platforms:
+    try:
         try:
-            out.extend((p, d) for d in p.get_devices())
-        except cl.Error:
-            continue  # a platform with no devices
+            platforms = cl.get_platforms()
+        except cl.Error as e:  # the ICD loader reports "no platforms" as an error
+            raise NoDeviceError(f"no OpenCL platform found ({e}). " + _INSTALL_HINT) from e
+        for p in platforms:
+            try:
+                out.extend((p, d) for d in p.get_devices())
+            except cl.Error:
+                continue  # a platform with no devices
+    finally:
+        if asked:  # PoCL has read it: gone again, so that child processes (another runtime measured
+            os.environ.pop("POCL_DEVICES", None)  # beside netcl, say) see the environment they were given
     if not out:
         raise NoDeviceError("no OpenCL device found. " + _INSTALL_HINT)
     return out
