@@ -82,6 +82,76 @@ def test_selection_never_picks_the_serial_device_by_type(serial, monkeypatch):
     assert runtime.serial_queue(serial) is None  # the serial device has no twin of its own
 
 
+def test_a_serial_device_alone_on_its_platform_is_a_cpu(monkeypatch):
+    """By type ("cpu", the default) the serial device is passed over only beside its own platform's
+    threaded device: a user's POCL_DEVICES=basic next to a GPU still has a CPU."""
+    from types import SimpleNamespace as NS
+
+    from netcl.runtime import device as dv
+
+    pocl = NS(name="Portable Computing Language", vendor="The pocl project", int_ptr=1)
+    other_pocl = NS(name="Portable Computing Language", vendor="The pocl project", int_ptr=3)
+    nv = NS(name="NVIDIA CUDA", vendor="NVIDIA Corporation", int_ptr=2)
+    basic = NS(name="basic-Intel(R) Xeon(R)", platform=pocl, kind="cpu")
+    pthread = NS(name="pthread-Intel(R) Xeon(R)", platform=pocl, kind="cpu")
+    other = NS(name="pthread-Intel(R) Xeon(R)", platform=other_pocl, kind="cpu")
+    gpu = NS(name="NVIDIA H200", platform=nv, kind="gpu")
+    monkeypatch.setattr(dv, "_type_name", lambda d: d.kind)
+    monkeypatch.delenv("NETCL_DEVICE", raising=False)
+    monkeypatch.setattr(dv, "_all_devices", lambda: [(pocl, basic), (nv, gpu)])
+    assert dv.select_device("cpu") is basic and dv.select_device() is gpu
+    monkeypatch.setattr(dv, "_all_devices", lambda: [(pocl, basic), (pocl, pthread), (nv, gpu)])
+    assert dv.select_device("cpu") is pthread and dv.select_device("basic") is basic
+    monkeypatch.setattr(dv, "_all_devices", lambda: [(pocl, basic), (other_pocl, other)])
+    assert dv.select_device() is basic  # another platform's threaded device does not pass it over
+    monkeypatch.setattr(dv, "_all_devices", lambda: [(pocl, basic), (pocl, pthread)])
+    assert dv.select_device() is pthread
+
+
+@pytest.mark.parametrize("value,bound", [("", 30_000_000), ("1", 30_000_000), ("1.0", 30_000_000), ("0", 0),
+                                         ("0.0", 0), ("-1", 0), ("5e7", 50_000_000), ("  2000 ", 2000)])
+def test_netcl_cpu_serial_values(value, bound):
+    assert runtime.serial_bound(value) == bound
+
+
+@pytest.mark.parametrize("value", ["fast", "inf", "nan", "1e400", "on"])
+def test_netcl_cpu_serial_bad_values(value):
+    with pytest.raises(ValueError, match="NETCL_CPU_SERIAL=.*expected 0 \\(off\\), 1"):
+        runtime.serial_bound(value)
+
+
+def test_a_layer_calling_an_eval_model_inside_the_turn(q, serial):
+    """A layer the fused path does not fuse may call another eval model: inside predict()'s turn on
+    the serial device that model takes the same (re-entrant) lock instead of waiting on itself."""
+    class Wrap(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def output_shape(self, shape):
+            return self.inner.output_shape(shape)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    inner = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), Wrap(inner), nn.Flatten()).eval()
+    x = np.random.default_rng(3).normal(size=(1, 3, 8, 8)).astype(np.float32)
+    assert model._fused.unfused() == ["Wrap"]
+    assert np.array_equal(model.predict(x), model.predict(x, q))
+    assert serial.int_ptr in _keys(model)
+
+
+def test_plans_with_unfused_parameters_stay_on_the_threaded_device(q, serial):
+    """A layer the plan does not fuse runs its own forward on the call's device; one with parameters
+    (ConvTranspose2d) would carry them to the serial device's context and back, call after call."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.ConvTranspose2d(4, 2, 2, stride=2)).eval()
+    x = np.random.default_rng(4).normal(size=(1, 3, 8, 8)).astype(np.float32)
+    assert model._fused.unfused() == ["ConvTranspose2d"] and model.macs(x.shape) < runtime.SERIAL_MACS
+    model.predict(x)
+    assert _keys(model) == {q.int_ptr} and model[2].weight.queue is q
+
+
 def test_small_calls_run_on_the_serial_device_with_the_same_results(q, serial, monkeypatch):
     rng = np.random.default_rng(0)
     model = models.resnet8().eval()
@@ -103,6 +173,8 @@ def test_small_calls_run_on_the_serial_device_with_the_same_results(q, serial, m
     monkeypatch.setenv("NETCL_CPU_SERIAL", "fast")
     with pytest.raises(ValueError, match="NETCL_CPU_SERIAL='fast': expected 0"):
         model.predict(x1)
+    with pytest.raises(ValueError, match="NETCL_CPU_SERIAL='fast'"):
+        runtime.serial_queue(q)
 
 
 def test_a_shape_that_does_not_fit_gives_the_layers_error(serial):

@@ -49,6 +49,9 @@ class FusedPlan:
         self._exe = OrderedDict()  # (queue, input shape) -> Executable, least recently used first
         self._lock = threading.RLock()
         self._macs = {}  # input shape -> Module.macs: which device predict() uses on a PoCL CPU
+        # a layer the plan does not fuse runs its own forward on the call's device, and one with
+        # parameters would carry them over to the serial device's context and back: such plans stay
+        self._movable = not any(isinstance(s, LayerStage) and s.layer.parameters() for s in stages)
 
     def __repr__(self):
         return f"FusedPlan({', '.join(str(s) for s in self.stages)})"
@@ -120,15 +123,15 @@ class FusedPlan:
         noise). Such a call keeps the GIL while it computes, and calls there take turns."""
         x = np.ascontiguousarray(x, np.float32)
         q, one_at_a_time = queue, None
-        if q is not None:
-            one_at_a_time = runtime.serial_lock(q)  # a queue of the serial device given: the same turns
-        else:
+        if q is None:
             q = runtime.default_queue()
-            serial = runtime.serial_route(q)
+            serial = runtime.serial_route(q) if self._movable else None
             if serial is not None:
                 macs = self._macs_of(x.shape)
                 if macs is not None and macs <= serial[2]:
                     q, one_at_a_time = serial[0], serial[1]  # one call at a time there (serial_lock)
+        if one_at_a_time is None:  # a serial device given, or the default one: the same turns
+            one_at_a_time = runtime.serial_lock(q)
         if x.size == 0:
             return np.zeros(self.model.output_shape(x.shape), np.float32)
         with one_at_a_time or nullcontext(), self._lock:

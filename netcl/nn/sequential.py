@@ -2,7 +2,9 @@
 it prepares the fused inference path (netcl.jit) from its layer list. In training it runs a
 BatchNorm2d and the activation right after it as one layer (TRAIN_FUSE)."""
 import os
+from contextlib import nullcontext
 
+from netcl import runtime
 from netcl.act import Act
 from netcl.jit import plan_fused
 from netcl.nn.module import LayerList, child_shape
@@ -122,7 +124,9 @@ class Sequential(LayerList):
         x = _as_float32(x)  # real numbers only: TypeError for complex or non-numeric input
         if self._fused is not None:
             return self._fused.infer(x, queue)
-        return self.forward(Tensor.from_host(queue or default_queue(), x)).to_host()
+        q = queue or default_queue()
+        with runtime.serial_lock(q) or nullcontext():  # PoCL's serial device: calls take turns (runtime)
+            return self.forward(Tensor.from_host(q, x)).to_host()
 
     def backward(self, dy, input_grad=True):
         """Back-propagate dL/d(output) through every layer; returns dL/d(input). With

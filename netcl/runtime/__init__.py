@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from netcl.runtime import program
-from netcl.runtime.device import DeviceInfo, devices, is_serial, select_device
+from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, select_device, serial_bound
 from netcl.runtime.program import build, kernel_source
 
 _queues = {}  # device -> CommandQueue
@@ -15,7 +15,6 @@ _chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQue
 _device_locks = {}  # device (int_ptr) -> a Lock for PoCL's serial device, None for any other
 _made = threading.Lock()  # held while a queue or lock above is made (two threads must not make two)
 _serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
-SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _pools = {}  # context -> MemoryPool
 _kernels = {}  # (context, family, options) -> {name: Kernel}
 
@@ -46,12 +45,13 @@ def serial_lock(queue):
     """The lock every use of PoCL's serial device through netcl's inference path takes (one per
     device, whatever the queue), or None for other devices: PoCL 3's serial driver deadlocks when two
     threads' commands meet in it (a command's completion runs the next one, which the other thread
-    holds), so predict() and model(Tensor) in eval mode take turns there."""
+    holds), so predict() and model(Tensor) in eval mode take turns there. Re-entrant: a layer the
+    fused path does not fuse may call another eval model inside the turn."""
     dev = queue.device
     lock = _device_locks.get(dev.int_ptr, False)
     if lock is False:
         with _made:
-            lock = _device_locks.setdefault(dev.int_ptr, threading.Lock() if is_serial(dev) else None)
+            lock = _device_locks.setdefault(dev.int_ptr, threading.RLock() if is_serial(dev) else None)
     return lock
 
 
@@ -71,28 +71,17 @@ def _twin(queue):
     return _serial[key]
 
 
-def _serial_limit(value):
-    """$NETCL_CPU_SERIAL's value as the largest call in multiply-accumulates (0: off)."""
-    v = value.strip()
-    if v in ("", "1"):
-        return SERIAL_MACS
-    try:
-        return max(0, int(float(v)))
-    except ValueError:
-        raise ValueError(f"NETCL_CPU_SERIAL={v!r}: expected 0 (off), 1 (on, up to {SERIAL_MACS:.0e} "
-                         "multiply-accumulates per call) or the largest call in multiply-accumulates "
-                         "(e.g. 5e7)") from None
-
-
 def serial_route(queue):
     """(serial queue, its lock, the largest call in multiply-accumulates it takes) for predict() on
     `queue`, or None: PoCL's serial CPU device (netcl.runtime.device: it runs each kernel in the
     thread that enqueues it) when `queue` is on the same PoCL platform's threaded CPU device (not for
     GPUs, other OpenCL CPUs, PoCL without it, or NETCL_CPU_SERIAL=0). The lock makes one thread at a
-    time use it (netcl.jit.plan). $NETCL_CPU_SERIAL is read per call (one read)."""
-    limit = _serial_limit(os.environ.get("NETCL_CPU_SERIAL", ""))
-    twin = _twin(queue) if limit else None
-    return None if twin is None else (twin[0], twin[1], limit)
+    time use it (netcl.jit.plan). $NETCL_CPU_SERIAL is read per call (one read; device.serial_bound)."""
+    twin = _twin(queue)
+    if twin is None:
+        return None
+    limit = serial_bound()
+    return (twin[0], twin[1], limit) if limit else None
 
 
 def serial_queue(queue):
@@ -177,4 +166,4 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "device_class", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]

@@ -42,7 +42,25 @@ def _cl():
 
 
 SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named by driver (PoCL 3; 5+)
+SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
+
+
+def serial_bound(value=None):
+    """$NETCL_CPU_SERIAL (or `value`) as the largest predict() call, in multiply-accumulates, that the
+    serial device takes: unset or 1 -> SERIAL_MACS; 0 or less -> 0 (off); another number -> itself.
+    ValueError naming the variable for anything else."""
+    v = (os.environ.get("NETCL_CPU_SERIAL", "") if value is None else value).strip()
+    if not v:
+        return SERIAL_MACS
+    try:
+        n = float(v)
+        bound = SERIAL_MACS if n == 1 else max(0, int(n))
+    except (ValueError, OverflowError):
+        raise ValueError(f"NETCL_CPU_SERIAL={v!r}: expected 0 (off), 1 (on, up to {SERIAL_MACS:.0e} "
+                         "multiply-accumulates per call) or the largest call in multiply-accumulates "
+                         "(e.g. 5e7)") from None
+    return bound
 
 
 def _ask_pocl_for_serial():
@@ -50,7 +68,11 @@ def _ask_pocl_for_serial():
     once PoCL has read it); True when this call set it."""
     if not _asked:
         _asked.append(True)
-        if "POCL_DEVICES" not in os.environ and os.environ.get("NETCL_CPU_SERIAL", "").strip() != "0":
+        try:
+            on = serial_bound() > 0
+        except ValueError:  # predict() reports it; the device list does not depend on it
+            on = True
+        if "POCL_DEVICES" not in os.environ and on:
             os.environ["POCL_DEVICES"] = "pthread basic"
             return True
     return False
@@ -107,7 +129,8 @@ def select_device(spec=None):
     if spec and spec.lower() not in ("gpu", "cpu"):
         hits = [d for p, d in pairs if spec.lower() in f"{p.name} {d.name}".lower()]
     else:  # by type: never the serial device while its platform has the threaded one
-        parallel = [(p, d) for p, d in pairs if not is_serial(d)] or pairs
+        threaded = {p.int_ptr for p, d in pairs if not is_serial(d) and _type_name(d) == "cpu"}
+        parallel = [(p, d) for p, d in pairs if not (is_serial(d) and p.int_ptr in threaded)]
         if spec:
             hits = [d for p, d in parallel if _type_name(d) == spec.lower()]
         else:
