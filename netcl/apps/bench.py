@@ -124,9 +124,7 @@ def bench(models=MODELS, batches=BATCHES, *, repeats=50, warmup=5, providers=("c
             if tmodel is not None:
                 timed["torch_cuda"], row["diff_torch_cuda"] = _torch_run(tmodel, x, y)
             row.update({k: 1e3 * v for k, v in interleaved_medians(timed, repeats, rounds, warmup=warmup).items()})
-            route = netcl.runtime.serial_route(q) if pq is None else None
-            macs = fused._macs_of(x.shape) if route is not None else None
-            row["predict_serial"] = macs is not None and macs <= route[2]  # predict() ran on PoCL's serial device
+            row["predict_serial"] = netcl.runtime.is_serial(fused.queue_for(x.shape, pq).device)  # where it ran
             # host cost of enqueueing one forward (no wait), per kernel launch
             xt = Tensor.from_host(q, x)
             q.finish()

@@ -110,31 +110,35 @@ class FusedPlan:
             self._macs[shape] = macs
         return macs
 
+    def queue_for(self, shape, queue=None):
+        """The queue infer() runs an input of `shape` on: `queue` when given, else the default one, or
+        beside PoCL's threaded CPU device its serial one for a call of at most runtime.serial_route()'s
+        bound of multiply-accumulates (not when an unfused layer has parameters: _movable)."""
+        if queue is not None:
+            return queue
+        q = runtime.default_queue()
+        serial = runtime.serial_route(q) if self._movable else None
+        if serial is not None:
+            macs = self._macs_of(shape)
+            if macs is not None and macs <= serial[1]:
+                return serial[0]
+        return q
+
     def infer(self, x, queue=None):
         """Host array in, host array out: the whole round trip (Executable.infer: on GPUs the upload
         straight from x, on CPUs a copy into the mapped input buffer, on threads where it is large).
         Returns a new float32 numpy array; one wait per call.
 
-        Without a queue: the default device's; on PoCL's threaded CPU device, a call of at most
-        runtime.serial_route()'s bound of multiply-accumulates runs on the same platform's serial device
-        instead (runtime.serial_route: the kernels run in this thread, none waits for a worker on another
-        core). The same kernel families, sized for one core: the reference models' results are equal
+        The device is queue_for()'s: a small call beside PoCL's threaded CPU device runs on its serial
+        one (the kernels run in this thread, none waits for a worker on another core). The same kernel
+        families, sized for one core: the reference models' results are equal
         bit for bit; a kernel that splits a reduction across cores may add in another order (float32
         noise). Such a call keeps the GIL while it computes, and calls there take turns."""
         x = np.ascontiguousarray(x, np.float32)
-        q, one_at_a_time = queue, None
-        if q is None:
-            q = runtime.default_queue()
-            serial = runtime.serial_route(q) if self._movable else None
-            if serial is not None:
-                macs = self._macs_of(x.shape)
-                if macs is not None and macs <= serial[2]:
-                    q, one_at_a_time = serial[0], serial[1]  # one call at a time there (serial_lock)
-        if one_at_a_time is None:  # a serial device given, or the default one: the same turns
-            one_at_a_time = runtime.serial_lock(q)
+        q = self.queue_for(x.shape, queue)
         if x.size == 0:
             return np.zeros(self.model.output_shape(x.shape), np.float32)
-        with one_at_a_time or nullcontext(), self._lock:
+        with runtime.serial_lock(q) or nullcontext(), self._lock:  # on the serial device: one call at a time
             exe = self._executable(q, x.shape)
             fresh = not exe.staged
             y = exe.infer(x)

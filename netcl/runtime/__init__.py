@@ -56,7 +56,7 @@ def serial_lock(queue):
 
 
 def _twin(queue):
-    """(serial queue, its lock) for `queue`'s device, or None; cached per queue."""
+    """The serial device's queue next to `queue`'s device, or None; cached per queue."""
     key = queue.int_ptr
     if key not in _serial:
         import pyopencl as cl
@@ -64,24 +64,21 @@ def _twin(queue):
         dev, twin = queue.device, None
         if dev.type & cl.device_type.CPU and not is_serial(dev):
             twin = next((d for d in dev.platform.get_devices() if is_serial(d)), None)
-        if twin is not None:
-            twin = _queue_of(twin)
-            twin = twin, serial_lock(twin)
-        _serial[key] = twin
+        _serial[key] = _queue_of(twin) if twin is not None else None
     return _serial[key]
 
 
 def serial_route(queue):
-    """(serial queue, its lock, the largest call in multiply-accumulates it takes) for predict() on
-    `queue`, or None: PoCL's serial CPU device (netcl.runtime.device: it runs each kernel in the
-    thread that enqueues it) when `queue` is on the same PoCL platform's threaded CPU device (not for
-    GPUs, other OpenCL CPUs, PoCL without it, or NETCL_CPU_SERIAL=0). The lock makes one thread at a
-    time use it (netcl.jit.plan). $NETCL_CPU_SERIAL is read per call (one read; device.serial_bound)."""
+    """(serial queue, the largest call in multiply-accumulates it takes) for predict() on `queue`, or
+    None: PoCL's serial CPU device (netcl.runtime.device: it runs each kernel in the thread that
+    enqueues it) when `queue` is on the same PoCL platform's threaded CPU device (not for GPUs, other
+    OpenCL CPUs, PoCL without it, or NETCL_CPU_SERIAL=0). Calls there take turns: serial_lock.
+    $NETCL_CPU_SERIAL is read per call (one read; device.serial_bound)."""
     twin = _twin(queue)
     if twin is None:
         return None
     limit = serial_bound()
-    return (twin[0], twin[1], limit) if limit else None
+    return (twin, limit) if limit else None
 
 
 def serial_queue(queue):
