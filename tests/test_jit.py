@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import netcl
-from netcl import Tensor, jit, models, nn, optim
+from netcl import Tensor, jit, models, nn, ops, optim
 from conftest import randomize_batchnorm
 
 pytest.importorskip("pyopencl")
@@ -203,6 +203,31 @@ def test_stride2_direct_conv_at_every_vector_width(q, ow, padding):
         y = _fused(model, q, x)
         assert y.shape[3] == -(-ow // 2)
         np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+
+
+def test_two_rows_per_vector_on_8x8_planes(q, monkeypatch):
+    """Rows of half a float16 (8x8 planes) go two to a vector (PACK 2) where the input carries its
+    border: 3x3 at stride 2 and 1, the 1x1 stride-2 shortcut reading inside a wider border, a
+    residual add and the activation after it in the epilogue, 5x5; a pooled conv stays unpacked.
+    Equal to the unfused layers at batch 1 and 3."""
+    from netcl.jit.executable import _Bound
+
+    monkeypatch.setenv("NETCL_CPU_WINO", "0")
+    rng = np.random.default_rng(21)
+    netcl.manual_seed(21)
+    block = nn.Residual(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                        nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16),
+                        shortcut=nn.Sequential(nn.Conv2d(8, 16, 1, stride=2), nn.BatchNorm2d(16)))
+    model = randomize_batchnorm(nn.Sequential(
+        nn.Sigmoid(), nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), block, nn.Hardswish(),
+        nn.Conv2d(16, 8, 5, padding=2), nn.Tanh(), nn.Conv2d(8, 4, 3, padding=1), nn.MaxPool2d(2)), rng).eval()
+    for n in (1, 3):
+        x = rng.normal(size=(n, 3, 16, 16)).astype(np.float32)
+        np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
+    exe = next(iter(model._fused._exe.values()))
+    packs = [getattr(s.launch, "rows_per_vector", None) for s in exe.steps if isinstance(s, _Bound)]
+    if ops.is_cpu(q):
+        assert packs == [1, 2, 2, 2, 2, 1], packs
 
 
 @pytest.mark.parametrize("w", [4, 8, 12, 16, 32, 6])

@@ -194,6 +194,29 @@ def test_concat_of_fused_branches_writes_slices(q):
         _check(model, q, rng.normal(size=(batch, 3, 10, 10)).astype(np.float32))
 
 
+@pytest.mark.parametrize("wino", ["0", "2", "4"])
+def test_readers_of_different_paddings_share_the_widest_border(q, monkeypatch, wino):
+    """One value read by a 5x5 (padding 2), a 3x3 stride 2 (1), a depthwise 3x3 (1) and a 1x1 (0)
+    convolution: it is stored with the widest border, 2, and every reader starts inside it
+    (no bounds checks); each branch equals the unfused layers, in every CPU family."""
+    monkeypatch.setenv("NETCL_CPU_WINO", wino)
+    rng = np.random.default_rng(12)
+    netcl.manual_seed(12)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Concat(nn.Sequential(nn.Conv2d(8, 4, 5, padding=2), nn.MaxPool2d(2)),
+                                    nn.Conv2d(8, 4, 3, stride=2, padding=1),
+                                    nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU6(), nn.MaxPool2d(2)),
+                                    nn.Conv2d(8, 4, 1, stride=2)),
+                          nn.Conv2d(20, 3, 3, padding=1))
+    model = randomize_batchnorm(model, rng).eval()
+    stages = model._fused.stages
+    readers = [s for s in stages if isinstance(s, jit.stages.ConvStage) and s.src == stages[0].dst]
+    assert len(readers) == 4 and {s.in_border for s in readers} == {2}
+    assert stages[0].out_border == 2
+    for batch in (1, 3):
+        _check(model, q, rng.normal(size=(batch, 3, 32, 32)).astype(np.float32))
+
+
 def test_nested_blocks_keep_every_branch(q):
     """A residual whose body ends in a Concat, a Concat with a Concat branch: an add or a slice is
     never given to one branch's conv alone."""

@@ -104,7 +104,7 @@ class ConvSpec:
     oh: int  # convolution output size (before the pool)
     ow: int
     pool: bool  # a 2x2/2 max-pool follows
-    ipb: int  # stored border of the input plane (0 or pad)
+    ipb: int  # stored border of the input plane (0, or at least pad: no bounds checks)
     opb: int  # stored border the output plane must carry (the next conv's padding, else 0)
     act: Optional[Act]  # the activation, or None, and its slope
     slope: float

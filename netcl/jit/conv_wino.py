@@ -26,7 +26,9 @@ def wino_tile(spec, config, n, direct_vw=0, native_vw=8):
     # Winograd's blocks are float8: on AVX-512 (PoCL's native float width 16) they run at half
     # width, and the direct kernel's float16 rows beat them wherever a row fills one (resnet8 batch
     # 32 here: its 16- and 32-channel layers 0.53 / 0.48 ms direct vs 1.13 / 0.57 ms Winograd; batch
-    # 1 34 vs 79 us); 8-wide rows (8x8 planes) still go to Winograd (64 channels: 0.46 vs 0.85 ms)
+    # 1 34 vs 79 us); 8-wide rows (8x8 planes) go two to a float16 in the direct kernel where the
+    # input has its border (conv_cpu.cpu_block's PACK: direct_vw 16; resnet8's 64 channels at batch
+    # 1 33 vs 52 us, at 32 0.5% faster), else still to Winograd (0.46 vs 0.85 ms at 8-wide vectors)
     if native_vw >= 16 and direct_vw >= native_vw:
         return 0
     oh, ow = spec.used
@@ -54,7 +56,7 @@ class ConvWino(Launch):
         ohu, uw = spec.used
         thn, twn = -(-ohu // wm), -(-uw // wm)
         tb, rv, tt, kbn = wino_block(spec.k, spec.c, wm, target.config)
-        check = int(spec.ipb != spec.pad or ohu % wm or uw % wm)  # the last tiles read past the stored border
+        check = int(spec.ipb < spec.pad or ohu % wm or uw % wm)  # the last tiles read past the stored border
         self.program, self.name = target.program("conv_wino", dict(spec.defines(), WM=wm, TB=tb, TT=tt, RV=rv, KBN=kbn,
                                                                    THN=thn, TWN=twn, CHECK=check),
                                                  ["-cl-mad-enable"]), "conv_wino"

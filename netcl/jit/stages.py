@@ -23,8 +23,9 @@ runs each. Stages read and write numbered values (0: the plan's input); blocks a
     anything else                                           -> LayerStage  (the layer's own forward)
 
 An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`. Every value
-gets a stored zero border (plan_stages): the padding of the convolutions that read it, when only
-convolutions (and residual epilogues) read it and only conv stages write it; else none.
+gets a stored zero border (plan_stages): the widest padding of the convolutions that read it (a
+downsampling block's 3x3 and 1x1 read one value), when only convolutions (and residual epilogues)
+read it and only conv stages write it; else none.
 """
 import numpy as np
 
@@ -457,10 +458,9 @@ def plan_stages(layers):
     readers, writers = _readers_writers(p.stages, p.nvalues, output)
     border = [0] * p.nvalues
     for v in range(p.nvalues):
-        pads = {r[1] for r in readers[v] if isinstance(r, tuple)}
-        if (writers[v] and all(w == "conv" for w in writers[v]) and "other" not in readers[v]
-                and len(pads) == 1):
-            border[v] = pads.pop()
+        pads = [r[1] for r in readers[v] if isinstance(r, tuple)]
+        if writers[v] and all(w == "conv" for w in writers[v]) and "other" not in readers[v] and pads:
+            border[v] = max(pads)  # a reader with less padding starts inside the border
     for st in p.stages:
         st.in_border, st.out_border = border[st.src], border[st.dst]
         st.res_border = border[st.res] if st.res is not None else 0

@@ -3,11 +3,12 @@
 // a 2x2/2 max-pool, all in one pass. Each program is built for one layer: shapes and constants
 // arrive as -D defines, so loops unroll and index arithmetic folds. The stored input and output
 // planes may carry a zero border (IPB, OPB): a layer writes its output already padded for the
-// next convolution, so that convolution loads without bounds checks.
+// next convolution, so that convolution loads without bounds checks (IPB >= PAD).
 //
 // Defines (netcl.jit.common.ConvSpec.defines): C H W (input channels and size), K (output
 // channels), KS STRIDE PAD, OH OW (convolution output), POOL (1 or 2), ACT (a netcl.act.Act
-// code, kernels/act.h), SLOPE, IPB OPB (stored borders; IPB is 0 or PAD), KT KOFF (the stored
+// code, kernels/act.h), SLOPE, IPB OPB (stored borders; IPB is 0 or at least PAD:
+// a plane read by convolutions of different paddings carries the widest), KT KOFF (the stored
 // output has KT channels, this stage writes channels KOFF.. KOFF + K - 1: a Concat's slice),
 // RES RPB ACT2 SLOPE2 (RES 1: add the residual tensor res (N, K, OH, OW, stored border RPB) after
 // the activation, then apply ACT2: a Residual block ending in this conv, and the activation that

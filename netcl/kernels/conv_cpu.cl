@@ -1,7 +1,8 @@
 // Fused conv, CPU direct family (netcl/jit/conv_cpu.py). Defines: conv.h's, and VW VWH
 // (vector width, half of it) RM RR KB (register block, channel blocks) LX LY (work-group), MULT
 // (0: dense; else depthwise with this channel multiplier, RM = 1: output channel kb reads input
-// channel kb / MULT only, weights [K][KS * KS]).
+// channel kb / MULT only, weights [K][KS * KS]), PACK (1, or 2: a vector holds two output rows of
+// VWH columns, for rows too short to fill one: 8x8 planes in float16).
 #include "act.h"
 #include "conv.h"
 
@@ -10,30 +11,46 @@
 // scalar broadcasts from a [K/RM][R][RM] layout, inputs vector loads along a row.
 // Global size (UW / VW, OHU / RR, N * KB), UW/OHU = conv columns/rows that are used.
 #define VEC CAT(float, VW)
+#ifndef PACK
+#define PACK 1
+#endif
 // unaligned vector loads and stores by dereference: PoCL's vloadN/fma on wide vectors are
 // out-of-line calls (the vectors go through memory), plain operators stay in registers
 typedef VEC __attribute__((aligned(4))) uvec;
 #define VLOAD(o, p) (*(const uvec *)(p))
 #define VSTORE(v, o, p) (*(uvec *)(p) = (v))
+// LOADX(p): VW input elements from p at the stride (LOADH: VWH of them, for PACK 2). At stride 2
+// the even elements p[0], p[2], .. : two loads, the second ending at the last one (one load of
+// twice the width read a float past it), one shuffle.
+#define EVENS_16 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31
+#define EVENS_8 0, 2, 4, 6, 9, 11, 13, 15
+#define EVENS_4 0, 2, 5, 7
+#define EVENS_2 0, 3
+#define EVENS_1 0
 #if STRIDE == 1
-#define LOADX(p) (*(__global const uvec *)(p))
-#else  // the even elements p[0], p[2], .. p[2 VW - 2]: two loads, the second ending at the last one
-       // (one load of 2 VW read a float past it), one shuffle
-#if VW == 8
-#define EVENS 0, 2, 4, 6, 9, 11, 13, 15
-#elif VW == 4
-#define EVENS 0, 2, 5, 7
+#define LOADV(T, n, p) (*(__global const T *)(p))
 #else
-#define EVENS 0, 3
+#define LOADV(T, n, p) __builtin_shufflevector(*(__global const T *)(p), *(__global const T *)((p) + n - 1), CAT(EVENS_, n))
 #endif
-#define LOADX(p) __builtin_shufflevector(*(__global const uvec *)(p), *(__global const uvec *)((p) + VW - 1), EVENS)
+#define LOADX(p) LOADV(uvec, VW, p)
+#if VW > 2
+typedef CAT(float, VWH) __attribute__((aligned(4))) uhvec;
+#define LOADH(p) LOADV(uhvec, VWH, p)
 #endif
+#if VW == 16
+#define JOIN 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+#elif VW == 8
+#define JOIN 0, 1, 2, 3, 4, 5, 6, 7
+#else
+#define JOIN 0, 1, 2, 3
+#endif
+#define JOINH(a, b) __builtin_shufflevector(a, b, JOIN)  // two halves, one vector
 
 // An unpadded input's first and last vector of a row at stride 1 (a model's first conv): the
 // vector at iw = -s holds x[0 .. VW-1-s] behind s zeros, the one ending s past the row holds
 // x[iw .. W-1] and s zeros: one load inside the row and one shuffle with a zero vector, for s = 1
 // and 2 (3x3 and 5x5 kernels), instead of a lane-by-lane fallback. ZL1 / ZR1: lanes for s = 1.
-#if STRIDE == 1 && IPB != PAD && VW >= 4
+#if STRIDE == 1 && IPB < PAD && VW >= 4
 #if VW == 16
 #define ZR1 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
 #define ZR2 16, 17, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
@@ -58,7 +75,7 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
               __global const float *restrict bias, __global float *restrict y, __global const float *restrict res) {
     const int seg = get_global_id(0), rp = get_global_id(1), z = get_global_id(2);
     const int n = z / KB, kb = z % KB;
-    const int ow0 = seg * VW, oh0 = rp * RR;
+    const int ow0 = seg * (VW / PACK), oh0 = rp * (RR * PACK);
     VEC acc[RR][RM];
 #pragma unroll
     for (int t = 0; t < RR; t++)
@@ -76,17 +93,36 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 #endif
         __global const float *xc = xn + c * (IHS * IWS);
         __global const float *wc = wk + c * (KS * KS * RM);
+#if PACK == 2  // (netcl.jit.conv_cpu.cpu_block: IPB >= PAD, no pool, dense) vector r holds rows
+               // oh0 + 2r and oh0 + 2r + 1: input rows u and u + STRIDE, u = 2r STRIDE + kh
+#pragma unroll
+        for (int u = 0; u < 2 * (RR - 1) * STRIDE + KS; u++) {
+            __global const float *xr = xc + (oh0 * STRIDE - PAD + u + IPB) * IWS + ow0 * STRIDE - PAD + IPB;
+#pragma unroll
+            for (int kw = 0; kw < KS; kw++) {
+                const VEC xv = JOINH(LOADH(xr + kw), LOADH(xr + STRIDE * IWS + kw));
+#pragma unroll
+                for (int r = 0; r < RR; r++) {
+                    const int kh = u - 2 * r * STRIDE;
+                    if (kh >= 0 && kh < KS) {
+#pragma unroll
+                        for (int m = 0; m < RM; m++) acc[r][m] += wc[(kh * KS + kw) * RM + m] * xv;
+                    }
+                }
+            }
+        }
+#else
 #pragma unroll
         for (int t = 0; t < (RR - 1) * STRIDE + KS; t++) {  // input rows feeding RR output rows
             const int ih = oh0 * STRIDE - PAD + t;
-#if IPB != PAD
+#if IPB < PAD
             if (ih < 0 || ih >= H) continue;
 #endif
 #pragma unroll
             for (int kw = 0; kw < KS; kw++) {
                 const int iw = ow0 * STRIDE - PAD + kw;
                 VEC xv;
-#if IPB == PAD
+#if IPB >= PAD
                 xv = LOADX(xc + (ih + IPB) * IWS + iw + IPB);
 #else
                 if (iw >= 0 && iw + (VW - 1) * STRIDE < W) {
@@ -120,6 +156,7 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
                 }
             }
         }
+#endif
     }
 
 #pragma unroll
@@ -134,9 +171,20 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
 #if VW == 2
         yk[(rp + OPB) * OWS + seg + OPB] = NAN_MAX(v.s0, v.s1);
 #else
-        typedef CAT(float, VWH) __attribute__((aligned(4))) uhvec;
         *(__global uhvec *)(yk + (rp + OPB) * OWS + ow0 / 2 + OPB) = NAN_MAX(v.even, v.odd);
 #endif
+#elif PACK == 2
+#pragma unroll
+        for (int r = 0; r < RR; r++) {
+            VEC v = ACTF(acc[r][m] + bm);
+            const int oh = oh0 + 2 * r;
+#if RES
+            v = ACT2F(v + JOINH(*(__global const uhvec *)(res + RES_AT(n, k, oh, ow0)),
+                                *(__global const uhvec *)(res + RES_AT(n, k, oh + 1, ow0))));
+#endif
+            *(__global uhvec *)(yk + (oh + OPB) * OWS + ow0 + OPB) = v.lo;
+            *(__global uhvec *)(yk + (oh + 1 + OPB) * OWS + ow0 + OPB) = v.hi;
+        }
 #else
 #pragma unroll
         for (int r = 0; r < RR; r++) {

@@ -56,7 +56,7 @@ void conv_gpu(const int nout, const int split, const int rchunk, __global const 
             const int kk = tid / BN + i * (NT / BN);
             const int r = min(r0 + kk, R - 1);  // padded rows have zero weights
             const int c = r / (KS * KS), kh = (r / KS) % KS, kw = r % KS;
-#if IPB == PAD
+#if IPB >= PAD
             Bs[kk][bcol] = xb[c * (IHS * IWS) + kh * IWS + kw];
 #else
             const int ih = ih0 + kh, iw = iw0 + kw;
