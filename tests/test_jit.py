@@ -312,28 +312,11 @@ def test_new_layers_run_inside_a_plan(q):
         np.testing.assert_allclose(y, _unfused(model, q, x), atol=1e-5, rtol=1e-5)
 
 
-def test_direct_upload_path(q):
-    """GPUs upload infer()'s input straight from the caller's array (Executable.direct_upload):
-    the same results as the pinned staging CPUs use, and no pinned input buffer made for it."""
-    from netcl.jit.executable import Executable
-
-    rng = np.random.default_rng(9)
-    model = randomize_batchnorm(small_detector(), rng).eval()
-    xs = [rng.normal(size=(2, 3, 32, 32)).astype(np.float32) for _ in range(3)]
-    refs = [model.predict(x, q) for x in xs]
-    exe = next(iter(model._fused._exe.values()))
-    assert exe.staged and (exe.direct_upload or exe.host_in is not None)  # GPUs upload directly, CPUs map
-    fresh = Executable(exe.compiled, exe.shape, model._fused.output)
-    fresh.direct_upload = True
-    for x, ref in zip(xs, refs):
-        np.testing.assert_array_equal(fresh.infer(x), ref)
-    assert not hasattr(fresh, "host_in")
-
-
-def test_mapped_input_path(q):
-    """CPUs: infer()'s input buffer is mapped for the host's copy and unmapped before the kernels
-    read it; a call that fails between the two leaves the next call a working buffer; inputs of
-    several chunks (copied on threads) arrive whole."""
+def test_upload_path(q):
+    """infer() uploads each input straight from the caller's array into its input buffer: every
+    result is its own input's (equal to the layers' forward), a call that fails after the upload
+    leaves the next one working, a non-contiguous input arrives whole, and the caller's array is
+    never written."""
     from netcl.jit.executable import Executable
 
     rng = np.random.default_rng(19)
@@ -343,7 +326,6 @@ def test_mapped_input_path(q):
     ref = [model(Tensor.from_host(q, x)).to_host() for x in xs]
     exe = next(iter(model._fused._exe.values()))
     fresh = Executable(exe.compiled, exe.shape, model._fused.output)
-    fresh.direct_upload = False
     np.testing.assert_allclose(fresh.infer(xs[0]), ref[0], atol=1e-5, rtol=1e-5)
     run = fresh.run
     fresh.run = lambda x: (_ for _ in ()).throw(RuntimeError("injected"))
@@ -352,5 +334,7 @@ def test_mapped_input_path(q):
     fresh.run = run
     for x, r in zip(xs[1:], ref[1:]):
         np.testing.assert_allclose(fresh.infer(x), r, atol=1e-5, rtol=1e-5)
-    fresh.chunks = [(0, 1000), (1000, 4000), (4000, xs[0].size)]  # the threaded copy
-    np.testing.assert_allclose(fresh.infer(xs[2]), ref[2], atol=1e-5, rtol=1e-5)
+    kept = xs[2].copy()
+    strided = np.asfortranarray(xs[2])
+    np.testing.assert_allclose(model.predict(strided, q), ref[2], atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(xs[2], kept)

@@ -4,15 +4,13 @@
                 family (programs, weight buffers), every family variant a batch size can pick
     Executable  per (queue, input shape): kernel objects with their arguments set (each its own:
                 pyopencl kernels carry their arguments), a buffer per value between stages (a
-                Concat's output is one buffer its branches write into), and the pinned staging
-                buffers of infer()
+                Concat's output is one buffer its branches write into), and infer()'s two: the
+                input buffer it uploads into, the pinned one it reads the result into
 
 Weights are folded on a stage's first use and re-folded when a source tensor's version moves, so
 weights changed after eval() (load_state_dict, an optimizer step) are never run stale."""
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,20 +28,7 @@ from netcl.jit.stages import (AddStage, AttentionStage, ConcatStage, ConvStage, 
 from netcl.nn.pool import MaxPool2d
 from netcl.tensor import Tensor
 
-_pool = None
-_pool_lock = threading.Lock()
-
-
 _POLL_S = 150e-6  # how long infer() polls for its result on CPU devices before it sleeps
-
-
-def _copy_pool():
-    """Threads for host copies into pinned staging memory (numpy releases the GIL while copying)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 1))), thread_name_prefix="netcl-copy")
-    return _pool
 
 
 # the family of each fused stage but conv and copy stages: made as Launch(target, stage, input shape)
@@ -184,7 +169,6 @@ class Executable:
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current
         self.staged = False  # infer()'s buffers made
-        self.direct_upload = target.gpu  # infer()'s upload: straight from the caller's array on GPUs
 
     def refresh(self):
         """Fold and upload the weights of every stage whose source tensors changed (one version list
@@ -197,9 +181,8 @@ class Executable:
 
     # -- running (the caller, FusedPlan, holds its lock) ---------------------------------------
     def _staging(self):
-        """A pinned output buffer (mapped once) that the result is read into, and a device input
-        buffer for infer(): on CPUs itself pinned, mapped for the host's copy and unmapped before
-        the kernels read it."""
+        """A pinned output buffer (mapped once) that the result is read into, and the device input
+        buffer infer() uploads into."""
         cl, q = self.target.cl, self.q
         mf = cl.mem_flags
         nin = int(np.prod(self.shape)) * 4
@@ -210,50 +193,18 @@ class Executable:
                                                  self.out_shape, np.float32)
         self.nbytes += nin + nout
         self.staged = True
-        if self.direct_upload:
-            self.dev_in = Tensor(self.shape, q, self.target.buffer(nin))
-            return
-        # CPUs: the kernels read the pinned buffer itself. On PoCL a write command
-        # (clEnqueueWriteBuffer) cost ~64 us of the calling thread per call, even for 256 bytes;
-        # a non-blocking map and unmap cost ~1 us each (mlp batch 1: 0.16 -> 0.09 ms)
-        self.dev_in = Tensor(self.shape, q, cl.Buffer(q.context, mf.READ_WRITE | mf.ALLOC_HOST_PTR, max(nin, 4)))
-        STATS["buffers"] += 1
-        self.host_in = None  # (mapped array, its map event) while mapped for the next call
-        size = int(np.prod(self.shape))
-        step = max(1 << 18, -(-size // 8))  # >= 1 MB chunks, at most 8
-        self.chunks = [(i, min(i + step, size)) for i in range(0, size, step)]
-
-    def _map_input(self):
-        """Map the input buffer for the host's next copy (enqueued, not waited for)."""
-        cl = self.target.cl
-        self.host_in = cl.enqueue_map_buffer(self.q, self.dev_in.buf, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
-                                             (int(np.prod(self.shape)),), np.float32, is_blocking=False)
+        self.dev_in = Tensor(self.shape, q, self.target.buffer(nin))
 
     def infer(self, x):
         cl, q = self.target.cl, self.q
         if not self.staged:
             self._staging()
-        if self.direct_upload:
-            # the driver's own upload from pageable memory overlaps its staging with the transfer:
-            # faster on the H200 than copying into our pinned buffer first (6.3 MB: 0.36 ms vs 0.52)
-            cl.enqueue_copy(q, self.dev_in.buf, x, is_blocking=True)
-            return self._finish(self.run(self.dev_in))
-        if self.host_in is None:  # the first call, or the last one failed before mapping again
-            self._map_input()
-        dst, mapped = self.host_in
-        self.host_in = None
-        mapped.wait()  # the map the last call enqueued: long done
-        src = x.reshape(-1)
-        if len(self.chunks) > 1:  # copy chunks on several threads (numpy releases the GIL)
-            pool = _copy_pool()
-            for done in [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in self.chunks]:
-                done.result()
-        else:
-            np.copyto(dst, src)
-        dst.base.release(q)  # unmap: the kernels may read it now
-        out = self._finish(self.run(self.dev_in))
-        self._map_input()  # after the read (a plan's output may be a view of its input)
-        return out
+        # the driver's own upload from the caller's pageable array: on the H200 faster than copying
+        # into a pinned buffer first (6.3 MB: 0.36 ms vs 0.52); on PoCL faster than mapping a pinned
+        # input buffer, copying and unmapping it, at every size (interleaved, same process: mlp batch
+        # 1 28.6 -> 19.4 us, resnet8 batch 8 1.28 -> 1.21 ms, detector26 batch 8 25.3 -> 25.0 ms)
+        cl.enqueue_copy(q, self.dev_in.buf, x, is_blocking=True)
+        return self._finish(self.run(self.dev_in))
 
     def _finish(self, y):
         cl = self.target.cl
