@@ -26,6 +26,10 @@ class JitConfig:
     # NETCL_CPU_WINO=0|2|4: forces the Winograd output tile on the CPU (0 = direct convolution);
     # None (unset) = chosen by shape.
     cpu_wino: Optional[int] = None
+    # NETCL_CPU_WINOT=0|1: the tile-lane Winograd family (conv_wino.ConvWinoT) off, or on wherever
+    # its layout fits; None (unset) = on AVX-512-class devices (native float16) unless
+    # NETCL_CPU_WINO forces a family.
+    cpu_winot: Optional[bool] = None
     # NETCL_CPU_WINO_BLOCK="tb,rv,nsub": the Winograd register block (tiles x float8 channel
     # vectors) and sub-blocks per work-item; None (unset) = chosen by shape.
     cpu_wino_block: Optional[Tuple[int, int, int]] = None
@@ -33,9 +37,10 @@ class JitConfig:
     @classmethod
     def from_env(cls):
         """The config that the environment variables above describe (unset or empty: the default)."""
-        wino = os.environ.get("NETCL_CPU_WINO")
+        wino, winot = os.environ.get("NETCL_CPU_WINO"), os.environ.get("NETCL_CPU_WINOT")
         return cls(jit_class=os.environ.get("NETCL_JIT_CLASS") or None,
                    gpu_split=os.environ.get("NETCL_GPU_SPLIT", "1") != "0",
                    cpu_conv=_ints("NETCL_CPU_CONV") or cls.cpu_conv,
                    cpu_wino=int(wino) if wino else None,
+                   cpu_winot=winot != "0" if winot else None,
                    cpu_wino_block=_ints("NETCL_CPU_WINO_BLOCK"))

@@ -1,6 +1,8 @@
-"""CPU Winograd conv family (kernels/conv_wino.cl): F(2x2, 3x3) or F(4x4, 3x3) for 3x3 stride-1
-convolutions. The weights are transformed on the host (U = G g G^T) when they are folded; each
-work-item transforms its tiles' inputs once and runs register blocks over channel blocks."""
+"""CPU Winograd conv families: kernels/conv_wino.cl, F(2x2, 3x3) or F(4x4, 3x3) for 3x3 stride-1
+convolutions with output channels in the vector lanes (ConvWino), and kernels/conv_winot.cl,
+F(2x2, 3x3) with output tiles in the lanes of float16 vectors (ConvWinoT). The weights are
+transformed on the host (U = G g G^T) when they are folded; each work-item transforms its tiles'
+inputs once and runs register blocks over channel blocks."""
 import numpy as np
 
 from netcl.jit.common import Launch
@@ -82,4 +84,52 @@ class ConvWino(Launch):
         host_w = np.ascontiguousarray(u.reshape(self.kbn, self.kv, c, wa * wa).transpose(0, 3, 2, 1), np.float32)
         host_b = np.zeros(self.kbn * self.kv, np.float32)
         host_b[:k] = b
+        return host_w, host_b
+
+
+def winot_layout(spec):
+    """(T, VPR) of conv_winot.cl for this conv: T tile rows per float16 of 16 tiles of 2x2 outputs
+    (1 for rows of 32 or more outputs, 2 for 16, 4 for 8), VPR vectors per tile row; None where
+    it does not apply: not 3x3 stride 1 padding 1, a depthwise conv or a pool after it, an input
+    stored without its border (the kernel reads without bounds checks), output sizes that the
+    vectors do not tile."""
+    if (spec.ks, spec.stride, spec.pad, spec.dil) != (3, 1, 1, 1) or spec.mult or spec.pool or spec.ipb < 1:
+        return None
+    if spec.oh % 2 or spec.ow % 2:
+        return None
+    tw, tr = spec.ow // 2, spec.oh // 2
+    if tw % 16 == 0:
+        return 1, tw // 16
+    if tw in (8, 4) and tr % (16 // tw) == 0:
+        return 16 // tw, 1
+    return None
+
+
+class ConvWinoT(Launch):
+    """Arguments: (x, u, bias, y, res); weights U packed [K block][transform point][C][KV]."""
+    in_arg, out_arg, res_arg = 0, 3, 4
+
+    def __init__(self, target, spec):
+        t, vpr = winot_layout(spec)
+        kv = 16 if spec.k > 8 else 8
+        kb = -(-spec.k // kv)
+        self.program, self.name = target.program("conv_winot", dict(spec.defines(), TW=spec.ow // 2, T=t, VPR=vpr,
+                                                                    KV=kv, KB=kb), ["-cl-mad-enable"]), "conv_winot"
+        self.lsize, self.spec = (1, 1), spec
+        self.vectors = spec.oh // 2 // t * vpr  # per image
+        self.kv, self.kb, self.k, self.c = kv, kb, spec.k, spec.c
+        self.w_buf = target.buffer(4 * kb * 16 * spec.c * kv)
+        self.b_buf = target.buffer(4 * kb * kv)
+        self.out_border = spec.opb
+
+    def sized(self, target, shape):
+        n = shape[0]
+        return [None, self.w_buf, self.b_buf, None, None], (self.vectors, n), self.spec.out_shape(n), self.spec.out_bytes(n)
+
+    def pack(self, w, b):
+        u = np.zeros((self.kb * self.kv, self.c, 4, 4))
+        u[:self.k] = np.einsum("ai,kcij,bj->kcab", _WINO_G[2], w.astype(np.float64), _WINO_G[2])
+        host_w = np.ascontiguousarray(u.reshape(self.kb, self.kv, self.c, 16).transpose(0, 3, 2, 1), np.float32)
+        host_b = np.zeros(self.kb * self.kv, np.float32)
+        host_b[:self.k] = b
         return host_w, host_b

@@ -33,7 +33,7 @@ from netcl.jit.common import ConvSpec
 from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
-from netcl.jit.conv_wino import ConvWino, wino_tile
+from netcl.jit.conv_wino import ConvWino, ConvWinoT, wino_tile, winot_layout
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.conv import Conv2d
@@ -471,15 +471,21 @@ def conv_family(spec, target, n, depthwise=False):
     """(family, tile) that runs a conv stage at `spec` and batch `n` on `target`
     (netcl.jit.common.Target): for depthwise convolutions the CPU direct kernel (depthwise mode)
     where it fits, else the depthwise family; the GPU family on
-    GPUs; on the CPU Winograd (tile 2 or 4) for 3x3 stride 1, else the direct vector kernel where
-    the shape suits it, else the GPU family's kernel with CPU tiles. tile is 0 for the
-    non-Winograd families."""
+    GPUs; on the CPU the tile-lane Winograd (ConvWinoT) for 3x3 stride 1 padding 1 with a bordered
+    input where its vectors tile the output (on AVX-512-class devices, config.cpu_winot), else
+    Winograd (tile 2 or 4) for 3x3 stride 1, else the direct vector kernel where the shape suits
+    it, else the GPU family's kernel with CPU tiles. tile is 0 for the non-Winograd families."""
     if depthwise:  # the CPU direct kernel where its vectors fit, else one work-item per output
         if not target.gpu and spec.dil == 1 and cpu_block(spec, target.config) is not None:
             return ConvCpu, 0
         return ConvDw, 0
     if target.gpu:
         return ConvGpu, 0
+    winot = target.config.cpu_winot
+    if winot is None:
+        winot = target.vector_width >= 16 and target.config.cpu_wino is None
+    if winot and winot_layout(spec) is not None:
+        return ConvWinoT, 0
     block = cpu_block(spec, target.config)
     tile = wino_tile(spec, target.config, n, block[0] if block else 0, target.vector_width)
     if tile:
