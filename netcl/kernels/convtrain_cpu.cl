@@ -207,18 +207,17 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
                 for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
             for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP, wk += SCI) {
 #pragma unroll
-                for (int t = 0; t < RR + KS - 1; t++) {  // the input rows that feed RR output rows
+                for (int j = 0; j < KS; j++) {  // tap by tap: each weight broadcast once for the RR rows
 #pragma unroll
                     for (int l = 0; l < KS; l++) {
-                        const float16 v = *(__global const ufloat16 *)(src + t * WP + l);
+                        float16 v[RR];
 #pragma unroll
-                        for (int r = 0; r < RR; r++) {
-                            const int j = t - r;
-                            if (j >= 0 && j < KS) {
+                        for (int r = 0; r < RR; r++) v[r] = *(__global const ufloat16 *)(src + (r + j) * WP + l);
 #pragma unroll
-                                for (int m = 0; m < RM; m++)
-                                    acc[r][m] += wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)] * v;
-                            }
+                        for (int m = 0; m < RM; m++) {
+                            const float wv = wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)];
+#pragma unroll
+                            for (int r = 0; r < RR; r++) acc[r][m] += wv * v[r];
                         }
                     }
                 }
