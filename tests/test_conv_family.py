@@ -7,7 +7,7 @@ from conftest import assert_close
 from test_layers import compare, rand, run_netcl, run_torch
 
 import netcl
-from netcl import Tensor, nn, optim
+from netcl import Tensor, nn, ops, optim
 from netcl.io import export_onnx, load, save
 
 
@@ -84,6 +84,29 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
     second = run_netcl(queue, layer, x, dy)[2]
     for name in first:
         assert_close(second[name], 2 * first[name], what=name)
+
+
+WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv_winot.cl trains
+    (2, 8, 8, 32, 12, True),   # "rows" mode, a tile row per vector; dx: 12 -> 8 channels (blocks of 8)
+    (1, 16, 4, 16, 20, False),  # 16 wide: two tile rows per vector; 20 channels (a block of 16 and a tail)
+    (2, 9, 8, 8, 16, True),    # "channels" mode, 8 wide: four tile rows per vector
+    (1, 8, 2, 64, 8, False),   # two vectors per tile row
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,bias", WINOT_CASES)
+def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, bias):
+    """The CPU training path's Winograd (conv_winot.cl: the forward and the data gradient, the
+    weights transformed on the device) against float64 PyTorch, forced on any CPU
+    (NETCL_CPU_WINOT=1); with NETCL_CPU_WINOT=0 the direct kernels take the same shapes."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", "1")
+    layer = nn.Conv2d(c, k, 3, padding=1, bias=bias)
+    if ops.is_cpu(queue):
+        assert layer._winot(queue, (n, c, h, w)) is not None
+        assert layer._winot(queue, (n, c, h, w), transposed=True) is not None
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, 3, 1, 1, 1, 1, bias)
+    monkeypatch.setenv("NETCL_CPU_WINOT", "0")
+    assert layer._winot(queue, (n, c, h, w)) is None
 
 
 TRANSPOSE_CASES = [  # N, C, H, W, K, k, stride, padding, output_padding, bias

@@ -189,7 +189,7 @@ def test_winograd_equals_unfused(q, monkeypatch, tile, batch):
 @pytest.mark.parametrize("width", [8, 16, 32, 64])
 def test_tile_lane_winograd_equals_unfused(q, monkeypatch, width):
     """conv_winot.cl (16 output tiles of 2x2 in a float16: 4 tile rows of an 8-wide output, 2 of a
-    16-wide one, one of 32, two vectors of 64) with 20 and 4 output channels (blocks of 16 and 8,
+    16-wide one, one of 32, two vectors of 64) with 20 and 8 output channels (blocks of 16 and 8,
     zero-padded), a residual add and the activation after it, a Concat slice and stored borders;
     equal to the unfused layers at batch 1 and 3. NETCL_CPU_WINOT=0 turns the family off."""
     from netcl.jit.executable import _Bound
@@ -201,8 +201,8 @@ def test_tile_lane_winograd_equals_unfused(q, monkeypatch, width):
         nn.Sigmoid(), nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
         nn.Conv2d(8, 20, 3, padding=1), nn.BatchNorm2d(20), nn.LeakyReLU(0.1),
         nn.Residual(nn.Conv2d(20, 20, 3, padding=1), nn.BatchNorm2d(20)), nn.ReLU(),
-        nn.Concat(nn.Conv2d(20, 6, 3, padding=1), nn.Conv2d(20, 5, 1)),
-        nn.Conv2d(11, 4, 3, padding=1)), rng).eval()
+        nn.Concat(nn.Conv2d(20, 9, 3, padding=1), nn.Conv2d(20, 5, 1)),
+        nn.Conv2d(14, 8, 3, padding=1)), rng).eval()
     for n in (1, 3):
         x = rng.normal(size=(n, 3, 8, width)).astype(np.float32)
         np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)

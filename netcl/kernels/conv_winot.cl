@@ -141,3 +141,33 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
         }
     }
 }
+
+// The training path's weights (netcl.nn.conv, its weights change every step, so transformed on
+// the device): U[kb][p][c][KV] = G g G^T (p = 4a + b, G as conv_wino.py's _WINO_G[2]) for output
+// channel k (zeros from K to KB * KV) and input channel c of the convolution conv_winot runs,
+// g = w[k][c] (flip 0: that convolution's weights (K, C, 3, 3)), or w[c][k] turned by 180 degrees
+// (flip 1: the data gradient of a convolution with weights (C, K, 3, 3)). Work-item (k, c).
+__kernel void winot_weights(__global const float *restrict w, __global float *restrict u, const int flip) {
+    const int k = get_global_id(0), c = get_global_id(1);
+    float g[3][3], t[4][3];
+#pragma unroll
+    for (int i = 0; i < 3; i++)
+#pragma unroll
+        for (int j = 0; j < 3; j++)
+            g[i][j] = k >= K ? 0.0f : flip ? w[((c * K + k) * 3 + 2 - i) * 3 + 2 - j] : w[((k * C + c) * 3 + i) * 3 + j];
+#pragma unroll
+    for (int j = 0; j < 3; j++) {  // G g
+        t[0][j] = g[0][j];
+        t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+        t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+        t[3][j] = g[2][j];
+    }
+    __global float *uk = u + ((k / KV) * 16 * C + c) * KV + k % KV;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {  // (G g) G^T
+        uk[(4 * a + 0) * C * KV] = t[a][0];
+        uk[(4 * a + 1) * C * KV] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+        uk[(4 * a + 2) * C * KV] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+        uk[(4 * a + 3) * C * KV] = t[a][2];
+    }
+}
