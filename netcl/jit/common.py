@@ -1,16 +1,14 @@
 """What every kernel family shares: the STATS counters, the Target a family builds for (program
 builds and device buffers go through it, so STATS counts them), Launch (the interface a family
-implements) and ConvSpec (one conv stage's sizes and common -D defines, kernels/conv.h).
+implements) and, from netcl.convspec (below the layers, which run conv_winot.cl in training too),
+ConvSpec (one conv stage's sizes and common -D defines, kernels/conv.h) and act_defines.
 
 The batch size is never a define: a family's program and weights serve every batch size, and
 only its launch arguments and global size depend on it (Launch.sized)."""
-from dataclasses import dataclass
-from typing import Optional
-
 import numpy as np
 
 import netcl.runtime as runtime  # module attributes: tests patch runtime.build
-from netcl.act import Act
+from netcl.convspec import ConvSpec, act_defines  # noqa: F401 (the families import them from here)
 
 # counters for tests and benchmarks: program builds, device buffers made, kernels launched, weight folds
 STATS = {"builds": 0, "buffers": 0, "launches": 0, "folds": 0}
@@ -84,69 +82,3 @@ class Launch:
         target.cl.enqueue_copy(target.q, self.w_buf, host_w, is_blocking=True)
         target.cl.enqueue_copy(target.q, self.b_buf, host_b, is_blocking=True)
         self._versions = vers
-
-
-def act_defines(act, slope):
-    """The ACT and SLOPE defines of kernels/act.h; act: a netcl.act.Act, or None for no activation."""
-    return dict(ACT=int(act or 0), SLOPE=repr(np.float32(slope).item()) + "f")
-
-
-@dataclass(frozen=True)
-class ConvSpec:
-    """One fused conv stage at one input shape without the batch: what every conv family needs to know."""
-    c: int  # input channels, height, width
-    h: int
-    w: int
-    k: int  # output channels
-    ks: int  # kernel size, stride, padding
-    stride: int
-    pad: int
-    oh: int  # convolution output size (before the pool)
-    ow: int
-    pool: bool  # a 2x2/2 max-pool follows
-    ipb: int  # stored border of the input plane (0, or at least pad: no bounds checks)
-    opb: int  # stored border the output plane must carry (the next conv's padding, else 0)
-    act: Optional[Act]  # the activation, or None, and its slope
-    slope: float
-    kt: int = 0  # channels of the stored output (a Concat's), 0: k; this stage writes from channel koff
-    koff: int = 0
-    res: bool = False  # the residual add (its tensor stored with border rpb), then act2
-    rpb: int = 0
-    act2: Optional[Act] = None
-    slope2: float = 0.0
-    dil: int = 1  # dilation (the depthwise families)
-    mult: int = 0  # 0: a dense conv; else depthwise (groups == c) with this channel multiplier
-
-    @property
-    def poh(self):  # output size after the pool (floor, as MaxPool2d)
-        return self.oh // 2 if self.pool else self.oh
-
-    @property
-    def pow(self):
-        return self.ow // 2 if self.pool else self.ow
-
-    @property
-    def r(self):  # reduction length
-        return (1 if self.mult else self.c) * self.ks * self.ks
-
-    @property
-    def used(self):
-        """(rows, columns) of the conv output that are used: the pool drops an odd last one."""
-        return (2 * self.poh, 2 * self.pow) if self.pool else (self.oh, self.ow)
-
-    def out_shape(self, n):
-        return n, self.k, self.poh, self.pow
-
-    def stored_shape(self, n):
-        """The stored output plane (with its border)."""
-        return n, self.kt or self.k, self.poh + 2 * self.opb, self.pow + 2 * self.opb
-
-    def out_bytes(self, n):  # the stored output plane, plus 16 floats of slack for wide vector accesses
-        return 4 * (int(np.prod(self.stored_shape(n), dtype=np.int64)) + 16)
-
-    def defines(self):
-        """kernels/conv.h's defines; each family adds its own."""
-        return dict(C=self.c, H=self.h, W=self.w, K=self.k, KS=self.ks, STRIDE=self.stride, PAD=self.pad,
-                    OH=self.oh, OW=self.ow, POOL=2 if self.pool else 1, **act_defines(self.act, self.slope),
-                    IPB=self.ipb, OPB=self.opb, KT=self.kt or self.k, KOFF=self.koff, RES=int(self.res),
-                    RPB=self.rpb, MULT=self.mult, **{k + "2": v for k, v in act_defines(self.act2, self.slope2).items()})

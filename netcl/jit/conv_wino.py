@@ -5,6 +5,7 @@ transformed on the host (U = G g G^T) when they are folded; each work-item trans
 inputs once and runs register blocks over channel blocks."""
 import numpy as np
 
+from netcl.convspec import winot_defines
 from netcl.jit.common import Launch
 
 # Winograd weight transforms G (WA x 3) for output tiles of 2 and 4 (points 0, +-1, +-2, inf);
@@ -87,37 +88,14 @@ class ConvWino(Launch):
         return host_w, host_b
 
 
-def winot_layout(spec):
-    """(T, VPR) of conv_winot.cl for this conv: T tile rows per float16 of 16 tiles of 2x2 outputs
-    (1 for rows of 32 or more outputs, 2 for 16, 4 for 8), VPR vectors per tile row; None where
-    it does not apply: not 3x3 stride 1 padding 1, a depthwise conv or a pool after it, an input
-    stored without its border (the kernel reads without bounds checks), output sizes that the
-    vectors do not tile, fewer than 8 input or output channels (the transforms cost more than the
-    multiplies they save: resnet8's 3-channel stem in training, batch 64, 0.35 -> 0.45 ms)."""
-    if (spec.ks, spec.stride, spec.pad, spec.dil) != (3, 1, 1, 1) or spec.mult or spec.pool or spec.ipb < 1:
-        return None
-    if min(spec.c, spec.k) < 8:
-        return None
-    if spec.oh % 2 or spec.ow % 2:
-        return None
-    tw, tr = spec.ow // 2, spec.oh // 2
-    if tw % 16 == 0:
-        return 1, tw // 16
-    if tw in (8, 4) and tr % (16 // tw) == 0:
-        return 16 // tw, 1
-    return None
-
-
 class ConvWinoT(Launch):
     """Arguments: (x, u, bias, y, res); weights U packed [K block][transform point][C][KV]."""
     in_arg, out_arg, res_arg = 0, 3, 4
 
     def __init__(self, target, spec):
-        t, vpr = winot_layout(spec)
-        kv = 16 if spec.k > 8 else 8
-        kb = -(-spec.k // kv)
-        self.program, self.name = target.program("conv_winot", dict(spec.defines(), TW=spec.ow // 2, T=t, VPR=vpr,
-                                                                    KV=kv, KB=kb), ["-cl-mad-enable"]), "conv_winot"
+        defines = winot_defines(spec)
+        t, vpr, kv, kb = defines["T"], defines["VPR"], defines["KV"], defines["KB"]
+        self.program, self.name = target.program("conv_winot", defines, ["-cl-mad-enable"]), "conv_winot"
         self.lsize, self.spec = (1, 1), spec
         self.vectors = spec.oh // 2 // t * vpr  # per image
         self.kv, self.kb, self.k, self.c = kv, kb, spec.k, spec.c

@@ -29,11 +29,11 @@ read it and only conv stages write it; else none.
 """
 import numpy as np
 
-from netcl.jit.common import ConvSpec
+from netcl.convspec import ConvSpec, winot_layout
 from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
-from netcl.jit.conv_wino import ConvWino, ConvWinoT, wino_tile, winot_layout
+from netcl.jit.conv_wino import ConvWino, ConvWinoT, wino_tile
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.conv import Conv2d

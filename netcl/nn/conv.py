@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from netcl import ops
+from netcl.convspec import ConvSpec, winot_defines, winot_layout
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
@@ -97,23 +98,18 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
 
 
 def _winot_layout(q, c, k, h, w):
-    """(T, VPR, options) of conv_winot.cl for a 3x3 stride-1 padding-1 convolution of c -> k
+    """(defines, build options) of conv_winot.cl for a 3x3 stride-1 padding-1 convolution of c -> k
     channels on h x w planes read from planes with a border of 1, or None: where its vectors do not
-    tile the output, not on AVX-512-class devices unless NETCL_CPU_WINOT=1 (0: never)."""
-    from netcl.jit.common import ConvSpec  # netcl.jit imports this module: at call time
-    from netcl.jit.conv_wino import winot_layout
-
+    tile the output or it has fewer than 8 channels (netcl.convspec.winot_layout), not on
+    AVX-512-class devices unless NETCL_CPU_WINOT=1 (0: never)."""
     setting = os.environ.get("NETCL_CPU_WINOT", "")
     if setting == "0" or (setting != "1" and q.device.preferred_vector_width_float < 16):
         return None
     spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0)
-    layout = winot_layout(spec)
-    if layout is None:
+    if winot_layout(spec) is None:
         return None
-    t, vpr = layout
-    kv = 16 if k > 8 else 8
-    defines = dict(spec.defines(), TW=w // 2, T=t, VPR=vpr, KV=kv, KB=-(-k // kv))
-    return t, vpr, tuple(f"-D{name}={v}" for name, v in defines.items()) + ("-cl-mad-enable",)
+    defines = winot_defines(spec)
+    return defines, tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
 
 
 def _winot(q, inp, w, out, flip, layout, bias):
@@ -125,12 +121,13 @@ def _winot(q, inp, w, out, flip, layout, bias):
     c = inp.shape[1]
     if inp.shape[2:] != (h + 2, wd + 2):
         raise ValueError(f"conv_winot reads planes with a border of 1: {inp.shape} for output {out.shape}")
-    t, vpr, options = layout
-    kv = 16 if k > 8 else 8
-    u = ops.new(q, (-(-k // kv) * 16 * c * kv,))
-    ops.launch(q, "conv_winot", "winot_weights", (-(-k // kv) * kv, c), (kv, 1), w, u, int(flip), options=options)
+    d, options = layout
+    kv, kb = d["KV"], d["KB"]
+    u = ops.new(q, (kb * 16 * c * kv,))
+    ops.launch(q, "conv_winot", "winot_weights", (kb * kv, c), (kv, 1), w, u, int(flip), options=options)
     u.mark_written()
-    ops.launch(q, "conv_winot", "conv_winot", (h // 2 // t * vpr, n), (1, 1), inp, u, bias, out, bias, options=options)
+    ops.launch(q, "conv_winot", "conv_winot", (h // 2 // d["T"] * d["VPR"], n), (1, 1), inp, u, bias, out, bias,
+               options=options)
     out.mark_written()
 
 

@@ -1,0 +1,105 @@
+"""A fused conv stage's sizes and the -D defines every conv kernel shares (kernels/conv.h), and the
+shape rule and build options of conv_winot.cl, the tile-lane Winograd kernel: below both the
+fused planner (netcl.jit) and the layers (netcl.nn.conv runs conv_winot.cl in its CPU training
+passes), so neither imports the other."""
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from netcl.act import Act
+
+
+def act_defines(act, slope):
+    """The ACT and SLOPE defines of kernels/act.h; act: a netcl.act.Act, or None for no activation."""
+    return dict(ACT=int(act or 0), SLOPE=repr(np.float32(slope).item()) + "f")
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """One fused conv stage at one input shape without the batch: what every conv family needs to know."""
+    c: int  # input channels, height, width
+    h: int
+    w: int
+    k: int  # output channels
+    ks: int  # kernel size, stride, padding
+    stride: int
+    pad: int
+    oh: int  # convolution output size (before the pool)
+    ow: int
+    pool: bool  # a 2x2/2 max-pool follows
+    ipb: int  # stored border of the input plane (0, or at least pad: no bounds checks)
+    opb: int  # stored border the output plane must carry (the next conv's padding, else 0)
+    act: Optional[Act]  # the activation, or None, and its slope
+    slope: float
+    kt: int = 0  # channels of the stored output (a Concat's), 0: k; this stage writes from channel koff
+    koff: int = 0
+    res: bool = False  # the residual add (its tensor stored with border rpb), then act2
+    rpb: int = 0
+    act2: Optional[Act] = None
+    slope2: float = 0.0
+    dil: int = 1  # dilation (the depthwise families)
+    mult: int = 0  # 0: a dense conv; else depthwise (groups == c) with this channel multiplier
+
+    @property
+    def poh(self):  # output size after the pool (floor, as MaxPool2d)
+        return self.oh // 2 if self.pool else self.oh
+
+    @property
+    def pow(self):
+        return self.ow // 2 if self.pool else self.ow
+
+    @property
+    def r(self):  # reduction length
+        return (1 if self.mult else self.c) * self.ks * self.ks
+
+    @property
+    def used(self):
+        """(rows, columns) of the conv output that are used: the pool drops an odd last one."""
+        return (2 * self.poh, 2 * self.pow) if self.pool else (self.oh, self.ow)
+
+    def out_shape(self, n):
+        return n, self.k, self.poh, self.pow
+
+    def stored_shape(self, n):
+        """The stored output plane (with its border)."""
+        return n, self.kt or self.k, self.poh + 2 * self.opb, self.pow + 2 * self.opb
+
+    def out_bytes(self, n):  # the stored output plane, plus 16 floats of slack for wide vector accesses
+        return 4 * (int(np.prod(self.stored_shape(n), dtype=np.int64)) + 16)
+
+    def defines(self):
+        """kernels/conv.h's defines; each family adds its own."""
+        return dict(C=self.c, H=self.h, W=self.w, K=self.k, KS=self.ks, STRIDE=self.stride, PAD=self.pad,
+                    OH=self.oh, OW=self.ow, POOL=2 if self.pool else 1, **act_defines(self.act, self.slope),
+                    IPB=self.ipb, OPB=self.opb, KT=self.kt or self.k, KOFF=self.koff, RES=int(self.res),
+                    RPB=self.rpb, MULT=self.mult, **{k + "2": v for k, v in act_defines(self.act2, self.slope2).items()})
+
+
+def winot_layout(spec):
+    """(T, VPR) of conv_winot.cl for this conv: T tile rows per float16 of 16 tiles of 2x2 outputs
+    (1 for rows of 32 or more outputs, 2 for 16, 4 for 8), VPR vectors per tile row; None where
+    it does not apply: not 3x3 stride 1 padding 1, a depthwise conv or a pool after it, an input
+    stored without its border (the kernel reads without bounds checks), output sizes that the
+    vectors do not tile, fewer than 8 input or output channels (the transforms cost more than the
+    multiplies they save: resnet8's 3-channel stem in training, batch 64, 0.35 -> 0.45 ms)."""
+    if (spec.ks, spec.stride, spec.pad, spec.dil) != (3, 1, 1, 1) or spec.mult or spec.pool or spec.ipb < 1:
+        return None
+    if min(spec.c, spec.k) < 8:
+        return None
+    if spec.oh % 2 or spec.ow % 2:
+        return None
+    tw, tr = spec.ow // 2, spec.oh // 2
+    if tw % 16 == 0:
+        return 1, tw // 16
+    if tw in (8, 4) and tr % (16 // tw) == 0:
+        return 16 // tw, 1
+    return None
+
+
+def winot_defines(spec):
+    """conv_winot.cl's build defines for `spec` (winot_layout must accept it): conv.h's, TW (tiles per
+    tile row), T, VPR, KV (output channels per block: 16, or 8 for at most 8) and KB (blocks)."""
+    t, vpr = winot_layout(spec)
+    kv = 16 if spec.k > 8 else 8
+    return dict(spec.defines(), TW=spec.ow // 2, T=t, VPR=vpr, KV=kv, KB=-(-spec.k // kv))
