@@ -76,16 +76,21 @@ class ConvSpec:
                     RPB=self.rpb, MULT=self.mult, **{k + "2": v for k, v in act_defines(self.act2, self.slope2).items()})
 
 
+WINOT_MAX_C = 512  # conv_winot.cl's input channels at most: 512 KiB of private transformed inputs
+
+
 def winot_layout(spec):
     """(T, VPR) of conv_winot.cl for this conv: T tile rows per float16 of 16 tiles of 2x2 outputs
     (1 for rows of 32 or more outputs, 2 for 16, 4 for 8), VPR vectors per tile row; None where
     it does not apply: not 3x3 stride 1 padding 1, a depthwise conv or a pool after it, an input
     stored without its border (the kernel reads without bounds checks), output sizes that the
     vectors do not tile, fewer than 8 input or output channels (the transforms cost more than the
-    multiplies they save: resnet8's 3-channel stem in training, batch 64, 0.35 -> 0.45 ms)."""
+    multiplies they save: resnet8's 3-channel stem in training, batch 64, 0.35 -> 0.45 ms), more
+    than WINOT_MAX_C input channels (a work-item keeps 1 KiB of transformed inputs per channel in
+    private memory, on the thread's stack: 8192 channels overflowed 8 MiB)."""
     if (spec.ks, spec.stride, spec.pad, spec.dil) != (3, 1, 1, 1) or spec.mult or spec.pool or spec.ipb < 1:
         return None
-    if min(spec.c, spec.k) < 8:
+    if min(spec.c, spec.k) < 8 or spec.c > WINOT_MAX_C:
         return None
     if spec.oh % 2 or spec.ow % 2:
         return None

@@ -109,6 +109,23 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
     assert layer._winot(queue, (n, c, h, w)) is None
 
 
+def test_conv2d_winot_zero_bias_is_made_once_per_size(queue, rng, monkeypatch):
+    """Without a bias, conv_winot gets zeros: out_channels of them forward, in_channels for the data
+    gradient, each made once and reused by every later step."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", "1")
+    layer = nn.Conv2d(8, 16, 3, padding=1, bias=False).to(queue).train()
+    x = Tensor.from_host(queue, rand(rng, 2, 8, 8, 32))
+    made = None
+    for _ in range(3):
+        y = layer(x)
+        layer.backward(Tensor.from_host(queue, np.ones(y.shape, np.float32)))
+        if made is None and ops.is_cpu(queue):
+            made = dict(layer._zero_bias)
+    if ops.is_cpu(queue):
+        assert sorted(size for size, _ in made) == [8, 16]
+        assert all(layer._zero_bias[key] is z for key, z in made.items()) and len(layer._zero_bias) == 2
+
+
 TRANSPOSE_CASES = [  # N, C, H, W, K, k, stride, padding, output_padding, bias
     (2, 4, 5, 7, 3, 3, 2, 1, 1, True),   # stride 2, output_padding 1
     (1, 3, 4, 5, 5, 4, 2, 1, 0, True),   # the usual 2x upsampling, batch 1

@@ -209,6 +209,9 @@ def test_tile_lane_winograd_equals_unfused(q, monkeypatch, width):
     names = [s.launch.name for s in next(iter(model._fused._exe.values())).steps if isinstance(s, _Bound)]
     if ops.is_cpu(q):
         assert names.count("conv_winot") == 4, names
+        from netcl.convspec import WINOT_MAX_C, ConvSpec, winot_layout
+        wide = [ConvSpec(c, 8, width, 8, 3, 1, 1, 8, width, False, 1, 0, None, 0.0) for c in (WINOT_MAX_C, WINOT_MAX_C + 1)]
+        assert winot_layout(wide[0]) is not None and winot_layout(wide[1]) is None  # private inputs bounded
         monkeypatch.setenv("NETCL_CPU_WINOT", "0")
         model.eval()  # a new plan, built under the new setting
         model.predict(x, q)
@@ -258,6 +261,10 @@ def test_two_rows_per_vector_on_8x8_planes(q, monkeypatch):
     packs = [getattr(s.launch, "rows_per_vector", None) for s in exe.steps if isinstance(s, _Bound)]
     if ops.is_cpu(q):
         assert packs == [1, 2, 2, 2, 2, 1], packs
+        from netcl.jit.config import JitConfig
+        from netcl.jit.conv_cpu import cpu_block
+        spec = next(s.launch.spec for s in exe.steps if isinstance(s, _Bound) and s.launch.rows_per_vector == 2)
+        assert cpu_block(spec, JitConfig(cpu_conv=(32, 8)))[::3] == (16, 2)  # a wider setting still packs float16
 
 
 @pytest.mark.parametrize("w", [4, 8, 12, 16, 32, 6])

@@ -10,7 +10,7 @@ from netcl.jit.common import Launch
 def cpu_block(spec, config):
     """(VW, RM, RR, PACK) for this conv, or None when the shape does not suit the kernel.
     RR x RM float<VW> accumulators: 16 AVX-512 registers at the default (16, 8) and VW 16.
-    PACK 2: rows of half the widest vector (8x8 planes on AVX-512) go two to a vector, where the
+    PACK 2: rows of 8 (8x8 planes) go two to a float16, where the
     input carries its zero border (no bounds checks) and no pool follows (resnet8 batch 1's 8x8
     convolutions, tools/profile_fused.py: 3x3 stride 2 32 -> 64 channels 34 -> 27 us, 64 -> 64 52 us
     in Winograd -> 33 us direct; the model 10% faster at batch 1, 5% at 8, 1% at 32)."""
@@ -19,9 +19,8 @@ def cpu_block(spec, config):
     if spec.stride not in (1, 2):
         return None
     rm = 1 if spec.mult else min(rm, -(-spec.k // 2) * 2) if spec.k >= 2 else 1
-    if (maxvw >= 16 and uw == maxvw // 2 and ohu % 4 == 0 and spec.ipb >= spec.pad and not spec.pool
-            and not spec.mult):
-        return maxvw, rm, 2, 2
+    if maxvw >= 16 and uw == 8 and ohu % 4 == 0 and spec.ipb >= spec.pad and not spec.pool and not spec.mult:
+        return 16, rm, 2, 2
     vw = next((v for v in (16, 8, 4, 2) if v <= maxvw and uw % v == 0), None)
     if vw is None or ohu % 2:
         return None

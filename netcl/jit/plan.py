@@ -125,8 +125,8 @@ class FusedPlan:
         return q
 
     def infer(self, x, queue=None):
-        """Host array in, host array out: the whole round trip (Executable.infer: on GPUs the upload
-        straight from x, on CPUs a copy into the mapped input buffer, on threads where it is large).
+        """Host array in, host array out: the whole round trip (Executable.infer: one upload straight
+        from x, the kernels, one read into a pinned buffer).
         Returns a new float32 numpy array; one wait per call.
 
         The device is queue_for()'s: a small call beside PoCL's threaded CPU device runs on its serial

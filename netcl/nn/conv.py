@@ -277,10 +277,12 @@ class Conv2d(Module):
         return _winot_layout(q, c, k, shape[2], shape[3])
 
     def _zeros(self, q, size):
-        """A zero device tensor of `size` floats, made once (conv_winot's bias where there is none)."""
-        z = getattr(self, "_zero_bias", None)
-        if z is None or z.size != size or z.queue is not q:
-            z = self._zero_bias = ops.new(q, (size,)).fill_(0.0)
+        """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias
+        where there is none: out_channels of them forward, in_channels for the data gradient)."""
+        cache = self.__dict__.setdefault("_zero_bias", {})
+        z = cache.get((size, q.int_ptr))
+        if z is None:
+            z = cache[(size, q.int_ptr)] = ops.new(q, (size,)).fill_(0.0)
         return z
 
     def _bias_or_zeros(self, q):

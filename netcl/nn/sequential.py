@@ -117,8 +117,8 @@ class Sequential(LayerList):
         return y
 
     def predict(self, x, queue=None):
-        """Inference on a host array: numpy in, numpy out (eval mode uses the fused path's
-        pinned-memory round trip). `queue` defaults to netcl.default_queue()."""
+        """Inference on a host array: numpy in, numpy out (eval mode uses the fused path's round
+        trip: one upload, one read). `queue` defaults to netcl.default_queue()."""
         if self.training:
             raise RuntimeError("predict() runs inference: call model.eval() first")
         x = _as_float32(x)  # real numbers only: TypeError for complex or non-numeric input
