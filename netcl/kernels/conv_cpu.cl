@@ -5,6 +5,7 @@
 // VWH columns, for rows too short to fill one: 8x8 planes in float16).
 #include "act.h"
 #include "conv.h"
+#include "vec_cpu.h"
 
 // CPU (PoCL): explicit vectors and register blocking. A work-item computes RM output
 // channels x RR conv rows x VW adjacent conv columns (float<VW> accumulators); weights are
@@ -19,32 +20,19 @@
 typedef VEC __attribute__((aligned(4))) uvec;
 #define VLOAD(o, p) (*(const uvec *)(p))
 #define VSTORE(v, o, p) (*(uvec *)(p) = (v))
-// LOADX(p): VW input elements from p at the stride (LOADH: VWH of them, for PACK 2). At stride 2
-// the even elements p[0], p[2], .. : two loads, the second ending at the last one (one load of
-// twice the width read a float past it), one shuffle.
-#define EVENS_16 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31
-#define EVENS_8 0, 2, 4, 6, 9, 11, 13, 15
-#define EVENS_4 0, 2, 5, 7
-#define EVENS_2 0, 3
-#define EVENS_1 0
+// LOADX(p): VW input elements from p at the stride (LOADH: VWH of them, for PACK 2); at stride 2
+// vec_cpu.h's EVEN_LOAD.
 #if STRIDE == 1
 #define LOADV(T, n, p) (*(__global const T *)(p))
 #else
-#define LOADV(T, n, p) __builtin_shufflevector(*(__global const T *)(p), *(__global const T *)((p) + n - 1), CAT(EVENS_, n))
+#define LOADV(T, n, p) EVEN_LOAD(T, n, p)
 #endif
 #define LOADX(p) LOADV(uvec, VW, p)
 #if VW > 2
 typedef CAT(float, VWH) __attribute__((aligned(4))) uhvec;
 #define LOADH(p) LOADV(uhvec, VWH, p)
 #endif
-#if VW == 16
-#define JOIN 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-#elif VW == 8
-#define JOIN 0, 1, 2, 3, 4, 5, 6, 7
-#else
-#define JOIN 0, 1, 2, 3
-#endif
-#define JOINH(a, b) __builtin_shufflevector(a, b, JOIN)  // two halves, one vector
+#define JOINH(a, b) JOIN_HALVES(VW, a, b)
 
 // An unpadded input's first and last vector of a row at stride 1 (a model's first conv): the
 // vector at iw = -s holds x[0 .. VW-1-s] behind s zeros, the one ending s past the row holds

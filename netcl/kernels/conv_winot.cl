@@ -18,26 +18,17 @@
 // channels accumulates the 16 points (KV float16 accumulators) and writes KV x 4 output vectors.
 // Defines beyond conv.h's: TW (tiles per tile row), T (tile rows per vector), VPR (vectors per
 // tile row), KV (output channels per block: 16 or 8), KB (blocks; weights zero past K).
-#define TWV (16 / T)  // tiles of one tile row in a vector
 
 // 16 lanes of input row offset i (0..3, from the tile's top row - 1) and column offset j (0..3,
 // from its left column - 1): x[2 * row_of_lane - 1 + i][2 * col_of_lane - 1 + j], T pieces of
-// 16 / T lanes, each the even elements of a stretch of one row (two loads and one shuffle).
-#define EV16 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31
-#define EV8 0, 2, 4, 6, 9, 11, 13, 15
-#define EV4 0, 2, 5, 7
-#define EVENS16(p) __builtin_shufflevector(*(__global const ufloat16 *)(p), *(__global const ufloat16 *)((p) + 15), EV16)
-#define EVENS8(p) __builtin_shufflevector(*(__global const ufloat8 *)(p), *(__global const ufloat8 *)((p) + 7), EV8)
-#define EVENS4(p) __builtin_shufflevector(*(__global const ufloat4 *)(p), *(__global const ufloat4 *)((p) + 3), EV4)
-#define J8 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-#define J4 0, 1, 2, 3, 4, 5, 6, 7
+// 16 / T lanes, each the even elements of a stretch of one row (vec_cpu.h's EVEN_LOAD).
 #if T == 1
-#define LOADT(p) EVENS16(p)
+#define LOADT(p) EVEN_LOAD(ufloat16, 16, p)
 #elif T == 2  // tile rows two input rows apart
-#define LOADT(p) __builtin_shufflevector(EVENS8(p), EVENS8((p) + 2 * IWS), J8)
+#define LOADT(p) JOIN_HALVES(16, EVEN_LOAD(ufloat8, 8, p), EVEN_LOAD(ufloat8, 8, (p) + 2 * IWS))
 #else
-#define LOADT(p) __builtin_shufflevector(__builtin_shufflevector(EVENS4(p), EVENS4((p) + 2 * IWS), J4), \
-                                         __builtin_shufflevector(EVENS4((p) + 4 * IWS), EVENS4((p) + 6 * IWS), J4), J8)
+#define LOADT(p) JOIN_HALVES(16, JOIN_HALVES(8, EVEN_LOAD(ufloat4, 4, p), EVEN_LOAD(ufloat4, 4, (p) + 2 * IWS)), \
+                             JOIN_HALVES(8, EVEN_LOAD(ufloat4, 4, (p) + 4 * IWS), EVEN_LOAD(ufloat4, 4, (p) + 6 * IWS)))
 #endif
 
 // 32 interleaved outputs (a0, b0, a1, b1, ..) of lanes 0-7 and 8-15 of a, b: output columns 2t, 2t + 1
@@ -46,27 +37,18 @@
 
 // one output row's 32 values z0, z1 (ZLO, ZHI) of output rows row, row + 2, .. (T tile rows):
 // bias and activation applied, the residual added, stored
-#if T == 1
-#define STORE_ROW(z0, z1, n, k, row, col)                                                   \
-    do {                                                                                    \
-        float16 a_ = z0, b_ = z1;                                                           \
-        if (RES) {                                                                          \
-            a_ = ACT2F(a_ + *(__global const ufloat16 *)(res + RES_AT(n, k, row, col)));    \
-            b_ = ACT2F(b_ + *(__global const ufloat16 *)(res + RES_AT(n, k, row, col) + 16)); \
-        }                                                                                   \
-        *(__global ufloat16 *)(y + OUT_AT(n, k, row, col)) = a_;                            \
-        *(__global ufloat16 *)(y + OUT_AT(n, k, row, col) + 16) = b_;                       \
-    } while (0)
-#elif T == 2
-#define STORE_ROW(z0, z1, n, k, row, col)                                                   \
-    do {                                                                                    \
-        float16 a_ = z0, b_ = z1;                                                           \
-        if (RES) {                                                                          \
-            a_ = ACT2F(a_ + *(__global const ufloat16 *)(res + RES_AT(n, k, row, col)));    \
-            b_ = ACT2F(b_ + *(__global const ufloat16 *)(res + RES_AT(n, k, (row) + 2, col))); \
-        }                                                                                   \
-        *(__global ufloat16 *)(y + OUT_AT(n, k, row, col)) = a_;                            \
-        *(__global ufloat16 *)(y + OUT_AT(n, k, (row) + 2, col)) = b_;                      \
+#if T <= 2  // z1: the row's second half (T 1), or tile row 1's (T 2: two output rows below)
+#define Z1_ROW (T == 2 ? 2 : 0)
+#define Z1_COL (T == 1 ? 16 : 0)
+#define STORE_ROW(z0, z1, n, k, row, col)                                                             \
+    do {                                                                                              \
+        float16 a_ = z0, b_ = z1;                                                                     \
+        if (RES) {                                                                                    \
+            a_ = ACT2F(a_ + *(__global const ufloat16 *)(res + RES_AT(n, k, row, col)));              \
+            b_ = ACT2F(b_ + *(__global const ufloat16 *)(res + RES_AT(n, k, (row) + Z1_ROW, (col) + Z1_COL))); \
+        }                                                                                             \
+        *(__global ufloat16 *)(y + OUT_AT(n, k, row, col)) = a_;                                      \
+        *(__global ufloat16 *)(y + OUT_AT(n, k, (row) + Z1_ROW, (col) + Z1_COL)) = b_;                \
     } while (0)
 #else
 #define STORE_ROW(z0, z1, n, k, row, col)                                                   \
