@@ -3,6 +3,7 @@ shape rule and build options of conv_winot.cl, the tile-lane Winograd kernel: be
 fused planner (netcl.jit) and the layers (netcl.nn.conv runs conv_winot.cl in its CPU training
 passes), so neither imports the other."""
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -108,3 +109,26 @@ def winot_defines(spec):
     t, vpr = winot_layout(spec)
     kv = 16 if spec.k > 8 else 8
     return dict(spec.defines(), TW=spec.ow // 2, T=t, VPR=vpr, KV=kv, KB=-(-spec.k // kv))
+
+
+def winot_choice(text):
+    """$NETCL_CPU_WINOT's text as a choice: None (unset or empty: by device), else on unless "0"."""
+    return text != "0" if text else None
+
+
+def winot_enabled(choice, vector_width):
+    """Whether conv_winot.cl runs where its layout fits: `choice` (winot_choice) when set, else on
+    devices whose native float vector is 16 wide (AVX-512 on PoCL)."""
+    return vector_width >= 16 if choice is None else choice
+
+
+@lru_cache(maxsize=256)
+def winot_plain(c, k, h, w):
+    """(defines, build options) of conv_winot.cl for a plain 3x3 stride-1 padding-1 convolution of
+    c -> k channels on h x w planes stored with a border of 1 (no activation, residual or output
+    border: Conv2d's training passes), or None where winot_layout refuses it."""
+    spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0)
+    if winot_layout(spec) is None:
+        return None
+    defines = winot_defines(spec)
+    return defines, tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)

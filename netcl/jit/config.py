@@ -4,6 +4,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from netcl.convspec import winot_choice
+
 
 def _ints(name):
     """The comma-separated integers of $name, or None when it is unset or empty."""
@@ -37,10 +39,10 @@ class JitConfig:
     @classmethod
     def from_env(cls):
         """The config that the environment variables above describe (unset or empty: the default)."""
-        wino, winot = os.environ.get("NETCL_CPU_WINO"), os.environ.get("NETCL_CPU_WINOT")
+        wino = os.environ.get("NETCL_CPU_WINO")
         return cls(jit_class=os.environ.get("NETCL_JIT_CLASS") or None,
                    gpu_split=os.environ.get("NETCL_GPU_SPLIT", "1") != "0",
                    cpu_conv=_ints("NETCL_CPU_CONV") or cls.cpu_conv,
                    cpu_wino=int(wino) if wino else None,
-                   cpu_winot=winot != "0" if winot else None,
+                   cpu_winot=winot_choice(os.environ.get("NETCL_CPU_WINOT")),
                    cpu_wino_block=_ints("NETCL_CPU_WINO_BLOCK"))

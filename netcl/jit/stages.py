@@ -29,7 +29,7 @@ read it and only conv stages write it; else none.
 """
 import numpy as np
 
-from netcl.convspec import ConvSpec, winot_layout
+from netcl.convspec import ConvSpec, winot_enabled, winot_layout
 from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
@@ -481,10 +481,10 @@ def conv_family(spec, target, n, depthwise=False):
         return ConvDw, 0
     if target.gpu:
         return ConvGpu, 0
-    winot = target.config.cpu_winot
-    if winot is None:
-        winot = target.vector_width >= 16 and target.config.cpu_wino is None
-    if winot and winot_layout(spec) is not None:
+    choice = target.config.cpu_winot
+    if choice is None and target.config.cpu_wino is not None:
+        choice = False  # NETCL_CPU_WINO forces the other families
+    if winot_enabled(choice, target.vector_width) and winot_layout(spec) is not None:
         return ConvWinoT, 0
     block = cpu_block(spec, target.config)
     tile = wino_tile(spec, target.config, n, block[0] if block else 0, target.vector_width)

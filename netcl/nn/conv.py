@@ -8,15 +8,15 @@ and the data gradient, no col2im; 3x3 stride-1 padding-1 ones of 8 or more chann
 forward and data gradient as Winograd F(2x2, 3x3) where its vectors tile the planes (the fused
 path's conv_winot.cl on the padded planes the direct kernels use, the weights transformed on the
 device each step; on AVX-512-class devices, NETCL_CPU_WINOT=0|1 overrides: resnet8 batch 64 on
-PoCL 43.4 -> 40.9 ms a step, detector26 batch 8 115.7 -> 103.8 ms). ConvTranspose2d is the convolution's data gradient: forward
-is GEMM + col2im, its input gradient is im2col + GEMM."""
+PoCL 43.4 -> 40.9 ms a step, detector26 batch 8 115.7 -> 103.8 ms). ConvTranspose2d is the
+convolution's data gradient: forward is GEMM + col2im, its input gradient is im2col + GEMM."""
 import math
 import os
 
 import numpy as np
 
 from netcl import ops
-from netcl.convspec import ConvSpec, winot_defines, winot_layout
+from netcl.convspec import winot_choice, winot_enabled, winot_plain
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
@@ -95,21 +95,6 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
     ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
                inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, options=options)
     out.mark_written()
-
-
-def _winot_layout(q, c, k, h, w):
-    """(defines, build options) of conv_winot.cl for a 3x3 stride-1 padding-1 convolution of c -> k
-    channels on h x w planes read from planes with a border of 1, or None: where its vectors do not
-    tile the output or it has fewer than 8 channels (netcl.convspec.winot_layout), not on
-    AVX-512-class devices unless NETCL_CPU_WINOT=1 (0: never)."""
-    setting = os.environ.get("NETCL_CPU_WINOT", "")
-    if setting == "0" or (setting != "1" and q.device.preferred_vector_width_float < 16):
-        return None
-    spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0)
-    if winot_layout(spec) is None:
-        return None
-    defines = winot_defines(spec)
-    return defines, tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
 
 
 def _winot(q, inp, w, out, flip, layout, bias):
@@ -269,12 +254,16 @@ class Conv2d(Module):
         return "channels" if s <= 2 and shape[1] * k * k <= _CORRC_MAX_R else None
 
     def _winot(self, q, shape, transposed=False):
-        """_winot_layout for this conv's forward at input `shape` (transposed: for its data
-        gradient, `shape` the gradient's), or None: only undilated 3x3 stride-1 padding-1 ones."""
+        """conv_winot.cl's (defines, build options) for this conv's forward at input `shape`
+        (transposed: for its data gradient, `shape` the gradient's), or None: only undilated 3x3
+        stride-1 padding-1 ones whose planes its vectors tile (netcl.convspec.winot_plain), where
+        NETCL_CPU_WINOT (read per call) and the device allow it (winot_enabled)."""
         if self._geometry() != (3, 1, 1, 1) or self.groups != 1:
             return None
+        if not winot_enabled(winot_choice(os.environ.get("NETCL_CPU_WINOT")), q.device.preferred_vector_width_float):
+            return None
         c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
-        return _winot_layout(q, c, k, shape[2], shape[3])
+        return winot_plain(c, k, shape[2], shape[3])
 
     def _zeros(self, q, size):
         """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias
