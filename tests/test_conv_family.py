@@ -9,6 +9,7 @@ from test_layers import compare, rand, run_netcl, run_torch
 import netcl
 from netcl import Tensor, nn, ops, optim
 from netcl.io import export_onnx, load, save
+from netcl.nn import conv as conv_module
 
 
 @pytest.fixture
@@ -86,11 +87,15 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
         assert_close(second[name], 2 * first[name], what=name)
 
 
+winot_wgrad = conv_module._winot_wgrad
+
 WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv_winot.cl trains
     (2, 8, 8, 32, 12, True),   # "rows" mode, a tile row per vector; dx: 12 -> 8 channels (blocks of 8)
     (1, 16, 4, 16, 20, False),  # 16 wide: two tile rows per vector; 20 channels (a block of 16 and a tail)
-    (2, 9, 8, 8, 16, True),    # "channels" mode, 8 wide: four tile rows per vector
+    (2, 9, 8, 8, 16, True),    # "channels" mode, 8 wide: four tile rows per vector; dW by the direct
     (1, 8, 2, 64, 8, False),   # two vectors per tile row
+    (18, 8, 8, 8, 12, True),   # "channels" mode: winot_wgrad's 18 tile vectors in 5 groups of 4, the last half empty
+    (3, 12, 16, 16, 8, False),  # "rows" mode, 16 wide
 ]
 
 
@@ -104,7 +109,16 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
     if ops.is_cpu(queue):
         assert layer._winot(queue, (n, c, h, w)) is not None
         assert layer._winot(queue, (n, c, h, w), transposed=True) is not None
+    wgrads = []
+    monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a: wgrads.append(a) or winot_wgrad(*a))
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, 3, 1, 1, 1, 1, bias)
+    # the weight gradient by winot_wgrad where both channel counts are multiples of 4 (its blocks)
+    assert len(wgrads) == (ops.is_cpu(queue) and c % 4 == 0 and k % 4 == 0)
+    x, dy = rand(rng, n, c, h, w), rand(rng, n, k, h, w)
+    first = run_netcl(queue, layer, x, dy)[2]
+    second = run_netcl(queue, layer, x, dy)[2]  # gradients accumulate over backward passes
+    for name in first:
+        assert_close(second[name], 2 * first[name], what=name)
     monkeypatch.setenv("NETCL_CPU_WINOT", "0")
     assert layer._winot(queue, (n, c, h, w)) is None
 

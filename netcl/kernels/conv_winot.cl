@@ -153,3 +153,141 @@ __kernel void winot_weights(__global const float *restrict w, __global float *re
         uk[(4 * a + 3) * C * KV] = t[a][2];
     }
 }
+
+// The training path's weight gradient of a 3x3 stride-1 padding-1 convolution of C -> K channels
+// (netcl.nn.conv), the adjoint of the forward above: per tile, with M = (A dY A^T) . (B^T x B),
+// dW = G^T (sum over the tiles of M) G. The sum over tiles is 16 small GEMMs (one per point p:
+// M[p] (K x C) = D[p] (K x tiles) D[p] times X[p]^T) whose reduction runs along the vector lanes:
+// 16 tiles per float16 laid out as the forward's (T, VPR). Work-item (i, g): the 4 points of
+// transformed row i (of B^T x B and A dY A^T) for the g-th group of TV tile vectors (N x NV in
+// all; vectors past nt are zero). It transforms its vectors into local memory (4 x (C + K) x TV
+// float16, L2-sized), then for each point and 4 x 4 block of (k, c) accumulates 16 float16 over
+// the group, adds their lanes (tree16: 15 two-vector steps, lane q = the total of accumulator q)
+// and stores them: part[g][p][k / 4][c / 4][4 (k % 4) + c % 4]. winot_wgrad_finish adds the
+// groups in order and applies G. x: the input planes with their border (IPB); dy: (N, K, OH, OW).
+// Defines beyond winot_defines': TV (the program has these two kernels only with it); C and K
+// multiples of 4.
+#ifdef TV
+#define NVI ((OH / 2 / T) * VPR)  // tile vectors per image
+// LOADT's lanes of pa + s * pb (row strides ws): the rows combined before the even elements are
+// picked, one shuffle for both (vec_cpu.h's EVEN_LOAD, on sums)
+#define EVEN_COMB(T, n, pa, pb, s)                                                                      \
+    __builtin_shufflevector(*(__global const T *)(pa) + (s) * *(__global const T *)(pb),                \
+                            *(__global const T *)((pa) + (n) - 1) + (s) * *(__global const T *)((pb) + (n) - 1), \
+                            VCAT(EVENS_, n))
+#if T == 1
+#define LOAD2(pa, pb, s, ws) EVEN_COMB(ufloat16, 16, pa, pb, s)
+#elif T == 2
+#define LOAD2(pa, pb, s, ws) \
+    JOIN_HALVES(16, EVEN_COMB(ufloat8, 8, pa, pb, s), EVEN_COMB(ufloat8, 8, (pa) + 2 * (ws), (pb) + 2 * (ws), s))
+#else
+#define LOAD2(pa, pb, s, ws)                                                                                    \
+    JOIN_HALVES(16, JOIN_HALVES(8, EVEN_COMB(ufloat4, 4, pa, pb, s),                                           \
+                                EVEN_COMB(ufloat4, 4, (pa) + 2 * (ws), (pb) + 2 * (ws), s)),                   \
+                JOIN_HALVES(8, EVEN_COMB(ufloat4, 4, (pa) + 4 * (ws), (pb) + 4 * (ws), s),                     \
+                            EVEN_COMB(ufloat4, 4, (pa) + 6 * (ws), (pb) + 6 * (ws), s)))
+#endif
+
+// the totals of 16 accumulators, lane q that of a[q]: each step adds two vectors' halves of
+// their groups of lanes (16 -> 8 -> 4 -> 2 -> 1 partial sums per accumulator)
+inline float16 tree16(float16 a[16]) {
+    float16 b[8], c[4], d[2];
+#pragma unroll
+    for (int m = 0; m < 8; m++)
+        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+        c[m] = __builtin_shufflevector(b[2 * m], b[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(b[2 * m], b[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+        d[m] = __builtin_shufflevector(c[2 * m], c[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(c[2 * m], c[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void winot_wgrad(__global const float *restrict x, __global const float *restrict dy, __global float16 *restrict part,
+                 const int nt) {
+    const int i = get_global_id(0), g = get_global_id(1);
+    __local float16 xs[4][C][TV + 1], ds[4][K][TV + 1];  // rows a line longer: 4 KiB apart, they would share L1 sets
+    // row i of B^T: x rows ra + sb * rb; of A: dy rows sg * (da + sd * 1) (0, 0 + 1, 0 - 1, -1)
+    const int ra = i == 2 ? 2 : i == 0 ? 0 : 1, rb = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3, da = i == 3 ? OW : 0;
+    const float sb = i == 1 ? 1.0f : -1.0f, sd = i == 1 ? 1.0f : i == 2 ? -1.0f : 0.0f, sg = i == 3 ? -1.0f : 1.0f;
+    for (int v = 0; v < TV; v++) {
+        const int gv = g * TV + v;
+        if (gv >= nt) {
+            for (int b = 0; b < 4; b++) {
+                for (int c = 0; c < C; c++) xs[b][c][v] = 0.0f;
+                for (int k = 0; k < K; k++) ds[b][k][v] = 0.0f;
+            }
+            continue;
+        }
+        const int n = gv / NVI, vv = gv % NVI;
+        const int oh0 = 2 * T * (vv / VPR), ow0 = 32 * (vv % VPR);  // the vector's first output row, column
+        __global const float *xb = x + n * (C * IHS * IWS) + (oh0 - 1 + IPB) * IWS + ow0 - 1 + IPB;
+        for (int c = 0; c < C; c++) {
+            __global const float *pa = xb + c * (IHS * IWS) + ra * IWS, *pb = xb + c * (IHS * IWS) + rb * IWS;
+            float16 t[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) t[j] = LOAD2(pa + j, pb + j, sb, IWS);
+            xs[0][c][v] = t[0] - t[2], xs[1][c][v] = t[1] + t[2], xs[2][c][v] = t[2] - t[1], xs[3][c][v] = t[1] - t[3];
+        }
+        __global const float *db = dy + n * (K * OH * OW) + oh0 * OW + ow0;
+        for (int k = 0; k < K; k++) {
+            __global const float *pk = db + k * (OH * OW);
+            const float16 e = sg * LOAD2(pk + da, pk + OW, sd, OW), o = sg * LOAD2(pk + da + 1, pk + OW + 1, sd, OW);
+            ds[0][k][v] = e, ds[1][k][v] = e + o, ds[2][k][v] = e - o, ds[3][k][v] = -o;
+        }
+    }
+    __global float16 *out = part + (g * 16 + 4 * i) * (K / 4) * (C / 4);
+    for (int b = 0; b < 4; b++)
+        for (int kb = 0; kb < K / 4; kb++)
+            for (int cb = 0; cb < C / 4; cb++) {
+                float16 a[16];
+#pragma unroll
+                for (int q = 0; q < 16; q++) a[q] = 0.0f;
+                for (int v = 0; v < TV; v++) {
+                    float16 d[4], e[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++) d[q] = ds[b][4 * kb + q][v], e[q] = xs[b][4 * cb + q][v];
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) a[4 * q + r] += d[q] * e[r];
+                }
+                out[(b * (K / 4) + kb) * (C / 4) + cb] = tree16(a);
+            }
+}
+
+// dW (K, C, 3, 3) (+)= G^T M G, M[p] the sum over winot_wgrad's ng groups. Work-item (k, c).
+__kernel void winot_wgrad_finish(__global const float *restrict part, const int ng, __global float *restrict gw,
+                                 const int acc) {
+    const int k = get_global_id(0), c = get_global_id(1);
+    float m[16];
+#pragma unroll
+    for (int p = 0; p < 16; p++) m[p] = 0.0f;
+    const int lane = ((k / 4) * (C / 4) + c / 4) * 16 + 4 * (k % 4) + c % 4;
+    for (int g = 0; g < ng; g++)
+#pragma unroll
+        for (int p = 0; p < 16; p++) m[p] += part[(g * 16 + p) * (K * C) + lane];
+    float t[3][4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {  // G^T M
+        t[0][q] = m[q] + 0.5f * (m[4 + q] + m[8 + q]);
+        t[1][q] = 0.5f * (m[4 + q] - m[8 + q]);
+        t[2][q] = 0.5f * (m[4 + q] + m[8 + q]) + m[12 + q];
+    }
+    __global float *o = gw + (k * C + c) * 9;
+#pragma unroll
+    for (int r = 0; r < 3; r++) {  // (G^T M) G
+        const float w0 = t[r][0] + 0.5f * (t[r][1] + t[r][2]), w1 = 0.5f * (t[r][1] - t[r][2]);
+        const float w2 = 0.5f * (t[r][1] + t[r][2]) + t[r][3];
+        o[3 * r + 0] = acc ? o[3 * r + 0] + w0 : w0;
+        o[3 * r + 1] = acc ? o[3 * r + 1] + w1 : w1;
+        o[3 * r + 2] = acc ? o[3 * r + 2] + w2 : w2;
+    }
+}
+#endif  // TV

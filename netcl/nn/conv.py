@@ -116,6 +116,31 @@ def _winot(q, inp, w, out, flip, layout, bias):
     out.mark_written()
 
 
+# winot_wgrad's local memory per work-item (4 x (C + K) x TV float16: at most half of L2) and
+# the fewest work-items it splits a gradient into (4 per group of tile vectors)
+_WGRAD_LOCAL, _WGRAD_MIN_ITEMS = 512 * 1024, 16
+
+
+def _winot_wgrad(q, xp, dy, gw, acc, layout):
+    """gw (K, C, 3, 3) (+= where acc) the weight gradient of a 3x3 stride-1 padding-1 convolution
+    from its input planes xp (N, C, H + 2, W + 2, with their zero border) and dy (N, K, H, W):
+    Winograd F(2x2, 3x3)'s adjoint (conv_winot.cl's winot_wgrad, then winot_wgrad_finish adds its
+    groups in order and transforms back); `layout` is Conv2d._winot's for the forward."""
+    d, options = layout
+    n, k, h, w = dy.shape
+    c = xp.shape[1]
+    nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
+    tv = max(1, min(_WGRAD_LOCAL // (4 * 64 * (c + k)), nt * 4 // _WGRAD_MIN_ITEMS))
+    ng = -(-nt // tv)
+    tv = -(-nt // ng)  # the groups evened out
+    part = ops.new(q, (ng * 16 * k * c,))
+    options = options + (f"-DTV={tv}",)
+    ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, part, nt, options=options)
+    part.mark_written()
+    ops.launch(q, "conv_winot", "winot_wgrad_finish", (k, c), (1, c), part, ng, gw, int(acc), options=options)
+    gw.mark_written()
+
+
 def _pack_weights(q, w, ci, co, k, cop, transposed, reverse, options):
     """corrc_cpu's and corrt_cpu's channel-last weights wt (ci, k*k, cop) from w (co, ci, k, k) or
     (transposed) w (ci, co, k, k), the taps reversed where `reverse`."""
@@ -265,6 +290,18 @@ class Conv2d(Module):
         c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
         return winot_plain(c, k, shape[2], shape[3])
 
+    def _winot_wgrad(self, q, xp, dy):
+        """The weight gradient by winot_wgrad (Winograd's adjoint) from the forward's padded planes
+        xp where the forward's conv_winot layout applies and both channel counts are multiples of 4
+        (its 4 x 4 blocks); False where it does not (the caller runs the direct kernels)."""
+        shape = (dy.shape[0], self.in_channels, *dy.shape[2:])
+        wino = self._winot(q, shape)
+        if not wino or self.in_channels % 4 or self.out_channels % 4 or xp.shape[2:] != (shape[2] + 2, shape[3] + 2):
+            return False
+        gw, acc = ops.grad_target(self.weight)
+        _winot_wgrad(q, xp, dy, gw, acc, wino)
+        return True
+
     def _zeros(self, q, size):
         """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias
         where there is none: out_channels of them forward, in_channels for the data gradient)."""
@@ -374,6 +411,10 @@ class Conv2d(Module):
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
+        if mode == "channels" and self._winot_wgrad(q, cols, dy):
+            if self.bias is not None:
+                _channel_sum(dy, self.bias)
+            return self._dx_channels(dy, need_dx)
         if mode == "channels":  # the forward saved its padded x: im2col here, from it
             xp, cols = cols, ops.new(q, (ckk, n * P))
             rows, items = _cpu_rows(n * oh, ow)
@@ -387,24 +428,36 @@ class Conv2d(Module):
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
         self._bias_grad_cpu(n, oc, sums)
+        if mode == "channels":
+            return self._dx_channels(dy, need_dx)
         if not need_dx:
             return None
         dx = ops.new(q, (n, c, h, w))
-        if mode == "channels" and s == 1:
+        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
+        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+        return dx
+
+    def _dx_channels(self, dy, need_dx):
+        """dx after a "channels" forward: corrc_cpu's correlation (or conv_winot's) of padded dy with
+        the flipped weights (stride 1), or corrt_cpu (stride 2); None unless need_dx."""
+        if not need_dx:
+            return None
+        (n, c, h, w), _, _ = self._saved
+        _, oc, oh, ow = dy.shape
+        k, s, p, _ = self._geometry()
+        q = dy.queue
+        dx = ops.new(q, (n, c, h, w))
+        if s == 1:
             pd, tc = k - 1 - p, _CORRC_TC
             dyb = ops.new(q, (n, oc, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)))
-            _pad_planes(q, dy, dyb, pd, None, options)
+            _pad_planes(q, dy, dyb, pd, None, _cpu_options(k))
             wino = self._winot(q, dx.shape, transposed=True)
             if wino:
                 _winot(q, dyb, self.weight, dx, 1, wino, self._zeros(q, c))
             else:
                 _corrc_cpu(q, dyb, self.weight, dx, 1, 1)
-            return dx
-        if mode == "channels":
+        else:
             _corrt_cpu(q, dy, self.weight, dx, s, p)
-            return dx
-        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
-        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
     def _bias_grad_cpu(self, n, oc, sums):
@@ -426,6 +479,9 @@ class Conv2d(Module):
         hd, wd = -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
         dyp, sums = ops.new(q, (n, oc, hd, wd)), ops.new(q, (n * oc,))
         _pad_planes(q, dy, dyp, pd, sums, options)
+        if self._winot_wgrad(q, xp, dy):
+            self._bias_grad_cpu(n, oc, sums)
+            return self._dx_direct(dy, dyp, need_dx)
         hx, wx = xp.shape[2:]
         # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
         # the work-items (channels x output blocks x chunks) are enough for every core
@@ -440,8 +496,15 @@ class Conv2d(Module):
         ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
         gw.mark_written()
         self._bias_grad_cpu(n, oc, sums)
+        return self._dx_direct(dy, dyp, need_dx)
+
+    def _dx_direct(self, dy, dyp, need_dx):
+        """dx after a "rows" forward from dy's zero-bordered planes dyp: conv_winot's or corr_cpu's
+        correlation with the flipped weights; None unless need_dx."""
         if not need_dx:
             return None
+        (n, c, h, w), _, _ = self._saved
+        k, q = self.kernel_size, dy.queue
         dx = ops.new(q, (n, c, h, w))
         wino = self._winot(q, dx.shape, transposed=True)
         if wino:
