@@ -42,6 +42,18 @@ def build(act):
 PAIRS = 3  # fused pairs in build(): one launch forward and one backward saved each
 
 
+def build_padded(act):
+    """BatchNorm2d + activation pairs between 3x3 convolutions (bias or not, stride 1 and 2): on
+    CPUs the BatchNorm writes the next conv's zero-bordered input planes and, backward, the
+    previous conv's zero-bordered output gradient (Conv2d.padded_input, padded_grad)."""
+    cls, kw, _ = ACTS[act]
+    return nn.Sequential(  # the BatchNorm after the biased conv frozen (eval): its bias gradient is not 0
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), cls(**kw),
+        nn.Conv2d(8, 12, 3, padding=1, bias=True), nn.BatchNorm2d(12), cls(**kw),
+        nn.Conv2d(12, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), cls(**kw),
+        nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
+
+
 def build_pooled(act):
     """BatchNorm2d + activation + MaxPool2d(2) triples (on CPUs the pool runs in the BatchNorm's
     pass: netcl.nn.norm.pools_in_norm): odd sizes (a row and a column no window covers), one inside
@@ -148,6 +160,46 @@ def test_pooled_training_equals_unfused_and_torch(queue, rng, torch, record_erro
     check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, build_pooled)
 
 
+# input shape -> the convs whose dy planes the BatchNorm after them writes (Winograd on / off):
+# the first two where "rows" (16 wide or more), the last where "rows" (its input halved) or
+# "channels" with winot_wgrad (8x8), never the stride-2 one or narrow "channels" ones without it
+PADDED_GRADS = {(2, 3, 8, 32): (3, 3), (2, 3, 16, 16): (3, 2), (1, 3, 6, 20): (2, 2), (2, 3, 5, 9): (0, 0)}
+
+
+@pytest.mark.parametrize("winot", ["1", "0"])
+@pytest.mark.parametrize("shape", list(PADDED_GRADS))
+def test_padded_planes_training_equals_unfused_and_torch(queue, rng, torch, record_error, monkeypatch, winot, shape):
+    """The BatchNorm passes that write a conv's zero-bordered planes: forward into "rows" (32, 20
+    and 16 wide) and "channels" (9 wide, and the stride-2 conv) planes, backward into those of
+    the direct kernels (wgrad_cpu, corr_cpu) and of the Winograd ones (winot_wgrad reading dy
+    inside its border, conv_winot; NETCL_CPU_WINOT=1), equal to the unfused layers and torch."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", winot)
+    calls = {"bn_apply_pad_cpu": 0, "bn_bwd_apply_pad_cpu": 0}
+    enqueue = ops._enqueue
+
+    def counted(queue, k, *args):
+        if k.function_name in calls:
+            calls[k.function_name] += 1
+        return enqueue(queue, k, *args)
+    monkeypatch.setattr(ops, "_enqueue", counted)
+    model = randomize(build_padded("ReLU"), rng).to(queue).train()
+    ref = torch_twin(torch, model, "ReLU")
+    for m in (model.layers[4], ref[4]):
+        m.eval()
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal(shape) * 2 + 0.3).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    model.load_state_dict(state)
+    counted = dict(calls)
+    check(fused, run(queue, model, x, dy, False, monkeypatch), "padded vs unfused", 2e-6)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "padded vs torch", 1e-5))
+    calls.update(counted)
+    if ops.is_cpu(queue):  # per step (two): every conv after a pair reads planes its pass wrote
+        assert calls["bn_apply_pad_cpu"] == 2 * 3
+        assert calls["bn_bwd_apply_pad_cpu"] == 2 * PADDED_GRADS[shape][winot == "0"]
+
+
 def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, builder=build):
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
@@ -215,8 +267,10 @@ def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled
         model(x)
         model.backward(dy)
         per_step[fuse] = n[0] - before
-    # a pool in the pass: its forward and backward launches too (CPUs)
-    saved = 2 * PAIRS if not pooled else 2 * (TRIPLES + 1) + (2 * TRIPLES if ops.is_cpu(queue) else 0)
+    # a pool in the pass saves its forward and backward launches too on CPUs, where the pooled
+    # passes need the statistics' second stage launched before them (the unfused BatchNorm runs it
+    # inside its element-wise passes): two launches back per triple
+    saved = 2 * PAIRS if not pooled else 2 * (TRIPLES + 1)
     assert per_step[True] == per_step[False] - saved, per_step
 
 

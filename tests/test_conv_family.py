@@ -110,7 +110,7 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
         assert layer._winot(queue, (n, c, h, w)) is not None
         assert layer._winot(queue, (n, c, h, w), transposed=True) is not None
     wgrads = []
-    monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a: wgrads.append(a) or winot_wgrad(*a))
+    monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, 3, 1, 1, 1, 1, bias)
     # the weight gradient by winot_wgrad where both channel counts are multiples of 4 (its blocks)
     assert len(wgrads) == (ops.is_cpu(queue) and c % 4 == 0 and k % 4 == 0)

@@ -164,7 +164,8 @@ __kernel void winot_weights(__global const float *restrict w, __global float *re
 // float16, L2-sized), then for each point and 4 x 4 block of (k, c) accumulates 16 float16 over
 // the group, adds their lanes (tree16: 15 two-vector steps, lane q = the total of accumulator q)
 // and stores them: part[g][p][k / 4][c / 4][4 (k % 4) + c % 4]. winot_wgrad_finish adds the
-// groups in order and applies G. x: the input planes with their border (IPB); dy: (N, K, OH, OW).
+// groups in order and applies G. x: the input planes with their border (IPB); dy: (N, K) planes of
+// dplane floats, rows dws apart, the first element at doff (a zero-bordered dy's border).
 // Defines beyond winot_defines': TV (the program has these two kernels only with it); C and K
 // multiples of 4.
 #ifdef TV
@@ -209,12 +210,12 @@ inline float16 tree16(float16 a[16]) {
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
-void winot_wgrad(__global const float *restrict x, __global const float *restrict dy, __global float16 *restrict part,
-                 const int nt) {
+void winot_wgrad(__global const float *restrict x, __global const float *restrict dy, const int doff, const int dplane, const int dws,
+                 __global float16 *restrict part, const int nt) {
     const int i = get_global_id(0), g = get_global_id(1);
     __local float16 xs[4][C][TV + 1], ds[4][K][TV + 1];  // rows a line longer: 4 KiB apart, they would share L1 sets
     // row i of B^T: x rows ra + sb * rb; of A: dy rows sg * (da + sd * 1) (0, 0 + 1, 0 - 1, -1)
-    const int ra = i == 2 ? 2 : i == 0 ? 0 : 1, rb = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3, da = i == 3 ? OW : 0;
+    const int ra = i == 2 ? 2 : i == 0 ? 0 : 1, rb = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3, da = i == 3 ? dws : 0;
     const float sb = i == 1 ? 1.0f : -1.0f, sd = i == 1 ? 1.0f : i == 2 ? -1.0f : 0.0f, sg = i == 3 ? -1.0f : 1.0f;
     for (int v = 0; v < TV; v++) {
         const int gv = g * TV + v;
@@ -235,10 +236,10 @@ void winot_wgrad(__global const float *restrict x, __global const float *restric
             for (int j = 0; j < 4; j++) t[j] = LOAD2(pa + j, pb + j, sb, IWS);
             xs[0][c][v] = t[0] - t[2], xs[1][c][v] = t[1] + t[2], xs[2][c][v] = t[2] - t[1], xs[3][c][v] = t[1] - t[3];
         }
-        __global const float *db = dy + n * (K * OH * OW) + oh0 * OW + ow0;
+        __global const float *db = dy + doff + n * (K * dplane) + oh0 * dws + ow0;
         for (int k = 0; k < K; k++) {
-            __global const float *pk = db + k * (OH * OW);
-            const float16 e = sg * LOAD2(pk + da, pk + OW, sd, OW), o = sg * LOAD2(pk + da + 1, pk + OW + 1, sd, OW);
+            __global const float *pk = db + k * dplane;
+            const float16 e = sg * LOAD2(pk + da, pk + dws, sd, dws), o = sg * LOAD2(pk + da + 1, pk + dws + 1, sd, dws);
             ds[0][k][v] = e, ds[1][k][v] = e + o, ds[2][k][v] = e - o, ds[3][k][v] = -o;
         }
     }

@@ -105,18 +105,67 @@ void bn_bwd_part_cpu(const int N, const int C, const int HW, const int plen, __g
     part[2 * (c * parts + pi) + 1] = hsum16(g16 + rg16);
 }
 
+// Stage 2 inside the element-wise passes (a launch less each way): every work-item combines
+// channel c's parts itself, in order, as norm.cl's bn_stats_finish and bn_bwd_finish do with a
+// work-group (the same formulas; all work-items of a pass get the same values), and the one that
+// writes the channel's first plane (image 0) also writes what those wrote. parts == 0: the
+// statistics come in mean and var (eval mode, or a pooled BatchNorm's finished ones).
+inline void bn_channel_stats(const int c, const int first, __global const float *part, const int parts,
+                             const int plen, const int M, __global float *mean, __global float *var,
+                             __global float *run_mean, __global float *run_var, const float momentum, float *mu,
+                             float *v) {
+    if (!parts) {
+        *mu = mean[c], *v = var[c];
+        return;
+    }
+    __global const float *pc = part + 2 * c * parts;
+    float s = 0.0f, q = 0.0f;
+    for (int p = 0; p < parts; p++) s += pc[2 * p];
+    const float m = s / (float)M;
+    for (int p = 0; p < parts; p++) {
+        const float n = (float)min(plen, M - p * plen), d = pc[2 * p] / n - m;
+        q += pc[2 * p + 1] + n * d * d;
+    }
+    *mu = m, *v = q / (float)M;
+    if (first) {
+        mean[c] = m, var[c] = *v;
+        run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * m;
+        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * *v * (float)M / (float)max(M - 1, 1);
+    }
+}
+
+// dbeta = sum(dz), dgamma = sum(dz * xhat) of channel c from bn_bwd_part_cpu's parts (into the
+// parameter gradients, added where acc, by the work-item of the channel's first plane)
+inline void bn_channel_sums(const int c, const int first, __global const float *part, const int parts,
+                            const float inv, __global float *dgamma, __global float *dbeta, const int acc,
+                            float *db, float *dg) {
+    __global const float *pc = part + 2 * c * parts;
+    float sb = 0.0f, sg = 0.0f;
+    for (int p = 0; p < parts; p++) sb += pc[2 * p], sg += pc[2 * p + 1];
+    *db = sb, *dg = sg * inv;
+    if (first) {
+        dgamma[c] = acc ? dgamma[c] + *dg : *dg;
+        dbeta[c] = acc ? dbeta[c] + *db : *db;
+    }
+}
+
 // The element-wise passes: work-item t runs the chunk [t * chunk, (t + 1) * chunk) of the
 // (N*C*HW) tensor row by row, each row (n, c) with its channel's constants.
 
 // y = act((x - mean) * rsqrt(var + eps) * gamma + beta) (batch or running statistics)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, __global const float *x,
-                  __global const float *mean, __global const float *var, __global const float *gamma,
-                  __global const float *beta, const float eps, const float slope, __global float *y) {
+                  __global float *mean, __global float *var, __global const float *gamma,
+                  __global const float *beta, const float eps, const float slope, __global float *y,
+                  __global const float *part, const int parts, const int plen, __global float *run_mean,
+                  __global float *run_var, const float momentum) {
     const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C;
-        const float m = mean[c], inv = rsqrt(var[c] + eps), g = gamma[c], b = beta[c];
+        float m, v;
+        bn_channel_stats(c, r < C && i == r * HW, part, parts, plen, total / C, mean, var, run_mean, run_var,
+                         momentum, &m, &v);
+        const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
         e = min(i1, (r + 1) * HW);
         int k = i;
         for (; k + 16 <= e; k += 16)
@@ -134,14 +183,17 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int HW, __global const float *x,
                       __global const float *dy, __global const float *mean, __global const float *var,
                       __global const float *gamma, __global const float *beta, const float eps, const float slope,
-                      __global const float *sums, __global float *dx, const int batch_stats) {
+                      __global const float *part, const int parts, __global float *dgamma, __global float *dbeta,
+                      const int acc, __global float *dx, const int batch_stats) {
     const float inv_m = 1.0f / (float)(total / C);
     const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C;
         const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
-        const float k1 = batch_stats ? sums[2 * c] * inv_m : 0.0f;
-        const float k2 = batch_stats ? sums[2 * c + 1] * inv * inv_m : 0.0f;
+        float db, dg;
+        bn_channel_sums(c, r < C && i == r * HW, part, parts, inv, dgamma, dbeta, acc, &db, &dg);
+        const float k1 = batch_stats ? db * inv_m : 0.0f;
+        const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
         e = min(i1, (r + 1) * HW);
         int k = i;
         for (; k + 16 <= e; k += 16) {
@@ -150,6 +202,88 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
             *(__global ufloat16 *)(dx + k) = g * (gv - k1 - (xv - m) * k2);
         }
         for (; k < e; k++) dx[k] = g * (BN_DZ(x[k], dy[k], m, inv, ga, be, slope) - k1 - (x[k] - m) * k2);
+    }
+}
+
+// The two element-wise passes writing their output into zero-bordered planes (NC, HP, WP), the
+// values at row `top`, column `left` of each: the padded planes the next (forward) or previous
+// (backward) convolution's CPU kernels read (netcl.nn.conv: Sequential hands them over, and the
+// convolution makes no padded copy of its own). `planes` planes per work-item. PAD_PLANE walks
+// one plane: zero rows, and per data row a zero left border, the row's W values as ROW16(o, w)
+// (16 of them, from input offset w) and ROW1(o, w), and a zero right border; c is its channel.
+inline void zero_span(__global float *d, const int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) *(__global ufloat16 *)(d + i) = 0.0f;
+    for (; i < n; i++) d[i] = 0.0f;
+}
+
+#define PAD_PLANE(pl, ROW16, ROW1)                                                     \
+    do {                                                                               \
+        __global float *d_ = out + (pl) * HP * WP;                                     \
+        zero_span(d_, top * WP);                                                       \
+        for (int h_ = 0; h_ < H; h_++) {                                               \
+            __global float *o_ = d_ + (top + h_) * WP;                                 \
+            const int r_ = ((pl) * H + h_) * W;                                        \
+            zero_span(o_, left);                                                       \
+            o_ += left;                                                                \
+            int w_ = 0;                                                                \
+            for (; w_ + 16 <= W; w_ += 16) ROW16(o_ + w_, r_ + w_);                    \
+            for (; w_ < W; w_++) ROW1(o_ + w_, r_ + w_);                               \
+            zero_span(o_ + W, WP - left - W);                                          \
+        }                                                                              \
+        zero_span(d_ + (top + H) * WP, (HP - top - H) * WP);                           \
+    } while (0)
+
+// bn_apply_cpu into padded planes
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_apply_pad_cpu(const int NC, const int planes, const int C, const int H, const int W, const int HP,
+                      const int WP, const int top, const int left, __global const float *x,
+                      __global float *mean, __global float *var, __global const float *gamma,
+                      __global const float *beta, const float eps, const float slope, __global float *out,
+                      __global const float *part, const int parts, const int plen, __global float *run_mean,
+                      __global float *run_var, const float momentum) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
+        const int c = pl % C;
+        float m, v;
+        bn_channel_stats(c, pl < C, part, parts, plen, NC / C * H * W, mean, var, run_mean, run_var, momentum, &m,
+                         &v);
+        const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
+#define APPLY16(o, i) *(__global ufloat16 *)(o) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const ufloat16 *)(x + (i)), m, inv, g, b), slope)
+#define APPLY1(o, i) *(o) = ACT_APPLY(ACT_KIND, BN_Z(x[i], m, inv, g, b), slope)
+        PAD_PLANE(pl, APPLY16, APPLY1);
+#undef APPLY16
+#undef APPLY1
+    }
+}
+
+// bn_bwd_apply_cpu into padded planes
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int H, const int W, const int HP,
+                          const int WP, const int top, const int left, __global const float *x,
+                          __global const float *dy, __global const float *mean, __global const float *var,
+                          __global const float *gamma, __global const float *beta, const float eps,
+                          const float slope, __global const float *part, const int parts, __global float *dgamma,
+                          __global float *dbeta, const int acc, __global float *out, const int batch_stats) {
+    const float inv_m = 1.0f / (float)(NC / C * H * W);
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
+        const int c = pl % C;
+        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
+        float db, dg;
+        bn_channel_sums(c, pl < C, part, parts, inv, dgamma, dbeta, acc, &db, &dg);
+        const float k1 = batch_stats ? db * inv_m : 0.0f;
+        const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
+#define DX16(o, i)                                                                                   \
+    do {                                                                                             \
+        const float16 xv_ = *(__global const ufloat16 *)(x + (i));                                  \
+        const float16 gv_ = BN_DZ(xv_, *(__global const ufloat16 *)(dy + (i)), m, inv, ga, be, slope); \
+        *(__global ufloat16 *)(o) = g * (gv_ - k1 - (xv_ - m) * k2);                                 \
+    } while (0)
+#define DX1(o, i) *(o) = g * (BN_DZ(x[i], dy[i], m, inv, ga, be, slope) - k1 - (x[i] - m) * k2)
+        PAD_PLANE(pl, DX16, DX1);
+#undef DX16
+#undef DX1
     }
 }
 

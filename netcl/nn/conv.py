@@ -121,21 +121,23 @@ def _winot(q, inp, w, out, flip, layout, bias):
 _WGRAD_LOCAL, _WGRAD_MIN_ITEMS = 512 * 1024, 16
 
 
-def _winot_wgrad(q, xp, dy, gw, acc, layout):
+def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     """gw (K, C, 3, 3) (+= where acc) the weight gradient of a 3x3 stride-1 padding-1 convolution
-    from its input planes xp (N, C, H + 2, W + 2, with their zero border) and dy (N, K, H, W):
+    from its input planes xp (N, C, H + 2, W + 2, with their zero border) and dy (N, K, H, W), or
+    dy's zero-bordered planes (N, K, HD, WD) with dy at row and column `border`:
     Winograd F(2x2, 3x3)'s adjoint (conv_winot.cl's winot_wgrad, then winot_wgrad_finish adds its
     groups in order and transforms back); `layout` is Conv2d._winot's for the forward."""
     d, options = layout
-    n, k, h, w = dy.shape
-    c = xp.shape[1]
+    n, k, hd, wd = dy.shape
+    c, h, w = xp.shape[1], xp.shape[2] - 2, xp.shape[3] - 2
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
     tv = max(1, min(_WGRAD_LOCAL // (4 * 64 * (c + k)), nt * 4 // _WGRAD_MIN_ITEMS))
     ng = -(-nt // tv)
     tv = -(-nt // ng)  # the groups evened out
     part = ops.new(q, (ng * 16 * k * c,))
     options = options + (f"-DTV={tv}",)
-    ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, part, nt, options=options)
+    ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd, part, nt,
+               options=options)
     part.mark_written()
     ops.launch(q, "conv_winot", "winot_wgrad_finish", (k, c), (1, c), part, ng, gw, int(acc), options=options)
     gw.mark_written()
@@ -290,18 +292,6 @@ class Conv2d(Module):
         c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
         return winot_plain(c, k, shape[2], shape[3])
 
-    def _winot_wgrad(self, q, xp, dy):
-        """The weight gradient by winot_wgrad (Winograd's adjoint) from the forward's padded planes
-        xp where the forward's conv_winot layout applies and both channel counts are multiples of 4
-        (its 4 x 4 blocks); False where it does not (the caller runs the direct kernels)."""
-        shape = (dy.shape[0], self.in_channels, *dy.shape[2:])
-        wino = self._winot(q, shape)
-        if not wino or self.in_channels % 4 or self.out_channels % 4 or xp.shape[2:] != (shape[2] + 2, shape[3] + 2):
-            return False
-        gw, acc = ops.grad_target(self.weight)
-        _winot_wgrad(q, xp, dy, gw, acc, wino)
-        return True
-
     def _zeros(self, q, size):
         """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias
         where there is none: out_channels of them forward, in_channels for the data gradient)."""
@@ -314,34 +304,62 @@ class Conv2d(Module):
     def _bias_or_zeros(self, q):
         return self.bias if self.bias is not None else self._zeros(q, self.out_channels)
 
+    def padded_input(self, q, shape):
+        """(top, left, HP, WP): the zero-bordered planes this conv's CPU training forward copies
+        its input `shape` into ("rows" and "channels" modes), so that the layer before it can
+        write them instead (Sequential: a BatchNorm2d's pass, then forward_padded); None where
+        the forward reads its input as it is."""
+        mode = self._cpu_mode(q, shape)
+        if mode is None:
+            return None
+        _, _, oh, ow = self.output_shape(shape)
+        k, s, p, _ = self._geometry()
+        if mode == "rows":
+            hp, wp = -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1
+        else:
+            tc = _CORRC_TC
+            hp, wp = s * (oh - 1) + k, max(s * (-(-ow // tc) * tc - 1) + k, shape[3] + p)
+        return p, p, hp, wp
+
     def forward(self, x):
         q = self._on(x)
-        _, oc, oh, ow = self.output_shape(x.shape)  # checks the rank first
+        self.output_shape(x.shape)  # checks the rank first
+        geometry = self.padded_input(q, x.shape)
+        if geometry is not None:  # x with its zero border, then the direct kernels
+            top, _, hp, wp = geometry
+            xp = ops.new(q, x.shape[:2] + (hp, wp))
+            _pad_planes(q, x, xp, top, None, _cpu_options(self.kernel_size))
+            return self.forward_padded(xp, x.shape)
+        return self._forward_other(x)
+
+    def forward_padded(self, xp, shape):
+        """forward() of an input of `shape` given as the zero-bordered planes xp that padded_input
+        describes (the direct CPU kernels read them without bounds checks)."""
+        q = self._on(xp)
+        _, oc, oh, ow = self.output_shape(shape)
+        geometry, mode = self.padded_input(q, shape), self._cpu_mode(q, shape)
+        if geometry is None or xp.shape != tuple(shape[:2]) + geometry[2:]:
+            raise ValueError(f"Conv2d.forward_padded: planes {xp.shape} are not the {geometry} this conv pads "
+                             f"input {tuple(shape)} into")
+        n, c = shape[:2]
+        k, s, _, _ = self._geometry()
+        y = ops.new(q, (n, oc, oh, ow))
+        wino = self._winot(q, shape)
+        if wino:
+            _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q))
+        elif mode == "rows":
+            _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
+        else:
+            _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias)
+        self._saved = (tuple(shape), mode, xp)  # backward's weight gradient reads the padded x
+        return y
+
+    def _forward_other(self, x):
+        q = x.queue
+        _, oc, oh, ow = self.output_shape(x.shape)
         n, c, h, w = x.shape
         k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
-        mode = self._cpu_mode(q, x.shape)
-        if mode == "rows":  # x with its zero border, correlated with the weights
-            xp = ops.new(q, (n, c, -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1))
-            _pad_planes(q, x, xp, p, None, _cpu_options(k))
-            wino = self._winot(q, x.shape)
-            if wino:
-                _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q))
-            else:
-                _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
-            self._saved = (x.shape, mode, xp)  # backward's weight gradient reads the padded x
-            return y
-        if mode == "channels":
-            tc = _CORRC_TC
-            xp = ops.new(q, (n, c, s * (oh - 1) + k, max(s * (-(-ow // tc) * tc - 1) + k, w + p)))
-            _pad_planes(q, x, xp, p, None, _cpu_options(k))
-            wino = self._winot(q, x.shape)
-            if wino:
-                _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q))
-            else:
-                _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias)
-            self._saved = (x.shape, mode, xp)  # backward's weight gradient runs im2col on it
-            return y
         if self._depthwise():
             has_bias = self.bias is not None
             ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
@@ -399,22 +417,18 @@ class Conv2d(Module):
         return dx
 
     def _backward_cpu(self, dy, need_dx):
-        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): after a "rows" forward, direct
-        kernels (_backward_direct). Otherwise one pass over dy gives the weight gradient's GEMM
-        operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from im2col after a
-        "channels" forward); dx after a "channels" forward: corrc_cpu's correlation of padded dy
-        with the flipped weights (stride 1) or corrt_cpu (stride 2), else dcols = W^T dy and
-        col2im."""
+        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
+        its zero-bordered planes (padded_grad), _backward_padded. Otherwise one pass over dy gives
+        the weight gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T
+        (cols from im2col after a "channels" forward); dx after a "channels" forward: corrc_cpu's
+        correlation of padded dy with the flipped weights (stride 1) or corrt_cpu (stride 2), else
+        dcols = W^T dy and col2im."""
+        if self.padded_grad(dy.queue, dy.shape) is not None:
+            return self._backward_padded(dy, None, need_dx)
         (n, c, h, w), mode, cols = self._saved
-        if mode == "rows":
-            return self._backward_direct(dy, need_dx)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
-        if mode == "channels" and self._winot_wgrad(q, cols, dy):
-            if self.bias is not None:
-                _channel_sum(dy, self.bias)
-            return self._dx_channels(dy, need_dx)
         if mode == "channels":  # the forward saved its padded x: im2col here, from it
             xp, cols = cols, ops.new(q, (ckk, n * P))
             rows, items = _cpu_rows(n * oh, ow)
@@ -428,36 +442,114 @@ class Conv2d(Module):
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
         self._bias_grad_cpu(n, oc, sums)
-        if mode == "channels":
-            return self._dx_channels(dy, need_dx)
         if not need_dx:
             return None
         dx = ops.new(q, (n, c, h, w))
-        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
-        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
-        return dx
-
-    def _dx_channels(self, dy, need_dx):
-        """dx after a "channels" forward: corrc_cpu's correlation (or conv_winot's) of padded dy with
-        the flipped weights (stride 1), or corrt_cpu (stride 2); None unless need_dx."""
-        if not need_dx:
-            return None
-        (n, c, h, w), _, _ = self._saved
-        _, oc, oh, ow = dy.shape
-        k, s, p, _ = self._geometry()
-        q = dy.queue
-        dx = ops.new(q, (n, c, h, w))
-        if s == 1:
+        if mode == "channels" and s == 1:
             pd, tc = k - 1 - p, _CORRC_TC
             dyb = ops.new(q, (n, oc, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)))
-            _pad_planes(q, dy, dyb, pd, None, _cpu_options(k))
+            _pad_planes(q, dy, dyb, pd, None, options)
             wino = self._winot(q, dx.shape, transposed=True)
             if wino:
                 _winot(q, dyb, self.weight, dx, 1, wino, self._zeros(q, c))
             else:
                 _corrc_cpu(q, dyb, self.weight, dx, 1, 1)
-        else:
+        elif mode == "channels":
             _corrt_cpu(q, dy, self.weight, dx, s, p)
+        else:
+            dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
+            _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+        return dx
+
+    def _winot_wgrad_layout(self, q, dy_shape, xp):
+        """conv_winot's layout for winot_wgrad (Winograd's adjoint) from the forward's padded planes
+        xp: where the forward's layout applies and both channel counts are multiples of 4 (its 4 x 4
+        blocks); None where it does not."""
+        shape = (dy_shape[0], self.in_channels, *dy_shape[2:])
+        wino = self._winot(q, shape)
+        if not wino or self.in_channels % 4 or self.out_channels % 4 or xp.shape[2:] != (shape[2] + 2, shape[3] + 2):
+            return None
+        return wino
+
+    def padded_grad(self, q, dy_shape):
+        """(top, left, HD, WD): the zero-bordered planes this conv's CPU backward copies its output
+        gradient (of dy_shape) into where every kernel that reads dy can read those (after a "rows"
+        forward, and after a stride-1 "channels" one whose weight gradient is winot_wgrad's), so
+        that the layer after it can write them instead (Sequential: a BatchNorm2d's backward pass,
+        then backward_padded); None otherwise."""
+        saved = getattr(self, "_saved", None)
+        if not (isinstance(saved, tuple) and len(saved) == 3 and saved[1] in ("rows", "channels")):
+            return None
+        (n, c, h, w), mode, xp = saved
+        k, s, p, _ = self._geometry()
+        pd, ow = k - 1 - p, dy_shape[3]
+        if mode == "rows":
+            w16 = -(-ow // 16) * 16
+            return pd, pd, -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
+        if s == 1 and self._winot_wgrad_layout(q, dy_shape, xp):
+            tc = _CORRC_TC
+            return pd, pd, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)
+        return None
+
+    def backward_padded(self, dyp, need_dx=True):
+        """backward() (need_dx False: backward_params()) of the output gradient given as the
+        zero-bordered planes padded_grad describes."""
+        saved = getattr(self, "_saved", None)
+        shape = self.output_shape(saved[0]) if isinstance(saved, tuple) else None
+        geometry = self.padded_grad(dyp.queue, shape) if shape else None
+        if geometry is None or dyp.shape != shape[:2] + geometry[2:]:
+            raise ValueError(f"Conv2d.backward_padded: planes {dyp.shape} are not the {geometry} this conv's "
+                             f"backward reads its output gradient {shape} from")
+        return self._backward_padded(None, dyp, need_dx)
+
+    def _backward_padded(self, dy, dyp, need_dx):
+        """The CPU backward that reads dy only as its zero-bordered planes dyp (made here from dy
+        where not given): dW = winot_wgrad's (Winograd's adjoint) or wgrad_cpu's correlation of
+        them with the forward's padded x (wgrad_cpu: partial sums per chunk of rows, then added in
+        order); dx = conv_winot's, corr_cpu's or corrc_cpu's correlation of them with the flipped
+        weights."""
+        (n, c, h, w), mode, xp = self._saved
+        k, _, _, _ = self._geometry()
+        q, options = (dyp if dy is None else dy).queue, _cpu_options(k)
+        dy_shape = self.output_shape((n, c, h, w))
+        _, oc, oh, ow = dy_shape
+        pd, _, hd, wd = self.padded_grad(q, dy_shape)
+        sums = None
+        if dyp is None:
+            dyp = ops.new(q, (n, oc, hd, wd))
+            sums = ops.new(q, (n * oc,)) if self.bias is not None else None  # the bias gradient's, on the way
+            _pad_planes(q, dy, dyp, pd, sums, options)
+        gw, acc = ops.grad_target(self.weight)
+        wino = self._winot_wgrad_layout(q, dy_shape, xp)
+        if wino:
+            _winot_wgrad(q, xp, dyp, gw, acc, wino, border=pd)
+        else:  # "rows": wgrad_cpu
+            hx, wx, ro = xp.shape[2], xp.shape[3], _WGRAD_RO[k]
+            # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
+            # the work-items (channels x output blocks x chunks) are enough for every core
+            ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
+            while rows > 1 and c * ob * -(-n * oh // rows) < _WGRAD_ITEMS:
+                rows = -(-rows // 2)
+            chunks = -(-n * oh // rows)
+            part = ops.new(q, (chunks, oc, c * k * k))
+            ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
+                       rows, dyp, xp, part, options=options)
+            ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
+            gw.mark_written()
+        if sums is not None:
+            self._bias_grad_cpu(n, oc, sums)
+        elif self.bias is not None:
+            _channel_sum(dyp, self.bias)  # the border's zeros add nothing
+        if not need_dx:
+            return None
+        dx = ops.new(q, (n, c, h, w))
+        wino = self._winot(q, dx.shape, transposed=True)
+        if wino:
+            _winot(q, dyp, self.weight, dx, 1, wino, self._zeros(q, c))
+        elif mode == "rows":
+            _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
+        else:
+            _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
         return dx
 
     def _bias_grad_cpu(self, n, oc, sums):
@@ -465,53 +557,6 @@ class Conv2d(Module):
             gb, acc = ops.grad_target(self.bias)
             ops.launch1d(gb.queue, _FAMILY, "sum_chunks_cpu", oc, oc, n, sums, gb, int(acc))  # over the images
             gb.mark_written()
-
-    def _backward_direct(self, dy, need_dx):
-        """The CPU backward of a stride-1, undilated conv without im2col columns: dy copied once into
-        zero-bordered planes (k-1-p wide; the bias gradient's sums on the way); dW = wgrad_cpu's
-        correlation of that with the forward's padded x (partial sums per chunk of rows, then added
-        in order); dx = corr_cpu's correlation of padded dy with the flipped weights."""
-        (n, c, h, w), _, xp = self._saved
-        _, oc, oh, ow = dy.shape
-        k, _, p, _ = self._geometry()
-        q, ro = dy.queue, _WGRAD_RO[k]
-        options, pd, w16 = _cpu_options(k), k - 1 - p, -(-ow // 16) * 16
-        hd, wd = -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
-        dyp, sums = ops.new(q, (n, oc, hd, wd)), ops.new(q, (n * oc,))
-        _pad_planes(q, dy, dyp, pd, sums, options)
-        if self._winot_wgrad(q, xp, dy):
-            self._bias_grad_cpu(n, oc, sums)
-            return self._dx_direct(dy, dyp, need_dx)
-        hx, wx = xp.shape[2:]
-        # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
-        # the work-items (channels x output blocks x chunks) are enough for every core
-        ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
-        while rows > 1 and c * ob * -(-n * oh // rows) < _WGRAD_ITEMS:
-            rows = -(-rows // 2)
-        chunks = -(-n * oh // rows)
-        part = ops.new(q, (chunks, oc, c * k * k))
-        ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
-                   rows, dyp, xp, part, options=options)
-        gw, acc = ops.grad_target(self.weight)
-        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
-        gw.mark_written()
-        self._bias_grad_cpu(n, oc, sums)
-        return self._dx_direct(dy, dyp, need_dx)
-
-    def _dx_direct(self, dy, dyp, need_dx):
-        """dx after a "rows" forward from dy's zero-bordered planes dyp: conv_winot's or corr_cpu's
-        correlation with the flipped weights; None unless need_dx."""
-        if not need_dx:
-            return None
-        (n, c, h, w), _, _ = self._saved
-        k, q = self.kernel_size, dy.queue
-        dx = ops.new(q, (n, c, h, w))
-        wino = self._winot(q, dx.shape, transposed=True)
-        if wino:
-            _winot(q, dyp, self.weight, dx, 1, wino, self._zeros(q, c))
-        else:
-            _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
-        return dx
 
     def _backward_depthwise(self, dy, need_dx):
         x = self._saved

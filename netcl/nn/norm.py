@@ -19,6 +19,13 @@ def _parts(q, m):
     return length, -(-m // length)
 
 
+def _planes_per_item(planes, length):
+    """(planes per work-item, work-items) of the padded element-wise passes over `planes` planes
+    of `length` floats (ops.cpu_chunk's sizes, in whole planes)."""
+    per = max(1, ops.cpu_chunk(planes * length)[0] // length)
+    return per, -(-planes // per)
+
+
 def pools_in_norm(pool, q, shape):
     """Whether a training BatchNorm2d (+ activation) on `shape` can run the MaxPool2d `pool` after
     it in its element-wise pass: a CPU, and the 2x2 stride-2 unpadded windows of pool_cpu.cl."""
@@ -60,14 +67,16 @@ class BatchNorm2d(Module):
             raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
         return tuple(shape)
 
-    def forward(self, x, act=None, pool=None):
+    def forward(self, x, act=None, pool=None, pad=None):
         """y = BatchNorm(x), or act(BatchNorm(x)) in the same pass when given `act`, the activation
         layer that follows (Sequential's training path: one pass instead of two, and backward
         differentiates through both without the activation's saved tensor). With `pool`, the
         MaxPool2d after the activation (2x2, stride 2, on a CPU: pools_in_norm; Sequential's
         training forward, whether this BatchNorm uses batch or running statistics), the pass
         returns the pooled result and leaves the pool what its backward reads; the BatchNorm's
-        own output is not stored."""
+        own output is not stored. With `pad` (top, left, HP, WP), on a CPU, the output goes into
+        zero-bordered planes (N, C, HP, WP) at row top, column left: the padded input of the
+        convolution after it (Conv2d.padded_input, then forward_padded)."""
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
         options = _act_options(code)
         q = self._on(x)
@@ -76,14 +85,18 @@ class BatchNorm2d(Module):
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
         cpu = ops.is_cpu(q)  # CPUs: norm_cpu.cl's vector kernels for the part sums and element-wise passes
-        y = ops.new(q, x.shape) if pool is None else None
+        if pad is not None and (pool is not None or not cpu):
+            raise ValueError("BatchNorm2d writes padded planes on CPUs only, and not with a pool")
+        y = ops.new(q, x.shape if pad is None else (n, c) + tuple(pad[2:])) if pool is None else None
         if self.training:
             length, parts = _parts(q, n * h * w)
             mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
-            if cpu:
+            if cpu:  # the second stage inside the element-wise pass (norm_cpu.cl), or before the pooled one
                 ops.launch(q, "norm_cpu", "bn_stats_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, part)
-                ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean, var,
-                           self.running_mean, self.running_var, self.momentum)
+                stage2 = (part, parts, length, self.running_mean, self.running_var, self.momentum)
+                if pool is not None:
+                    ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean,
+                               var, self.running_mean, self.running_var, self.momentum)
             else:  # GPUs: the statistics' second stage runs inside the element-wise pass (a launch less)
                 ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
                 ops.launch(q, "norm", "bn_apply_batch", (parts * 64, c), (64, 1), n, c, h * w, length, parts, part,
@@ -93,6 +106,8 @@ class BatchNorm2d(Module):
             self.running_var.mark_written()
         else:
             mean, var = self.running_mean, self.running_var
+        if not (self.training and cpu):  # the statistics as they are
+            stage2 = (ops.dummy(q), 0, 0, ops.dummy(q), ops.dummy(q), 0.0)
         if pool is not None:
             assert pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
             g = pool._geometry(x.shape)
@@ -103,25 +118,38 @@ class BatchNorm2d(Module):
             ops.launch(q, "pool_cpu", "bn_maxpool2_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, mean, var,
                        self.weight, self.bias, self.eps, slope, y, arg, options=options)
             pool._saved = (x.shape, g, arg)
+        elif pad is not None:
+            planes, items = _planes_per_item(n * c, pad[2] * pad[3])
+            ops.launch(q, "norm_cpu", "bn_apply_pad_cpu", (items,), (1,), n * c, planes, c, h, w, pad[2], pad[3],
+                       pad[0], pad[1], x, mean, var, self.weight, self.bias, self.eps, slope, y, *stage2,
+                       options=options)
         elif cpu:
             chunk, items = ops.cpu_chunk(x.size)
             ops.launch(q, "norm_cpu", "bn_apply_cpu", (items,), (1,), x.size, chunk, c, h * w, x, mean, var,
-                       self.weight, self.bias, self.eps, slope, y, options=options)
+                       self.weight, self.bias, self.eps, slope, y, *stage2, options=options)
         elif not self.training:
             ops.launch1d(q, "norm", "bn_apply", x.size, n, c, h * w, x, mean, var, self.weight, self.bias, self.eps,
                          slope, y, options=options)
+        if self.training and cpu:
+            mean.mark_written()  # by the element-wise pass (or the pooled path's bn_stats_finish)
+            var.mark_written()
         self._saved = (x, mean, var, self.training, code, slope)
         return y.mark_written()
 
-    def backward(self, dy, pool=None):
+    def backward(self, dy, pool=None, pad=None):
         """dx from dy; with `pool`, the MaxPool2d its forward ran (forward(pool=...)): dy is then the
-        pool's output gradient, routed through the pool's argmax inside both passes."""
+        pool's output gradient, routed through the pool's argmax inside both passes. With `pad`
+        (top, left, HP, WP), on a CPU, dx goes into zero-bordered planes (N, C, HP, WP) at row
+        top, column left: the padded output gradient of the convolution before it
+        (Conv2d.padded_grad, then backward_padded)."""
         x, mean, var, training, code, slope = self._saved  # eval mode (frozen statistics) differentiates as torch does
         if pool is not None:
             return self._backward_pooled(dy, pool)
         options = _act_options(code)
         n, c, h, w = x.shape
-        dx = ops.new(dy, dy.shape)
+        if pad is not None and not ops.is_cpu(dy.queue):
+            raise ValueError("BatchNorm2d writes padded planes on CPUs only")
+        dx = ops.new(dy, dy.shape if pad is None else (n, c) + tuple(pad[2:]))
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias)
         assert acc_w == acc_b
@@ -129,25 +157,32 @@ class BatchNorm2d(Module):
         length, parts = _parts(q, n * h * w)
         cpu = ops.is_cpu(q)
         part = ops.new(q, (c, parts, 2))
-        sums = ops.new(q, (c, 2)) if cpu or not training else None  # the second stage's result, between launches
-        if cpu:
+        if cpu:  # the sums' second stage inside the element-wise pass (norm_cpu.cl)
             ops.launch(q, "norm_cpu", "bn_bwd_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, dy, mean, var,
                        self.weight, self.bias, self.eps, slope, part, options=options)
-        else:
-            ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, var,
-                       self.weight, self.bias, self.eps, slope, part, options=options)
-        if not cpu and training:  # GPUs: the sums' second stage runs inside the element-wise pass
+            stage2 = (part, parts, gw, gb, int(acc_w), dx, int(training))
+            if pad is not None:
+                planes, items = _planes_per_item(n * c, pad[2] * pad[3])
+                ops.launch(q, "norm_cpu", "bn_bwd_apply_pad_cpu", (items,), (1,), n * c, planes, c, h, w, pad[2],
+                           pad[3], pad[0], pad[1], x, dy, mean, var, self.weight, self.bias, self.eps, slope, *stage2,
+                           options=options)
+            else:
+                chunk, items = ops.cpu_chunk(dx.size)
+                ops.launch(q, "norm_cpu", "bn_bwd_apply_cpu", (items,), (1,), dx.size, chunk, c, h * w, x, dy, mean,
+                           var, self.weight, self.bias, self.eps, slope, *stage2, options=options)
+            gw.mark_written()
+            gb.mark_written()
+            return dx.mark_written()
+        sums = ops.new(q, (c, 2)) if not training else None  # the second stage's result, between launches
+        ops.launch(q, "norm", "bn_bwd_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, dy, mean, var,
+                   self.weight, self.bias, self.eps, slope, part, options=options)
+        if training:  # GPUs: the sums' second stage runs inside the element-wise pass
             ops.launch(q, "norm", "bn_bwd_apply_batch", (parts * 64, c), (64, 1), n, c, h * w, length, parts, part,
                        x, dy, mean, var, self.weight, self.bias, self.eps, slope, gw, gb, int(acc_w), dx,
                        options=options)
         else:
             ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc_w),
                        sums)
-        if cpu:
-            chunk, items = ops.cpu_chunk(dx.size)
-            ops.launch(q, "norm_cpu", "bn_bwd_apply_cpu", (items,), (1,), dx.size, chunk, c, h * w, x, dy, mean, var,
-                       self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
-        elif not training:
             ops.launch1d(q, "norm", "bn_bwd_apply", dx.size, n, c, h * w, x, dy, mean, var, self.weight, self.bias,
                          self.eps, slope, sums, dx, int(training), options=options)
         gw.mark_written()

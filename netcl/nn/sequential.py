@@ -1,12 +1,15 @@
 """Sequential: layers applied in order, the model type every part of netcl walks; in eval mode
 it prepares the fused inference path (netcl.jit) from its layer list. In training it runs a
-BatchNorm2d and the activation right after it as one layer (TRAIN_FUSE)."""
+BatchNorm2d and the activation right after it as one layer, and on CPUs lets a BatchNorm2d
+write the zero-bordered planes a Conv2d next to it reads (TRAIN_FUSE)."""
 import os
 from contextlib import nullcontext
 
 from netcl import runtime
 from netcl.act import Act
 from netcl.jit import plan_fused
+from netcl import ops
+from netcl.nn.conv import Conv2d
 from netcl.nn.module import LayerList, child_shape
 from netcl.nn.norm import BatchNorm2d, pools_in_norm
 from netcl.runtime import default_queue
@@ -16,8 +19,16 @@ from netcl.tensor import Tensor, _as_float32
 # the BatchNorm writes act(BatchNorm(x)) in its own pass, its backward differentiates through
 # both, and the activation layer is skipped both ways (about a third fewer element-wise passes
 # over those tensors). NETCL_TRAIN_FUSE=0 in the environment (or TRAIN_FUSE = False here) runs
-# every layer on its own, as calling the layers one by one does.
+# every layer on its own, as calling the layers one by one does. On CPUs a Conv2d whose training
+# passes copy their input or output gradient into zero-bordered planes (the direct kernels read
+# them without bounds checks: Conv2d.padded_input, padded_grad) gets them from the BatchNorm2d
+# beside it instead: its forward pass (+ activation) before the conv, its backward pass after.
 TRAIN_FUSE = os.environ.get("NETCL_TRAIN_FUSE", "1") != "0"
+
+
+def _padded_input(conv, x):
+    """Conv2d.padded_input of `conv` (a layer or None) for input x, or None where not a CPU conv."""
+    return conv.padded_input(x.queue, x.shape) if type(conv) is Conv2d and ops.is_cpu(x.queue) else None
 
 
 def fuses_with_next(layer, nxt):
@@ -97,9 +108,9 @@ class Sequential(LayerList):
 
     def _run_layers(self, y, fuse):
         """The layers in order; with `fuse`, a BatchNorm2d and the activation after it as one pass."""
-        skipped, pooled, layers = [], [], self.layers
+        skipped, pooled, fed, layers = [], [], [], self.layers
         for i, layer in enumerate(layers):
-            if i in skipped:
+            if i in skipped or i in fed:
                 continue
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if fuse and fuses_with_next(layer, nxt):
@@ -108,7 +119,13 @@ class Sequential(LayerList):
                     y = layer.forward(y, act=nxt, pool=pool)  # the pool's forward too; its backward runs
                     pooled.append(i + 2)
                 else:
-                    y = layer.forward(y, act=nxt)
+                    conv = layers[i + 2] if i + 2 < len(layers) else None
+                    pad = _padded_input(conv, y)
+                    if pad is not None:  # the conv's zero-bordered input planes, written by this pass
+                        y = conv.forward_padded(layer.forward(y, act=nxt, pad=pad), y.shape)
+                        fed.append(i + 2)
+                    else:
+                        y = layer.forward(y, act=nxt)
                 nxt._saved = None  # its output is the BatchNorm's: no stale input for a backward of its own
                 skipped.append(i + 1)
             elif i not in pooled:
@@ -149,8 +166,9 @@ class Sequential(LayerList):
             first = next((i for i, lay in enumerate(self.layers) if i not in self._skipped and lay.parameters()),
                          len(self.layers))
         pool = None  # a MaxPool2d the BatchNorm2d before it ran: its gradient goes through that one's backward
+        done = None  # a Conv2d whose backward ran with the BatchNorm2d's after it
         for i in reversed(range(first, len(self.layers))):
-            if i in self._skipped:  # a skipped activation's gradient is its BatchNorm2d's
+            if i in self._skipped or i == done:  # a skipped activation's gradient is its BatchNorm2d's
                 continue
             layer = self.layers[i]
             if i in self._pooled:
@@ -160,6 +178,9 @@ class Sequential(LayerList):
                 dy, pool = layer.backward(dy, pool=pool), None
             elif i == first and not input_grad:
                 layer.backward_params(dy)
+            elif (pad := self._padded_grad(i, first, dy)) is not None:  # the conv's zero-bordered dy, written here
+                conv, done = self.layers[i - 1], i - 1
+                dy = conv.backward_padded(layer.backward(dy, pad=pad), need_dx=input_grad or done > first)
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
@@ -167,6 +188,16 @@ class Sequential(LayerList):
 
     def backward_params(self, dy):
         self.backward(dy, input_grad=False)
+
+    def _padded_grad(self, i, first, dy):
+        """Conv2d.padded_grad of layer i - 1 where layer i is a BatchNorm2d that its forward ran on
+        its own (no pool) and i - 1 a CPU Conv2d that runs in this backward; else None."""
+        if not (TRAIN_FUSE and i - 1 >= first and type(self.layers[i]) is BatchNorm2d and ops.is_cpu(dy.queue)):
+            return None
+        conv = self.layers[i - 1]
+        if type(conv) is not Conv2d or i - 1 in self._skipped or i - 1 in self._pooled:
+            return None
+        return conv.padded_grad(dy.queue, dy.shape)
 
     def _replay_eval(self, x):
         """The layers' forward on x in eval mode (every module's flag set and restored directly:
