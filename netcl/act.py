@@ -20,3 +20,9 @@ class Act(IntEnum):
     def saves_output(self):
         """Whether backward differentiates through the output (else through the input)."""
         return self in (Act.SIGMOID, Act.TANH)
+
+    @property
+    def grads_from_output(self):
+        """Whether act_bwd given the output (instead of the input) gives the same gradient: those
+        that save it, and ReLU (y > 0 exactly where x > 0; a NaN input gives a NaN output)."""
+        return self == Act.RELU or self.saves_output

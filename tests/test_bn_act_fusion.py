@@ -28,7 +28,8 @@ def torch():
 def build(act):
     """BatchNorm2d + activation pairs at the top level, inside a Residual's body and in a nested
     Sequential at the very end (the model's output); a BatchNorm2d followed by a Sequential
-    holding an activation, and an activation after a Residual (not fused)."""
+    holding an activation (not fused), and an activation after a Residual (on CPUs fused into the
+    block's sum where its output gives its gradient: ReLU, Sigmoid, Tanh)."""
     cls, kw, _ = ACTS[act]
     return nn.Sequential(  # convolutions before a BatchNorm2d without bias (its gradient is 0: noise only)
         nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), cls(**kw),
@@ -272,6 +273,24 @@ def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled
     # inside its element-wise passes): two launches back per triple
     saved = 2 * PAIRS if not pooled else 2 * (TRIPLES + 1)
     assert per_step[True] == per_step[False] - saved, per_step
+
+
+@pytest.mark.parametrize("act", ["ReLU", "Tanh", "LeakyReLU", "GELU"])
+def test_residual_takes_the_activation_after_it(queue, rng, monkeypatch, act):
+    """On CPUs training runs the activation after a Residual in the block's sum (add_act_cpu) where
+    its output gives its gradient (Act.grads_from_output), one launch less; not otherwise. The
+    values: test_fused_training_equals_unfused_and_torch, on the same model."""
+    model = build(act).to(queue).train()
+    x = Tensor.from_host(queue, rng.standard_normal((2, 3, 9, 11)).astype(np.float32))
+    dy = Tensor.from_host(queue, rng.standard_normal(model.output_shape(x.shape)).astype(np.float32))
+    names = []
+    enqueue = ops._enqueue
+    monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
+    model(x)
+    model.backward(dy)
+    fused = ops.is_cpu(queue) and ACTS[act][0]().act.grads_from_output
+    assert names.count("add_act_cpu") == int(fused)
+    assert names.count("add") == 1 - int(fused) + 1  # the backward's sum of the branches' gradients
 
 
 @pytest.mark.parametrize("builder", [build, build_pooled])

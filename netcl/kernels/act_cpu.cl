@@ -22,6 +22,20 @@ void act_fwd_cpu(const int n, const int chunk, const float slope, __global const
     for (; i < i1; i++) y[i] = ACT_APPLY(ACT_KIND, x[i], slope);
 }
 
+// y = act(a + b): a Residual block's sum and the activation after it in one pass (Sequential's
+// training path on CPUs, netcl.nn.blocks)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void add_act_cpu(const int n, const int chunk, const float slope, __global const float *a, __global const float *b,
+                 __global float *y) {
+    const int i0 = get_global_id(0) * chunk, i1 = min(n, i0 + chunk);
+    int i = i0;
+    for (; i + 16 <= i1; i += 16) {
+        const float16 v = *(__global const ufloat16 *)(a + i) + *(__global const ufloat16 *)(b + i);
+        *(__global ufloat16 *)(y + i) = ACT_APPLY(ACT_KIND, v, slope);
+    }
+    for (; i < i1; i++) y[i] = ACT_APPLY(ACT_KIND, a[i] + b[i], slope);
+}
+
 // saved: the forward's input, or its output where netcl.act.Act.saves_output
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void act_bwd_cpu(const int n, const int chunk, const float slope, __global const float *saved,

@@ -18,6 +18,7 @@ def _add(a, b, out=None):
 
 class Residual(Module):
     # x -> body(x) + x, or body(x) + shortcut(x); body = Sequential(*layers)
+    takes_act = True  # Sequential's training path on CPUs may hand it the activation after it
     def __init__(self, *layers, shortcut=None):
         super().__init__()
         self.body = Sequential(*layers)
@@ -54,13 +55,31 @@ class Residual(Module):
         self.output_shape(shape)
         return self.body.macs(shape) + (self.shortcut.macs(shape) if self.shortcut is not None else 0)
 
-    def forward(self, x):
-        self._on(x)
+    def forward(self, x, act=None):
+        """body(x) + shortcut(x); with `act`, the activation layer after the block (on a CPU, an
+        activation whose gradient its output gives: Act.grads_from_output), applied in the sum's pass
+        and differentiated in backward (Sequential's training path: a pass less)."""
+        q = self._on(x)
         self.output_shape(x.shape)  # a shape error names its layer before any work is done
+        self._act = None
         y = self.body(x)
-        return _add(y, x if self.shortcut is None else self.shortcut(x))
+        s = x if self.shortcut is None else self.shortcut(x)
+        if act is None:
+            return _add(y, s)
+        if not (ops.is_cpu(q) and act.act.grads_from_output):
+            raise ValueError(f"Residual runs an activation in its sum on CPUs only, and one whose gradient its "
+                             f"output gives (ReLU, Sigmoid, Tanh), got {act!r}")
+        out = ops.new(q, y.shape)
+        chunk, items = ops.cpu_chunk(y.size)
+        ops.launch(q, "act_cpu", "add_act_cpu", (items,), (1,), y.size, chunk, float(act.slope), y, s, out,
+                   options=(f"-DACT_KIND={int(act.act)}",))
+        self._act = (act.act, float(act.slope), out)
+        return out.mark_written()
 
     def backward(self, dy):
+        if getattr(self, "_act", None) is not None:  # the fused activation's gradient first
+            code, slope, out = self._act
+            dy = ops.act_bwd_cpu(code, out, dy, slope)
         dx = self.body.backward(dy)
         return _add(dx, dy if self.shortcut is None else self.shortcut.backward(dy))
 

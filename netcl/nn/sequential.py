@@ -26,6 +26,14 @@ from netcl.tensor import Tensor, _as_float32
 TRAIN_FUSE = os.environ.get("NETCL_TRAIN_FUSE", "1") != "0"
 
 
+def _takes_act(layer, nxt, x):
+    """Whether training runs the activation layer `nxt` inside `layer`'s last pass: a block that
+    takes one (Residual), on a CPU, for an activation whose output gives its gradient."""
+    from_output = isinstance(getattr(nxt, "act", None), Act) and nxt.act.grads_from_output
+    return (TRAIN_FUSE and getattr(layer, "takes_act", False) and from_output and hasattr(nxt, "slope")
+            and ops.is_cpu(x.queue))
+
+
 def _padded_input(conv, x):
     """Conv2d.padded_input of `conv` (a layer or None) for input x, or None where not a CPU conv."""
     return conv.padded_input(x.queue, x.shape) if type(conv) is Conv2d and ops.is_cpu(x.queue) else None
@@ -128,6 +136,10 @@ class Sequential(LayerList):
                         y = layer.forward(y, act=nxt)
                 nxt._saved = None  # its output is the BatchNorm's: no stale input for a backward of its own
                 skipped.append(i + 1)
+            elif fuse and _takes_act(layer, nxt, y):
+                y = layer.forward(y, act=nxt)
+                nxt._saved = None
+                skipped.append(i + 1)
             elif i not in pooled:
                 y = layer(y)
         self._skipped, self._pooled = tuple(skipped), tuple(pooled)
@@ -168,7 +180,7 @@ class Sequential(LayerList):
         pool = None  # a MaxPool2d the BatchNorm2d before it ran: its gradient goes through that one's backward
         done = None  # a Conv2d whose backward ran with the BatchNorm2d's after it
         for i in reversed(range(first, len(self.layers))):
-            if i in self._skipped or i == done:  # a skipped activation's gradient is its BatchNorm2d's
+            if i in self._skipped or i == done:  # a skipped activation's gradient is its BatchNorm2d's or Residual's
                 continue
             layer = self.layers[i]
             if i in self._pooled:
