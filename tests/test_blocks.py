@@ -464,3 +464,45 @@ def test_bad_arguments():
         nn.Upsample(2).output_shape((2, 3, 4))
     with pytest.raises(ValueError, match="not applied"):
         nn.Sequential(nn.ModuleList(nn.ReLU())).output_shape((1, 2))
+
+
+@pytest.mark.parametrize("k,stride,shape", [(1, 2, (2, 3, 7, 9)), (1, 1, (1, 4, 5, 6)), (1, 3, (2, 2, 8, 7)),
+                                            (3, 2, (2, 3, 7, 9))])
+def test_conv_backward_into_adds_its_gradient(queue, rng, k, stride, shape):
+    """Conv2d.backward_into(dy, acc): acc + backward(dy) (a 1x1 conv without padding adds its
+    columns into acc on CPUs: col2im_1x1_add_cpu, every stride; others take backward() and a sum),
+    and the parameter gradients of backward()."""
+    layer = nn.Conv2d(shape[1], 5, k, stride=stride, padding=k // 2).to(queue).train()
+    x = Tensor.from_host(queue, rng.standard_normal(shape).astype(np.float32))
+    dy = rng.standard_normal(layer.output_shape(shape)).astype(np.float32)
+    acc0 = rng.standard_normal(shape).astype(np.float32)
+    layer(x)
+    dx = layer.backward(Tensor.from_host(queue, dy)).to_host()
+    grads = {n: p.grad.to_host() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    layer(x)
+    acc = Tensor.from_host(queue, acc0)
+    assert layer.backward_into(Tensor.from_host(queue, dy), acc) is acc
+    np.testing.assert_allclose(acc.to_host(), acc0 + dx, rtol=1e-6, atol=1e-6)
+    for n, p in layer.named_parameters():
+        np.testing.assert_array_equal(p.grad.to_host(), grads[n])
+
+
+def test_residual_with_a_pass_through_body_does_not_write_into_dy(queue, rng, torch, record_error):
+    """A Residual whose body hands dy back (Identity) sums into a new tensor and leaves the caller's
+    dy as it was: the shortcut's gradient is added into the body's only where that is a tensor of
+    its own."""
+    def build():
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Residual(nn.Identity(),
+                             shortcut=nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4))), nn.ReLU())
+    model, ref = twins(torch, build, rng)
+    check_against_torch(queue, torch, record_error, model, ref, rng.standard_normal((2, 3, 6, 5)).astype(np.float32),
+                        rng)
+    block = model.layers[1]
+    x = Tensor.from_host(queue, rng.standard_normal((2, 4, 6, 5)).astype(np.float32))
+    g = rng.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    dy = Tensor.from_host(queue, g)
+    block(x)
+    dx = block.backward(dy)
+    np.testing.assert_array_equal(dy.to_host(), g)
+    assert dx.buf.int_ptr != dy.buf.int_ptr

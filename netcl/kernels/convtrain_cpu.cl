@@ -71,6 +71,22 @@ void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const
     }
 }
 
+// out (N, C, H, W) += the data gradient of a 1x1 convolution of stride S without padding, from
+// its GEMM's dcols (C, N * OH * OW): out[n][c][S y][S x] += dcols[c][(n * OH + y) * OW + x] (a
+// Residual's shortcut added into the body's gradient: no zero-filled gradient of its own, no
+// separate sum). `rows` of the N * C * OH output rows per work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void col2im_1x1_add_cpu(const int NCOH, const int rows, const int C, const int H, const int W, const int OH,
+                        const int OW, const int S, __global const float *dcols, __global float *out) {
+    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows), NP = NCOH / C * OW;
+    for (int r = get_global_id(0) * rows; r < r1; r++) {
+        const int nc = r / OH, y = r - nc * OH, n = nc / C, c = nc - n * C;
+        __global const float *src = dcols + c * NP + (n * OH + y) * OW;
+        __global float *dst = out + (nc * H + S * y) * W;
+        for (int x = 0; x < OW; x++) dst[S * x] += src[x];
+    }
+}
+
 // dst (NC, HP, WP) = src (NC, H, W) placed at row `top`, column `left` of zero planes, and
 // (sums != 0) sums[plane] = the plane's sum (the bias gradient's per-image sums, in float16
 // lanes flushed every 32 vectors: no lane adds a long sequential run). `planes` planes per

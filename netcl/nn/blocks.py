@@ -81,7 +81,15 @@ class Residual(Module):
             code, slope, out = self._act
             dy = ops.act_bwd_cpu(code, out, dy, slope)
         dx = self.body.backward(dy)
-        return _add(dx, dy if self.shortcut is None else self.shortcut.backward(dy))
+        if self.shortcut is None:
+            return _add(dx, dy)
+        if dx.buf.int_ptr == dy.buf.int_ptr:  # a body that passes dy through (Identity): not written into
+            return _add(dx, self.shortcut.backward(dy))
+        if isinstance(self.shortcut, Sequential):  # the shortcut's gradient added into the body's
+            return self.shortcut.backward(dy, into=dx)
+        if hasattr(self.shortcut, "backward_into"):
+            return self.shortcut.backward_into(dy, dx)
+        return _add(dx, self.shortcut.backward(dy), out=dx)
 
 
 class ModuleList(LayerList):

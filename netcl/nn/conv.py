@@ -386,6 +386,18 @@ class Conv2d(Module):
     def backward(self, dy):
         return self._backward(dy, True)
 
+    def backward_into(self, dy, acc):
+        """acc += backward(dy) (a Residual's shortcut into the body's gradient): on a CPU a 1x1
+        convolution without padding adds its GEMM's columns straight into acc (no gradient tensor
+        of its own); otherwise backward() and a sum."""
+        k, s, p, d = self._geometry()
+        if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] is None:
+            self._backward_cpu(dy, True, into=acc)
+        else:
+            dx = self._backward(dy, True)
+            ops.launch1d(acc.queue, "blocks", "add", acc.size, acc.size, acc, dx, acc)
+        return acc.mark_written()
+
     def backward_params(self, dy):
         self._backward(dy, False)
 
@@ -416,7 +428,7 @@ class Conv2d(Module):
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
-    def _backward_cpu(self, dy, need_dx):
+    def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded. Otherwise one pass over dy gives
         the weight gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T
@@ -444,7 +456,7 @@ class Conv2d(Module):
         self._bias_grad_cpu(n, oc, sums)
         if not need_dx:
             return None
-        dx = ops.new(q, (n, c, h, w))
+        dx = ops.new(q, (n, c, h, w)) if into is None else None
         if mode == "channels" and s == 1:
             pd, tc = k - 1 - p, _CORRC_TC
             dyb = ops.new(q, (n, oc, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)))
@@ -458,6 +470,11 @@ class Conv2d(Module):
             _corrt_cpu(q, dy, self.weight, dx, s, p)
         else:
             dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
+            if into is not None:  # backward_into: a 1x1 convolution's columns added into `into`
+                rows, items = _cpu_rows(n * c * oh, ow)
+                ops.launch(q, _FAMILY, "col2im_1x1_add_cpu", (items,), (1,), n * c * oh, rows, c, h, w, oh, ow, s,
+                           dcols, into, options=options)
+                return into
             _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 

@@ -157,11 +157,13 @@ class Sequential(LayerList):
         with runtime.serial_lock(q) or nullcontext():  # PoCL's serial device: calls take turns (runtime)
             return self.forward(Tensor.from_host(q, x)).to_host()
 
-    def backward(self, dy, input_grad=True):
+    def backward(self, dy, input_grad=True, into=None):
         """Back-propagate dL/d(output) through every layer; returns dL/d(input). With
         input_grad=False (the input needs no gradient: a training step's data) the layers before
         the first one with parameters are skipped, that one computes its parameters' gradients
-        only (Module.backward_params: no data-gradient convolution or GEMM), and it returns None."""
+        only (Module.backward_params: no data-gradient convolution or GEMM), and it returns None.
+        With `into` (a tensor of the input's shape; input_grad), dL/d(input) is added into it and
+        it is returned: the first layer adds its own (backward_into) where it can."""
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
@@ -190,12 +192,17 @@ class Sequential(LayerList):
                 dy, pool = layer.backward(dy, pool=pool), None
             elif i == first and not input_grad:
                 layer.backward_params(dy)
+            elif i == 0 and into is not None and hasattr(layer, "backward_into"):
+                dy, into = layer.backward_into(dy, into), None
             elif (pad := self._padded_grad(i, first, dy)) is not None:  # the conv's zero-bordered dy, written here
                 conv, done = self.layers[i - 1], i - 1
                 dy = conv.backward_padded(layer.backward(dy, pad=pad), need_dx=input_grad or done > first)
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
+        if into is not None and input_grad:  # the first layer gave its gradient: the sum here
+            ops.launch1d(into.queue, "blocks", "add", into.size, into.size, into, dy, into)
+            dy = into.mark_written()
         return dy if input_grad else None
 
     def backward_params(self, dy):
