@@ -323,14 +323,14 @@ class Conv2d(Module):
 
     def forward(self, x):
         q = self._on(x)
-        self.output_shape(x.shape)  # checks the rank first
+        out_shape = self.output_shape(x.shape)  # checks the rank first
         geometry = self.padded_input(q, x.shape)
         if geometry is not None:  # x with its zero border, then the direct kernels
             top, _, hp, wp = geometry
             xp = ops.new(q, x.shape[:2] + (hp, wp))
             _pad_planes(q, x, xp, top, None, _cpu_options(self.kernel_size))
             return self.forward_padded(xp, x.shape)
-        return self._forward_other(x)
+        return self._forward_other(x, out_shape)
 
     def forward_padded(self, xp, shape):
         """forward() of an input of `shape` given as the zero-bordered planes xp that padded_input
@@ -354,9 +354,9 @@ class Conv2d(Module):
         self._saved = (tuple(shape), mode, xp)  # backward's weight gradient reads the padded x
         return y
 
-    def _forward_other(self, x):
+    def _forward_other(self, x, out_shape):
         q = x.queue
-        _, oc, oh, ow = self.output_shape(x.shape)
+        _, oc, oh, ow = out_shape
         n, c, h, w = x.shape
         k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))

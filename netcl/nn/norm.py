@@ -106,7 +106,7 @@ class BatchNorm2d(Module):
             self.running_var.mark_written()
         else:
             mean, var = self.running_mean, self.running_var
-        if not (self.training and cpu):  # the statistics as they are
+        if cpu and not self.training:  # the statistics as they are
             stage2 = (ops.dummy(q), 0, 0, ops.dummy(q), ops.dummy(q), 0.0)
         if pool is not None:
             assert pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
