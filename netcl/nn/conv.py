@@ -359,18 +359,22 @@ class Conv2d(Module):
             top, _, hp, wp = geometry
             xp = ops.new(q, x.shape[:2] + (hp, wp))
             _pad_planes(q, x, xp, top, None, _cpu_options(self.kernel_size))
-            return self.forward_padded(xp, x.shape)
+            return self._forward_padded(xp, x.shape, out_shape)
         return self._forward_other(x, out_shape)
 
     def forward_padded(self, xp, shape):
         """forward() of an input of `shape` given as the zero-bordered planes xp that padded_input
         describes (the direct CPU kernels read them without bounds checks)."""
         q = self._on(xp)
-        _, oc, oh, ow = self.output_shape(shape)
-        geometry, mode = self.padded_input(q, shape), self._cpu_mode(q, shape)
+        out_shape = self.output_shape(shape)
+        geometry = self.padded_input(q, shape)
         if geometry is None or xp.shape != tuple(shape[:2]) + geometry[2:]:
             raise ValueError(f"Conv2d.forward_padded: planes {xp.shape} are not the {geometry} this conv pads "
                              f"input {tuple(shape)} into")
+        return self._forward_padded(xp, shape, out_shape)
+
+    def _forward_padded(self, xp, shape, out_shape):
+        q, (_, oc, oh, ow), mode = xp.queue, out_shape, self._cpu_mode(xp.queue, shape)
         n, c = shape[:2]
         k, s, _, _ = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
@@ -465,8 +469,9 @@ class Conv2d(Module):
         (cols from im2col after a "channels" forward); dx after a "channels" forward: corrc_cpu's
         correlation of padded dy with the flipped weights (stride 1) or corrt_cpu (stride 2), else
         dcols = W^T dy and col2im."""
-        if self.padded_grad(dy.queue, dy.shape) is not None:
-            return self._backward_padded(dy, None, need_dx)
+        geometry = self.padded_grad(dy.queue, dy.shape)
+        if geometry is not None:
+            return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
         (n, c, h, w), mode, cols = self._saved
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
@@ -555,9 +560,9 @@ class Conv2d(Module):
         if geometry is None or dyp.shape != shape[:2] + geometry[2:]:
             raise ValueError(f"Conv2d.backward_padded: planes {dyp.shape} are not the {geometry} this conv's "
                              f"backward reads its output gradient {shape} from")
-        return self._backward_padded(None, dyp, need_dx)
+        return self._backward_padded(None, dyp, need_dx, shape, geometry)
 
-    def _backward_padded(self, dy, dyp, need_dx):
+    def _backward_padded(self, dy, dyp, need_dx, dy_shape, geometry):
         """The CPU backward that reads dy only as its zero-bordered planes dyp (made here from dy
         where not given): dW = winot_wgrad's (Winograd's adjoint) or wgrad_cpu's correlation of
         them with the forward's padded x (wgrad_cpu: partial sums per chunk of rows, then added in
@@ -566,9 +571,8 @@ class Conv2d(Module):
         (n, c, h, w), mode, xp = self._saved
         k, _, _, _ = self._geometry()
         q, options = (dyp if dy is None else dy).queue, _cpu_options(k)
-        dy_shape = self.output_shape((n, c, h, w))
         _, oc, oh, ow = dy_shape
-        pd, _, hd, wd = self.padded_grad(q, dy_shape)
+        pd, _, hd, wd = geometry
         if self.stride == 2:
             return self._backward_padded_s2(dy, dyp, need_dx, pd, hd, wd)
         sums = None

@@ -130,7 +130,8 @@ class Sequential(LayerList):
                     conv = layers[i + 2] if i + 2 < len(layers) else None
                     pad = _padded_input(conv, y)
                     if pad is not None:  # the conv's zero-bordered input planes, written by this pass
-                        y = conv.forward_padded(layer.forward(y, act=nxt, pad=pad), y.shape)
+                        yp = layer.forward(y, act=nxt, pad=pad)  # checked by _padded_input: no second check
+                        y = conv._forward_padded(yp, y.shape, conv.output_shape(y.shape))
                         fed.append(i + 2)
                     else:
                         y = layer.forward(y, act=nxt)
@@ -196,7 +197,8 @@ class Sequential(LayerList):
                 dy, into = layer.backward_into(dy, into), None
             elif (pad := self._padded_grad(i, first, dy)) is not None:  # the conv's zero-bordered dy, written here
                 conv, done = self.layers[i - 1], i - 1
-                dy = conv.backward_padded(layer.backward(dy, pad=pad), need_dx=input_grad or done > first)
+                dyp = layer.backward(dy, pad=pad)  # the geometry padded_grad gave: no second check
+                dy = conv._backward_padded(None, dyp, input_grad or done > first, dy.shape, pad)
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
