@@ -42,34 +42,29 @@
 #include "vec_cpu.h"
 
 // dyp (OC, N*P) from dy (N, OC, P), and sums[n * OC + o] = the sum of row (n, o): the weight
-// gradient's GEMM operand and the bias gradient's per-image sums in one pass over dy. dy's P
-// values of a plane are P / L runs of L, runs LS floats apart, planes PS apart, from offset off
-// (a dense dy: one run of P; dy inside zero-bordered planes: its rows). Rows [r * rows, (r + 1)
-// * rows) of the N*OC rows per work-item; the sums in float16 lanes, flushed every 32 vectors (no
-// lane adds a long sequential run: norm_cpu.cl's FLUSH).
+// gradient's GEMM operand and the bias gradient's per-image sums in one pass over dy. Rows
+// [r * rows, (r + 1) * rows) of the N*OC rows per work-item; the sums in float16 lanes, flushed
+// every 32 vectors (no lane adds a long sequential run: norm_cpu.cl's FLUSH).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const int NP, const int L, const int LS,
-                 const int PS, const int off, __global const float *dy, __global float *dyp, __global float *sums) {
+void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const int NP, __global const float *dy,
+                 __global float *dyp, __global float *sums) {
     const int r1 = min(NOC, (int)get_global_id(0) * rows + rows);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int n = r / OC, o = r - n * OC;
+        __global const float *src = dy + r * P;
+        __global float *dst = dyp + o * NP + n * P;
         float16 s16 = 0.0f, r16 = 0.0f;
+        int i = 0, nv = 0;
+        for (; i + 16 <= P; i += 16) {
+            const float16 v = *(__global const ufloat16 *)(src + i);
+            *(__global ufloat16 *)(dst + i) = v;
+            r16 += v;
+            if (++nv == 32) s16 += r16, r16 = 0.0f, nv = 0;
+        }
         float t = 0.0f;
-        int nv = 0;
-        for (int j = 0; j < P; j += L) {
-            __global const float *src = dy + r * PS + off + j / L * LS;
-            __global float *dst = dyp + o * NP + n * P + j;
-            int i = 0;
-            for (; i + 16 <= L; i += 16) {
-                const float16 v = *(__global const ufloat16 *)(src + i);
-                *(__global ufloat16 *)(dst + i) = v;
-                r16 += v;
-                if (++nv == 32) s16 += r16, r16 = 0.0f, nv = 0;
-            }
-            for (; i < L; i++) {
-                dst[i] = src[i];
-                t += src[i];
-            }
+        for (; i < P; i++) {
+            dst[i] = src[i];
+            t += src[i];
         }
         r16.s0 += t;
         sums[r] = hsum16(s16 + r16);

@@ -152,55 +152,25 @@ def _pack_weights(q, w, ci, co, k, cop, transposed, reverse, options):
     return wt.mark_written()
 
 
-def _corrt_layout(c, k, stride, padding, h, w, oh, ow):
-    """corrt_cpu's (CV, TC) and the zero-bordered planes (border, HB, WB) it reads dy from, dy at
-    row and column `border`, for a data gradient (N, C, H, W) from dy (N, OC, OH, OW)."""
+def _corrt_cpu(q, dy, w, dx, stride, padding):
+    """dx (N, C, H, W) = the data gradient of a strided convolution with weights w (OC, C, k, k)
+    and padding `padding`, from dy (N, OC, OH, OW): corrt_cpu on dy with a zero border."""
+    n, c, h, w_ = dx.shape
+    _, oc, oh, ow = dy.shape
     # up to 16 channels: one float16 of them per work-item and twice the positions (two would
     # leave half their lanes zero: resnet8's 16-channel stride-2 gradient ran at ~80 GFLOP/s)
     cv = 1 if c <= 16 else 2
-    tc, border = _CORRC_TC * (3 - cv), -(-(k - 1) // stride)
-    hb = max(-(-(h + padding) // stride), oh) + 2 * border + 1
-    return cv, tc, border, hb, max(-(-(w + padding) // stride), ow) + tc + 2 * border + 1
-
-
-def _corrt_cpu(q, dy, w, dx, stride, padding, dyb=None):
-    """dx (N, C, H, W) = the data gradient of a strided convolution with weights w (OC, C, k, k)
-    and padding `padding`, from dy (N, OC, OH, OW): corrt_cpu on dy's zero-bordered planes dyb
-    (_corrt_layout's; made here from dy unless given, then dy may be None)."""
-    n, c, h, w_ = dx.shape
-    oc = w.shape[0]
-    k, s = w.shape[2], stride
-    oh, ow = (dy.shape[2:] if dy is not None else
-              ((h + 2 * padding - k) // s + 1, (w_ + 2 * padding - k) // s + 1))
-    cv, tc, border, hb, wb = _corrt_layout(c, k, s, padding, h, w_, oh, ow)
-    cop = -(-c // (16 * cv)) * 16 * cv
-    options = _cpu_options(k) + (f"-DTC={tc}", f"-DCV={cv}")
-    if dyb is None:
-        dyb = ops.new(q, (n, oc, hb, wb))
-        _pad_planes(q, dy, dyb, border, None, options)
+    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _CORRC_TC * (3 - cv), -(-c // (16 * cv)) * 16 * cv
+    options, border = _cpu_options(k) + (f"-DTC={tc}", f"-DCV={cv}"), -(-(k - 1) // s)
+    dyb = ops.new(q, (n, oc, max(-(-(h + padding) // s), oh) + 2 * border + 1,
+                      max(-(-(w_ + padding) // s), ow) + tc + 2 * border + 1))
+    _pad_planes(q, dy, dyb, border, None, options)
     wt = _pack_weights(q, w, oc, c, k, cop, True, False, options)
     positions = -(-w_ // s)  # of a row's first phase, the longest
     xt = -(-positions // tc)
     ops.launch(q, _FAMILY, "corrt_cpu", (h * s * xt, n * cop // (16 * cv)), (1, 1), oc, c, cop, h, w_, dyb.shape[2],
                dyb.shape[3], xt, s, padding, border, dyb, wt, dx, options=options)
     dx.mark_written()
-
-
-def _dy_rows(q, dy, n, oc, oh, ow, options, border=0):
-    """(dyp (OC, N*OH*OW), sums (N*OC)): the weight gradient's GEMM operand and the bias gradient's
-    per-image sums from dy (N, OC, OH, OW), or from dy's zero-bordered planes (N, OC, HB, WB) with
-    dy at row and column `border` (dy_rows_cpu)."""
-    P = oh * ow
-    dyp, sums = ops.new(q, (oc, n * P)), ops.new(q, (n * oc,))
-    rows, items = _cpu_rows(n * oc, P)
-    if border:
-        hb, wb = dy.shape[2:]
-        runs = (ow, wb, hb * wb, border * (wb + 1))
-    else:
-        runs = (P, P, P, 0)
-    ops.launch(q, _FAMILY, "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, n * P, *runs, dy, dyp, sums,
-               options=options)
-    return dyp, sums
 
 
 def _pad_planes(q, src, dst, border, sums, options):
@@ -477,9 +447,15 @@ class Conv2d(Module):
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
         if mode == "channels":  # the forward saved its padded x: im2col here, from it
-            cols = self._cols_of_padded(cols, oh, ow)
+            xp, cols = cols, ops.new(q, (ckk, n * P))
+            rows, items = _cpu_rows(n * oh, ow)
+            ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
+                       rows, xp, cols, options=_cpu_options(k))
         NP, options = n * P, _cpu_options(k)
-        dyp, sums = _dy_rows(q, dy, n, oc, oh, ow, options)
+        dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
+        rows, items = _cpu_rows(n * oc, P)
+        ops.launch(q, _FAMILY, "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, NP, dy, dyp, sums,
+                   options=options)
         gw, acc = ops.grad_target(self.weight)
         ops.gemm(oc, ckk, NP, dyp, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
         self._bias_grad_cpu(n, oc, sums)
@@ -507,16 +483,6 @@ class Conv2d(Module):
             _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
-    def _cols_of_padded(self, xp, oh, ow):
-        """im2col's columns (C*k*k, N*OH*OW) of the forward's padded planes xp (im2col_cpu)."""
-        n, c = xp.shape[:2]
-        k, s, _, _ = self._geometry()
-        cols = ops.new(xp.queue, (c * k * k, n * oh * ow))
-        rows, items = _cpu_rows(n * oh, ow)
-        ops.launch(xp.queue, _FAMILY, "im2col_cpu", (c * k * k, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow,
-                   s, n * oh, rows, xp, cols, options=_cpu_options(k))
-        return cols
-
     def _winot_wgrad_layout(self, q, dy_shape, xp):
         """conv_winot's layout for winot_wgrad (Winograd's adjoint) from the forward's padded planes
         xp: where the forward's layout applies and both channel counts are multiples of 4 (its 4 x 4
@@ -530,8 +496,7 @@ class Conv2d(Module):
     def padded_grad(self, q, dy_shape):
         """(top, left, HD, WD): the zero-bordered planes this conv's CPU backward copies its output
         gradient (of dy_shape) into where every kernel that reads dy can read those (after a "rows"
-        forward, a stride-1 "channels" one whose weight gradient is winot_wgrad's, and a stride-2
-        one: corrt_cpu, and dy_rows_cpu for the weight gradient's GEMM), so
+        forward, and after a stride-1 "channels" one whose weight gradient is winot_wgrad's), so
         that the layer after it can write them instead (Sequential: a BatchNorm2d's backward pass,
         then backward_padded); None otherwise."""
         saved = getattr(self, "_saved", None)
@@ -546,9 +511,6 @@ class Conv2d(Module):
         if s == 1 and self._winot_wgrad_layout(q, dy_shape, xp):
             tc = _CORRC_TC
             return pd, pd, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)
-        if s == 2:  # corrt_cpu's planes; the weight gradient's GEMM operand is read from them too
-            _, _, border, hb, wb = _corrt_layout(c, k, s, p, h, w, dy_shape[2], ow)
-            return border, border, hb, wb
         return None
 
     def backward_padded(self, dyp, need_dx=True):
@@ -573,8 +535,6 @@ class Conv2d(Module):
         q, options = (dyp if dy is None else dy).queue, _cpu_options(k)
         _, oc, oh, ow = dy_shape
         pd, _, hd, wd = geometry
-        if self.stride == 2:
-            return self._backward_padded_s2(dy, dyp, need_dx, pd, hd, wd)
         sums = None
         if dyp is None:
             dyp = ops.new(q, (n, oc, hd, wd))
@@ -611,29 +571,6 @@ class Conv2d(Module):
             _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
         else:
             _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
-        return dx
-
-    def _backward_padded_s2(self, dy, dyb, need_dx, border, hb, wb):
-        """_backward_padded of a stride-2 "channels" conv: dW = dy @ cols^T (im2col of the forward's
-        padded x; the GEMM's dy operand and the bias gradient's sums read from dy's planes by
-        dy_rows_cpu), dx = corrt_cpu's correlation of them."""
-        (n, c, h, w), _, xp = self._saved
-        k, s, p, _ = self._geometry()
-        q, options = (dyb if dy is None else dy).queue, _cpu_options(k)
-        _, oc, oh, ow = self.output_shape((n, c, h, w))
-        if dyb is None:
-            dyb = ops.new(q, (n, oc, hb, wb))
-            _pad_planes(q, dy, dyb, border, None, options)
-        cols = self._cols_of_padded(xp, oh, ow)
-        dyr, sums = _dy_rows(q, dyb, n, oc, oh, ow, options, border=border)
-        gw, acc = ops.grad_target(self.weight)
-        ckk, NP = c * k * k, n * oh * ow
-        ops.gemm(oc, ckk, NP, dyr, (NP, 1, 0), cols, (1, NP, 0), gw, (ckk, 1, 0), beta=float(acc))
-        self._bias_grad_cpu(n, oc, sums)
-        if not need_dx:
-            return None
-        dx = ops.new(q, (n, c, h, w))
-        _corrt_cpu(q, None, self.weight, dx, s, p, dyb=dyb)
         return dx
 
     def _bias_grad_cpu(self, n, oc, sums):
