@@ -118,6 +118,7 @@ def twins(torch, build, rng):
     """(netcl model, float64 torch model) with the same weights and non-trivial BN statistics,
     loaded into netcl from torch's state_dict (which checks that the keys are torch's)."""
     model = build()
+    torch.manual_seed(int(rng.integers(1 << 30)))  # torch's own initial weights: the same every run
     ref = to_torch(torch, model)
     g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     with torch.no_grad():

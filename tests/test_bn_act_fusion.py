@@ -324,3 +324,44 @@ def test_layers_called_one_by_one_and_eval_do_not_fuse(queue, rng, monkeypatch):
     model._fused = None  # eval without a fused plan runs the layer list: unfused, running statistics
     model(x)
     assert model.layers[1]._saved[4] == 0 and model.layers[2]._saved is not None
+
+
+@pytest.mark.parametrize("k", [3, 5])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_padded_planes_hold_their_plane(queue, rng, k, stride):
+    """Conv2d.padded_input and padded_grad give planes that hold the input (output gradient) at
+    their offsets for every padding, even and odd sizes (a stride-2 conv without padding on an even
+    height once got a plane a row short, and the BatchNorm pass wrote into the next plane); the
+    BatchNorm refuses planes that do not."""
+    for p in range(k):
+        for h, w in ((10, 10), (9, 17), (16, 33), (7, 8)):
+            conv = nn.Conv2d(3, 4, k, stride=stride, padding=p, bias=False).to(queue)
+            shape = (2, 3, h, w)
+            try:
+                out = conv.output_shape(shape)
+            except ValueError:
+                continue
+            geometry = conv.padded_input(queue, shape)
+            if geometry is None:
+                continue
+            top, left, hp, wp = geometry
+            assert top + h <= hp and left + w <= wp, (k, stride, p, h, w, geometry)
+            conv(Tensor.from_host(queue, rng.standard_normal(shape).astype(np.float32)))
+            grad = conv.padded_grad(queue, out)
+            if grad is not None:
+                assert grad[0] + out[2] <= grad[2] and grad[1] + out[3] <= grad[3], (k, stride, p, h, w, grad)
+    bn = nn.BatchNorm2d(3).to(queue).train()
+    with pytest.raises(ValueError, match="cannot hold"):
+        bn.forward(Tensor.from_host(queue, np.ones((2, 3, 10, 10), np.float32)), pad=(0, 0, 9, 17))
+
+
+def test_padded_pair_in_a_model_not_moved_to_the_device(queue, rng, monkeypatch):
+    """A model built and trained without .to(queue) (its parameters move on first use): the conv
+    after a BatchNorm + activation pair, which receives the BatchNorm's planes, moves its
+    parameters too."""
+    monkeypatch.setattr(sequential, "TRAIN_FUSE", True)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+    model.train()
+    y = model(Tensor.from_host(queue, rng.standard_normal((2, 3, 6, 20)).astype(np.float32)))
+    model.backward(Tensor.from_host(queue, np.ones(y.shape, np.float32)))
+    assert all(p.grad is not None for p in model.parameters())

@@ -116,9 +116,23 @@ def _winot(q, inp, w, out, flip, layout, bias):
     out.mark_written()
 
 
-# winot_wgrad's local memory per work-item (4 x (C + K) x TV float16: at most half of L2) and
-# the fewest work-items it splits a gradient into (4 per group of tile vectors)
-_WGRAD_LOCAL, _WGRAD_MIN_ITEMS = 512 * 1024, 16
+# winot_wgrad's local memory per work-item (4 x (C + K) x (TV + 1) float16: at most half of L2,
+# and of the 2 MiB PoCL gives), the fewest work-items it splits a gradient into (4 per group of
+# tile vectors), and the most bytes of per-group partial sums (16 x K x C floats a group)
+_WGRAD_LOCAL, _WGRAD_MIN_ITEMS, _WGRAD_PART_MAX = 512 * 1024, 16, 64 * 2**20
+
+
+def _winot_wgrad_groups(c, k, nt):
+    """(TV, groups) of winot_wgrad for c -> k channels and nt tile vectors, or None where its local
+    memory or partial sums would not fit (the direct kernels take such convolutions)."""
+    tv_local = _WGRAD_LOCAL // (4 * 64 * (c + k)) - 1
+    if tv_local < 1:
+        return None
+    tv = min(tv_local, max(1, nt * 4 // _WGRAD_MIN_ITEMS))
+    ng = -(-nt // tv)
+    if 4 * ng * 16 * k * c > _WGRAD_PART_MAX:
+        return None
+    return -(-nt // ng), ng  # the groups evened out
 
 
 def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
@@ -130,10 +144,8 @@ def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     d, options = layout
     n, k, hd, wd = dy.shape
     c, h, w = xp.shape[1], xp.shape[2] - 2, xp.shape[3] - 2
+    tv, ng = _winot_wgrad_groups(c, k, n * (h // 2 // d["T"]) * d["VPR"])
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
-    tv = max(1, min(_WGRAD_LOCAL // (4 * 64 * (c + k)), nt * 4 // _WGRAD_MIN_ITEMS))
-    ng = -(-nt // tv)
-    tv = -(-nt // ng)  # the groups evened out
     part = ops.new(q, (ng * 16 * k * c,))
     options = options + (f"-DTV={tv}",)
     ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd, part, nt,
@@ -318,7 +330,7 @@ class Conv2d(Module):
             hp, wp = -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1
         else:
             tc = _CORRC_TC
-            hp, wp = s * (oh - 1) + k, max(s * (-(-ow // tc) * tc - 1) + k, shape[3] + p)
+            hp, wp = max(s * (oh - 1) + k, shape[2] + p), max(s * (-(-ow // tc) * tc - 1) + k, shape[3] + p)
         return p, p, hp, wp
 
     def forward(self, x):
@@ -335,7 +347,7 @@ class Conv2d(Module):
     def forward_padded(self, xp, shape):
         """forward() of an input of `shape` given as the zero-bordered planes xp that padded_input
         describes (the direct CPU kernels read them without bounds checks)."""
-        q = self._on(xp)
+        q = xp.queue
         out_shape = self.output_shape(shape)
         geometry = self.padded_input(q, shape)
         if geometry is None or xp.shape != tuple(shape[:2]) + geometry[2:]:
@@ -344,7 +356,8 @@ class Conv2d(Module):
         return self._forward_padded(xp, shape, out_shape)
 
     def _forward_padded(self, xp, shape, out_shape):
-        q, (_, oc, oh, ow), mode = xp.queue, out_shape, self._cpu_mode(xp.queue, shape)
+        q = self._on(xp)  # the parameters on xp's device (Sequential calls this without forward())
+        (_, oc, oh, ow), mode = out_shape, self._cpu_mode(q, shape)
         n, c = shape[:2]
         k, s, _, _ = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
@@ -491,7 +504,9 @@ class Conv2d(Module):
         wino = self._winot(q, shape)
         if not wino or self.in_channels % 4 or self.out_channels % 4 or xp.shape[2:] != (shape[2] + 2, shape[3] + 2):
             return None
-        return wino
+        d = wino[0]
+        nt = shape[0] * (shape[2] // 2 // d["T"]) * d["VPR"]
+        return wino if _winot_wgrad_groups(self.in_channels, self.out_channels, nt) else None
 
     def padded_grad(self, q, dy_shape):
         """(top, left, HD, WD): the zero-bordered planes this conv's CPU backward copies its output

@@ -26,6 +26,12 @@ def _planes_per_item(planes, length):
     return per, -(-planes // per)
 
 
+def _check_pad(pad, h, w):
+    """ValueError unless padded planes pad = (top, left, HP, WP) hold an h x w plane (or pad is None)."""
+    if pad is not None and (pad[0] + h > pad[2] or pad[1] + w > pad[3]):
+        raise ValueError(f"BatchNorm2d: planes {pad[2]}x{pad[3]} cannot hold {h}x{w} at row {pad[0]}, column {pad[1]}")
+
+
 def pools_in_norm(pool, q, shape):
     """Whether a training BatchNorm2d (+ activation) on `shape` can run the MaxPool2d `pool` after
     it in its element-wise pass: a CPU, and the 2x2 stride-2 unpadded windows of pool_cpu.cl."""
@@ -87,6 +93,7 @@ class BatchNorm2d(Module):
         cpu = ops.is_cpu(q)  # CPUs: norm_cpu.cl's vector kernels for the part sums and element-wise passes
         if pad is not None and (pool is not None or not cpu):
             raise ValueError("BatchNorm2d writes padded planes on CPUs only, and not with a pool")
+        _check_pad(pad, h, w)
         y = ops.new(q, x.shape if pad is None else (n, c) + tuple(pad[2:])) if pool is None else None
         if self.training:
             length, parts = _parts(q, n * h * w)
@@ -149,6 +156,7 @@ class BatchNorm2d(Module):
         n, c, h, w = x.shape
         if pad is not None and not ops.is_cpu(dy.queue):
             raise ValueError("BatchNorm2d writes padded planes on CPUs only")
+        _check_pad(pad, h, w)
         dx = ops.new(dy, dy.shape if pad is None else (n, c) + tuple(pad[2:]))
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias)
