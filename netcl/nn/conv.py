@@ -116,16 +116,17 @@ def _winot(q, inp, w, out, flip, layout, bias):
     out.mark_written()
 
 
-# winot_wgrad's local memory per work-item (4 x (C + K) x (TV + 1) float16: at most half of L2,
-# and of the 2 MiB PoCL gives), the fewest work-items it splits a gradient into (4 per group of
-# tile vectors), and the most bytes of per-group partial sums (16 x K x C floats a group)
+# winot_wgrad's local memory per work-item for TV tile vectors (4 x (C + K) x TV float16, about
+# half of L2; its rows are a vector longer, so at most twice that: 1 MiB of the 2 MiB PoCL gives),
+# the fewest work-items it splits a gradient into (4 per group of tile vectors), and the most
+# bytes of per-group partial sums (16 x K x C floats a group)
 _WGRAD_LOCAL, _WGRAD_MIN_ITEMS, _WGRAD_PART_MAX = 512 * 1024, 16, 64 * 2**20
 
 
 def _winot_wgrad_groups(c, k, nt):
     """(TV, groups) of winot_wgrad for c -> k channels and nt tile vectors, or None where its local
     memory or partial sums would not fit (the direct kernels take such convolutions)."""
-    tv_local = _WGRAD_LOCAL // (4 * 64 * (c + k)) - 1
+    tv_local = _WGRAD_LOCAL // (4 * 64 * (c + k))
     if tv_local < 1:
         return None
     tv = min(tv_local, max(1, nt * 4 // _WGRAD_MIN_ITEMS))
