@@ -18,6 +18,8 @@
 // z = (x - mean) * invstd * gamma + beta, the one expression both passes use (the backward's
 // recomputed z must round as the forward's did: relu's mask and the saved output depend on it)
 #define BN_Z(x, m, inv, ga, be) (((x) - (m)) * (inv) * (ga) + (be))
+// act(z): the forward pass's output (the element-wise pass, and the pooled one in pool_cpu.cl)
+#define BN_ACT(x, m, inv, ga, be, slope) ACT_APPLY(ACT_KIND, BN_Z(x, m, inv, ga, be), slope)
 
 #if ACT_KIND == ACT_NONE
 #define BN_DZ(x, g, m, inv, ga, be, slope) (g)

@@ -15,6 +15,11 @@
 // long sequential sum grows with its length; a GPU's 64 work-items and tree are as accurate).
 #define FLUSH 32
 
+// dx of one element or vector from its x and its output gradient d (through the fused activation),
+// with the batch-statistics terms k1, k2 (0 with running statistics) and the channel's constants
+// g = gamma * invstd, m, inv, ga, be, slope in scope: every backward element-wise pass's formula
+#define BN_DX(xv, d) (g * (BN_DZ(xv, d, m, inv, ga, be, slope) - k1 - ((xv) - m) * k2))
+
 // Batch statistics, stage 1: part p of channel c writes its sum and its sum of squared
 // deviations from its own mean (two passes, the second from cache; corrected by the
 // deviations' sum), as norm.cl's bn_stats_part. A part is walked as row segments: one
@@ -169,9 +174,8 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
         e = min(i1, (r + 1) * HW);
         int k = i;
         for (; k + 16 <= e; k += 16)
-            *(__global ufloat16 *)(y + k) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const ufloat16 *)(x + k), m, inv, g, b),
-                                                      slope);
-        for (; k < e; k++) y[k] = ACT_APPLY(ACT_KIND, BN_Z(x[k], m, inv, g, b), slope);
+            *(__global ufloat16 *)(y + k) = BN_ACT(*(__global const ufloat16 *)(x + k), m, inv, g, b, slope);
+        for (; k < e; k++) y[k] = BN_ACT(x[k], m, inv, g, b, slope);
     }
 }
 
@@ -196,12 +200,9 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
         e = min(i1, (r + 1) * HW);
         int k = i;
-        for (; k + 16 <= e; k += 16) {
-            const float16 xv = *(__global const ufloat16 *)(x + k);
-            const float16 gv = BN_DZ(xv, *(__global const ufloat16 *)(dy + k), m, inv, ga, be, slope);
-            *(__global ufloat16 *)(dx + k) = g * (gv - k1 - (xv - m) * k2);
-        }
-        for (; k < e; k++) dx[k] = g * (BN_DZ(x[k], dy[k], m, inv, ga, be, slope) - k1 - (x[k] - m) * k2);
+        for (; k + 16 <= e; k += 16)
+            *(__global ufloat16 *)(dx + k) = BN_DX(*(__global const ufloat16 *)(x + k), *(__global const ufloat16 *)(dy + k));
+        for (; k < e; k++) dx[k] = BN_DX(x[k], dy[k]);
     }
 }
 
@@ -249,8 +250,8 @@ void bn_apply_pad_cpu(const int NC, const int planes, const int C, const int H, 
         bn_channel_stats(c, pl < C, part, parts, plen, NC / C * H * W, mean, var, run_mean, run_var, momentum, &m,
                          &v);
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
-#define APPLY16(o, i) *(__global ufloat16 *)(o) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const ufloat16 *)(x + (i)), m, inv, g, b), slope)
-#define APPLY1(o, i) *(o) = ACT_APPLY(ACT_KIND, BN_Z(x[i], m, inv, g, b), slope)
+#define APPLY16(o, i) *(__global ufloat16 *)(o) = BN_ACT(*(__global const ufloat16 *)(x + (i)), m, inv, g, b, slope)
+#define APPLY1(o, i) *(o) = BN_ACT(x[i], m, inv, g, b, slope)
         PAD_PLANE(pl, APPLY16, APPLY1);
 #undef APPLY16
 #undef APPLY1
@@ -274,13 +275,8 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
         bn_channel_sums(c, pl < C, part, parts, inv, dgamma, dbeta, acc, &db, &dg);
         const float k1 = batch_stats ? db * inv_m : 0.0f;
         const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
-#define DX16(o, i)                                                                                   \
-    do {                                                                                             \
-        const float16 xv_ = *(__global const ufloat16 *)(x + (i));                                  \
-        const float16 gv_ = BN_DZ(xv_, *(__global const ufloat16 *)(dy + (i)), m, inv, ga, be, slope); \
-        *(__global ufloat16 *)(o) = g * (gv_ - k1 - (xv_ - m) * k2);                                 \
-    } while (0)
-#define DX1(o, i) *(o) = g * (BN_DZ(x[i], dy[i], m, inv, ga, be, slope) - k1 - (x[i] - m) * k2)
+#define DX16(o, i) *(__global ufloat16 *)(o) = BN_DX(*(__global const ufloat16 *)(x + (i)), *(__global const ufloat16 *)(dy + (i)))
+#define DX1(o, i) *(o) = BN_DX(x[i], dy[i])
         PAD_PLANE(pl, DX16, DX1);
 #undef DX16
 #undef DX1
@@ -408,28 +404,28 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
             float16 gt, gb;
             POOL_G(dpr, ar, top, W, ow, gt, gb);
             const float16 xt = *(__global const ufloat16 *)(xp + 2 * ow), xb = *(__global const ufloat16 *)(xp + W + 2 * ow);
-            *(__global ufloat16 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
-            *(__global ufloat16 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+            *(__global ufloat16 *)(dxp + 2 * ow) = BN_DX(xt, gt);
+            *(__global ufloat16 *)(dxp + W + 2 * ow) = BN_DX(xb, gb);
         }
         if (ow + 4 <= OW) {
             float8 gt, gb;
             POOL_G4(dpr, ar, top, W, ow, gt, gb);
             const float8 xt = *(__global const ufloat8 *)(xp + 2 * ow), xb = *(__global const ufloat8 *)(xp + W + 2 * ow);
-            *(__global ufloat8 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
-            *(__global ufloat8 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+            *(__global ufloat8 *)(dxp + 2 * ow) = BN_DX(xt, gt);
+            *(__global ufloat8 *)(dxp + W + 2 * ow) = BN_DX(xb, gb);
             ow += 4;
         }
         for (; ow < OW; ow++) {  // one window at a time
             float2 gt, gb;
             POOL_G1(dpr, ar, top, W, ow, gt, gb);
             const float2 xt = *(__global const ufloat2 *)(xp + 2 * ow), xb = *(__global const ufloat2 *)(xp + W + 2 * ow);
-            *(__global ufloat2 *)(dxp + 2 * ow) = g * (BN_DZ(xt, gt, m, inv, ga, be, slope) - k1 - (xt - m) * k2);
-            *(__global ufloat2 *)(dxp + W + 2 * ow) = g * (BN_DZ(xb, gb, m, inv, ga, be, slope) - k1 - (xb - m) * k2);
+            *(__global ufloat2 *)(dxp + 2 * ow) = BN_DX(xt, gt);
+            *(__global ufloat2 *)(dxp + W + 2 * ow) = BN_DX(xb, gb);
         }
         for (int e = 0; e < UNCOVERED_N(W, H, oh, OH); e++) {
             const int at = UNCOVERED_AT(e, W);
             const float xv = xp[at];
-            dxp[at] = g * (BN_DZ(xv, 0.0f, m, inv, ga, be, slope) - k1 - (xv - m) * k2);
+            dxp[at] = BN_DX(xv, 0.0f);
         }
     }
 }

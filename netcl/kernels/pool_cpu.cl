@@ -74,7 +74,7 @@ void bn_maxpool2_cpu(const int NCOH, const int rows, const int C, const int H, c
                      __global float *y, __global int *arg) {
     const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
     const int16 lane2 = (int16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-#define BNA(v) ACT_APPLY(ACT_KIND, BN_Z(v, m, inv, ga, be), slope)
+#define BNA(v) BN_ACT(v, m, inv, ga, be, slope)
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W, c = nc % C;
         const float m = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
