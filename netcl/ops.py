@@ -27,10 +27,8 @@ def _args(args):
             out.append(int(a))
         elif t is int or t is float or a is None:
             out.append(a)
-        elif isinstance(a, Tensor):
-            out.append(a.buf)
-        else:
-            out.append(int(a) if isinstance(a, (bool, np.bool_)) else a)  # a number, a buffer
+        else:  # a numpy number, a buffer, or a Tensor subclass
+            out.append(a.buf if isinstance(a, Tensor) else a)
     return out
 
 
@@ -141,6 +139,13 @@ def act_bwd_cpu(act, saved, dy, slope=0.0):
     launch(dy.queue, "act_cpu", "act_bwd_cpu", (items,), (1,), dy.size, chunk, float(slope), saved, dy, dx,
            options=(f"-DACT_KIND={int(act)}",))
     return dx.mark_written()
+
+
+def add(a, b, out=None):
+    """a + b on the device (blocks.cl); `out` may be a (a sum into it)."""
+    y = out if out is not None else new(a, a.shape)
+    launch1d(a.queue, "blocks", "add", a.size, a.size, a, b, y)
+    return y.mark_written()
 
 
 def mul(a, b):

@@ -9,13 +9,6 @@ from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, c
 from netcl.nn.sequential import Sequential
 
 
-def _add(a, b, out=None):
-    """a + b on the device; `out` may be a."""
-    y = out if out is not None else ops.new(a, a.shape)
-    ops.launch1d(a.queue, "blocks", "add", a.size, a.size, a, b, y)
-    return y.mark_written()
-
-
 class Residual(Module):
     # x -> body(x) + x, or body(x) + shortcut(x); body = Sequential(*layers)
     takes_act = True  # Sequential's training path on CPUs may hand it the activation after it
@@ -65,7 +58,7 @@ class Residual(Module):
         y = self.body(x)
         s = x if self.shortcut is None else self.shortcut(x)
         if act is None:
-            return _add(y, s)
+            return ops.add(y, s)
         if not (ops.is_cpu(q) and act.act.grads_from_output):
             raise ValueError(f"Residual runs an activation in its sum on CPUs only, and one whose gradient its "
                              f"output gives (ReLU, Sigmoid, Tanh), got {act!r}")
@@ -82,14 +75,12 @@ class Residual(Module):
             dy = ops.act_bwd_cpu(code, out, dy, slope)
         dx = self.body.backward(dy)
         if self.shortcut is None:
-            return _add(dx, dy)
+            return ops.add(dx, dy)
         if dx.buf.int_ptr == dy.buf.int_ptr:  # a body that passes dy through (Identity): not written into
-            return _add(dx, self.shortcut.backward(dy))
-        if isinstance(self.shortcut, Sequential):  # the shortcut's gradient added into the body's
-            return self.shortcut.backward(dy, into=dx)
-        if hasattr(self.shortcut, "backward_into"):
+            return ops.add(dx, self.shortcut.backward(dy))
+        if hasattr(self.shortcut, "backward_into"):  # the shortcut's gradient added into the body's
             return self.shortcut.backward_into(dy, dx)
-        return _add(dx, self.shortcut.backward(dy), out=dx)
+        return ops.add(dx, self.shortcut.backward(dy), out=dx)
 
 
 class ModuleList(LayerList):
@@ -175,5 +166,5 @@ class Concat(Module):
             offset += shape[d]
             g = branch.backward(dyb.mark_written())
             # the first sum allocates, later ones add into it (a branch's dx is never written in place)
-            dx = g if i == 0 else _add(dx, g, out=dx if i > 1 else None)
+            dx = g if i == 0 else ops.add(dx, g, out=dx if i > 1 else None)
         return dx

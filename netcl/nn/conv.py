@@ -145,8 +145,8 @@ def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     d, options = layout
     n, k, hd, wd = dy.shape
     c, h, w = xp.shape[1], xp.shape[2] - 2, xp.shape[3] - 2
-    tv, ng = _winot_wgrad_groups(c, k, n * (h // 2 // d["T"]) * d["VPR"])
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
+    tv, ng = _winot_wgrad_groups(c, k, nt)
     part = ops.new(q, (ng * 16 * k * c,))
     options = options + (f"-DTV={tv}",)
     ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd, part, nt,
@@ -412,8 +412,7 @@ class Conv2d(Module):
         if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] is None:
             self._backward_cpu(dy, True, into=acc)
         else:
-            dx = self._backward(dy, True)
-            ops.launch1d(acc.queue, "blocks", "add", acc.size, acc.size, acc, dx, acc)
+            ops.add(acc, self._backward(dy, True), out=acc)
         return acc.mark_written()
 
     def backward_params(self, dy):
@@ -475,26 +474,23 @@ class Conv2d(Module):
         self._bias_grad_cpu(n, oc, sums)
         if not need_dx:
             return None
-        dx = ops.new(q, (n, c, h, w)) if into is None else None
         if mode == "channels" and s == 1:
-            pd, tc = k - 1 - p, _CORRC_TC
-            dyb = ops.new(q, (n, oc, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)))
+            pd, _, hd, wd = self._grad_planes(mode, ow)
+            dyb = ops.new(q, (n, oc, hd, wd))
             _pad_planes(q, dy, dyb, pd, None, options)
-            wino = self._winot(q, dx.shape, transposed=True)
-            if wino:
-                _winot(q, dyb, self.weight, dx, 1, wino, self._zeros(q, c))
-            else:
-                _corrc_cpu(q, dyb, self.weight, dx, 1, 1)
-        elif mode == "channels":
+            return self._dx_of_planes(dyb, mode)
+        if mode == "channels":
+            dx = ops.new(q, (n, c, h, w))
             _corrt_cpu(q, dy, self.weight, dx, s, p)
-        else:
-            dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
-            if into is not None:  # backward_into: a 1x1 convolution's columns added into `into`
-                rows, items = _cpu_rows(n * c * oh, ow)
-                ops.launch(q, _FAMILY, "col2im_1x1_add_cpu", (items,), (1,), n * c * oh, rows, c, h, w, oh, ow, s,
-                           dcols, into, options=options)
-                return into
-            _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
+            return dx
+        dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
+        if into is not None:  # backward_into: a 1x1 convolution's columns added into `into`
+            rows, items = _cpu_rows(n * c * oh, ow)
+            ops.launch(q, _FAMILY, "col2im_1x1_add_cpu", (items,), (1,), n * c * oh, rows, c, h, w, oh, ow, s,
+                       dcols, into, options=options)
+            return into
+        dx = ops.new(q, (n, c, h, w))
+        _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
     def _winot_wgrad_layout(self, q, dy_shape, xp):
@@ -518,16 +514,33 @@ class Conv2d(Module):
         saved = getattr(self, "_saved", None)
         if not (isinstance(saved, tuple) and len(saved) == 3 and saved[1] in ("rows", "channels")):
             return None
-        (n, c, h, w), mode, xp = saved
-        k, s, p, _ = self._geometry()
-        pd, ow = k - 1 - p, dy_shape[3]
-        if mode == "rows":
-            w16 = -(-ow // 16) * 16
-            return pd, pd, -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + w16)
-        if s == 1 and self._winot_wgrad_layout(q, dy_shape, xp):
-            tc = _CORRC_TC
-            return pd, pd, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)
+        mode, xp = saved[1:]
+        if mode == "rows" or self.stride == 1 and self._winot_wgrad_layout(q, dy_shape, xp):
+            return self._grad_planes(mode, dy_shape[3])
         return None
+
+    def _grad_planes(self, mode, ow):
+        """(top, left, HD, WD): the zero-bordered planes of dy (output width ow) that the stride-1
+        data-gradient correlations read after a "rows" or "channels" forward (dy at k - 1 - p)."""
+        (_, _, h, w), k, p = self._saved[0], self.kernel_size, self.padding
+        pd = k - 1 - p
+        if mode == "rows":
+            return pd, pd, -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + -(-ow // 16) * 16)
+        return pd, pd, h + k - 1, max(-(-w // _CORRC_TC) * _CORRC_TC + k - 1, pd + ow)
+
+    def _dx_of_planes(self, dyp, mode):
+        """dx after a stride-1 "rows" or "channels" forward from dy's zero-bordered planes dyp: the
+        correlation with the flipped weights (conv_winot's, corr_cpu's or corrc_cpu's)."""
+        (n, c, h, w), k, q = self._saved[0], self.kernel_size, dyp.queue
+        dx = ops.new(q, (n, c, h, w))
+        wino = self._winot(q, dx.shape, transposed=True)
+        if wino:
+            _winot(q, dyp, self.weight, dx, 1, wino, self._zeros(q, c))
+        elif mode == "rows":
+            _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
+        else:
+            _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
+        return dx
 
     def backward_padded(self, dyp, need_dx=True):
         """backward() (need_dx False: backward_params()) of the output gradient given as the
@@ -577,17 +590,7 @@ class Conv2d(Module):
             self._bias_grad_cpu(n, oc, sums)
         elif self.bias is not None:
             _channel_sum(dyp, self.bias)  # the border's zeros add nothing
-        if not need_dx:
-            return None
-        dx = ops.new(q, (n, c, h, w))
-        wino = self._winot(q, dx.shape, transposed=True)
-        if wino:
-            _winot(q, dyp, self.weight, dx, 1, wino, self._zeros(q, c))
-        elif mode == "rows":
-            _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
-        else:
-            _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
-        return dx
+        return self._dx_of_planes(dyp, mode) if need_dx else None
 
     def _bias_grad_cpu(self, n, oc, sums):
         if self.bias is not None:

@@ -203,12 +203,15 @@ class Sequential(LayerList):
                 dy = layer.backward(dy)
         self._out_shape = None
         if into is not None and input_grad:  # the first layer gave its gradient: the sum here
-            ops.launch1d(into.queue, "blocks", "add", into.size, into.size, into, dy, into)
-            dy = into.mark_written()
+            dy = ops.add(into, dy, out=into)
         return dy if input_grad else None
 
     def backward_params(self, dy):
         self.backward(dy, input_grad=False)
+
+    def backward_into(self, dy, acc):
+        """acc += backward(dy) (a Residual's shortcut into its body's gradient); returns acc."""
+        return self.backward(dy, into=acc)
 
     def _padded_grad(self, i, first, dy):
         """Conv2d.padded_grad of layer i - 1 where layer i is a BatchNorm2d that its forward ran on
