@@ -87,6 +87,37 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
         assert_close(second[name], 2 * first[name], what=name)
 
 
+STRIDE2_PLANE_CASES = [  # N, C, H, W, K, k, padding, bias: stride 2, 16 output positions per vector
+    (2, 5, 32, 32, 7, 1, 0, True),     # 1x1 (pw2_*), rows of 16, output channels past a block of 8
+    (1, 4, 16, 64, 9, 1, 0, False),    # 1x1, two vectors a row
+    (3, 20, 16, 16, 9, 1, 0, True),    # 1x1, rows of 8: two a vector; 20 channels (blocks of 8, a tail)
+    (2, 6, 32, 64, 5, 3, 1, True),     # 3x3 data gradient (corrt2_cpu): two vectors a row, a channel tail
+    (2, 9, 16, 16, 12, 3, 1, False),   # 3x3, rows of 8: the last vector's second row has none below
+    (1, 3, 16, 32, 4, 3, 1, True),     # 3x3, one vector a row, fewer channels than a block
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,p,bias", STRIDE2_PLANE_CASES)
+def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, p, bias):
+    """The CPU kernels with 16 output positions of a plane in a vector (Conv2d._stride2_planes):
+    the 1x1 stride-2 forward and gradients, the 3x3 stride-2 data gradient by phases; gradients
+    accumulate, and a 1x1's data gradient is added into a tensor (a Residual's shortcut)."""
+    layer = nn.Conv2d(c, k, ks, stride=2, padding=p, bias=bias)
+    if ops.is_cpu(queue):
+        assert layer._stride2_planes(queue, (n, c, h, w), (ks, 2, p, 1)) is not None
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, 2, p, 1, 1, bias)
+    x, dy = rand(rng, n, c, h, w), rand(rng, *layer.output_shape((n, c, h, w)))
+    first = run_netcl(queue, layer, x, dy)
+    second = run_netcl(queue, layer, x, dy)[2]
+    for name in first[2]:
+        assert_close(second[name], 2 * first[2][name], what=name)
+    base = rand(rng, n, c, h, w)
+    layer(Tensor.from_host(queue, x))
+    acc = Tensor.from_host(queue, base)
+    layer.backward_into(Tensor.from_host(queue, dy), acc)
+    assert_close(acc.to_host(), base + first[1], what="backward_into")
+
+
 winot_wgrad = conv_module._winot_wgrad
 
 WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv_winot.cl trains

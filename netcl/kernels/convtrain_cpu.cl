@@ -466,3 +466,257 @@ void col2im_cpu(const int NCH, const int rows, const int C, const int H, const i
             for (i = 0; i < W; i++) dst[i] += b;
     }
 }
+
+// A 1x1 convolution of stride 2 without padding on planes of even size (H = 2 OH, W = 2 OW; a
+// ResNet shortcut): 16 consecutive output positions of a plane in the lanes of a float16, their
+// inputs the even elements of one input row (OW a multiple of 16: EVEN_LOAD) or of two (OW = 8,
+// PW2_ROWS 2: rows 2y and 2y + 2). Forward, weight gradient and data gradient (added into a
+// tensor, or written with the zeros of the odd positions): no im2col columns, no GEMM operands,
+// no col2im (those took 1.6 ms of resnet8's step at batch 64 for 8 M multiply-adds). Work-item v
+// of the N * OH * OW / 16 vectors.
+#ifndef PW2_ROWS
+#define PW2_ROWS 1
+#endif
+#define PW_RM 8
+
+// the inputs of the 16 positions from p = &x[n][c][2y][2x0]
+#if PW2_ROWS == 1
+#define PW2_LOAD(p, OW) EVEN_LOAD(ufloat16, 16, p)
+#else
+#define PW2_LOAD(p, OW) __builtin_shufflevector(*(__global const ufloat16 *)(p), \
+    *(__global const ufloat16 *)((p) + 4 * (OW)), 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#endif
+
+// out[n][o][y][x] = sum over c of w[o][c] * x[n][c][2y][2x] (+ bias[o]), every output channel in
+// blocks of PW_RM (the inputs of one vector stay in L1)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global const float *x,
+                 __global const float *w, __global const float *bias, const int has_bias, __global float *out) {
+    const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
+    const int y = p0 / OW, x0 = p0 - y * OW, HW = 4 * OH * OW;
+    __global const float *src = x + n * C * HW + 4 * y * OW + 2 * x0;
+    for (int o0 = 0; o0 < CO; o0 += PW_RM) {
+        const int m1 = min(PW_RM, CO - o0);
+        float16 acc[PW_RM], tot[PW_RM];
+#pragma unroll
+        for (int m = 0; m < PW_RM; m++) tot[m] = 0.0f;
+        for (int c0 = 0; c0 < C; c0 += FLUSH) {
+#pragma unroll
+            for (int m = 0; m < PW_RM; m++) acc[m] = 0.0f;
+            for (int c = c0; c < min(C, c0 + FLUSH); c++) {
+                const float16 xv = PW2_LOAD(src + c * HW, OW);
+#pragma unroll
+                for (int m = 0; m < PW_RM; m++) acc[m] += w[(o0 + min(m, m1 - 1)) * C + c] * xv;
+            }
+#pragma unroll
+            for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
+        }
+        __global float *dst = out + (n * CO + o0) * OH * OW + p0;
+        for (int m = 0; m < m1; m++)
+            *(__global ufloat16 *)(dst + m * OH * OW) = tot[m] + (has_bias ? bias[o0 + m] : 0.0f);
+    }
+}
+
+// part[g][o][c] = the sum over images [g * chunk, ...) of dy[n][o] . x[n][c] at the even positions:
+// a chunk's share of the weight gradient (sum_chunks_cpu adds the chunks in order). Work-item
+// (c block of 4, o block of 4, chunk g): 16 vector accumulators over a short chunk (_image_chunks).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void pw2_wgrad_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int chunk,
+                   __global const float *x, __global const float *dy, __global float *part) {
+    const int c0 = get_global_id(0) * 4, o0 = get_global_id(1) * 4, g = get_global_id(2), P = OH * OW, HW = 4 * P;
+    float16 acc[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+    for (int n = g * chunk; n < min(N, g * chunk + chunk); n++)
+        for (int y = 0, p0 = 0; y < OH; y += PW2_ROWS)
+            for (int x0 = 0; x0 < OW; x0 += 16 / PW2_ROWS, p0 += 16) {
+                float16 xv[4], dv[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    xv[i] = PW2_LOAD(x + (n * C + min(c0 + i, C - 1)) * HW + 4 * y * OW + 2 * x0, OW);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    dv[j] = *(__global const ufloat16 *)(dy + (n * CO + min(o0 + j, CO - 1)) * P + p0);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[j][i] += dv[j] * xv[i];
+            }
+    for (int j = 0; j < min(4, CO - o0); j++)
+        for (int i = 0; i < min(4, C - c0); i++) part[(g * CO + o0 + j) * C + c0 + i] = hsum16(acc[j][i]);
+}
+
+// dx[n][c][2y][2x] (+)= sum over o of w[o][c] * dy[n][o][y][x] where `add` (a Residual's shortcut
+// into the body's gradient); otherwise dx written whole, its odd rows and columns zero. Every
+// input channel in blocks of PW_RM for one vector of positions: the even lanes of 2 x 16 floats of
+// their input rows (one row, or two rows apart for PW2_ROWS 2), and the odd rows below them.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void pw2_dgrad_cpu(const int C, const int CO, const int OH, const int OW, __global const float *dy,
+                   __global const float *w, const int add, __global float *dx) {
+    const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
+    const int y = p0 / OW, x0 = p0 - y * OW, P = OH * OW, W = 2 * OW;
+    const int hi_at = PW2_ROWS == 1 ? 16 : 2 * W;  // where lanes 8..15 go from lane 0's input
+    __global const float *src = dy + n * CO * P + p0;
+    for (int c0 = 0; c0 < C; c0 += PW_RM) {
+        const int m1 = min(PW_RM, C - c0);
+        float16 acc[PW_RM], tot[PW_RM];
+#pragma unroll
+        for (int m = 0; m < PW_RM; m++) tot[m] = 0.0f;
+        for (int o0 = 0; o0 < CO; o0 += FLUSH) {
+#pragma unroll
+            for (int m = 0; m < PW_RM; m++) acc[m] = 0.0f;
+            for (int o = o0; o < min(CO, o0 + FLUSH); o++) {
+                const float16 dv = *(__global const ufloat16 *)(src + o * P);
+#pragma unroll
+                for (int m = 0; m < PW_RM; m++) acc[m] += w[o * C + c0 + min(m, m1 - 1)] * dv;
+            }
+#pragma unroll
+            for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
+        }
+        for (int m = 0; m < m1; m++) {
+            __global float *d = dx + ((n * C + c0 + m) * 2 * OH + 2 * y) * W + 2 * x0;
+            const float16 lo = INTERLEAVE8(tot[m].lo, 0.0f), hi = INTERLEAVE8(tot[m].hi, 0.0f);
+            if (add) {
+                *(__global ufloat16 *)d += lo;
+                *(__global ufloat16 *)(d + hi_at) += hi;
+            } else {
+                *(__global ufloat16 *)d = lo;
+                *(__global ufloat16 *)(d + hi_at) = hi;
+                *(__global ufloat16 *)(d + W) = 0.0f;
+                *(__global ufloat16 *)(d + hi_at + W) = 0.0f;
+            }
+        }
+    }
+}
+
+// A 3x3 stride-2 padding-1 convolution's data gradient on planes of even size (H = 2 OH, W = 2 OW)
+// by phases: dx row 2y takes dy row y through the weights' middle row, row 2y + 1 takes dy rows
+// y + 1 and y through the first and the last; the columns alike. 16 consecutive dy positions of a
+// plane in the lanes of a float16, as the pw2 kernels (one row, OW a multiple of 16; two rows for
+// OW = 8, PW2_ROWS 2), and the same shifted one column (the lanes past a row's end zero): no
+// multiply-add meets an inserted zero and dy needs no zero border (a corrt_cpu with channels in
+// the lanes stored its outputs lane by lane, 2 apart, and read a padded copy of dy). Work-item
+// (v, z): vector v of the N * OH * OW / 16, z = input channel block of CT2_RM; 4 accumulators
+// per channel (dx rows 2y and 2y + 1, even and odd columns), each FLUSH output channels' sums
+// joining a running total; stores of 16 interleaved columns.
+#ifndef CT2_RM
+#define CT2_RM 4
+#endif
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global const float *dy,
+                __global const float *w, __global float *dx) {
+    const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
+    const int y = p0 / OW, x0 = p0 - y * OW, P = OH * OW, W = 2 * OW, c0 = get_global_id(1) * CT2_RM;
+    const int m1 = min(CT2_RM, C - c0);
+    const int hi_at = PW2_ROWS == 1 ? 16 : 2 * W;  // where lanes 8..15 go from lane 0's output
+    // the next dy row exists (PW2_ROWS 2: lanes 8..15's, rows y + 2; lanes 0..7's always do)
+    const bool below = y + PW2_ROWS < OH, right = x0 + 16 < OW;
+    float16 acc[CT2_RM][4], tot[CT2_RM][4];
+#pragma unroll
+    for (int m = 0; m < CT2_RM; m++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) tot[m][t] = 0.0f;
+    __global const float *src = dy + n * CO * P + p0;
+    for (int o0 = 0; o0 < CO; o0 += FLUSH) {
+#pragma unroll
+        for (int m = 0; m < CT2_RM; m++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) acc[m][t] = 0.0f;
+        for (int o = o0; o < min(CO, o0 + FLUSH); o++) {
+            __global const float *s = src + o * P;
+            const float16 d0 = *(__global const ufloat16 *)s;
+#if PW2_ROWS == 1
+            const float16 d1 = below ? *(__global const ufloat16 *)(s + OW) : 0.0f;
+            const float16 d0s = right ? *(__global const ufloat16 *)(s + 1) : __builtin_shufflevector(d0, (float16)0.0f,
+                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+            const float16 d1s = right && below ? *(__global const ufloat16 *)(s + OW + 1) : __builtin_shufflevector(d1,
+                (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+#else
+            const float8 d1lo = *(__global const ufloat8 *)(s + 8), d1hi = below ? *(__global const ufloat8 *)(s + 16) : 0.0f;
+            const float16 d1 = JOIN_HALVES(16, d1lo, d1hi);
+            const float16 d0s = __builtin_shufflevector(d0, (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 16, 9, 10, 11, 12, 13, 14, 15, 16);
+            const float16 d1s = __builtin_shufflevector(d1, (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 16, 9, 10, 11, 12, 13, 14, 15, 16);
+#endif
+#pragma unroll
+            for (int m = 0; m < CT2_RM; m++) {
+                __global const float *k = w + (o * C + c0 + min(m, m1 - 1)) * 9;
+                // one multiply-add a statement: a sum of products first would not contract
+                acc[m][0] += k[4] * d0;
+                acc[m][1] += k[3] * d0s;
+                acc[m][1] += k[5] * d0;
+                acc[m][2] += k[1] * d1;
+                acc[m][2] += k[7] * d0;
+                acc[m][3] += k[0] * d1s;
+                acc[m][3] += k[2] * d1;
+                acc[m][3] += k[6] * d0s;
+                acc[m][3] += k[8] * d0;
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < CT2_RM; m++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) tot[m][t] += acc[m][t];
+    }
+    for (int m = 0; m < m1; m++) {
+        __global float *d = dx + ((n * C + c0 + m) * 2 * OH + 2 * y) * W + 2 * x0;
+        *(__global ufloat16 *)d = INTERLEAVE8(tot[m][0].lo, tot[m][1].lo);
+        *(__global ufloat16 *)(d + hi_at) = INTERLEAVE8(tot[m][0].hi, tot[m][1].hi);
+        *(__global ufloat16 *)(d + W) = INTERLEAVE8(tot[m][2].lo, tot[m][3].lo);
+        *(__global ufloat16 *)(d + hi_at + W) = INTERLEAVE8(tot[m][2].hi, tot[m][3].hi);
+    }
+}
+
+// part[g][o][c][j][l] = the sum over images [g * chunk, ...) and positions (y, x) of dy[n][o][y][x]
+// * xp[n][c][2y + j][2x + l]: a chunk's share of a 3x3 stride-2 convolution's weight gradient from
+// the forward's zero-bordered planes xp (N, C, HP, WP; x at row and column 1) and dy (N, CO, OH,
+// OW), 16 consecutive dy positions of a plane in the lanes (as corrt2_cpu). A vector's inputs for
+// tap (j, l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j, or the odd
+// lanes of the same one column on (l = 2); for PW2_ROWS 2 the loads are of rows 2y + j and 2y + 2 + j.
+// No im2col columns and no GEMM operand copy of dy. Work-item (c, o block of 2, chunk g): 18
+// vector accumulators; the chunks are short enough that no lane adds a long run (_image_chunks).
+#define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int HP, const int WP,
+                const int chunk, __global const float *xp, __global const float *dy, __global float *part) {
+    const int c = get_global_id(0), o0 = get_global_id(1) * 2, g = get_global_id(2), P = OH * OW;
+    const int o1 = min(o0 + 1, CO - 1);
+    const int second = PW2_ROWS == 1 ? 16 : 2 * WP;  // where lanes 8..15's inputs start from lane 0's
+    float16 acc[2][9];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < 9; t++) acc[m][t] = 0.0f;
+    for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
+        __global const float *xc = xp + (n * C + c) * HP * WP;
+        __global const float *d0 = dy + (n * CO + o0) * P, *d1 = dy + (n * CO + o1) * P;
+        // the vectors in order: rows y (PW2_ROWS of them a vector), then columns x0
+        for (int y = 0, p0 = 0; y < OH; y += PW2_ROWS)
+            for (int x0 = 0; x0 < OW; x0 += 16 / PW2_ROWS, p0 += 16) {
+                const float16 g0 = *(__global const ufloat16 *)(d0 + p0), g1 = *(__global const ufloat16 *)(d1 + p0);
+#pragma unroll
+                for (int j = 0; j < 3; j++) {
+                    __global const float *r = xc + (2 * y + j) * WP + 2 * x0;
+                    const float16 a = *(__global const ufloat16 *)r, b = *(__global const ufloat16 *)(r + second);
+                    const float16 a1 = *(__global const ufloat16 *)(r + 1);
+                    const float16 b1 = *(__global const ufloat16 *)(r + second + 1);
+                    const float16 t0 = __builtin_shufflevector(a, b, EVEN_LANES);
+                    const float16 t1 = __builtin_shufflevector(a, b, ODD_LANES);
+                    const float16 t2 = __builtin_shufflevector(a1, b1, ODD_LANES);
+                    acc[0][3 * j] += g0 * t0;
+                    acc[1][3 * j] += g1 * t0;
+                    acc[0][3 * j + 1] += g0 * t1;
+                    acc[1][3 * j + 1] += g1 * t1;
+                    acc[0][3 * j + 2] += g0 * t2;
+                    acc[1][3 * j + 2] += g1 * t2;
+                }
+            }
+    }
+    for (int m = 0; m < min(2, CO - o0); m++) {
+        __global float *d = part + ((g * CO + o0 + m) * C + c) * 9;
+#pragma unroll
+        for (int t = 0; t < 9; t++) d[t] = hsum16(acc[m][t]);
+    }
+}

@@ -56,7 +56,7 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # slower, with 4 the accumulators spilled). Rows narrower than 16 would be mostly padding in
 # their vectors: the GEMMs and col2im are faster there.
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
-_WGRAD_L2, _WGRAD_ITEMS = 512 * 1024, 32
+_WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
 def _cpu_options(k, flip=0, rm=8):
@@ -80,6 +80,7 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
 # channel it takes (C * k * k): at 256 -> 512 channels on 8x8 planes (2304) its weight traffic
 # left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at 64 -> 64 it ran 250, they 100.
 _CORRC_TC, _CORRC_MAX_R = 8, 1152
+_CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
 
 def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
@@ -203,6 +204,18 @@ def _cpu_rows(nrows, length):
     return rows, -(-nrows // rows)
 
 
+def _image_chunks(n, floats, items, vectors):
+    """(images per chunk, chunks) of a weight gradient's per-chunk partial sums over n images of
+    `floats` floats each (input and dy), `items` work-items per chunk and `vectors` vectors of dy
+    per image: a chunk's images stay in L2 while its work-items run, no lane of a work-item adds
+    more than _CHUNK_RUN vectors (then sum_chunks_cpu adds the chunks in order), and the chunks
+    give every core work."""
+    chunk = max(1, min(n, _WGRAD_L2 // (4 * floats), _CHUNK_RUN // vectors))
+    while chunk > 1 and items * -(-n // chunk) < _WGRAD_ITEMS:
+        chunk = -(-chunk // 2)
+    return chunk, -(-n // chunk)
+
+
 def _check_groups(in_channels, out_channels, groups):
     groups = positive("groups", groups)
     for what, c in (("in_channels", in_channels), ("out_channels", out_channels)):
@@ -305,6 +318,23 @@ class Conv2d(Module):
         c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
         return winot_plain(c, k, shape[2], shape[3])
 
+    def _stride2_planes(self, q, shape, geometry):
+        """The build options of convtrain_cpu.cl's stride-2 kernels that put 16 consecutive output
+        positions of a plane in a vector (pw2_*, corrt2_cpu), or None: this conv has `geometry`
+        (kernel, stride, padding, dilation), groups 1, runs on a CPU and its input `shape` has even
+        planes whose output rows are 8 wide or a multiple of 16."""
+        if self._geometry() != geometry or self.groups != 1 or not ops.is_cpu(q):
+            return None
+        h, w = shape[2:]
+        if h % 2 or w % 2:
+            return None
+        ow = w // 2
+        return ("-DPW2_ROWS=1",) if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 else None
+
+    def _pointwise2(self, q, shape):
+        """_stride2_planes for a 1x1 stride-2 convolution without padding (a ResNet shortcut)."""
+        return self._stride2_planes(q, shape, (1, 2, 0, 1))
+
     def _zeros(self, q, size):
         """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias
         where there is none: out_channels of them forward, in_channels for the data gradient)."""
@@ -384,6 +414,14 @@ class Conv2d(Module):
                          self.bias if has_bias else ops.dummy(q), int(has_bias), y)
             self._saved = x
             return y.mark_written()
+        pw = self._pointwise2(q, x.shape)
+        if pw is not None:
+            has_bias = self.bias is not None
+            ops.launch(q, _FAMILY, "pw2_fwd_cpu", (n * oh * ow // 16,), (1,), c, oc, oh, ow, x,
+                       self.weight, self.bias if has_bias else ops.dummy(q), int(has_bias), y,
+                       options=pw)
+            self._saved = (x.shape, "pointwise", x)
+            return y.mark_written()
         G, P, ckk = self.groups, oh * ow, c * k * k
         cols = ops.new(q, (ckk, n * P))
         _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols)
@@ -409,7 +447,7 @@ class Conv2d(Module):
         convolution without padding adds its GEMM's columns straight into acc (no gradient tensor
         of its own); otherwise backward() and a sum."""
         k, s, p, d = self._geometry()
-        if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] is None:
+        if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] in (None, "pointwise"):
             self._backward_cpu(dy, True, into=acc)
         else:
             ops.add(acc, self._backward(dy, True), out=acc)
@@ -456,6 +494,11 @@ class Conv2d(Module):
         if geometry is not None:
             return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
         (n, c, h, w), mode, cols = self._saved
+        if mode == "pointwise":
+            return self._backward_pointwise2(dy, need_dx, into)
+        phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "channels" else None
+        if phases is not None:
+            return self._backward_phases(dy, need_dx, phases)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
@@ -492,6 +535,52 @@ class Conv2d(Module):
         dx = ops.new(q, (n, c, h, w))
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
+
+    def _backward_pointwise2(self, dy, need_dx, into):
+        """_backward_cpu after a pw2_fwd_cpu forward: dW from pw2_wgrad_cpu's per-chunk sums (added
+        in order), dx from pw2_dgrad_cpu, added into `into` where given."""
+        (n, c, h, w), _, x = self._saved
+        _, oc, oh, ow = dy.shape
+        q = dy.queue
+        options = self._pointwise2(q, (n, c, h, w))
+        chunk, chunks = _image_chunks(n, (c * 4 + oc) * oh * ow, -(-c // 4) * -(-oc // 4), oh * ow // 16)
+        part = ops.new(q, (chunks, oc, c))
+        ops.launch(q, _FAMILY, "pw2_wgrad_cpu", (-(-c // 4), -(-oc // 4), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk,
+                   x, dy, part, options=options)
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part.mark_written(), gw, int(acc))
+        gw.mark_written()
+        if self.bias is not None:
+            _channel_sum(dy, self.bias)
+        if not need_dx:
+            return None
+        dx = ops.new(q, (n, c, h, w)) if into is None else into
+        ops.launch(q, _FAMILY, "pw2_dgrad_cpu", (n * oh * ow // 16,), (1,), c, oc,
+                   oh, ow, dy, self.weight, int(into is not None), dx, options=options)
+        return dx.mark_written()
+
+    def _backward_phases(self, dy, need_dx, options):
+        """_backward_cpu after a 3x3 stride-2 padding-1 "channels" forward on planes _stride2_planes
+        takes: dW from wgrad2_cpu's per-chunk sums over the forward's padded x (added in order), dx
+        from corrt2_cpu's phases, both reading dy as it is."""
+        (n, c, h, w), _, xp = self._saved
+        _, oc, oh, ow = dy.shape
+        q, hp, wp = dy.queue, xp.shape[2], xp.shape[3]
+        chunk, chunks = _image_chunks(n, c * hp * wp + oc * oh * ow, c * -(-oc // 2), oh * ow // 16)
+        part = ops.new(q, (chunks, oc, c * 9))
+        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, hp, wp, chunk, xp,
+                   dy, part, options=options)
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part.mark_written(), gw, int(acc))
+        gw.mark_written()
+        if self.bias is not None:
+            _channel_sum(dy, self.bias)
+        if not need_dx:
+            return None
+        dx = ops.new(q, (n, c, h, w))
+        ops.launch(q, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // _CT2_RM)), (1, 1), c, oc, oh, ow, dy,
+                   self.weight, dx, options=options)
+        return dx.mark_written()
 
     def _winot_wgrad_layout(self, q, dy_shape, xp):
         """conv_winot's layout for winot_wgrad (Winograd's adjoint) from the forward's padded planes
