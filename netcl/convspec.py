@@ -123,12 +123,14 @@ def winot_enabled(choice, vector_width):
 
 
 @lru_cache(maxsize=256)
-def winot_plain(c, k, h, w):
+def winot_plain(c, k, h, w, add=False):
     """(defines, build options) of conv_winot.cl for a plain 3x3 stride-1 padding-1 convolution of
-    c -> k channels on h x w planes stored with a border of 1 (no activation, residual or output
-    border: Conv2d's training passes), or None where winot_layout refuses it."""
-    spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0)
+    c -> k channels on h x w planes stored with a border of 1 (no activation or output border:
+    Conv2d's training passes; `add`: the result added into the output tensor, RES_IN_PLACE), or
+    None where winot_layout refuses it."""
+    spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0, res=add)
     if winot_layout(spec) is None:
         return None
     defines = winot_defines(spec)
-    return defines, tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
+    return defines, (tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
+                     + (("-DRES_IN_PLACE",) if add else ()))

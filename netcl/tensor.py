@@ -6,6 +6,7 @@ loaded or exported where pyopencl is absent); it moves to a device on first use.
 `version` counts writes, so that derived data (fused inference weights) can tell when it is stale.
 """
 import math
+import threading
 
 import numpy as np
 
@@ -26,6 +27,39 @@ def _as_float32(x):
     except (TypeError, ValueError):
         raise TypeError(f"Tensor data must be an array-like of numbers convertible to float32, "
                         f"got {type(x).__name__}") from None
+
+
+# PoCL's CPU devices return from a non-blocking write of host memory only once every command
+# queued before it has run (a write behind a 25 ms kernel returned after 25 ms): a training step's
+# labels, uploaded after the forward was queued, held the host until the forward was done, and
+# the device then waited for the loss kernels. Up to _STAGED bytes go to a CPU device through a
+# staging buffer on host memory of netcl's (USE_HOST_PTR: the device reads it in place) and a
+# device-side copy, queued at once. A staging buffer is reused once its last copy has run (a
+# training loop's uploads find theirs done: no allocation per step).
+_STAGED = 1 << 20
+_stages = {}  # context pointer -> [[host array, buffer, event of its last copy or None], ...]
+_stage_lock = threading.Lock()
+
+
+def _upload(queue, buf, host):
+    """Queue the copy of host array `host` into device buffer `buf` without waiting for the queue."""
+    import pyopencl as cl
+
+    if not (host.nbytes <= _STAGED and queue.device.type & cl.device_type.CPU):
+        cl.enqueue_copy(queue, buf, host, is_blocking=False)
+        return
+    with _stage_lock:
+        slots = _stages.setdefault(queue.context.int_ptr, [])
+        slot = next((s for s in slots if s[0].nbytes >= host.nbytes and
+                     (s[2] is None or s[2].command_execution_status == cl.command_execution_status.COMPLETE)), None)
+        if slot is None:
+            size = 1 << max(8, (host.nbytes - 1).bit_length())  # bytes, a power of two
+            staging = np.empty(size // 4, np.float32)
+            slot = [staging, cl.Buffer(queue.context, cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR,
+                                       hostbuf=staging), None]
+            slots.append(slot)
+        slot[0][:host.size] = host
+        slot[2] = cl.enqueue_copy(queue, buf, slot[1], byte_count=host.nbytes)
 
 
 class _Storage:
@@ -137,7 +171,7 @@ class Tensor:
         host = self.numpy().reshape(-1) if st.buf is not None else st.host
         st.queue, st.buf, st.base = queue, alloc(queue, self.nbytes), None
         if host is not None and host.size:
-            cl.enqueue_copy(queue, st.buf, host, is_blocking=False)
+            _upload(queue, st.buf, host)
         st.host = host  # still valid; the upload may still be reading it
         return self
 

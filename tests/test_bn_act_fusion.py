@@ -365,3 +365,34 @@ def test_padded_pair_in_a_model_not_moved_to_the_device(queue, rng, monkeypatch)
     y = model(Tensor.from_host(queue, rng.standard_normal((2, 3, 6, 20)).astype(np.float32)))
     model.backward(Tensor.from_host(queue, np.ones(y.shape, np.float32)))
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("winot", ["1", "0"])
+def test_identity_residual_adds_into_its_gradient(queue, rng, torch, record_error, monkeypatch, winot):
+    """A Residual without a shortcut followed by ReLU (fused into its sum on CPUs): its body's
+    input gradient is added into the block's own dy (Sequential.backward's into=); with Winograd
+    the first conv's data gradient is written as conv + dy by conv_winot (RES_IN_PLACE), without a
+    separate sum. Equal to the unfused layers and to torch."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", winot)
+    in_place = []
+    launch = ops.launch
+
+    def spy(q, family, name, *args, options=()):
+        if name == "conv_winot" and "-DRES_IN_PLACE" in options:
+            in_place.append(args[-1])  # the res argument: the tensor it writes
+        return launch(q, family, name, *args, options=options)
+    monkeypatch.setattr(ops, "launch", spy)
+    model = randomize(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Residual(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                    nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)),
+        nn.ReLU()), rng).to(queue).train()
+    ref = torch_twin(torch, model, "ReLU")
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal((2, 3, 8, 32)) * 2 + 0.3).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    model.load_state_dict(state)
+    assert len(in_place) == (2 if ops.is_cpu(queue) and winot == "1" else 0)  # one a step
+    check(fused, run(queue, model, x, dy, False, monkeypatch), "into vs unfused", 2e-6)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "into vs torch", 1e-5))

@@ -62,9 +62,17 @@
     } while (0)
 #endif
 
+// RES_IN_PLACE: res is y (a data gradient added into the tensor it overwrites, each element read
+// before it is written by the same work-item), so neither pointer is restrict.
+#ifdef RES_IN_PLACE
+#define RES_RESTRICT
+#else
+#define RES_RESTRICT restrict
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void conv_winot(__global const float *restrict x, __global const float *restrict u,
-                __global const float *restrict bias, __global float *restrict y, __global const float *restrict res) {
+                __global const float *restrict bias, __global float *RES_RESTRICT y,
+                __global const float *RES_RESTRICT res) {
     const int g = get_global_id(0), n = get_global_id(1);
     const int tr0 = (g / VPR) * T, tc0 = (g % VPR) * 16;  // the vector's first tile row and column
     const int oh0 = 2 * tr0, ow0 = 2 * tc0;              // its first output row and column

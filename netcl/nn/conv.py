@@ -98,11 +98,12 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
     out.mark_written()
 
 
-def _winot(q, inp, w, out, flip, layout, bias):
+def _winot(q, inp, w, out, flip, layout, bias, add=False):
     """out (N, K, H, W) = the 3x3 stride-1 padding-1 correlation of inp (N, C, H + 2, W + 2: the
     planes with their zero border) with w (K, C, 3, 3), or (flip) with w (C, K, 3, 3) turned by 180
-    degrees (a data gradient), + bias (K values): Winograd F(2x2, 3x3) with 16 output tiles per float16
-    (conv_winot.cl, the fused CPU path's kernel), the weights transformed on the device first."""
+    degrees (a data gradient), + bias (K values), + out where `add` (its layout built with add):
+    Winograd F(2x2, 3x3) with 16 output tiles per float16 (conv_winot.cl, the fused CPU path's
+    kernel), the weights transformed on the device first."""
     n, k, h, wd = out.shape
     c = inp.shape[1]
     if inp.shape[2:] != (h + 2, wd + 2):
@@ -112,8 +113,8 @@ def _winot(q, inp, w, out, flip, layout, bias):
     u = ops.new(q, (kb * 16 * c * kv,))
     ops.launch(q, "conv_winot", "winot_weights", (kb * kv, c), (kv, 1), w, u, int(flip), options=options)
     u.mark_written()
-    ops.launch(q, "conv_winot", "conv_winot", (h // 2 // d["T"] * d["VPR"], n), (1, 1), inp, u, bias, out, bias,
-               options=options)
+    ops.launch(q, "conv_winot", "conv_winot", (h // 2 // d["T"] * d["VPR"], n), (1, 1), inp, u, bias, out,
+               out if add else bias, options=options)
     out.mark_written()
 
 
@@ -306,7 +307,7 @@ class Conv2d(Module):
             return "rows"
         return "channels" if s <= 2 and shape[1] * k * k <= _CORRC_MAX_R else None
 
-    def _winot(self, q, shape, transposed=False):
+    def _winot(self, q, shape, transposed=False, add=False):
         """conv_winot.cl's (defines, build options) for this conv's forward at input `shape`
         (transposed: for its data gradient, `shape` the gradient's), or None: only undilated 3x3
         stride-1 padding-1 ones whose planes its vectors tile (netcl.convspec.winot_plain), where
@@ -316,7 +317,7 @@ class Conv2d(Module):
         if not winot_enabled(winot_choice(os.environ.get("NETCL_CPU_WINOT")), q.device.preferred_vector_width_float):
             return None
         c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
-        return winot_plain(c, k, shape[2], shape[3])
+        return winot_plain(c, k, shape[2], shape[3], add)
 
     def _stride2_planes(self, q, shape, geometry):
         """The build options of convtrain_cpu.cl's stride-2 kernels that put 16 consecutive output
@@ -617,19 +618,23 @@ class Conv2d(Module):
             return pd, pd, -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + -(-ow // 16) * 16)
         return pd, pd, h + k - 1, max(-(-w // _CORRC_TC) * _CORRC_TC + k - 1, pd + ow)
 
-    def _dx_of_planes(self, dyp, mode):
+    def _dx_of_planes(self, dyp, mode, into=None):
         """dx after a stride-1 "rows" or "channels" forward from dy's zero-bordered planes dyp: the
-        correlation with the flipped weights (conv_winot's, corr_cpu's or corrc_cpu's)."""
+        correlation with the flipped weights (conv_winot's, corr_cpu's or corrc_cpu's); added into
+        `into` and that returned where given (conv_winot adds it in its stores)."""
         (n, c, h, w), k, q = self._saved[0], self.kernel_size, dyp.queue
+        wino = self._winot(q, (n, c, h, w), transposed=True, add=into is not None)
+        if wino and into is not None:
+            _winot(q, dyp, self.weight, into, 1, wino, self._zeros(q, c), add=True)
+            return into
         dx = ops.new(q, (n, c, h, w))
-        wino = self._winot(q, dx.shape, transposed=True)
         if wino:
             _winot(q, dyp, self.weight, dx, 1, wino, self._zeros(q, c))
         elif mode == "rows":
             _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
         else:
             _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
-        return dx
+        return dx if into is None else ops.add(into, dx, out=into)
 
     def backward_padded(self, dyp, need_dx=True):
         """backward() (need_dx False: backward_params()) of the output gradient given as the
@@ -642,12 +647,12 @@ class Conv2d(Module):
                              f"backward reads its output gradient {shape} from")
         return self._backward_padded(None, dyp, need_dx, shape, geometry)
 
-    def _backward_padded(self, dy, dyp, need_dx, dy_shape, geometry):
+    def _backward_padded(self, dy, dyp, need_dx, dy_shape, geometry, into=None):
         """The CPU backward that reads dy only as its zero-bordered planes dyp (made here from dy
         where not given): dW = winot_wgrad's (Winograd's adjoint) or wgrad_cpu's correlation of
         them with the forward's padded x (wgrad_cpu: partial sums per chunk of rows, then added in
         order); dx = conv_winot's, corr_cpu's or corrc_cpu's correlation of them with the flipped
-        weights."""
+        weights (added into `into` where given, and that returned)."""
         (n, c, h, w), mode, xp = self._saved
         k, _, _, _ = self._geometry()
         q, options = (dyp if dy is None else dy).queue, _cpu_options(k)
@@ -679,7 +684,7 @@ class Conv2d(Module):
             self._bias_grad_cpu(n, oc, sums)
         elif self.bias is not None:
             _channel_sum(dyp, self.bias)  # the border's zeros add nothing
-        return self._dx_of_planes(dyp, mode) if need_dx else None
+        return self._dx_of_planes(dyp, mode, into) if need_dx else None
 
     def _bias_grad_cpu(self, n, oc, sums):
         if self.bias is not None:

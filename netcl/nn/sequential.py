@@ -198,7 +198,9 @@ class Sequential(LayerList):
             elif (pad := self._padded_grad(i, first, dy)) is not None:  # the conv's zero-bordered dy, written here
                 conv, done = self.layers[i - 1], i - 1
                 dyp = layer.backward(dy, pad=pad)  # the geometry padded_grad gave: no second check
-                dy = conv._backward_padded(None, dyp, input_grad or done > first, dy.shape, pad)
+                adds = done == 0 and into is not None and input_grad  # the first layer: its dx added into `into`
+                dy = conv._backward_padded(None, dyp, input_grad or done > first, dy.shape, pad, into if adds else None)
+                into = None if adds else into
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
