@@ -80,6 +80,7 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
 # channel it takes (C * k * k): at 256 -> 512 channels on 8x8 planes (2304) its weight traffic
 # left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at 64 -> 64 it ran 250, they 100.
 _CORRC_TC, _CORRC_MAX_R = 8, 1152
+_ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 _CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
 
@@ -330,7 +331,7 @@ class Conv2d(Module):
         if h % 2 or w % 2:
             return None
         ow = w // 2
-        return ("-DPW2_ROWS=1",) if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 else None
+        return _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 else None
 
     def _pointwise2(self, q, shape):
         """_stride2_planes for a 1x1 stride-2 convolution without padding (a ResNet shortcut)."""
@@ -498,7 +499,7 @@ class Conv2d(Module):
         if mode == "pointwise":
             return self._backward_pointwise2(dy, need_dx, into)
         phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "channels" else None
-        if phases is not None:
+        if phases == _ROWS1:  # wgrad2_cpu: on planes of two output rows a vector, im2col and the GEMM ran faster
             return self._backward_phases(dy, need_dx, phases)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
@@ -525,6 +526,8 @@ class Conv2d(Module):
             return self._dx_of_planes(dyb, mode)
         if mode == "channels":
             dx = ops.new(q, (n, c, h, w))
+            if phases is not None:
+                return self._corrt2(dy, dx, phases)
             _corrt_cpu(q, dy, self.weight, dx, s, p)
             return dx
         dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
@@ -578,8 +581,13 @@ class Conv2d(Module):
             _channel_sum(dy, self.bias)
         if not need_dx:
             return None
-        dx = ops.new(q, (n, c, h, w))
-        ops.launch(q, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // _CT2_RM)), (1, 1), c, oc, oh, ow, dy,
+        return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
+
+    def _corrt2(self, dy, dx, options):
+        """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options)."""
+        n, c = dx.shape[:2]
+        _, oc, oh, ow = dy.shape
+        ops.launch(dy.queue, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // _CT2_RM)), (1, 1), c, oc, oh, ow, dy,
                    self.weight, dx, options=options)
         return dx.mark_written()
 
