@@ -671,11 +671,12 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // part[g][o][c][j][l] = the sum over images [g * chunk, ...) and positions (y, x) of dy[n][o][y][x]
 // * xp[n][c][2y + j][2x + l]: a chunk's share of a 3x3 stride-2 convolution's weight gradient from
 // the forward's zero-bordered planes xp (N, C, HP, WP; x at row and column 1) and dy (N, CO, OH,
-// OW), 16 consecutive dy positions of a plane in the lanes (as corrt2_cpu). A vector's inputs for
-// tap (j, l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j, or the odd
-// lanes of the same one column on (l = 2); for PW2_ROWS 2 the loads are of rows 2y + j and 2y + 2 + j.
-// No im2col columns and no GEMM operand copy of dy. Work-item (c, o block of 2, chunk g): 18
-// vector accumulators; the chunks are short enough that no lane adds a long run (_image_chunks).
+// OW), OW a multiple of 16: 16 dy positions of a row in the lanes. A vector's inputs for tap (j,
+// l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j, or the odd lanes
+// of the same one column on (l = 2). No im2col columns and no GEMM operand copy of dy (8-wide
+// rows, two to a vector, ran slower than those: Conv2d._backward_cpu). Work-item (c, o block of 2,
+// chunk g): 18 vector accumulators; the chunks are short enough that no lane adds a long run
+// (_image_chunks).
 #define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
@@ -683,7 +684,6 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
                 const int chunk, __global const float *xp, __global const float *dy, __global float *part) {
     const int c = get_global_id(0), o0 = get_global_id(1) * 2, g = get_global_id(2), P = OH * OW;
     const int o1 = min(o0 + 1, CO - 1);
-    const int second = PW2_ROWS == 1 ? 16 : 2 * WP;  // where lanes 8..15's inputs start from lane 0's
     float16 acc[2][9];
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -692,16 +692,14 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
     for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
         __global const float *xc = xp + (n * C + c) * HP * WP;
         __global const float *d0 = dy + (n * CO + o0) * P, *d1 = dy + (n * CO + o1) * P;
-        // the vectors in order: rows y (PW2_ROWS of them a vector), then columns x0
-        for (int y = 0, p0 = 0; y < OH; y += PW2_ROWS)
-            for (int x0 = 0; x0 < OW; x0 += 16 / PW2_ROWS, p0 += 16) {
+        for (int y = 0, p0 = 0; y < OH; y++)
+            for (int x0 = 0; x0 < OW; x0 += 16, p0 += 16) {
                 const float16 g0 = *(__global const ufloat16 *)(d0 + p0), g1 = *(__global const ufloat16 *)(d1 + p0);
 #pragma unroll
                 for (int j = 0; j < 3; j++) {
                     __global const float *r = xc + (2 * y + j) * WP + 2 * x0;
-                    const float16 a = *(__global const ufloat16 *)r, b = *(__global const ufloat16 *)(r + second);
-                    const float16 a1 = *(__global const ufloat16 *)(r + 1);
-                    const float16 b1 = *(__global const ufloat16 *)(r + second + 1);
+                    const float16 a = *(__global const ufloat16 *)r, b = *(__global const ufloat16 *)(r + 16);
+                    const float16 a1 = *(__global const ufloat16 *)(r + 1), b1 = *(__global const ufloat16 *)(r + 17);
                     const float16 t0 = __builtin_shufflevector(a, b, EVEN_LANES);
                     const float16 t1 = __builtin_shufflevector(a, b, ODD_LANES);
                     const float16 t2 = __builtin_shufflevector(a1, b1, ODD_LANES);

@@ -565,8 +565,8 @@ class Conv2d(Module):
 
     def _backward_phases(self, dy, need_dx, options):
         """_backward_cpu after a 3x3 stride-2 padding-1 "channels" forward on planes _stride2_planes
-        takes: dW from wgrad2_cpu's per-chunk sums over the forward's padded x (added in order), dx
-        from corrt2_cpu's phases, both reading dy as it is."""
+        takes with one output row a vector: dW from wgrad2_cpu's per-chunk sums over the forward's
+        padded x (added in order), dx from corrt2_cpu's phases, both reading dy as it is."""
         (n, c, h, w), _, xp = self._saved
         _, oc, oh, ow = dy.shape
         q, hp, wp = dy.queue, xp.shape[2], xp.shape[3]
