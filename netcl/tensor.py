@@ -32,34 +32,50 @@ def _as_float32(x):
 # PoCL's CPU devices return from a non-blocking write of host memory only once every command
 # queued before it has run (a write behind a 25 ms kernel returned after 25 ms): a training step's
 # labels, uploaded after the forward was queued, held the host until the forward was done, and
-# the device then waited for the loss kernels. Up to _STAGED bytes go to a CPU device through a
-# staging buffer on host memory of netcl's (USE_HOST_PTR: the device reads it in place) and a
-# device-side copy, queued at once. A staging buffer is reused once its last copy has run (a
-# training loop's uploads find theirs done: no allocation per step).
-_STAGED = 1 << 20
-_stages = {}  # context pointer -> [[host array, buffer, event of its last copy or None], ...]
+# the device then waited for the loss kernels. Up to _STAGED bytes go to a PoCL CPU device through
+# a staging buffer on host memory of netcl's (USE_HOST_PTR, which PoCL's CPU drivers read in place;
+# written on the host only once its last copy has run) and a device-side copy, queued at once. At
+# most _SLOTS staging buffers per context: a training loop's uploads find theirs done (no
+# allocation per step); with all of them busy an upload writes as before.
+_STAGED, _SLOTS = 1 << 20, 4
+_stages = {}  # context pointer -> (the context, kept alive with its buffers: its pointer is not reused,
+#                                  [[host array, buffer, event of its last copy or None], ...] or None)
 _stage_lock = threading.Lock()
+
+
+def _stages_on(queue):
+    """The staging slots of queue's context, or None where it is not a PoCL CPU device."""
+    import pyopencl as cl
+
+    entry = _stages.get(queue.context.int_ptr)
+    if entry is None:
+        d = queue.device
+        pocl_cpu = bool(d.type & cl.device_type.CPU) and "portable computing language" in d.platform.name.lower()
+        entry = _stages[queue.context.int_ptr] = (queue.context, [] if pocl_cpu else None)
+    return entry[1]
 
 
 def _upload(queue, buf, host):
     """Queue the copy of host array `host` into device buffer `buf` without waiting for the queue."""
     import pyopencl as cl
 
-    if not (host.nbytes <= _STAGED and queue.device.type & cl.device_type.CPU):
-        cl.enqueue_copy(queue, buf, host, is_blocking=False)
-        return
-    with _stage_lock:
-        slots = _stages.setdefault(queue.context.int_ptr, [])
-        slot = next((s for s in slots if s[0].nbytes >= host.nbytes and
-                     (s[2] is None or s[2].command_execution_status == cl.command_execution_status.COMPLETE)), None)
-        if slot is None:
-            size = 1 << max(8, (host.nbytes - 1).bit_length())  # bytes, a power of two
-            staging = np.empty(size // 4, np.float32)
-            slot = [staging, cl.Buffer(queue.context, cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR,
-                                       hostbuf=staging), None]
-            slots.append(slot)
-        slot[0][:host.size] = host
-        slot[2] = cl.enqueue_copy(queue, buf, slot[1], byte_count=host.nbytes)
+    slots = _stages_on(queue) if host.nbytes <= _STAGED else None
+    if slots is not None:
+        done = cl.command_execution_status.COMPLETE
+        with _stage_lock:
+            slot = next((s for s in slots if s[0].nbytes >= host.nbytes and
+                         (s[2] is None or s[2].command_execution_status == done)), None)
+            if slot is None and len(slots) < _SLOTS:
+                size = 1 << max(8, (host.nbytes - 1).bit_length())  # bytes, a power of two
+                staging = np.empty(size // 4, np.float32)
+                slot = [staging, cl.Buffer(queue.context, cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR,
+                                           hostbuf=staging), None]
+                slots.append(slot)
+            if slot is not None:
+                slot[0][:host.size] = host
+                slot[2] = cl.enqueue_copy(queue, buf, slot[1], byte_count=host.nbytes)
+                return
+    cl.enqueue_copy(queue, buf, host, is_blocking=False)
 
 
 class _Storage:
@@ -224,7 +240,7 @@ class Tensor:
             if src.on_device and src.queue.context == self.queue.context:
                 cl.enqueue_copy(self.queue, self.buf, src.buf, byte_count=self.nbytes)
             else:
-                cl.enqueue_copy(self.queue, self.buf, src.numpy().reshape(-1), is_blocking=False)
+                _upload(self.queue, self.buf, src.numpy().reshape(-1))
         return self.mark_written()
 
     @classmethod

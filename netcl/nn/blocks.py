@@ -73,8 +73,8 @@ class Residual(Module):
         if getattr(self, "_act", None) is not None:  # the fused activation's gradient first
             code, slope, out = self._act
             dy = ops.act_bwd_cpu(code, out, dy, slope)
-            if self.shortcut is None:  # dy is this block's own: the body's gradient is added into it
-                return self.body.backward(dy, into=dy)  # (its last reader is the body's first layer)
+            if self.shortcut is None:  # dy is this block's own: the body's input gradient is added into it
+                return self.body.backward(dy, into=dy)  # (by its first layer, whose backward runs last)
         dx = self.body.backward(dy)
         if self.shortcut is None:
             return ops.add(dx, dy)

@@ -298,8 +298,10 @@ class Conv2d(Module):
         or 5x5 convolution on a CPU with groups 1 and padding below the kernel size: "rows"
         (stride 1, rows of 16 or more: corr_cpu, wgrad_cpu, corr_cpu on dy), "channels" (narrower
         rows or stride 2, up to _CORRC_MAX_R weights per output channel: corrc_cpu, then im2col
-        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx); None:
-        im2col and GEMMs."""
+        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx, or for 3x3
+        stride-2 padding-1 ones on planes _stride2_planes takes, corrt2_cpu for dx and on rows of 16
+        or more wgrad2_cpu for dW); None: im2col and GEMMs (1x1 stride-2 ones on such planes:
+        the pw2 kernels)."""
         k, s, p, d = self._geometry()
         if not (self.groups == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1 and ops.is_cpu(q)):
             return None
@@ -324,14 +326,15 @@ class Conv2d(Module):
         """The build options of convtrain_cpu.cl's stride-2 kernels that put 16 consecutive output
         positions of a plane in a vector (pw2_*, corrt2_cpu), or None: this conv has `geometry`
         (kernel, stride, padding, dilation), groups 1, runs on a CPU and its input `shape` has even
-        planes whose output rows are 8 wide or a multiple of 16."""
+        planes whose output rows are a multiple of 16 wide (_ROWS1), or 8 wide and even in number
+        (two rows a vector)."""
         if self._geometry() != geometry or self.groups != 1 or not ops.is_cpu(q):
             return None
         h, w = shape[2:]
         if h % 2 or w % 2:
             return None
-        ow = w // 2
-        return _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 else None
+        oh, ow = h // 2, w // 2
+        return _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 and oh % 2 == 0 else None
 
     def _pointwise2(self, q, shape):
         """_stride2_planes for a 1x1 stride-2 convolution without padding (a ResNet shortcut)."""
@@ -446,8 +449,9 @@ class Conv2d(Module):
 
     def backward_into(self, dy, acc):
         """acc += backward(dy) (a Residual's shortcut into the body's gradient): on a CPU a 1x1
-        convolution without padding adds its GEMM's columns straight into acc (no gradient tensor
-        of its own); otherwise backward() and a sum."""
+        convolution without padding adds its data gradient straight into acc (pw2_dgrad_cpu at
+        stride 2 on the planes _stride2_planes takes, else its GEMM's columns: no gradient tensor of
+        its own); otherwise backward() and a sum."""
         k, s, p, d = self._geometry()
         if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] in (None, "pointwise"):
             self._backward_cpu(dy, True, into=acc)
@@ -487,11 +491,14 @@ class Conv2d(Module):
 
     def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
-        its zero-bordered planes (padded_grad), _backward_padded. Otherwise one pass over dy gives
-        the weight gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T
-        (cols from im2col after a "channels" forward); dx after a "channels" forward: corrc_cpu's
-        correlation of padded dy with the flipped weights (stride 1) or corrt_cpu (stride 2), else
-        dcols = W^T dy and col2im."""
+        its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
+        _backward_pointwise2; after a 3x3 stride-2 "channels" forward on rows of 16 or more that
+        _stride2_planes takes, _backward_phases. Otherwise one pass over dy gives the weight
+        gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from
+        im2col after a "channels" forward); dx after a "channels" forward: corrc_cpu's correlation
+        of padded dy with the flipped weights (stride 1), corrt2_cpu's phases (stride 2 on the
+        planes _stride2_planes takes) or corrt_cpu, else dcols = W^T dy and col2im (added into
+        `into` for a 1x1 convolution: backward_into)."""
         geometry = self.padded_grad(dy.queue, dy.shape)
         if geometry is not None:
             return self._backward_padded(dy, None, need_dx, dy.shape, geometry)

@@ -164,7 +164,8 @@ class Sequential(LayerList):
         the first one with parameters are skipped, that one computes its parameters' gradients
         only (Module.backward_params: no data-gradient convolution or GEMM), and it returns None.
         With `into` (a tensor of the input's shape; input_grad), dL/d(input) is added into it and
-        it is returned: the first layer adds its own (backward_into) where it can."""
+        it is returned: the first layer adds its own (backward_into, or a CPU Conv2d whose dy planes
+        the BatchNorm2d after it wrote: its data-gradient kernel adds into `into`) where it can."""
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
