@@ -679,6 +679,15 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // (_image_chunks).
 #define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+// t[0..2] = the inputs of taps l = 0, 1, 2 for 16 positions from row pointer r (at column 2 x0)
+#define XROW(t, r)                                                                                          \
+    do {                                                                                                    \
+        const float16 a_ = *(__global const ufloat16 *)(r), b_ = *(__global const ufloat16 *)((r) + 16);   \
+        const float16 a1_ = *(__global const ufloat16 *)((r) + 1), b1_ = *(__global const ufloat16 *)((r) + 17); \
+        (t)[0] = __builtin_shufflevector(a_, b_, EVEN_LANES);                                               \
+        (t)[1] = __builtin_shufflevector(a_, b_, ODD_LANES);                                                \
+        (t)[2] = __builtin_shufflevector(a1_, b1_, ODD_LANES);                                              \
+    } while (0)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int HP, const int WP,
                 const int chunk, __global const float *xp, __global const float *dy, __global float *part) {
@@ -692,29 +701,103 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
     for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
         __global const float *xc = xp + (n * C + c) * HP * WP;
         __global const float *d0 = dy + (n * CO + o0) * P, *d1 = dy + (n * CO + o1) * P;
-        for (int y = 0, p0 = 0; y < OH; y++)
-            for (int x0 = 0; x0 < OW; x0 += 16, p0 += 16) {
-                const float16 g0 = *(__global const ufloat16 *)(d0 + p0), g1 = *(__global const ufloat16 *)(d1 + p0);
+        for (int x0 = 0; x0 < OW; x0 += 16) {
+            // down a column of vectors: input row 2y + 2's three tap vectors are row 2(y + 1)'s first
+            float16 t[3][3];
+            XROW(t[0], xc + 2 * x0);
+            for (int y = 0; y < OH; y++) {
+                XROW(t[1], xc + (2 * y + 1) * WP + 2 * x0);
+                XROW(t[2], xc + (2 * y + 2) * WP + 2 * x0);
+                const float16 g0 = *(__global const ufloat16 *)(d0 + y * OW + x0);
+                const float16 g1 = *(__global const ufloat16 *)(d1 + y * OW + x0);
 #pragma unroll
-                for (int j = 0; j < 3; j++) {
-                    __global const float *r = xc + (2 * y + j) * WP + 2 * x0;
-                    const float16 a = *(__global const ufloat16 *)r, b = *(__global const ufloat16 *)(r + 16);
-                    const float16 a1 = *(__global const ufloat16 *)(r + 1), b1 = *(__global const ufloat16 *)(r + 17);
-                    const float16 t0 = __builtin_shufflevector(a, b, EVEN_LANES);
-                    const float16 t1 = __builtin_shufflevector(a, b, ODD_LANES);
-                    const float16 t2 = __builtin_shufflevector(a1, b1, ODD_LANES);
-                    acc[0][3 * j] += g0 * t0;
-                    acc[1][3 * j] += g1 * t0;
-                    acc[0][3 * j + 1] += g0 * t1;
-                    acc[1][3 * j + 1] += g1 * t1;
-                    acc[0][3 * j + 2] += g0 * t2;
-                    acc[1][3 * j + 2] += g1 * t2;
-                }
+                for (int j = 0; j < 3; j++)
+#pragma unroll
+                    for (int l = 0; l < 3; l++) {
+                        acc[0][3 * j + l] += g0 * t[j][l];
+                        acc[1][3 * j + l] += g1 * t[j][l];
+                    }
+#pragma unroll
+                for (int l = 0; l < 3; l++) t[0][l] = t[2][l];
             }
+        }
     }
     for (int m = 0; m < min(2, CO - o0); m++) {
         __global float *d = part + ((g * CO + o0 + m) * C + c) * 9;
 #pragma unroll
         for (int t = 0; t < 9; t++) d[t] = hsum16(acc[m][t]);
     }
+}
+
+// corrt2_cpu for one row of dy a vector (PW2_ROWS 1) and an even number of rows: a work-item takes
+// dy rows y and y + 1 (y even) of a column block, which share row y + 1 (the second's d0, the
+// first's d1), so each weight it reads serves two vectors: 2 channels x 2 rows x 4 accumulators.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global const float *dy,
+                 __global const float *w, __global float *dx) {
+    const int XB = OW / 16, VP = OH / 2 * XB, v = get_global_id(0), n = v / VP, r = v - n * VP;
+    const int y = r / XB * 2, x0 = (r - r / XB * XB) * 16, P = OH * OW, W = 2 * OW, c0 = get_global_id(1) * 2;
+    const int m1 = min(2, C - c0);
+    const bool below = y + 2 < OH, right = x0 + 16 < OW;
+    float16 acc[2][2][4], tot[2][2][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int t = 0; t < 4; t++) tot[m][i][t] = 0.0f;
+    __global const float *src = dy + n * CO * P + y * OW + x0;
+    for (int o0 = 0; o0 < CO; o0 += FLUSH) {
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int t = 0; t < 4; t++) acc[m][i][t] = 0.0f;
+        for (int o = o0; o < min(CO, o0 + FLUSH); o++) {
+            __global const float *s = src + o * P;
+            float16 d[3], ds[3];  // dy rows y, y + 1, y + 2 (zero past the plane), and one column on
+            d[0] = *(__global const ufloat16 *)s;
+            d[1] = *(__global const ufloat16 *)(s + OW);
+            d[2] = below ? *(__global const ufloat16 *)(s + 2 * OW) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 3; i++)
+                ds[i] = right && (i < 2 || below) ? *(__global const ufloat16 *)(s + i * OW + 1)
+                                                  : __builtin_shufflevector(d[i], (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 8,
+                                                                            9, 10, 11, 12, 13, 14, 15, 16);
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                __global const float *k = w + (o * C + c0 + min(m, m1 - 1)) * 9;
+                const float k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4], k5 = k[5], k6 = k[6], k7 = k[7],
+                            k8 = k[8];
+#pragma unroll
+                for (int i = 0; i < 2; i++) {  // dy row y + i: d0 = d[i], d1 = d[i + 1]
+                    acc[m][i][0] += k4 * d[i];
+                    acc[m][i][1] += k3 * ds[i];
+                    acc[m][i][1] += k5 * d[i];
+                    acc[m][i][2] += k1 * d[i + 1];
+                    acc[m][i][2] += k7 * d[i];
+                    acc[m][i][3] += k0 * ds[i + 1];
+                    acc[m][i][3] += k2 * d[i + 1];
+                    acc[m][i][3] += k6 * ds[i];
+                    acc[m][i][3] += k8 * d[i];
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int t = 0; t < 4; t++) tot[m][i][t] += acc[m][i][t];
+    }
+    for (int m = 0; m < m1; m++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            __global float *e = dx + ((n * C + c0 + m) * 2 * OH + 2 * (y + i)) * W + 2 * x0;
+            *(__global ufloat16 *)e = INTERLEAVE8(tot[m][i][0].lo, tot[m][i][1].lo);
+            *(__global ufloat16 *)(e + 16) = INTERLEAVE8(tot[m][i][0].hi, tot[m][i][1].hi);
+            *(__global ufloat16 *)(e + W) = INTERLEAVE8(tot[m][i][2].lo, tot[m][i][3].lo);
+            *(__global ufloat16 *)(e + 16 + W) = INTERLEAVE8(tot[m][i][2].hi, tot[m][i][3].hi);
+        }
 }

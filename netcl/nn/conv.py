@@ -591,11 +591,16 @@ class Conv2d(Module):
         return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
 
     def _corrt2(self, dy, dx, options):
-        """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options)."""
+        """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options;
+        corrt2p_cpu, two dy rows a work-item, where rows are a multiple of 16 and even in number)."""
         n, c = dx.shape[:2]
         _, oc, oh, ow = dy.shape
-        ops.launch(dy.queue, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // _CT2_RM)), (1, 1), c, oc, oh, ow, dy,
-                   self.weight, dx, options=options)
+        if options == _ROWS1 and oh % 2 == 0:
+            ops.launch(dy.queue, _FAMILY, "corrt2p_cpu", (n * oh * ow // 32, -(-c // 2)), (1, 1), c, oc, oh, ow, dy,
+                       self.weight, dx, options=options)
+        else:
+            ops.launch(dy.queue, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // _CT2_RM)), (1, 1), c, oc, oh, ow,
+                       dy, self.weight, dx, options=options)
         return dx.mark_written()
 
     def _winot_wgrad_layout(self, q, dy_shape, xp):
