@@ -94,6 +94,8 @@ STRIDE2_PLANE_CASES = [  # N, C, H, W, K, k, padding, bias: stride 2, 16 output 
     (2, 6, 32, 64, 5, 3, 1, True),     # 3x3 data gradient (corrt2_cpu): two vectors a row, a channel tail
     (2, 9, 16, 16, 12, 3, 1, False),   # 3x3, rows of 8: the last vector's second row has none below
     (1, 3, 16, 32, 4, 3, 1, True),     # 3x3, one vector a row, fewer channels than a block
+    (1, 5, 32, 32, 4, 3, 1, False),    # 3x3, two rows a work-item (corrt2p_cpu), an odd channel count
+    (1, 4, 18, 32, 6, 3, 1, True),     # 3x3, rows of 16 but 9 of them: one row a work-item (corrt2_cpu)
 ]
 
 # rows of 8 but an odd number of them (or one): two rows a vector do not tile the plane, the
