@@ -558,17 +558,22 @@ class Conv2d(Module):
         part = ops.new(q, (chunks, oc, c))
         ops.launch(q, _FAMILY, "pw2_wgrad_cpu", (-(-c // 4), -(-oc // 4), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk,
                    x, dy, part, options=options)
-        gw, acc = ops.grad_target(self.weight)
-        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part.mark_written(), gw, int(acc))
-        gw.mark_written()
-        if self.bias is not None:
-            _channel_sum(dy, self.bias)
+        self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
         dx = ops.new(q, (n, c, h, w)) if into is None else into
         ops.launch(q, _FAMILY, "pw2_dgrad_cpu", (n * oh * ow // 16,), (1,), c, oc,
                    oh, ow, dy, self.weight, int(into is not None), dx, options=options)
         return dx.mark_written()
+
+    def _grads_of_chunks(self, part, chunks, dy):
+        """The weight gradient (+)= a kernel's per-chunk partial sums `part` (chunks, weight.size),
+        added in order (sum_chunks_cpu); the bias gradient from dy."""
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch1d(dy.queue, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part.mark_written(), gw, int(acc))
+        gw.mark_written()
+        if self.bias is not None:
+            _channel_sum(dy, self.bias)
 
     def _backward_phases(self, dy, need_dx, options):
         """_backward_cpu after a 3x3 stride-2 padding-1 "channels" forward on planes _stride2_planes
@@ -581,11 +586,7 @@ class Conv2d(Module):
         part = ops.new(q, (chunks, oc, c * 9))
         ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, hp, wp, chunk, xp,
                    dy, part, options=options)
-        gw, acc = ops.grad_target(self.weight)
-        ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part.mark_written(), gw, int(acc))
-        gw.mark_written()
-        if self.bias is not None:
-            _channel_sum(dy, self.bias)
+        self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
         return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
