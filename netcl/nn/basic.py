@@ -1,5 +1,7 @@
 """Layers without parameters that pass, reshape, permute or mask their input: Identity, Flatten,
 Transpose, Dropout."""
+import math
+
 import numpy as np
 
 from netcl import ops
@@ -40,11 +42,11 @@ class Flatten(Module):
         if len(shape) < 1:
             raise ValueError("Flatten expects at least a batch dimension")
         if (self.start_dim, self.end_dim) == (1, -1):
-            return (shape[0], int(np.prod(shape[1:], dtype=np.int64)))
+            return (shape[0], int(math.prod(shape[1:])))
         s, e = _dim(self, self.start_dim, shape), _dim(self, self.end_dim, shape)
         if s > e:
             raise ValueError(f"{self}: start_dim comes after end_dim for an input of shape {tuple(shape)}")
-        return tuple(shape[:s]) + (int(np.prod(shape[s:e + 1], dtype=np.int64)),) + tuple(shape[e + 1:])
+        return tuple(shape[:s]) + (int(math.prod(shape[s:e + 1])),) + tuple(shape[e + 1:])
 
     def forward(self, x):
         self._on(x)
