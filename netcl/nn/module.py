@@ -210,6 +210,13 @@ class Module:
         """(key, Tensor) in state_dict order: each layer's parameters, then its buffers, then its children's."""
         return [(key, t) for key, t, _, _ in self._owned_tensors(prefix)]
 
+    def _tensors(self):
+        """Every tensor of this layer and its children (named_tensors' order, without the keys)."""
+        out = list(self._params.values()) + list(self._buffers.values())
+        for _, child in self.named_children():
+            out += child._tensors()
+        return out
+
     def _owned_tensors(self, prefix=""):
         """(key, Tensor, the layer that holds it, its name there), in state_dict order."""
         out = [(prefix + k, t, self, k) for k, t in list(self._params.items()) + list(self._buffers.items())]
@@ -291,10 +298,12 @@ class Module:
             raise TypeError(f"{type(self).__name__} expects a netcl Tensor, got {type(x).__name__}")
         if x.queue is None:
             x.to(default_queue())
-        for _, t in self.named_tensors():
-            if t.queue is None or t.queue.context != x.queue.context:
-                t.to(x.queue)
-        return x.queue
+        q = x.queue
+        for t in self._tensors():  # (a tensor on x's own queue needs no context comparison: the common case)
+            tq = t.queue
+            if tq is not q and (tq is None or tq.context != q.context):
+                t.to(q)
+        return q
 
 
 def _is_torch_tensor(v):
