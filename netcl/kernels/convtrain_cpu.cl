@@ -34,6 +34,12 @@
 #ifndef TC
 #define TC 8
 #endif
+// UNPAD 1: corrc_cpu and wgrad2_cpu read a 3x3 stride-2 padding-1 convolution's input as it is
+// (HP = H, WP = W, both even): only its row -1 and column -1 fall outside it, and those are
+// skipped or zero (no padded copy; Conv2d's "phases" mode)
+#ifndef UNPAD
+#define UNPAD 0
+#endif
 // The correlations' accumulators add FLUSH input channels' products, then join a running total:
 // a plain running sum over C * KS * KS products (1152 for 128 channels) rounded several times
 // worse than the GEMMs' blocked sums.
@@ -281,24 +287,30 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
     float16 acc[TC][2], tot[TC][2];
 #pragma unroll
     for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
-    __global const float *src = inp + n * CI * HP * WP + y * S * WP + x0 * S;
+    // UNPAD: the input's row y * S - 1 and column x0 * S - 1 are padded row y * S, column x0 * S
+    __global const float *src = inp + n * CI * HP * WP + (y * S - UNPAD) * WP + x0 * S - UNPAD;
     __global const float *wk = wt + co0;
     for (int c0 = 0; c0 < CI; c0 += FLUSH) {
 #pragma unroll
         for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
         for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP) {
 #pragma unroll
-            for (int j = 0; j < KS; j++)
+            for (int j = 0; j < KS; j++) {
+                if (UNPAD && j == 0 && y == 0) {  // row -1: zeros
+                    wk += KS * COP;
+                    continue;
+                }
 #pragma unroll
                 for (int l = 0; l < KS; l++, wk += COP) {
                     const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
 #pragma unroll
                     for (int i = 0; i < TC; i++) {
-                        const float v = src[j * WP + i * S + l];
+                        const float v = UNPAD && l == 0 && i == 0 && x0 == 0 ? 0.0f : src[j * WP + i * S + l];  // column -1
                         acc[i][0] += v * w0;
                         acc[i][1] += v * w1;
                     }
                 }
+            }
         }
 #pragma unroll
         for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
@@ -679,11 +691,18 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // (_image_chunks).
 #define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-// t[0..2] = the inputs of taps l = 0, 1, 2 for 16 positions from row pointer r (at column 2 x0)
+// t[0..2] = the inputs of taps l = 0, 1, 2 for 16 positions from row pointer r (at padded column
+// 2 x0; UNPAD: at the input's column 2 x0 - 1, whose first element is column -1 where x0 is 0)
+#if UNPAD
+#define XROW_A(r, a1) (x0 ? *(__global const ufloat16 *)(r) : __builtin_shufflevector((float16)0.0f, a1, 0, 16, 17, \
+    18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30))
+#else
+#define XROW_A(r, a1) (*(__global const ufloat16 *)(r))
+#endif
 #define XROW(t, r)                                                                                          \
     do {                                                                                                    \
-        const float16 a_ = *(__global const ufloat16 *)(r), b_ = *(__global const ufloat16 *)((r) + 16);   \
         const float16 a1_ = *(__global const ufloat16 *)((r) + 1), b1_ = *(__global const ufloat16 *)((r) + 17); \
+        const float16 a_ = XROW_A(r, a1_), b_ = *(__global const ufloat16 *)((r) + 16);                    \
         (t)[0] = __builtin_shufflevector(a_, b_, EVEN_LANES);                                               \
         (t)[1] = __builtin_shufflevector(a_, b_, ODD_LANES);                                                \
         (t)[2] = __builtin_shufflevector(a1_, b1_, ODD_LANES);                                              \
@@ -699,12 +718,15 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
 #pragma unroll
         for (int t = 0; t < 9; t++) acc[m][t] = 0.0f;
     for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
-        __global const float *xc = xp + (n * C + c) * HP * WP;
+        __global const float *xc = xp + (n * C + c) * HP * WP - UNPAD * (WP + 1);  // padded row 0, column 0
         __global const float *d0 = dy + (n * CO + o0) * P, *d1 = dy + (n * CO + o1) * P;
         for (int x0 = 0; x0 < OW; x0 += 16) {
             // down a column of vectors: input row 2y + 2's three tap vectors are row 2(y + 1)'s first
             float16 t[3][3];
-            XROW(t[0], xc + 2 * x0);
+            if (UNPAD)
+                t[0][0] = t[0][1] = t[0][2] = 0.0f;  // row -1
+            else
+                XROW(t[0], xc + 2 * x0);
             for (int y = 0; y < OH; y++) {
                 XROW(t[1], xc + (2 * y + 1) * WP + 2 * x0);
                 XROW(t[2], xc + (2 * y + 2) * WP + 2 * x0);

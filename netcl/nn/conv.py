@@ -84,14 +84,15 @@ _ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 _CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
 
-def _corrc_cpu(q, inp, w, out, stride, flip, bias=None):
+def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False):
     """out (N, CO, OH, OW) = corrc_cpu's correlation (stride `stride`) of the zero-bordered planes
     inp (N, CI, HP, WP) with w (CO, CI, k, k), or with w (CI, CO, k, k) flipped (flip: a data
-    gradient), through its channel-last packing (+ bias)."""
+    gradient), through its channel-last packing (+ bias); `unpad`: inp is a 3x3 stride-2 padding-1
+    convolution's input as it is, of even planes (UNPAD)."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
-    options = _cpu_options(k) + (f"-DTC={_CORRC_TC}",)
+    options = _cpu_options(k) + (f"-DTC={_CORRC_TC}",) + (("-DUNPAD=1",) if unpad else ())
     wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
     xt, has_bias = -(-ow // _CORRC_TC), bias is not None
     ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
@@ -336,6 +337,12 @@ class Conv2d(Module):
         oh, ow = h // 2, w // 2
         return _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 and oh % 2 == 0 else None
 
+    def _phases(self, q, shape):
+        """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
+        planes _stride2_planes takes with one output row a vector (rows of 16k outputs): corrc_cpu
+        and wgrad2_cpu read x as it is (UNPAD: no padded copy), corrt2_cpu gives dx."""
+        return self._stride2_planes(q, shape, (3, 2, 1, 1)) == _ROWS1
+
     def _pointwise2(self, q, shape):
         """_stride2_planes for a 1x1 stride-2 convolution without padding (a ResNet shortcut)."""
         return self._stride2_planes(q, shape, (1, 2, 0, 1))
@@ -358,7 +365,7 @@ class Conv2d(Module):
         write them instead (Sequential: a BatchNorm2d's pass, then forward_padded); None where
         the forward reads its input as it is."""
         mode = self._cpu_mode(q, shape)
-        if mode is None:
+        if mode is None or self._phases(q, shape):
             return None
         _, _, oh, ow = self.output_shape(shape)
         k, s, p, _ = self._geometry()
@@ -378,6 +385,11 @@ class Conv2d(Module):
             xp = ops.new(q, x.shape[:2] + (hp, wp))
             _pad_planes(q, x, xp, top, None, _cpu_options(self.kernel_size))
             return self._forward_padded(xp, x.shape, out_shape)
+        if self._phases(q, x.shape):  # corrc_cpu on x as it is (UNPAD); backward: _backward_phases
+            y = ops.new(q, out_shape)
+            _corrc_cpu(q, x, self.weight, y, 2, 0, self.bias, unpad=True)
+            self._saved = (x.shape, "phases", x)
+            return y
         return self._forward_other(x, out_shape)
 
     def forward_padded(self, xp, shape):
@@ -505,9 +517,10 @@ class Conv2d(Module):
         (n, c, h, w), mode, cols = self._saved
         if mode == "pointwise":
             return self._backward_pointwise2(dy, need_dx, into)
+        if mode == "phases":
+            return self._backward_phases(dy, need_dx)
+        # 8-wide rows two a vector: corrt2_cpu for dx; for dW, im2col and the GEMM ran faster than wgrad2_cpu
         phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "channels" else None
-        if phases == _ROWS1:  # wgrad2_cpu: on planes of two output rows a vector, im2col and the GEMM ran faster
-            return self._backward_phases(dy, need_dx, phases)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
@@ -575,21 +588,21 @@ class Conv2d(Module):
         if self.bias is not None:
             _channel_sum(dy, self.bias)
 
-    def _backward_phases(self, dy, need_dx, options):
-        """_backward_cpu after a 3x3 stride-2 padding-1 "channels" forward on planes _stride2_planes
-        takes with one output row a vector: dW from wgrad2_cpu's per-chunk sums over the forward's
-        padded x (added in order), dx from corrt2_cpu's phases, both reading dy as it is."""
-        (n, c, h, w), _, xp = self._saved
+    def _backward_phases(self, dy, need_dx):
+        """_backward_cpu after a "phases" forward (_phases): dW from wgrad2_cpu's per-chunk sums
+        over x as it is (UNPAD; added in order), dx from corrt2_cpu's phases, both reading dy as it
+        is."""
+        (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
-        q, hp, wp = dy.queue, xp.shape[2], xp.shape[3]
-        chunk, chunks = _image_chunks(n, c * hp * wp + oc * oh * ow, c * -(-oc // 2), oh * ow // 16)
+        q = dy.queue
+        chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // 2), oh * ow // 16)
         part = ops.new(q, (chunks, oc, c * 9))
-        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, hp, wp, chunk, xp,
-                   dy, part, options=options)
+        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, h, w, chunk, x,
+                   dy, part, options=_ROWS1 + ("-DUNPAD=1",))
         self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
-        return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
+        return self._corrt2(dy, ops.new(q, (n, c, h, w)), _ROWS1)
 
     def _corrt2(self, dy, dx, options):
         """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options;
