@@ -415,9 +415,32 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
     const int t1 = min(NOH, (int)get_global_id(1) * rows + rows);
     for (int t = get_global_id(1) * rows; t < t1; t++) {
         const int n = t / OH, y = t - n * OH;
-        __global const float *src = xp + ((n * C + c) * HP + S * y + j) * WP + l;
         __global float *dst = cols + r * NOH * OW + t * OW;
+#if UNPAD  // x as it is (S 2, KS 3, padding 1): input row 2y + j - 1, column 2x + l - 1
+        if (S * y + j == 0) {  // row -1
+            for (int x = 0; x < OW; x++) dst[x] = 0.0f;
+            continue;
+        }
+        __global const float *src = xp + ((n * C + c) * HP + S * y + j - 1) * WP + l - 1;
+#else
+        __global const float *src = xp + ((n * C + c) * HP + S * y + j) * WP + l;
+#endif
         int x = 0;
+        if (UNPAD && l == 0) {  // the first vector's first input is column -1: zero, the rest from column 0 on
+            if (OW >= 16) {
+                const float16 a = *(__global const ufloat16 *)(src + 1), b = *(__global const ufloat16 *)(src + 16);
+                float16 v = __builtin_shufflevector(a, b, 0, 1, 3, 5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 26, 28, 30);
+                v.s0 = 0.0f;
+                *(__global ufloat16 *)dst = v;
+                x = 16;
+            } else {
+                const float8 a = *(__global const ufloat8 *)(src + 1), b = *(__global const ufloat8 *)(src + 7);
+                float8 v = __builtin_shufflevector(a, b, 0, 1, 3, 5, 7, 11, 13, 15);
+                v.s0 = 0.0f;
+                *(__global ufloat8 *)dst = v;
+                x = 8;
+            }
+        }
         if (S == 1) {
             for (; x + 16 <= OW; x += 16) *(__global ufloat16 *)(dst + x) = *(__global const ufloat16 *)(src + x);
             for (; x + 8 <= OW; x += 8) *(__global ufloat8 *)(dst + x) = *(__global const ufloat8 *)(src + x);

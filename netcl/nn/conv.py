@@ -339,9 +339,9 @@ class Conv2d(Module):
 
     def _phases(self, q, shape):
         """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
-        planes _stride2_planes takes with one output row a vector (rows of 16k outputs): corrc_cpu
-        and wgrad2_cpu read x as it is (UNPAD: no padded copy), corrt2_cpu gives dx."""
-        return self._stride2_planes(q, shape, (3, 2, 1, 1)) == _ROWS1
+        planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu (rows of 16k outputs) or im2col_cpu
+        (8-wide rows) for dW, read x as it is (UNPAD: no padded copy); corrt2_cpu gives dx."""
+        return self._stride2_planes(q, shape, (3, 2, 1, 1)) is not None
 
     def _pointwise2(self, q, shape):
         """_stride2_planes for a 1x1 stride-2 convolution without padding (a ResNet shortcut)."""
@@ -517,18 +517,17 @@ class Conv2d(Module):
         (n, c, h, w), mode, cols = self._saved
         if mode == "pointwise":
             return self._backward_pointwise2(dy, need_dx, into)
-        if mode == "phases":
+        phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
+        if phases == _ROWS1:
             return self._backward_phases(dy, need_dx)
-        # 8-wide rows two a vector: corrt2_cpu for dx; for dW, im2col and the GEMM ran faster than wgrad2_cpu
-        phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "channels" else None
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
-        if mode == "channels":  # the forward saved its padded x: im2col here, from it
-            xp, cols = cols, ops.new(q, (ckk, n * P))
+        if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
+            xp, cols = cols, ops.new(q, (ckk, n * P))  # (8-wide rows: im2col and the GEMM ran faster than wgrad2_cpu)
             rows, items = _cpu_rows(n * oh, ow)
             ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
-                       rows, xp, cols, options=_cpu_options(k))
+                       rows, xp, cols, options=_cpu_options(k) + (("-DUNPAD=1",) if phases else ()))
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
         rows, items = _cpu_rows(n * oc, P)
@@ -544,10 +543,10 @@ class Conv2d(Module):
             dyb = ops.new(q, (n, oc, hd, wd))
             _pad_planes(q, dy, dyb, pd, None, options)
             return self._dx_of_planes(dyb, mode)
+        if phases is not None:
+            return self._corrt2(dy, ops.new(q, (n, c, h, w)), phases)
         if mode == "channels":
             dx = ops.new(q, (n, c, h, w))
-            if phases is not None:
-                return self._corrt2(dy, dx, phases)
             _corrt_cpu(q, dy, self.weight, dx, s, p)
             return dx
         dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
@@ -589,9 +588,9 @@ class Conv2d(Module):
             _channel_sum(dy, self.bias)
 
     def _backward_phases(self, dy, need_dx):
-        """_backward_cpu after a "phases" forward (_phases): dW from wgrad2_cpu's per-chunk sums
-        over x as it is (UNPAD; added in order), dx from corrt2_cpu's phases, both reading dy as it
-        is."""
+        """_backward_cpu after a "phases" forward (_phases) on rows of 16k outputs: dW from
+        wgrad2_cpu's per-chunk sums over x as it is (UNPAD; added in order), dx from corrt2_cpu's
+        phases, both reading dy as it is."""
         (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
         q = dy.queue
