@@ -34,9 +34,9 @@
 #ifndef TC
 #define TC 8
 #endif
-// UNPAD 1: corrc_cpu and wgrad2_cpu read a 3x3 stride-2 padding-1 convolution's input as it is
+// UNPAD 1: corrc_cpu and im2col_cpu read a 3x3 stride-2 padding-1 convolution's input as it is
 // (HP = H, WP = W, both even): only its row -1 and column -1 fall outside it, and those are
-// skipped or zero (no padded copy; Conv2d's "phases" mode)
+// skipped or zero (no padded copy; Conv2d's "phases" mode, whose wgrad2_cpu always reads so)
 #ifndef UNPAD
 #define UNPAD 0
 #endif
@@ -704,35 +704,31 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 }
 
 // part[g][o][c][j][l] = the sum over images [g * chunk, ...) and positions (y, x) of dy[n][o][y][x]
-// * xp[n][c][2y + j][2x + l]: a chunk's share of a 3x3 stride-2 convolution's weight gradient from
-// the forward's zero-bordered planes xp (N, C, HP, WP; x at row and column 1) and dy (N, CO, OH,
-// OW), OW a multiple of 16: 16 dy positions of a row in the lanes. A vector's inputs for tap (j,
-// l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j, or the odd lanes
-// of the same one column on (l = 2). No im2col columns and no GEMM operand copy of dy (8-wide
-// rows, two to a vector, ran slower than those: Conv2d._backward_cpu). Work-item (c, o block of 2,
-// chunk g): 18 vector accumulators; the chunks are short enough that no lane adds a long run
-// (_image_chunks).
+// * x[n][c][2y + j - 1][2x + l - 1]: a chunk's share of a 3x3 stride-2 padding-1 convolution's
+// weight gradient from its input x (N, C, H, W) as it is (row -1 and column -1 zero) and dy (N, CO,
+// OH, OW), OW a multiple of 16: 16 dy positions of a row in the lanes. A vector's inputs for tap
+// (j, l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j - 1 from column
+// 2 x0 - 1, or the odd lanes of the same one column on (l = 2). No im2col columns and no GEMM
+// operand copy of dy (8-wide rows, two to a vector, ran slower than those: Conv2d._backward_cpu).
+// Work-item (c, o block of 2, chunk g): 18 vector accumulators; the chunks are short enough that no
+// lane adds a long run (_image_chunks).
 #define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-// t[0..2] = the inputs of taps l = 0, 1, 2 for 16 positions from row pointer r (at padded column
-// 2 x0; UNPAD: at the input's column 2 x0 - 1, whose first element is column -1 where x0 is 0)
-#if UNPAD
-#define XROW_A(r, a1) (x0 ? *(__global const ufloat16 *)(r) : __builtin_shufflevector((float16)0.0f, a1, 0, 16, 17, \
-    18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30))
-#else
-#define XROW_A(r, a1) (*(__global const ufloat16 *)(r))
-#endif
+// t[0..2] = the inputs of taps l = 0, 1, 2 for 16 positions from row pointer r at the input's
+// column 2 x0 - 1 (where x0 is 0, column -1: a zero shifted in front of the row's first load)
 #define XROW(t, r)                                                                                          \
     do {                                                                                                    \
         const float16 a1_ = *(__global const ufloat16 *)((r) + 1), b1_ = *(__global const ufloat16 *)((r) + 17); \
-        const float16 a_ = XROW_A(r, a1_), b_ = *(__global const ufloat16 *)((r) + 16);                    \
+        const float16 a_ = x0 ? *(__global const ufloat16 *)(r) : __builtin_shufflevector((float16)0.0f, a1_, 0, \
+            16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30);                                     \
+        const float16 b_ = *(__global const ufloat16 *)((r) + 16);                                          \
         (t)[0] = __builtin_shufflevector(a_, b_, EVEN_LANES);                                               \
         (t)[1] = __builtin_shufflevector(a_, b_, ODD_LANES);                                                \
         (t)[2] = __builtin_shufflevector(a1_, b1_, ODD_LANES);                                              \
     } while (0)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
-void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int HP, const int WP,
-                const int chunk, __global const float *xp, __global const float *dy, __global float *part) {
+void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int chunk,
+                __global const float *x, __global const float *dy, __global float *part) {
     const int c = get_global_id(0), o0 = get_global_id(1) * 2, g = get_global_id(2), P = OH * OW;
     const int o1 = min(o0 + 1, CO - 1);
     float16 acc[2][9];
@@ -741,18 +737,15 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
 #pragma unroll
         for (int t = 0; t < 9; t++) acc[m][t] = 0.0f;
     for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
-        __global const float *xc = xp + (n * C + c) * HP * WP - UNPAD * (WP + 1);  // padded row 0, column 0
+        __global const float *xc = x + (n * C + c) * 4 * P - 1;  // the plane's column -1
         __global const float *d0 = dy + (n * CO + o0) * P, *d1 = dy + (n * CO + o1) * P;
         for (int x0 = 0; x0 < OW; x0 += 16) {
-            // down a column of vectors: input row 2y + 2's three tap vectors are row 2(y + 1)'s first
+            // down a column of vectors: input row 2y + 1's three tap vectors are row 2(y + 1) - 1's
             float16 t[3][3];
-            if (UNPAD)
-                t[0][0] = t[0][1] = t[0][2] = 0.0f;  // row -1
-            else
-                XROW(t[0], xc + 2 * x0);
+            t[0][0] = t[0][1] = t[0][2] = 0.0f;  // row -1
             for (int y = 0; y < OH; y++) {
-                XROW(t[1], xc + (2 * y + 1) * WP + 2 * x0);
-                XROW(t[2], xc + (2 * y + 2) * WP + 2 * x0);
+                XROW(t[1], xc + 2 * y * 2 * OW + 2 * x0);
+                XROW(t[2], xc + (2 * y + 1) * 2 * OW + 2 * x0);
                 const float16 g0 = *(__global const ufloat16 *)(d0 + y * OW + x0);
                 const float16 g1 = *(__global const ufloat16 *)(d1 + y * OW + x0);
 #pragma unroll

@@ -299,10 +299,9 @@ class Conv2d(Module):
         or 5x5 convolution on a CPU with groups 1 and padding below the kernel size: "rows"
         (stride 1, rows of 16 or more: corr_cpu, wgrad_cpu, corr_cpu on dy), "channels" (narrower
         rows or stride 2, up to _CORRC_MAX_R weights per output channel: corrc_cpu, then im2col
-        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx, or for 3x3
-        stride-2 padding-1 ones on planes _stride2_planes takes, corrt2_cpu for dx and on rows of 16
-        or more wgrad2_cpu for dW); None: im2col and GEMMs (1x1 stride-2 ones on such planes:
-        the pw2 kernels)."""
+        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx; 3x3 stride-2
+        padding-1 ones on the planes _stride2_planes takes run the "phases" kernels instead,
+        _phases); None: im2col and GEMMs (1x1 stride-2 ones on such planes: the pw2 kernels)."""
         k, s, p, d = self._geometry()
         if not (self.groups == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1 and ops.is_cpu(q)):
             return None
@@ -504,13 +503,13 @@ class Conv2d(Module):
     def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
-        _backward_pointwise2; after a 3x3 stride-2 "channels" forward on rows of 16 or more that
-        _stride2_planes takes, _backward_phases. Otherwise one pass over dy gives the weight
-        gradient's GEMM operand (OC, N*P) and the bias gradient's sums; dW = dy @ cols^T (cols from
-        im2col after a "channels" forward); dx after a "channels" forward: corrc_cpu's correlation
-        of padded dy with the flipped weights (stride 1), corrt2_cpu's phases (stride 2 on the
-        planes _stride2_planes takes) or corrt_cpu, else dcols = W^T dy and col2im (added into
-        `into` for a 1x1 convolution: backward_into)."""
+        _backward_pointwise2; after a "phases" forward on rows of 16k outputs, _backward_phases.
+        Otherwise one pass over dy gives the weight gradient's GEMM operand (OC, N*P) and the bias
+        gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
+        padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
+        corrc_cpu's correlation of padded dy with the flipped weights (stride 1) or corrt_cpu
+        (stride 2), after a "phases" one corrt2_cpu's phases, else dcols = W^T dy and col2im (added
+        into `into` for a 1x1 convolution: backward_into)."""
         geometry = self.padded_grad(dy.queue, dy.shape)
         if geometry is not None:
             return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
@@ -589,15 +588,15 @@ class Conv2d(Module):
 
     def _backward_phases(self, dy, need_dx):
         """_backward_cpu after a "phases" forward (_phases) on rows of 16k outputs: dW from
-        wgrad2_cpu's per-chunk sums over x as it is (UNPAD; added in order), dx from corrt2_cpu's
-        phases, both reading dy as it is."""
+        wgrad2_cpu's per-chunk sums over x as it is (added in order), dx from corrt2_cpu's phases,
+        both reading dy as it is."""
         (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
         q = dy.queue
         chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // 2), oh * ow // 16)
         part = ops.new(q, (chunks, oc, c * 9))
-        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, h, w, chunk, x,
-                   dy, part, options=_ROWS1 + ("-DUNPAD=1",))
+        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x, dy, part,
+                   options=_ROWS1)
         self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
