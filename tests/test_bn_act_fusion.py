@@ -90,13 +90,13 @@ def torch_twin(torch, model, act):
             return torch.nn.Sequential(*[twin(x) for x in m])
         if isinstance(m, nn.Residual):
             class Res(torch.nn.Module):
-                def __init__(self, body):
+                def __init__(self, body, shortcut):
                     super().__init__()
-                    self.body = body
+                    self.body, self.shortcut = body, shortcut
 
                 def forward(self, x):
-                    return self.body(x) + x
-            return Res(twin(m.body))
+                    return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
+            return Res(twin(m.body), None if m.shortcut is None else twin(m.shortcut))
         if isinstance(m, ACTS[act][0]):
             return eval("nn." + mod, ns)
         return torch_layer(torch, m)
@@ -280,11 +280,17 @@ def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled
 
 
 @pytest.mark.parametrize("act", ["ReLU", "Tanh", "LeakyReLU", "GELU"])
-def test_residual_takes_the_activation_after_it(queue, rng, monkeypatch, act):
-    """On CPUs training runs the activation after a Residual in the block's sum (add_act_cpu) where
-    its output gives its gradient (Act.grads_from_output), one launch less; not otherwise. The
-    values: test_fused_training_equals_unfused_and_torch, on the same model."""
-    model = build(act).to(queue).train()
+@pytest.mark.parametrize("bn_tail", [True, False])
+def test_residual_takes_the_activation_after_it(queue, rng, monkeypatch, act, bn_tail):
+    """On CPUs training runs the activation after a Residual in the block's sum where its output
+    gives its gradient (Act.grads_from_output): add_act_cpu, or bn_add_act_cpu where the body ends
+    in a BatchNorm2d, whose element-wise pass it runs too (a launch less again); not otherwise. The
+    values: test_fused_training_equals_unfused_and_torch, on the same model, and
+    test_residual_sum_applies_the_batchnorms."""
+    model = build(act)
+    if not bn_tail:  # the body ends in a 1x1 conv: its output is the sum's operand
+        model.layers[3].body.layers.pop()
+    model = model.to(queue).train()
     x = Tensor.from_host(queue, rng.standard_normal((2, 3, 9, 11)).astype(np.float32))
     dy = Tensor.from_host(queue, rng.standard_normal(model.output_shape(x.shape)).astype(np.float32))
     names = []
@@ -293,8 +299,60 @@ def test_residual_takes_the_activation_after_it(queue, rng, monkeypatch, act):
     model(x)
     model.backward(dy)
     fused = ops.is_cpu(queue) and ACTS[act][0]().act.grads_from_output
-    assert names.count("add_act_cpu") == int(fused)
+    assert names.count("add_act_cpu") == int(fused and not bn_tail)
+    assert names.count("bn_add_act_cpu") == int(fused and bn_tail)
     assert names.count("add") == 1 - int(fused) + 1  # the backward's sum of the branches' gradients
+
+
+def build_shortcut(act):
+    """Residuals whose sums (with the activation after them, on CPUs) apply BatchNorms: a strided
+    one with a 1x1 conv + BatchNorm2d shortcut, an identity one."""
+    cls, kw, _ = ACTS[act]
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), cls(**kw),
+        nn.Residual(nn.Conv2d(6, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), cls(**kw),
+                    nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                    shortcut=nn.Sequential(nn.Conv2d(6, 8, 1, stride=2, bias=False), nn.BatchNorm2d(8))),
+        cls(**kw),
+        nn.Residual(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)),
+        cls(**kw))
+
+
+def freeze_sum_batchnorms(model):
+    """build_shortcut's Residuals' last BatchNorms (netcl layers or torch modules) to eval mode."""
+    for block in (model[3], model[5]):
+        for seq in (block.body, block.shortcut):
+            if seq is not None:
+                seq[-1].eval()
+
+
+@pytest.mark.parametrize("act", ["ReLU", "Sigmoid"])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_residual_sum_applies_the_batchnorms(queue, rng, torch, record_error, monkeypatch, act, frozen):
+    """A Residual's sum that applies its body's last BatchNorm2d and its shortcut's (CPUs:
+    bn_add_act_cpu, their own element-wise passes and outputs gone; batch statistics, or running
+    ones for BatchNorms in eval mode, untouched then): forward, dx, every gradient and the running
+    statistics equal the unfused layers' and float64 PyTorch's over two steps."""
+    model = randomize(build_shortcut(act), rng).to(queue).train()
+    ref = torch_twin(torch, model, act)
+    if frozen:  # in eval mode (running statistics) in a model that trains
+        freeze_sum_batchnorms(model)
+        freeze_sum_batchnorms(ref)
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal((3, 3, 12, 16)) + 0.2).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    names = []
+    enqueue = ops._enqueue
+    monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    assert names.count("bn_add_act_cpu") == (4 if ops.is_cpu(queue) else 0)  # two blocks, two steps
+    model.load_state_dict(state)
+    check(fused, run(queue, model, x, dy, False, monkeypatch), "bn sum vs unfused", 2e-6)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "bn sum vs torch", 1e-5))
+    if frozen:
+        for bn in ("3.body.4", "3.shortcut.1", "5.body.1"):
+            for k in (f"{bn}.running_mean", f"{bn}.running_var"):
+                np.testing.assert_array_equal(fused[3][k], state[k])
 
 
 @pytest.mark.parametrize("builder", [build, build_pooled])
@@ -400,3 +458,66 @@ def test_identity_residual_adds_into_its_gradient(queue, rng, torch, record_erro
     assert len(in_place) == (2 if ops.is_cpu(queue) and winot == "1" else 0)  # one a step
     check(fused, run(queue, model, x, dy, False, monkeypatch), "into vs unfused", 2e-6)
     record_error(*check(fused, run_torch(torch, ref, x, dy), "into vs torch", 1e-5))
+
+
+@pytest.mark.parametrize("width", [32, 16, 8])  # conv_winot's three layouts: T = 1, 2, 4 tile rows a vector
+def test_batchnorm_statistics_from_the_conv(queue, rng, torch, record_error, monkeypatch, width):
+    """On CPUs with Winograd, a training Conv2d before a BatchNorm2d computes the BatchNorm's
+    batch-statistics parts in its own pass (conv_winot STATS; bn_stats_finish_cpu combines them):
+    no bn_stats_part_cpu for those BatchNorms, and forward, dx, every gradient and the running
+    statistics equal the unfused layers' and float64 PyTorch's; a frozen BatchNorm (eval) asks
+    for none."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", "1")
+    model = randomize(nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+        nn.Conv2d(16, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()), rng).to(queue).train()
+    model.layers[6].eval()  # frozen: its conv computes no statistics
+    ref = torch_twin(torch, model, "ReLU")
+    ref[6].eval()
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal((3, 8, 8, width)) * 2 + 0.5).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    names, stats = [], []
+    launch = ops.launch
+
+    def spy(q, family, name, *args, options=()):
+        names.append(name)
+        if name == "conv_winot":
+            stats.append("-DSTATS=1" in options)
+        return launch(q, family, name, *args, options=options)
+    monkeypatch.setattr(ops, "launch", spy)
+    fused = run(queue, model, x, dy, True, monkeypatch, steps=1)
+    if ops.is_cpu(queue):
+        assert stats[:3] == [True, True, False], stats  # the forward's three convs, then the data gradients'
+        assert names.count("bn_stats_finish_cpu") == 2 and names.count("bn_stats_part_cpu") == 0
+    model.load_state_dict(state)
+    unfused = run(queue, model, x, dy, False, monkeypatch, steps=1)
+    model.load_state_dict(state)
+    fused2 = run(queue, model, x, dy, True, monkeypatch)
+    want = run_torch(torch, ref, x, dy)
+    for got in (fused, unfused, fused2, want):  # the first conv's bias: in the statistics (its
+        assert abs(got[2].pop("0.bias")).max() < 1e-4  # mean), its gradient 0 before a BatchNorm: noise
+    check(fused, unfused, "conv statistics vs unfused", 2e-6)
+    record_error(*check(fused2, want, "conv statistics vs torch", 1e-5))
+
+
+def test_batchnorm_statistics_from_the_conv_before_a_pool(queue, rng, torch, record_error, monkeypatch):
+    """The same where the BatchNorm2d also runs the ReLU and the MaxPool2d(2) after it in its pass
+    (CPUs: pools_in_norm): its statistics come from the conv, its pass pools."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", "1")
+    model = randomize(nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                    nn.MaxPool2d(2)), rng).to(queue).train()
+    ref = torch_twin(torch, model, "ReLU")
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal((2, 8, 16, 32)) + 0.3).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    names = []
+    enqueue = ops._enqueue
+    monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    if ops.is_cpu(queue):
+        assert "bn_maxpool2_cpu" in names and "bn_stats_finish_cpu" in names and "bn_stats_part_cpu" not in names
+    model.load_state_dict(state)
+    check(fused, run(queue, model, x, dy, False, monkeypatch), "pooled conv statistics vs unfused", 2e-6)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "pooled conv statistics vs torch", 1e-5))

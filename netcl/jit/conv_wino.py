@@ -89,7 +89,8 @@ class ConvWino(Launch):
 
 
 class ConvWinoT(Launch):
-    """Arguments: (x, u, bias, y, res); weights U packed [K block][transform point][C][KV]."""
+    """Arguments: (x, u, bias, y, res, st: the bias buffer, untouched without STATS); weights U
+    packed [K block][transform point][C][KV]."""
     in_arg, out_arg, res_arg = 0, 3, 4
 
     def __init__(self, target, spec):
@@ -105,7 +106,8 @@ class ConvWinoT(Launch):
 
     def sized(self, target, shape):
         n = shape[0]
-        return [None, self.w_buf, self.b_buf, None, None], (self.vectors, n), self.spec.out_shape(n), self.spec.out_bytes(n)
+        return ([None, self.w_buf, self.b_buf, None, None, self.b_buf], (self.vectors, n), self.spec.out_shape(n),
+                self.spec.out_bytes(n))
 
     def pack(self, w, b):
         u = np.zeros((self.kb * self.kv, self.c, 4, 4))

@@ -69,10 +69,18 @@
 #else
 #define RES_RESTRICT restrict
 #endif
+// STATS 1 (training, no residual, no activation): a BatchNorm2d's batch-statistics parts of the
+// output, 64 values a part (a work-item's for one channel): st[2 (k P + p)] their sum, st[2 (k P +
+// p) + 1] their squared deviations from their own mean, p = n G + g of P = N G parts (norm.cl's
+// layout: its bn_stats_finish combines them), so that the BatchNorm reads y once, not twice;
+// STATS 0: st is not touched (the fused inference path passes its bias buffer).
+#ifndef STATS
+#define STATS 0
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void conv_winot(__global const float *restrict x, __global const float *restrict u,
                 __global const float *restrict bias, __global float *RES_RESTRICT y,
-                __global const float *RES_RESTRICT res) {
+                __global const float *RES_RESTRICT res, __global float *restrict st) {
     const int g = get_global_id(0), n = get_global_id(1);
     const int tr0 = (g / VPR) * T, tc0 = (g % VPR) * 16;  // the vector's first tile row and column
     const int oh0 = 2 * tr0, ow0 = 2 * tc0;              // its first output row and column
@@ -122,12 +130,21 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
                 s[1][j] = m[1 * 4 + j][q] - m[2 * 4 + j][q] - m[3 * 4 + j][q];
             }
             const float bk = bias[k];
+            float16 z[4];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const float16 y0 = ACTF(s[i][0] + s[i][1] + s[i][2] + bk);
                 const float16 y1 = ACTF(s[i][1] - s[i][2] - s[i][3] + bk);
+                z[2 * i] = y0, z[2 * i + 1] = y1;
                 STORE_ROW(ZLO(y0, y1), ZHI(y0, y1), n, k, oh0 + i, ow0);
             }
+#if STATS  // the deviations' sum corrects the mean's rounding (norm.cl's bn_stats_part)
+            const float sum = hsum16(z[0] + z[1] + z[2] + z[3]), mu = sum / 64.0f;
+            const float16 d0 = z[0] - mu, d1 = z[1] - mu, d2 = z[2] - mu, d3 = z[3] - mu;
+            const float sd = hsum16(d0 + d1 + d2 + d3), sq = hsum16(d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3);
+            __global float *o = st + 2 * ((k * (int)get_num_groups(1) + n) * (int)get_num_groups(0) + g);
+            o[0] = sum, o[1] = sq - sd * sd / 64.0f;
+#endif
         }
     }
 }

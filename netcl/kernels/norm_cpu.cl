@@ -139,6 +139,39 @@ inline void bn_channel_stats(const int c, const int first, __global const float 
     }
 }
 
+// Stage 2 on its own, work-item c: channel c's statistics from many parts (a convolution's, 64
+// values each: Conv2d.output_statistics), with bn_channel_stats' formulas, each sum in 16 strided
+// running sums added pairwise (no long sequential run over the parts), into mean and var, the
+// running statistics updated.
+inline float sum16(float *a) {
+#pragma unroll
+    for (int w = 8; w > 0; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; i++) a[i] += a[i + w];
+    return a[0];
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global const float *part,
+                         __global float *mean, __global float *var, __global float *run_mean,
+                         __global float *run_var, const float momentum) {
+    const int c = get_global_id(0);
+    __global const float *pc = part + 2 * c * parts;
+    float a[16], b[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) a[i] = b[i] = 0.0f;
+    for (int p = 0; p < parts; p++) a[p % 16] += pc[2 * p];
+    const float m = sum16(a) / (float)M;
+    for (int p = 0; p < parts; p++) {
+        const float n = (float)min(plen, M - p * plen), d = pc[2 * p] / n - m;
+        b[p % 16] += pc[2 * p + 1] + n * d * d;
+    }
+    const float v = sum16(b) / (float)M;
+    mean[c] = m, var[c] = v;
+    run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * m;
+    run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)max(M - 1, 1);
+}
+
 // dbeta = sum(dz), dgamma = sum(dz * xhat) of channel c from bn_bwd_part_cpu's parts (into the
 // parameter gradients, added where acc, by the work-item of the channel's first plane)
 inline void bn_channel_sums(const int c, const int first, __global const float *part, const int parts,
@@ -176,6 +209,43 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
         for (; k + 16 <= e; k += 16)
             *(__global ufloat16 *)(y + k) = BN_ACT(*(__global const ufloat16 *)(x + k), m, inv, g, b, slope);
         for (; k < e; k++) y[k] = BN_ACT(x[k], m, inv, g, b, slope);
+    }
+}
+
+// y = act(BN(x) + BN_s(s)): a Residual block's sum (netcl.nn.blocks) with its body's last
+// BatchNorm2d applied in the same pass, and its shortcut's last one where sbn (else BN_s is the
+// identity: s as it is), then the activation after the block (ACT_KIND). Those BatchNorms'
+// own outputs are never stored (their backward reads their input): the pass replaces their
+// element-wise passes and the sum's. Each combines its statistics (stage 2) as bn_apply_cpu does
+// and, parts == 0, takes them as given (a BatchNorm2d in eval mode).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW, const float slope,
+                    __global const float *x, __global float *mean, __global float *var,
+                    __global const float *gamma, __global const float *beta, const float eps,
+                    __global const float *part, const int parts, const int plen, __global float *run_mean,
+                    __global float *run_var, const float momentum, __global const float *s, const int sbn,
+                    __global float *smean, __global float *svar, __global const float *sgamma,
+                    __global const float *sbeta, const float seps, __global const float *spart, const int sparts,
+                    const int splen, __global float *srun_mean, __global float *srun_var, const float smomentum,
+                    __global float *y) {
+    const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
+    for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
+        const int r = i / HW, c = r % C, first = r < C && i == r * HW;
+        float m, v, sm = 0.0f, sv = 0.0f;
+        bn_channel_stats(c, first, part, parts, plen, total / C, mean, var, run_mean, run_var, momentum, &m, &v);
+        if (sbn)
+            bn_channel_stats(c, first, spart, sparts, splen, total / C, smean, svar, srun_mean, srun_var, smomentum,
+                             &sm, &sv);
+        const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
+        const float sinv = sbn ? rsqrt(sv + seps) : 1.0f, sg = sbn ? sgamma[c] : 1.0f, sb = sbn ? sbeta[c] : 0.0f;
+        e = min(i1, (r + 1) * HW);
+        int k = i;
+        for (; k + 16 <= e; k += 16) {
+            const float16 z = BN_Z(*(__global const ufloat16 *)(x + k), m, inv, g, b) +
+                              BN_Z(*(__global const ufloat16 *)(s + k), sm, sinv, sg, sb);
+            *(__global ufloat16 *)(y + k) = ACT_APPLY(ACT_KIND, z, slope);
+        }
+        for (; k < e; k++) y[k] = ACT_APPLY(ACT_KIND, BN_Z(x[k], m, inv, g, b) + BN_Z(s[k], sm, sinv, sg, sb), slope);
     }
 }
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from netcl import ops
 from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
+from netcl.nn.norm import _act_options
 from netcl.nn.sequential import Sequential
 
 
@@ -55,17 +56,45 @@ class Residual(Module):
         q = self._on(x)
         self.output_shape(x.shape)  # a shape error names its layer before any work is done
         self._act = None
+        if act is not None and not (ops.is_cpu(q) and act.act.grads_from_output):
+            raise ValueError(f"Residual runs an activation in its sum on CPUs only, and one whose gradient its "
+                             f"output gives (ReLU, Sigmoid, Tanh), got {act!r}")
+        if act is not None and (out := self._bn_sum(x, act)) is not None:
+            return out
         y = self.body(x)
         s = x if self.shortcut is None else self.shortcut(x)
         if act is None:
             return ops.add(y, s)
-        if not (ops.is_cpu(q) and act.act.grads_from_output):
-            raise ValueError(f"Residual runs an activation in its sum on CPUs only, and one whose gradient its "
-                             f"output gives (ReLU, Sigmoid, Tanh), got {act!r}")
         out = ops.new(q, y.shape)
         chunk, items = ops.cpu_chunk(y.size)
         ops.launch(q, "act_cpu", "add_act_cpu", (items,), (1,), y.size, chunk, float(act.slope), y, s, out,
                    options=(f"-DACT_KIND={int(act.act)}",))
+        self._act = (act.act, float(act.slope), out)
+        return out.mark_written()
+
+    def _bn_sum(self, x, act):
+        """The sum's pass (with the activation `act`) that also applies the body's last BatchNorm2d,
+        and the shortcut's where it is a Sequential ending in one (norm_cpu.cl's bn_add_act_cpu:
+        their element-wise passes and outputs go); None, and nothing run, where the body does not
+        end in a BatchNorm2d (Sequential.statistics_tail)."""
+        body = self.body.statistics_tail(x)
+        if body is None:
+            return None
+        tail = self.shortcut.statistics_tail(x) if isinstance(self.shortcut, Sequential) else None
+        s = (x if self.shortcut is None else self.shortcut(x)) if tail is None else tail[0]
+        q, (n, c, h, w) = x.queue, body[0].shape  # the shapes: checked by forward's output_shape
+        out = ops.new(q, body[0].shape)
+        chunk, items = ops.cpu_chunk(out.size)
+        if tail is None:  # no BatchNorm2d on the shortcut: its arguments unused
+            d = ops.dummy(q)
+            shortcut_bn = (d, d, d, d, 0.0, d, 0, 0, d, d, 0.0)
+        else:
+            shortcut_bn = tail[1:]
+        ops.launch(q, "norm_cpu", "bn_add_act_cpu", (items,), (1,), out.size, chunk, c, h * w, float(act.slope),
+                   *body, s, int(tail is not None), *shortcut_bn, out, options=_act_options(act.act))
+        for seq in (self.body, self.shortcut if tail is not None else None):
+            if seq is not None:
+                seq.layers[-1].written_by_pass()
         self._act = (act.act, float(act.slope), out)
         return out.mark_written()
 

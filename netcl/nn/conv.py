@@ -100,12 +100,13 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False):
     out.mark_written()
 
 
-def _winot(q, inp, w, out, flip, layout, bias, add=False):
+def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     """out (N, K, H, W) = the 3x3 stride-1 padding-1 correlation of inp (N, C, H + 2, W + 2: the
     planes with their zero border) with w (K, C, 3, 3), or (flip) with w (C, K, 3, 3) turned by 180
     degrees (a data gradient), + bias (K values), + out where `add` (its layout built with add):
     Winograd F(2x2, 3x3) with 16 output tiles per float16 (conv_winot.cl, the fused CPU path's
-    kernel), the weights transformed on the device first."""
+    kernel), the weights transformed on the device first. With `stats` (not with add), also out's
+    batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values per part)."""
     n, k, h, wd = out.shape
     c = inp.shape[1]
     if inp.shape[2:] != (h + 2, wd + 2):
@@ -115,9 +116,12 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False):
     u = ops.new(q, (kb * 16 * c * kv,))
     ops.launch(q, "conv_winot", "winot_weights", (kb * kv, c), (kv, 1), w, u, int(flip), options=options)
     u.mark_written()
-    ops.launch(q, "conv_winot", "conv_winot", (h // 2 // d["T"] * d["VPR"], n), (1, 1), inp, u, bias, out,
-               out if add else bias, options=options)
+    items = h // 2 // d["T"] * d["VPR"]  # per image
+    part = ops.new(q, (k, n * items, 2)) if stats else None
+    ops.launch(q, "conv_winot", "conv_winot", (items, n), (1, 1), inp, u, bias, out, out if add else bias,
+               part if stats else bias, options=options + (("-DSTATS=1",) if stats else ()))
     out.mark_written()
+    return (part.mark_written(), n * items, 64) if stats else None
 
 
 # winot_wgrad's local memory per work-item for TV tile vectors (4 x (C + K) x TV float16, about
@@ -375,15 +379,18 @@ class Conv2d(Module):
             hp, wp = max(s * (oh - 1) + k, shape[2] + p), max(s * (-(-ow // tc) * tc - 1) + k, shape[3] + p)
         return p, p, hp, wp
 
-    def forward(self, x):
+    def forward(self, x, stats=False):
+        """y = conv(x); with `stats` (Sequential's training path, a BatchNorm2d next), a kernel that
+        can also computes y's batch-statistics parts (output_statistics)."""
         q = self._on(x)
         out_shape = self.output_shape(x.shape)  # checks the rank first
+        self._out_stats = None
         geometry = self.padded_input(q, x.shape)
         if geometry is not None:  # x with its zero border, then the direct kernels
             top, _, hp, wp = geometry
             xp = ops.new(q, x.shape[:2] + (hp, wp))
             _pad_planes(q, x, xp, top, None, _cpu_options(self.kernel_size))
-            return self._forward_padded(xp, x.shape, out_shape)
+            return self._forward_padded(xp, x.shape, out_shape, stats)
         if self._phases(q, x.shape):  # corrc_cpu on x as it is (UNPAD); backward: _backward_phases
             y = ops.new(q, out_shape)
             _corrc_cpu(q, x, self.weight, y, 2, 0, self.bias, unpad=True)
@@ -402,15 +409,24 @@ class Conv2d(Module):
                              f"input {tuple(shape)} into")
         return self._forward_padded(xp, shape, out_shape)
 
-    def _forward_padded(self, xp, shape, out_shape):
+    def output_statistics(self, y):
+        """(part, parts, values per part): the batch-statistics parts of y per channel (norm.cl's
+        layout, for BatchNorm2d.forward's `stats`) where y is this conv's last output and its
+        kernel computed them (forward with stats: conv_winot); else None."""
+        st = getattr(self, "_out_stats", None)
+        return st[1:] if st is not None and st[0] is y else None
+
+    def _forward_padded(self, xp, shape, out_shape, stats=False):
         q = self._on(xp)  # the parameters on xp's device (Sequential calls this without forward())
         (_, oc, oh, ow), mode = out_shape, self._cpu_mode(q, shape)
         n, c = shape[:2]
         k, s, _, _ = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
         wino = self._winot(q, shape)
+        self._out_stats = None
         if wino:
-            _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q))
+            st = _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q), stats=stats)
+            self._out_stats = (y,) + st if st else None
         elif mode == "rows":
             _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
         else:

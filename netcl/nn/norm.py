@@ -73,7 +73,7 @@ class BatchNorm2d(Module):
             raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
         return tuple(shape)
 
-    def forward(self, x, act=None, pool=None, pad=None):
+    def forward(self, x, act=None, pool=None, pad=None, stats=None):
         """y = BatchNorm(x), or act(BatchNorm(x)) in the same pass when given `act`, the activation
         layer that follows (Sequential's training path: one pass instead of two, and backward
         differentiates through both without the activation's saved tensor). With `pool`, the
@@ -82,7 +82,10 @@ class BatchNorm2d(Module):
         returns the pooled result and leaves the pool what its backward reads; the BatchNorm's
         own output is not stored. With `pad` (top, left, HP, WP), on a CPU, the output goes into
         zero-bordered planes (N, C, HP, WP) at row top, column left: the padded input of the
-        convolution after it (Conv2d.padded_input, then forward_padded)."""
+        convolution after it (Conv2d.padded_input, then forward_padded). With `stats` (part,
+        parts, values per part), on a CPU in training, the batch statistics' parts of x as the
+        kernel that wrote x computed them (Conv2d.output_statistics): combined by one launch
+        (bn_stats_finish) instead of read from x again."""
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
         options = _act_options(code)
         q = self._on(x)
@@ -96,15 +99,20 @@ class BatchNorm2d(Module):
         _check_pad(pad, h, w)
         y = ops.new(q, x.shape if pad is None else (n, c) + tuple(pad[2:])) if pool is None else None
         if self.training:
-            length, parts = _parts(q, n * h * w)
-            mean, var, part = ops.new(q, (c,)), ops.new(q, (c,)), ops.new(q, (c, parts, 2))
+            mean, var = ops.new(q, (c,)), ops.new(q, (c,))
             if cpu:  # the second stage inside the element-wise pass (norm_cpu.cl), or before the pooled one
-                ops.launch(q, "norm_cpu", "bn_stats_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, part)
+                part, parts, length = self._stats_parts(x) if stats is None else stats
                 stage2 = (part, parts, length, self.running_mean, self.running_var, self.momentum)
-                if pool is not None:
+                if stats is not None:  # many parts: combined once, not per plane
+                    self._finish_stats(stats, n * h * w, mean, var)
+                elif pool is not None:
                     ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean,
                                var, self.running_mean, self.running_var, self.momentum)
+                if stats is not None or pool is not None:
+                    stage2 = (ops.dummy(q), 0, 0, ops.dummy(q), ops.dummy(q), 0.0)
             else:  # GPUs: the statistics' second stage runs inside the element-wise pass (a launch less)
+                length, parts = _parts(q, n * h * w)
+                part = ops.new(q, (c, parts, 2))
                 ops.launch(q, "norm", "bn_stats_part", (parts * 64, c), (64, 1), n, c, h * w, length, x, part)
                 ops.launch(q, "norm", "bn_apply_batch", (parts * 64, c), (64, 1), n, c, h * w, length, parts, part,
                            x, mean, var, self.running_mean, self.running_var, self.momentum, self.weight, self.bias,
@@ -142,6 +150,57 @@ class BatchNorm2d(Module):
             var.mark_written()
         self._saved = (x, mean, var, self.training, code, slope)
         return y.mark_written()
+
+    def _finish_stats(self, stats, m, mean, var):
+        """mean and var of each channel (m values) from its parts stats = (part, parts, values per
+        part), the running statistics updated (bn_stats_finish_cpu)."""
+        part, parts, length = stats
+        ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_cpu", (self.num_features,), (1,), m, parts, length, part,
+                   mean, var, self.running_mean, self.running_var, self.momentum)
+
+    def _stats_parts(self, x):
+        """(part, parts, values per part): x's batch-statistics parts per channel (bn_stats_part_cpu)."""
+        n, c, h, w = x.shape
+        length, parts = _parts(x.queue, n * h * w)
+        part = ops.new(x.queue, (c, parts, 2))
+        ops.launch(x.queue, "norm_cpu", "bn_stats_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, part)
+        return part.mark_written(), parts, length
+
+    def statistics(self, x, stats=None):
+        """The training forward on a CPU up to its element-wise pass: the batch statistics' parts
+        (bn_stats_part_cpu; in eval mode the running statistics as they are) and what backward
+        reads saved, as forward saves it (`stats`: as forward's). Returns that pass's arguments (x, mean, var, weight,
+        bias, eps, parts, parts per channel, values per part, running mean, running var,
+        momentum) for a kernel that applies this BatchNorm2d in its own pass and writes no
+        output of it (norm_cpu.cl's bn_add_act_cpu: a Residual's sum); that kernel writes mean
+        and var (and the running statistics), and its caller marks them (written_by_pass)."""
+        q = self._on(x)
+        self.output_shape(x.shape)
+        n, c, h, w = x.shape
+        if not ops.is_cpu(q):
+            raise ValueError("BatchNorm2d.statistics: the deferred element-wise pass runs on CPUs only")
+        if not self.training:
+            self._saved = (x, self.running_mean, self.running_var, False, Act.NONE, 0.0)
+            return (x, self.running_mean, self.running_var, self.weight, self.bias, self.eps, ops.dummy(q), 0, 0,
+                    ops.dummy(q), ops.dummy(q), 0.0)
+        if n * h * w < 2:
+            raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
+        mean, var = ops.new(q, (c,)), ops.new(q, (c,))
+        self._saved = (x, mean, var, True, Act.NONE, 0.0)
+        if stats is not None:  # forward's `stats`: combined here, the pass reads mean and var
+            self._finish_stats(stats, n * h * w, mean, var)
+            d = ops.dummy(q)
+            return x, mean, var, self.weight, self.bias, self.eps, d, 0, 0, d, d, 0.0
+        part, parts, length = self._stats_parts(x)
+        return (x, mean, var, self.weight, self.bias, self.eps, part, parts, length, self.running_mean,
+                self.running_var, self.momentum)
+
+    def written_by_pass(self):
+        """Mark what the element-wise pass that statistics() handed out wrote (a training one)."""
+        _, mean, var, training = self._saved[:4]
+        if training:
+            for t in (mean, var, self.running_mean, self.running_var):
+                t.mark_written()
 
     def backward(self, dy, pool=None, pad=None):
         """dx from dy; with `pool`, the MaxPool2d its forward ran (forward(pool=...)): dy is then the

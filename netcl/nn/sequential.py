@@ -114,9 +114,39 @@ class Sequential(LayerList):
         self._out_shape = y.shape
         return y
 
-    def _run_layers(self, y, fuse):
-        """The layers in order; with `fuse`, a BatchNorm2d and the activation after it as one pass."""
-        skipped, pooled, fed, layers = [], [], [], self.layers
+    def statistics_tail(self, x):
+        """Training on a CPU (TRAIN_FUSE), where the last layer is a BatchNorm2d: forward through
+        the layers before it, then that one's statistics only (BatchNorm2d.statistics), whose
+        arguments are returned for the caller's pass to apply it (a Residual's sum); backward
+        runs as after forward. None, and nothing run, elsewhere."""
+        layers = self.layers
+        if not (self.training and TRAIN_FUSE and layers and type(layers[-1]) is BatchNorm2d
+                and ops.is_cpu(x.queue)):
+            return None
+        self.output_shape(x.shape)
+        self._fused_input = None
+        y = self._run_layers(x, True, end=len(layers) - 1)
+        pending = layers[-1].statistics(y, self._stats_for(len(layers) - 1, y))
+        self._out_shape = y.shape
+        return pending
+
+    def _feeds_bn(self, i):
+        """Whether layer i + 1 is a BatchNorm2d that trains with TRAIN_FUSE: the Conv2d at i then
+        computes its batch statistics' parts where its kernel can (Conv2d.forward's stats)."""
+        nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
+        return TRAIN_FUSE and type(nxt) is BatchNorm2d and nxt.training
+
+    def _stats_for(self, i, y):
+        """The batch statistics' parts of y that the Conv2d at i - 1 computed with it (its
+        output_statistics) for the BatchNorm2d at i, or None."""
+        prev = self.layers[i - 1] if i > 0 else None
+        return prev.output_statistics(y) if TRAIN_FUSE and type(prev) is Conv2d else None
+
+    def _run_layers(self, y, fuse, end=None):
+        """The layers in order (those before `end` where given); with `fuse`, a BatchNorm2d and the
+        activation after it as one pass."""
+        skipped, pooled, fed = [], [], []
+        layers = self.layers if end is None else self.layers[:end]
         for i, layer in enumerate(layers):
             if i in skipped or i in fed:
                 continue
@@ -129,18 +159,23 @@ class Sequential(LayerList):
                 else:
                     conv = layers[i + 2] if i + 2 < len(layers) else None
                     pad = _padded_input(conv, y)
+                    stats = self._stats_for(i, y)
                     if pad is not None:  # the conv's zero-bordered input planes, written by this pass
-                        yp = layer.forward(y, act=nxt, pad=pad)  # checked by _padded_input: no second check
-                        y = conv._forward_padded(yp, y.shape, conv.output_shape(y.shape))
+                        yp = layer.forward(y, act=nxt, pad=pad, stats=stats)  # checked by _padded_input
+                        y = conv._forward_padded(yp, y.shape, conv.output_shape(y.shape), self._feeds_bn(i + 2))
                         fed.append(i + 2)
                     else:
-                        y = layer.forward(y, act=nxt)
+                        y = layer.forward(y, act=nxt, stats=stats)
                 nxt._saved = None  # its output is the BatchNorm's: no stale input for a backward of its own
                 skipped.append(i + 1)
             elif fuse and _takes_act(layer, nxt, y):
                 y = layer.forward(y, act=nxt)
                 nxt._saved = None
                 skipped.append(i + 1)
+            elif fuse and type(layer) is Conv2d and self._feeds_bn(i):
+                y = layer.forward(y, stats=True)
+            elif fuse and type(layer) is BatchNorm2d and (stats := self._stats_for(i, y)) is not None:
+                y = layer.forward(y, stats=stats)
             elif i not in pooled:
                 y = layer(y)
         self._skipped, self._pooled = tuple(skipped), tuple(pooled)
