@@ -153,13 +153,13 @@ class Sequential(LayerList):
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if fuse and fuses_with_next(layer, nxt):
                 pool = layers[i + 2] if i + 2 < len(layers) else None
+                stats = self._stats_for(i, y)
                 if pool is not None and pools_in_norm(pool, y.queue, y.shape):
-                    y = layer.forward(y, act=nxt, pool=pool)  # the pool's forward too; its backward runs
+                    y = layer.forward(y, act=nxt, pool=pool, stats=stats)  # the pool's forward and backward
                     pooled.append(i + 2)
                 else:
                     conv = layers[i + 2] if i + 2 < len(layers) else None
                     pad = _padded_input(conv, y)
-                    stats = self._stats_for(i, y)
                     if pad is not None:  # the conv's zero-bordered input planes, written by this pass
                         yp = layer.forward(y, act=nxt, pad=pad, stats=stats)  # checked by _padded_input
                         y = conv._forward_padded(yp, y.shape, conv.output_shape(y.shape), self._feeds_bn(i + 2))
