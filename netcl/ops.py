@@ -175,6 +175,14 @@ _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
 _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
 
 
+def compute_units(q):
+    """The queue's device's compute units (cached: a driver query)."""
+    cu = _compute_units.get(q.device.int_ptr)
+    if cu is None:
+        cu = _compute_units[q.device.int_ptr] = q.device.max_compute_units
+    return cu
+
+
 def config_class(q):
     """The queue's device class, a key of _GEMM_CONFIG ("cpu", "cpu16", "gpu"): it picks kernel
     variants and launch sizes (cached per device; tests override it through _config_class)."""
@@ -237,10 +245,7 @@ def _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias_arg, bias
     options = (f"-DBM={bm}", f"-DBN={bn}", f"-DBK={cfg['BK']}", f"-DRM={cfg['RM']}", f"-DRN={cfg['RN']}",
                f"-DA_KMAJOR={a_k}", f"-DB_KMAJOR={b_k}")
     mt, nt = -(-M // bm), -(-N // bn)
-    cu = _compute_units.get(q.device.int_ptr)
-    if cu is None:
-        cu = _compute_units[q.device.int_ptr] = q.device.max_compute_units
-    want, tiles = cfg["groups_per_cu"] * cu, mt * nt * batch
+    want, tiles = cfg["groups_per_cu"] * compute_units(q), mt * nt * batch
     splits = max(1, min(-(-want // tiles), K // cfg["min_kchunk"])) if tiles < want else 1
     ksteps = max(1, -(-K // cfg["BK"]))
     kchunk = -(-ksteps // splits) * cfg["BK"]

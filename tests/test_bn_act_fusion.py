@@ -8,7 +8,7 @@ from conftest import assert_close
 
 from netcl import Tensor, nn, ops
 from netcl.apps.bench import torch_layer
-from netcl.nn import sequential
+from netcl.nn import norm, sequential
 
 # name -> (netcl layer class, its keyword arguments, the torch module): activations that
 # differentiate through their input (z recomputed) and through their output (Sigmoid, Tanh: act(z))
@@ -173,19 +173,28 @@ PADDED_INPUTS = {(2, 3, 8, 32): 2, (2, 3, 16, 16): 2, (1, 3, 6, 20): 3, (2, 3, 5
 
 @pytest.mark.parametrize("winot", ["1", "0"])
 @pytest.mark.parametrize("shape", list(PADDED_GRADS))
-def test_padded_planes_training_equals_unfused_and_torch(queue, rng, torch, record_error, monkeypatch, winot, shape):
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_padded_planes_training_equals_unfused_and_torch(queue, rng, torch, record_error, monkeypatch, winot, shape,
+                                                         per_channel):
     """The BatchNorm passes that write a conv's zero-bordered planes: forward into "rows" (32, 20
     and 16 wide) and "channels" (9 wide, and the stride-2 conv) planes, backward into those of
     the direct kernels (wgrad_cpu, corr_cpu) and of the Winograd ones (winot_wgrad reading dy
-    inside its border, conv_winot; NETCL_CPU_WINOT=1), equal to the unfused layers and torch."""
+    inside its border, conv_winot; NETCL_CPU_WINOT=1), equal to the unfused layers and torch; the
+    backward by a work-item per channel (bn_bwd_channel_cpu, where a channel fits in L2) or by
+    parts and planes (bn_bwd_part_cpu, bn_bwd_apply_pad_cpu)."""
     monkeypatch.setenv("NETCL_CPU_WINOT", winot)
+    monkeypatch.setattr(norm, "_CHANNEL_L2", norm._CHANNEL_L2 if per_channel else 0)
+    monkeypatch.setattr(norm, "_CHANNEL_ITEMS", 1)  # every BatchNorm here, whatever the cores
     calls = {"bn_apply_pad_cpu": 0, "bn_bwd_apply_pad_cpu": 0}
     enqueue = ops._enqueue
 
-    def counted(queue, k, *args):
-        if k.function_name in calls:
-            calls[k.function_name] += 1
-        return enqueue(queue, k, *args)
+    def counted(queue, k, gsize, lsize, args):
+        name = k.function_name
+        if name == "bn_bwd_channel_cpu" and args[4:6] != args[2:4]:  # (HP, WP) != (H, W): padded
+            name = "bn_bwd_apply_pad_cpu"
+        if name in calls:
+            calls[name] += 1
+        return enqueue(queue, k, gsize, lsize, args)
     monkeypatch.setattr(ops, "_enqueue", counted)
     model = randomize(build_padded("ReLU"), rng).to(queue).train()
     ref = torch_twin(torch, model, "ReLU")
@@ -260,6 +269,8 @@ def test_fusion_saves_two_launches_per_pair(queue, rng, monkeypatch, cls, pooled
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     model = (build_pooled if pooled else build)("LeakyReLU").to(queue).train()
+    # the pairs' launches alone: no statistics from the convs (test_batchnorm_statistics_from_the_conv)
+    monkeypatch.setattr(sequential.Sequential, "_feeds_bn", lambda self, i: False)
     x = Tensor.from_host(queue, rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
     dy = Tensor.from_host(queue, rng.standard_normal(model.output_shape(x.shape)).astype(np.float32))
     n = count_launches(monkeypatch)
@@ -346,6 +357,11 @@ def test_residual_sum_applies_the_batchnorms(queue, rng, torch, record_error, mo
     monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
     fused = run(queue, model, x, dy, True, monkeypatch)
     assert names.count("bn_add_act_cpu") == (4 if ops.is_cpu(queue) else 0)  # two blocks, two steps
+    # every conv before a training BatchNorm (corr_cpu, corrc_cpu on these narrow planes, the
+    # shortcut's pw2_fwd_cpu) computes its statistics parts: five BatchNorms a step, or two with
+    # the sums' frozen
+    assert names.count("bn_stats_finish_cpu") == ((4 if frozen else 10) if ops.is_cpu(queue) else 0)
+    assert "bn_stats_part_cpu" not in names
     model.load_state_dict(state)
     check(fused, run(queue, model, x, dy, False, monkeypatch), "bn sum vs unfused", 2e-6)
     record_error(*check(fused, run_torch(torch, ref, x, dy), "bn sum vs torch", 1e-5))

@@ -124,7 +124,10 @@ def test_nested_sequential_trains_saves_exports_and_fuses(queue, rng, tmp_path):
     assert dx.shape == x.shape and all(p.grad is not None for p in model.parameters())
     flat.train()
     y_flat = flat(Tensor.from_host(queue, x))
-    assert np.array_equal(y.to_host(), y_flat.to_host())
+    # float32 rounding apart: on CPUs the flat model's conv computes the BatchNorm's statistics in
+    # its pass (Conv2d.output_statistics), the nested one's BatchNorm (first in its own Sequential)
+    # reads its input for them
+    np.testing.assert_allclose(y.to_host(), y_flat.to_host(), rtol=1e-6, atol=1e-6)
 
     model.eval()
     ref = flat.eval()(Tensor.from_host(queue, x)).to_host()  # fused, flat

@@ -209,7 +209,8 @@ __kernel void sum_chunks_cpu(const int size, const int chunks, __global const fl
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int HP, const int WP, const int CB,
               const int SCO, const int SCI, __global const float *inp, __global const float *w,
-              __global const float *bias, const int has_bias, __global float *out) {
+              __global const float *bias, const int has_bias, __global float *out, const int stats,
+              __global float *st) {
     const int y0 = get_global_id(0) * RR, n = get_global_id(1) / CB, cb = get_global_id(1) % CB;
     int wm[RM];  // the channels' first weights
 #pragma unroll
@@ -267,6 +268,23 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
                     for (int i = 0; i < OW - x0; i++) d[i] = t[i];
                 }
             }
+            // stats (OW a multiple of 16, OH of RR): a BatchNorm2d's batch-statistics parts, the RR x
+            // 16 outputs of a channel a part, as pw2_fwd_cpu's: st[2 (co P + p)], p = (n (OH / RR) +
+            // y0 / RR) (OW / 16) + x0 / 16 of P
+            if (stats) {
+                float16 s16 = 0.0f, d16 = 0.0f, q16 = 0.0f;
+#pragma unroll
+                for (int r = 0; r < RR; r++) s16 += tot[r][m] + b;
+                const float sum = hsum16(s16), mu = sum / (16 * RR);
+#pragma unroll
+                for (int r = 0; r < RR; r++) {
+                    const float16 dv = tot[r][m] + b - mu;
+                    d16 += dv, q16 += dv * dv;
+                }
+                const int P = get_global_size(1) / CB * (OH / RR) * (OW / 16);
+                __global float *o = st + 2 * (co * P + (n * (OH / RR) + y0 / RR) * (OW / 16) + x0 / 16);
+                o[0] = sum, o[1] = hsum16(q16) - hsum16(d16) * hsum16(d16) / (16 * RR);
+            }
         }
     }
 }
@@ -281,7 +299,8 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const int OW, const int HP, const int WP,
                const int XT, const int S, __global const float *inp, __global const float *wt,
-               __global const float *bias, const int has_bias, __global float *out) {
+               __global const float *bias, const int has_bias, __global float *out, const int stats,
+               __global float *st) {
     const int t = get_global_id(0), y = t / XT, x0 = (t - y * XT) * TC, N = get_global_size(1) / (COP / 32);
     const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
     float16 acc[TC][2], tot[TC][2];
@@ -326,6 +345,24 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
     for (int m = 0; m < lanes; m++) {
         const float b = has_bias ? bias[co0 + m] : 0.0f;
         for (int i = 0; i < min(TC, OW - x0); i++) dst[m * OH * OW + i] = v[i][m] + b;
+    }
+    // stats (OW a multiple of TC): a BatchNorm2d's batch-statistics parts, the TC outputs of each
+    // channel a part, as pw2_fwd_cpu's: st[2 (co P + p)], p = n OH XT + t of P = N OH XT
+    if (stats) {
+        __global float *o = st + 2 * (co0 * N * OH * XT + n * OH * XT + t);
+        for (int m = 0; m < lanes; m++, o += 2 * N * OH * XT) {
+            const float b = has_bias ? bias[co0 + m] : 0.0f;
+            float sum = 0.0f, sd = 0.0f, sq = 0.0f;
+#pragma unroll
+            for (int i = 0; i < TC; i++) sum += v[i][m] + b;
+            const float mu = sum / TC;
+#pragma unroll
+            for (int i = 0; i < TC; i++) {
+                const float d = v[i][m] + b - mu;
+                sd += d, sq += d * d;
+            }
+            o[0] = sum, o[1] = sq - sd * sd / TC;
+        }
     }
 }
 
@@ -523,10 +560,14 @@ void col2im_cpu(const int NCH, const int rows, const int C, const int H, const i
 #endif
 
 // out[n][o][y][x] = sum over c of w[o][c] * x[n][c][2y][2x] (+ bias[o]), every output channel in
-// blocks of PW_RM (the inputs of one vector stay in L1)
+// blocks of PW_RM (the inputs of one vector stay in L1). st (where not 0): the batch-statistics
+// parts of a BatchNorm2d after it, a part the 16 values of a vector, as conv_winot.cl's STATS:
+// st[2 (o P + v)] their sum, st[2 (o P + v) + 1] their squared deviations from their mean, P the
+// number of vectors.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global const float *x,
-                 __global const float *w, __global const float *bias, const int has_bias, __global float *out) {
+                 __global const float *w, __global const float *bias, const int has_bias, __global float *out,
+                 const int stats, __global float *st) {
     const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
     const int y = p0 / OW, x0 = p0 - y * OW, HW = 4 * OH * OW;
     __global const float *src = x + n * C * HW + 4 * y * OW + 2 * x0;
@@ -547,8 +588,16 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
             for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
         }
         __global float *dst = out + (n * CO + o0) * OH * OW + p0;
-        for (int m = 0; m < m1; m++)
-            *(__global ufloat16 *)(dst + m * OH * OW) = tot[m] + (has_bias ? bias[o0 + m] : 0.0f);
+        for (int m = 0; m < m1; m++) {
+            const float16 z = tot[m] + (has_bias ? bias[o0 + m] : 0.0f);
+            *(__global ufloat16 *)(dst + m * OH * OW) = z;
+            if (stats) {  // the deviations' sum corrects the mean's rounding (norm.cl's bn_stats_part)
+                const float sum = hsum16(z), mu = sum / 16.0f;
+                const float16 d = z - mu;
+                __global float *o = st + 2 * ((o0 + m) * (int)get_global_size(0) + v);
+                o[0] = sum, o[1] = hsum16(d * d) - hsum16(d) * hsum16(d) / 16.0f;
+            }
+        }
     }
 }
 

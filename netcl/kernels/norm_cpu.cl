@@ -353,6 +353,53 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
     }
 }
 
+// The backward in one launch, a work-item per channel, where a channel's x and dy fit in L2
+// together (netcl.nn.norm's _CHANNEL_L2): work-item c sums dz and dz (x - mean) over its N
+// planes (bn_bwd_part_cpu's float16 lanes, flushed every FLUSH vectors), writes dbeta and dgamma
+// (added where acc), then dx of the same planes, x and dy read again from its L2 rather than
+// beyond it, into planes (N, C, HP, WP) at row top, column left (HP = H, WP = W, top = left = 0:
+// dx as it is). A launch and a read of x and dy less than bn_bwd_part_cpu + bn_bwd_apply(_pad)_cpu.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, const int HP, const int WP,
+                        const int top, const int left, __global const float *x, __global const float *dy,
+                        __global const float *mean, __global const float *var, __global const float *gamma,
+                        __global const float *beta, const float eps, const float slope, __global float *dgamma,
+                        __global float *dbeta, const int acc, __global float *out, const int batch_stats) {
+    const int c = get_global_id(0), HW = H * W;
+    const float m = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c], g = ga * inv;
+    float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
+    float tb = 0.0f, tg = 0.0f;
+    int nv = 0;
+    for (int n = 0; n < N; n++) {
+        __global const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
+        int i = 0;
+        for (; i + 16 <= HW; i += 16) {
+            const float16 xv = *(__global const ufloat16 *)(xp + i);
+            const float16 d = BN_DZ(xv, *(__global const ufloat16 *)(gp + i), m, inv, ga, be, slope);
+            rb16 += d;
+            rg16 += d * (xv - m);
+            if (++nv == FLUSH) b16 += rb16, g16 += rg16, rb16 = rg16 = 0.0f, nv = 0;
+        }
+        for (; i < HW; i++) {
+            const float d = BN_DZ(xp[i], gp[i], m, inv, ga, be, slope);
+            tb += d;
+            tg += d * (xp[i] - m);
+        }
+    }
+    rb16.s0 += tb;
+    rg16.s0 += tg;
+    const float db = hsum16(b16 + rb16), dg = hsum16(g16 + rg16) * inv;
+    dgamma[c] = acc ? dgamma[c] + dg : dg;
+    dbeta[c] = acc ? dbeta[c] + db : db;
+    const float inv_m = 1.0f / (float)(N * HW);
+    const float k1 = batch_stats ? db * inv_m : 0.0f, k2 = batch_stats ? dg * inv * inv_m : 0.0f;
+#define DX16(o, i) *(__global ufloat16 *)(o) = BN_DX(*(__global const ufloat16 *)(x + (i)), *(__global const ufloat16 *)(dy + (i)))
+#define DX1(o, i) *(o) = BN_DX(x[i], dy[i])
+    for (int n = 0; n < N; n++) PAD_PLANE(n * C + c, DX16, DX1);
+#undef DX16
+#undef DX1
+}
+
 // BatchNorm2d (+ activation) whose output fed a 2x2 stride-2 MaxPool2d run in its forward pass
 // (pool_cpu.cl's bn_maxpool2_cpu): the backward takes the pool's gradient dp (N, C, OH, OW) and
 // argmax, and gives each input element g = dp of its window where the argmax points there, else

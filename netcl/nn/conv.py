@@ -63,17 +63,24 @@ def _cpu_options(k, flip=0, rm=8):
     return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={_CORR_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}", f"-DFLIP={flip}")
 
 
-def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None):
+def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     """out (N, CO, OH, OW) = corr_cpu's correlation of the zero-bordered planes inp (N, CI, HP, WP)
     with the weights w (element strides sco per output and sci per input channel; flip: taps
-    reversed, a data gradient) (+ bias)."""
+    reversed, a data gradient) (+ bias). With `stats`, where its tiles cover the planes exactly,
+    also out's batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values
+    per part); else None."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, rm = math.isqrt(w.size // (co * ci)), 8 if co >= 8 else 4
     cb, has_bias = -(-co // rm), bias is not None
+    stats = stats and ow % 16 == 0 and oh % _CORR_RR == 0
+    parts = n * (oh // _CORR_RR) * (ow // 16)
+    part = ops.new(q, (co, parts, 2)) if stats else None
     ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
-               inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, options=_cpu_options(k, flip, rm))
+               inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats), part if stats else out,
+               options=_cpu_options(k, flip, rm))
     out.mark_written()
+    return (part.mark_written(), parts, 16 * _CORR_RR) if stats else None
 
 
 # corrc_cpu's output positions per work-item (x 32 channels), and the most weights per output
@@ -84,20 +91,26 @@ _ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 _CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
 
-def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False):
+def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False):
     """out (N, CO, OH, OW) = corrc_cpu's correlation (stride `stride`) of the zero-bordered planes
     inp (N, CI, HP, WP) with w (CO, CI, k, k), or with w (CI, CO, k, k) flipped (flip: a data
     gradient), through its channel-last packing (+ bias); `unpad`: inp is a 3x3 stride-2 padding-1
-    convolution's input as it is, of even planes (UNPAD)."""
+    convolution's input as it is, of even planes (UNPAD). With `stats`, where OW is a multiple of
+    its tile, also out's batch-statistics parts for a BatchNorm2d after it, returned as (part,
+    parts, values per part); else None."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
     options = _cpu_options(k) + (f"-DTC={_CORRC_TC}",) + (("-DUNPAD=1",) if unpad else ())
     wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
     xt, has_bias = -(-ow // _CORRC_TC), bias is not None
+    stats = stats and ow % _CORRC_TC == 0
+    part = ops.new(q, (co, n * oh * xt, 2)) if stats else None
     ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
-               inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, options=options)
+               inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats),
+               part if stats else out, options=options)
     out.mark_written()
+    return (part.mark_written(), n * oh * xt, _CORRC_TC) if stats else None
 
 
 def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
@@ -381,7 +394,8 @@ class Conv2d(Module):
 
     def forward(self, x, stats=False):
         """y = conv(x); with `stats` (Sequential's training path, a BatchNorm2d next), a kernel that
-        can also computes y's batch-statistics parts (output_statistics)."""
+        can (conv_winot, corr_cpu, corrc_cpu, pw2_fwd_cpu) also computes y's batch-statistics parts
+        (output_statistics)."""
         q = self._on(x)
         out_shape = self.output_shape(x.shape)  # checks the rank first
         self._out_stats = None
@@ -393,10 +407,11 @@ class Conv2d(Module):
             return self._forward_padded(xp, x.shape, out_shape, stats)
         if self._phases(q, x.shape):  # corrc_cpu on x as it is (UNPAD); backward: _backward_phases
             y = ops.new(q, out_shape)
-            _corrc_cpu(q, x, self.weight, y, 2, 0, self.bias, unpad=True)
+            st = _corrc_cpu(q, x, self.weight, y, 2, 0, self.bias, unpad=True, stats=stats)
             self._saved = (x.shape, "phases", x)
+            self._out_stats = (y,) + st if st else None
             return y
-        return self._forward_other(x, out_shape)
+        return self._forward_other(x, out_shape, stats)
 
     def forward_padded(self, xp, shape):
         """forward() of an input of `shape` given as the zero-bordered planes xp that padded_input
@@ -412,7 +427,8 @@ class Conv2d(Module):
     def output_statistics(self, y):
         """(part, parts, values per part): the batch-statistics parts of y per channel (norm.cl's
         layout, for BatchNorm2d.forward's `stats`) where y is this conv's last output and its
-        kernel computed them (forward with stats: conv_winot); else None."""
+        kernel computed them (forward with stats: conv_winot, corr_cpu, corrc_cpu, pw2_fwd_cpu); else
+        None."""
         st = getattr(self, "_out_stats", None)
         return st[1:] if st is not None and st[0] is y else None
 
@@ -427,14 +443,14 @@ class Conv2d(Module):
         if wino:
             st = _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q), stats=stats)
             self._out_stats = (y,) + st if st else None
-        elif mode == "rows":
-            _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias)
         else:
-            _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias)
+            st = (_corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias, stats=stats) if mode == "rows" else
+                  _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias, stats=stats))
+            self._out_stats = (y,) + st if st else None
         self._saved = (tuple(shape), mode, xp)  # backward's weight gradient reads the padded x
         return y
 
-    def _forward_other(self, x, out_shape):
+    def _forward_other(self, x, out_shape, stats=False):
         q = x.queue
         _, oc, oh, ow = out_shape
         n, c, h, w = x.shape
@@ -448,11 +464,13 @@ class Conv2d(Module):
             return y.mark_written()
         pw = self._pointwise2(q, x.shape)
         if pw is not None:
-            has_bias = self.bias is not None
-            ops.launch(q, _FAMILY, "pw2_fwd_cpu", (n * oh * ow // 16,), (1,), c, oc, oh, ow, x,
+            has_bias, vectors = self.bias is not None, n * oh * ow // 16
+            st = ops.new(q, (oc, vectors, 2)) if stats else None
+            ops.launch(q, _FAMILY, "pw2_fwd_cpu", (vectors,), (1,), c, oc, oh, ow, x,
                        self.weight, self.bias if has_bias else ops.dummy(q), int(has_bias), y,
-                       options=pw)
+                       int(stats), st if stats else y, options=pw)
             self._saved = (x.shape, "pointwise", x)
+            self._out_stats = (y, st.mark_written(), vectors, 16) if stats else None
             return y.mark_written()
         G, P, ckk = self.groups, oh * ow, c * k * k
         cols = ops.new(q, (ckk, n * P))

@@ -11,6 +11,10 @@ from netcl.runtime import alloc
 # wants thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
 # pass reads from its L2 cache; 16K floats = 64 KiB).
 PART_LEN = {"gpu": 4096, "cpu": 16384}
+# A CPU backward runs in one launch, a work-item per channel (bn_bwd_channel_cpu), where a channel's
+# x and dy fit in this much of a core's L2 together and there are channels enough for every core
+# (_CHANNEL_ITEMS per compute unit): its second pass then reads them from L2.
+_CHANNEL_L2, _CHANNEL_ITEMS = 1024 * 1024, 4
 
 
 def _parts(q, m):
@@ -223,6 +227,14 @@ class BatchNorm2d(Module):
         q = dy.queue
         length, parts = _parts(q, n * h * w)
         cpu = ops.is_cpu(q)
+        if cpu and 8 * n * h * w <= _CHANNEL_L2 and c >= _CHANNEL_ITEMS * ops.compute_units(q):
+            top, left, hp, wp = pad if pad is not None else (0, 0, h, w)
+            ops.launch(q, "norm_cpu", "bn_bwd_channel_cpu", (c,), (1,), n, c, h, w, hp, wp, top, left, x, dy, mean,
+                       var, self.weight, self.bias, self.eps, slope, gw, gb, int(acc_w), dx, int(training),
+                       options=options)
+            gw.mark_written()
+            gb.mark_written()
+            return dx.mark_written()
         part = ops.new(q, (c, parts, 2))
         if cpu:  # the sums' second stage inside the element-wise pass (norm_cpu.cl)
             ops.launch(q, "norm_cpu", "bn_bwd_part_cpu", (parts, c), (1, 1), n, c, h * w, length, x, dy, mean, var,
