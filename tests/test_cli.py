@@ -16,6 +16,20 @@ def test_devices(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert out.count("*") >= 1 and "NETCL_DEVICE" in out
+    assert main(["devices", "--check"]) == 0  # the selected device builds kernels (the suite's premise)
+    out = capsys.readouterr().out
+    selected = next(line for line in out.splitlines() if line.startswith("*"))
+    assert "[builds kernels]" in selected
+
+
+def test_devices_check_fails_on_a_device_that_cannot_build(monkeypatch, capsys):
+    from netcl.runtime import device
+
+    monkeypatch.setattr(device, "_probed", {})
+    monkeypatch.setattr(device, "_PROBE", "__kernel void netcl_probe(__global float *a) { a[0] = no_such; }")
+    assert main(["devices", "--check"]) == 3
+    captured = capsys.readouterr()
+    assert "CANNOT BUILD" in captured.out and "cannot build kernels" in captured.err
 
 
 def test_train_resume_export_verify(trained, capsys):

@@ -29,7 +29,9 @@ def test_devices_lists_the_selected_device(queue):
 
 def test_netcl_device_selects_by_type_and_name(queue, monkeypatch):
     devs = netcl.devices()
-    cpu = next((d for d in devs if d.type == "cpu" and not d.name.startswith(device_module.SERIAL_PREFIXES)), None)
+    pairs = device_module._all_devices()
+    cpu = next((d for d, (_, dev) in zip(devs, pairs) if d.type == "cpu" and not d.name.startswith(
+        device_module.SERIAL_PREFIXES) and device_module.compile_error(dev) is None), None)
     if cpu is not None:
         monkeypatch.setenv("NETCL_DEVICE", "cpu")
         assert select_device().name.strip() == cpu.name
@@ -62,6 +64,53 @@ def test_no_platform_raises_no_device_error_with_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyopencl", None)  # pyopencl not installed at all
     with pytest.raises(NoDeviceError, match="pip install pyopencl"):
         device_module.select_device()
+
+
+class _FakePlatform:
+    def __init__(self, ptr, name="Portable Computing Language"):
+        self.int_ptr, self.name, self.vendor = ptr, name, "The pocl project"
+
+
+class _FakeDevice:
+    def __init__(self, ptr, platform, name, kind):
+        import pyopencl as cl
+
+        self.int_ptr, self.platform, self.name = ptr, platform, name
+        self.type = getattr(cl.device_type, kind)
+
+
+def test_selection_takes_the_first_platform_whose_device_builds(monkeypatch):
+    """Two PoCLs (PyPI's 3.0 beside Debian's 3.1, as `make` installs on a CPU LLVM 14 does not
+    know): by type, by default or by a name both match, the first device whose one-line kernel
+    builds; with one platform, or none building, no change (the first, whose build error then shows)."""
+    p1, p2 = _FakePlatform(1), _FakePlatform(2)
+    old, new = _FakeDevice(11, p1, "pthread-AMD EPYC", "CPU"), _FakeDevice(21, p2, "pthread-skylake-avx512-AMD EPYC", "CPU")
+    serial = _FakeDevice(22, p2, "basic-skylake-avx512-AMD EPYC", "CPU")
+    monkeypatch.delenv("NETCL_DEVICE", raising=False)
+    monkeypatch.setattr(device_module, "_all_devices", lambda: [(p1, old), (p2, serial), (p2, new)])
+    broken = {11}
+    probed = []
+
+    def fake_error(d):
+        probed.append(d.int_ptr)
+        return "error: unknown target CPU 'generic'" if d.int_ptr in broken else None
+
+    monkeypatch.setattr(device_module, "compile_error", fake_error)
+    for spec in (None, "cpu", "PTHREAD"):
+        assert select_device(spec) is new, spec
+    assert select_device("basic") is serial  # one match: no probe
+    assert select_device("pthread-AMD") is old
+    broken.add(21)
+    assert select_device() is old  # none builds: the first
+    monkeypatch.setattr(device_module, "_all_devices", lambda: [(p1, old)])
+    probed.clear()
+    assert select_device() is old and probed == []  # one platform: nothing probed
+
+
+def test_probe_and_the_unknown_cpu_hint(queue):
+    assert device_module.compile_error(queue.device) is None
+    assert "pocl-opencl-icd" in program._hint("error: unknown target CPU 'generic'")
+    assert program._hint("error: use of undeclared identifier") == ""
 
 
 def test_failed_build_raises_compile_error_with_log(queue):

@@ -16,7 +16,8 @@ from netcl.errors import CompileError, FormatError, NoDeviceError
 from netcl.io import export_onnx, export_test_case, import_onnx, load, load_checkpoint, save, save_checkpoint
 from netcl.io.onnx_export import TARGETS, resolve_opset
 from netcl.runtime import select_device
-from netcl.runtime.device import _all_devices, is_serial
+from netcl.runtime.device import _all_devices, compile_error, is_serial
+from netcl.runtime.program import _hint
 
 
 def _load_model(path):
@@ -28,13 +29,26 @@ def _load_model(path):
 # -- commands ----------------------------------------------------------------------------
 def cmd_devices(args):
     chosen = select_device()
+    bad = False
     for d, (_, dev) in zip(netcl.devices(), _all_devices()):
         note = ""
         if is_serial(dev):
             note = "  <- serial: kernels run in the calling thread; predict() uses it for small calls"
+        if args.check:
+            err = compile_error(dev)
+            note += "  [builds kernels]" if err is None else f"  [CANNOT BUILD: {_first_error_line(err)}]"
+            bad = bad or (err is not None and dev == chosen)
         print(f"{'*' if dev == chosen else ' '} {d}{note}")
     print("(* = selected; set NETCL_DEVICE=gpu|cpu|<name substring> to choose; NETCL_CPU_SERIAL=0: no serial device)")
+    if bad:
+        print(f"error: the selected device cannot build kernels{_hint(compile_error(chosen)) or '.'}", file=sys.stderr)
+        return 3
     return 0
+
+
+def _first_error_line(err):
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip().startswith("error:")]
+    return lines[0] if lines else err.splitlines()[0]
 
 
 def cmd_train(args):
@@ -123,6 +137,8 @@ def build_parser():
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("devices", help="list OpenCL devices and the one netcl selects")
+    p.add_argument("--check", action="store_true",
+                   help="build a one-line kernel on each device; exit 3 if the selected one cannot")
     p.set_defaults(fn=cmd_devices)
 
     p = sub.add_parser("train", help="train the digits CNN recipe and save a .netcl model")

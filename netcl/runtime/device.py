@@ -8,7 +8,15 @@ processes inherit the environment they were given), so that predict() can run ca
 small for two cores on the serial device (netcl.jit.plan): handing a kernel to a worker thread that
 sleeps on another core costs ~20-45 us on this project's 2-core machine, more than many of a small
 model's kernels take. The serial device is never chosen as "cpu" or by default, only by its name.
-NETCL_CPU_SERIAL=0 leaves POCL_DEVICES alone (and predict() on the pthread device)."""
+NETCL_CPU_SERIAL=0 leaves POCL_DEVICES alone (and predict() on the pthread device).
+
+A device that cannot compile: PoCL 3.0 from PyPI (pocl-binary-distribution, LLVM 14) names a CPU
+its LLVM does not know (AMD Zen 5, family 26, say) "generic", which its compiler then refuses
+("unknown target CPU 'generic'"), so no kernel builds. Where the type-based choice has several
+candidates on several platforms (a second PoCL beside it, such as Debian's pocl-opencl-icd, which
+`make` installs where the first cannot build), by type or by a name both match, netcl tries a one-line
+kernel on each in turn (compile_error) and takes the first that builds; `netcl devices --check`
+tries every device."""
 import os
 from dataclasses import dataclass
 
@@ -43,6 +51,7 @@ def _cl():
 
 SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named by driver (PoCL 3; 5+)
 SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
+_probed = {}  # device (int_ptr) -> None where a one-line kernel builds on it, else the error's text
 _asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
 
 
@@ -76,6 +85,27 @@ def _ask_pocl_for_serial():
             os.environ["POCL_DEVICES"] = "pthread basic"
             return True
     return False
+
+
+_PROBE = "__kernel void netcl_probe(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+
+
+def compile_error(device):
+    """None where a one-line kernel builds on `device` (a pyopencl.Device), else the build error's
+    text. Built once per device and process (PoCL keeps the binary in its own cache as well)."""
+    key = device.int_ptr
+    if key not in _probed:
+        import warnings
+
+        cl = _cl()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                cl.Program(cl.Context([device]), _PROBE).build()
+            _probed[key] = None
+        except cl.Error as e:
+            _probed[key] = str(e).strip() or type(e).__name__
+    return _probed[key]
 
 
 def is_serial(device):
@@ -137,6 +167,9 @@ def select_device(spec=None):
             hits = [d for p, d in parallel if _type_name(d) == "gpu"] or [d for p, d in parallel
                                                                           if _type_name(d) == "cpu"]
             hits = hits or [d for _, d in parallel]
+    if len({d.platform.int_ptr for d in hits}) > 1:  # e.g. two PoCLs: the first that compiles (none:
+        ok = next((d for d in hits if compile_error(d) is None), None)  # the first, whose error
+        hits = [ok] if ok is not None else hits  # shows at its first kernel)
     if not hits:
         found = ", ".join(f"{d.name.strip()} ({p.name.strip()})" for p, d in pairs)
         raise NoDeviceError(f"NETCL_DEVICE={spec!r} matches no OpenCL device; expected 'gpu', 'cpu' or a "

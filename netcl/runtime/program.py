@@ -45,6 +45,17 @@ def _key(source, options, device):
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
+_UNKNOWN_CPU_HINT = (
+    " (this PoCL's LLVM does not know the CPU, so no kernel builds on it: PoCL 3.0 from PyPI, LLVM 14, "
+    "predates AMD Zen 5, for one. Install a newer PoCL beside it, e.g. Debian's `apt-get install "
+    "pocl-opencl-icd`, which netcl then selects; `netcl devices --check` shows which devices build)")
+
+
+def _hint(log):
+    """What to do about a build failure whose cause is the installation, not the kernel."""
+    return _UNKNOWN_CPU_HINT if "unknown target CPU" in log else ""
+
+
 def build(context, source, options=()):
     """Build `source` for the (single) device of `context`, using the caches."""
     import pyopencl as cl
@@ -73,7 +84,7 @@ def build(context, source, options=()):
                 warnings.simplefilter("ignore", cl.CompilerWarning)
                 prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
         except cl.RuntimeError as e:  # pyopencl's message carries the compiler's log
-            raise CompileError(f"OpenCL build failed on {device.name.strip()}", str(e)) from None
+            raise CompileError(f"OpenCL build failed on {device.name.strip()}{_hint(str(e))}", str(e)) from None
         stats["compiled"] += 1
         try:
             binary = prog.get_info(cl.program_info.BINARIES)[0]
