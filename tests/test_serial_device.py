@@ -97,6 +97,7 @@ def test_a_serial_device_alone_on_its_platform_is_a_cpu(monkeypatch):
     other = NS(name="pthread-Intel(R) Xeon(R)", platform=other_pocl, kind="cpu")
     gpu = NS(name="NVIDIA H200", platform=nv, kind="gpu")
     monkeypatch.setattr(dv, "_type_name", lambda d: d.kind)
+    monkeypatch.setattr(dv, "compile_error", lambda d: None)  # all build (test_runtime: one that does not)
     monkeypatch.delenv("NETCL_DEVICE", raising=False)
     monkeypatch.setattr(dv, "_all_devices", lambda: [(pocl, basic), (nv, gpu)])
     assert dv.select_device("cpu") is basic and dv.select_device() is gpu
