@@ -11,6 +11,7 @@ table also gives netcl's kernel launches per step (counted in one more step).
     python tools/benchmark_training_step.py --models detector26,cnn,digits --batches 8,32
     python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2 --tinygrad
     python tools/benchmark_training_step.py --profile detector26 --batches 32   # per-layer fwd/bwd
+    python tools/benchmark_training_step.py --kernels resnet8 --batches 64       # per-kernel, whole steps
 
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
 driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
@@ -162,6 +163,71 @@ def profile_netcl(name, batch, args):
     print(f"    {'total':48s} {tf:8.3f} {tb:8.3f}")
 
 
+def kernel_profile_netcl(name, batch, args):
+    """Per-kernel device milliseconds of whole training steps, from OpenCL profiling events (a
+    second queue on the device's context with profiling on; every training launch goes through
+    netcl.ops._enqueue): per kernel name, its launches and median total a step, and the step's
+    kernel time against its wall time (the rest: gaps between kernels and the host's share)."""
+    import pyopencl as cl
+
+    import netcl
+    from netcl import Tensor, nn, ops, optim
+
+    base = netcl.default_queue(args.device)
+    q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    model = build_netcl(name).to(q).train()
+    x, y = data(name, batch)
+    xt = Tensor.from_host(q, x)
+    target = y if y is not None else np.random.default_rng(1).uniform(0, 1, model.output_shape(x.shape)).astype(np.float32)
+    loss_fn = nn.MSELoss() if y is None else nn.CrossEntropyLoss()
+    opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    events, enqueue = [], ops._enqueue
+
+    def recorded(queue, k, gsize, lsize, a):
+        ev = enqueue(queue, k, gsize, lsize, a)
+        events.append((k.function_name, ev))
+        return ev
+
+    def step():
+        loss_fn(model(xt), target)
+        model.backward(loss_fn.backward(), input_grad=False)
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(args.warmup):
+        step()
+    q.finish()
+    per_step, walls = [], []
+    ops._enqueue = recorded
+    try:
+        for _ in range(args.steps):
+            events.clear()
+            t = time.perf_counter()
+            step()
+            q.finish()
+            walls.append(time.perf_counter() - t)
+            by = {}
+            for kname, ev in events:
+                n, ns = by.get(kname, (0, 0))
+                by[kname] = (n + 1, ns + ev.profile.end - ev.profile.start)
+            per_step.append((by, len(events), sum(ns for _, ns in by.values())))
+    finally:
+        ops._enqueue = enqueue
+    names = {k for by, _, _ in per_step for k in by}
+    rows = sorted(((k, per_step[0][0].get(k, (0, 0))[0], 1e-6 * statistics.median(by.get(k, (0, 0))[1] for by, _, _ in per_step))
+                   for k in names), key=lambda r: -r[2])
+    busy = 1e-6 * statistics.median(t for _, _, t in per_step)
+    wall = 1e3 * statistics.median(walls)
+    print(f"== netcl kernels per training step: {name} batch {batch} on {q.device.name.strip()} "
+          f"(median of {args.steps} steps) ==")
+    print(f"{'kernel':32s} {'launches':>8s} {'ms':>8s} {'share':>6s}")
+    for k, n, ms in rows:
+        print(f"{k:32s} {n:8d} {ms:8.3f} {100 * ms / busy:5.1f}%")
+    print(f"{'kernels (sum of medians may differ)':32s} {per_step[0][1]:8d} {busy:8.3f}")
+    print(f"{'step wall time':32s} {'':8s} {wall:8.3f}   (gaps and host: {wall - busy:.3f} ms)")
+    return rows, busy, wall
+
+
 # -- PyTorch --------------------------------------------------------------------------------
 def torch_twin(model, torch):
     """The same layers and weights in torch.nn (netcl.apps.bench's twin, shared with `netcl bench`)."""
@@ -285,16 +351,22 @@ def main(argv=None):
     ap.add_argument("--threads", type=common.positive_int, default=None, help="PyTorch CPU threads")
     ap.add_argument("--runtime", choices=sorted(RUNNERS), default=None, help="run one runtime here (JSON lines)")
     ap.add_argument("--profile", default=None, help="print netcl's per-layer forward/backward times of this model")
+    ap.add_argument("--kernels", default=None,
+                    help="print netcl's per-kernel device time over whole training steps of this model")
     ap.add_argument("--json", default=None, help="also write the table to this JSON file")
     ap.add_argument("--tinygrad", action="store_true",
                     help="add tinygrad (pip tinygrad; its OpenCL backend, DEV=CL unless DEV is set) as a third runtime")
     args = ap.parse_args(argv)
-    unknown = [m for m in list(args.models) + ([args.profile] if args.profile else []) if m not in MODELS]
+    unknown = [m for m in list(args.models) + [m for m in (args.profile, args.kernels) if m] if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
     if args.profile:
         for b in args.batches:
             profile_netcl(args.profile, b, args)
+        return 0
+    if args.kernels:
+        for b in args.batches:
+            kernel_profile_netcl(args.kernels, b, args)
         return 0
     if args.runtime:
         for m in args.models:
