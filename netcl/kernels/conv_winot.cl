@@ -288,32 +288,40 @@ void winot_wgrad(__global const float *restrict x, __global const float *restric
             }
 }
 
-// dW (K, C, 3, 3) (+)= G^T M G, M[p] the sum over winot_wgrad's ng groups. Work-item (k, c).
-__kernel void winot_wgrad_finish(__global const float *restrict part, const int ng, __global float *restrict gw,
-                                 const int acc) {
-    const int k = get_global_id(0), c = get_global_id(1);
-    float m[16];
+// dW (K, C, 3, 3) (+)= G^T M G, M[p] the sum over winot_wgrad's ng groups, in order. Work-item
+// blk = (k / 4) * (C / 4) + c / 4: a 4 x 4 block of (k, c), one per lane of float16 as winot_wgrad
+// stores them (lane 4 (k % 4) + c % 4), so its loads are whole vectors and G runs on 16 at once.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winot_wgrad_finish(__global const float16 *restrict part, const int ng, __global float *restrict gw,
+                        const int acc) {
+    const int blk = get_global_id(0), nb = (K / 4) * (C / 4);
+    if (blk >= nb)
+        return;
+    float16 m[16];
 #pragma unroll
     for (int p = 0; p < 16; p++) m[p] = 0.0f;
-    const int lane = ((k / 4) * (C / 4) + c / 4) * 16 + 4 * (k % 4) + c % 4;
     for (int g = 0; g < ng; g++)
 #pragma unroll
-        for (int p = 0; p < 16; p++) m[p] += part[(g * 16 + p) * (K * C) + lane];
-    float t[3][4];
+        for (int p = 0; p < 16; p++) m[p] += part[(g * 16 + p) * nb + blk];
+    float16 t[3][4];
 #pragma unroll
     for (int q = 0; q < 4; q++) {  // G^T M
         t[0][q] = m[q] + 0.5f * (m[4 + q] + m[8 + q]);
         t[1][q] = 0.5f * (m[4 + q] - m[8 + q]);
         t[2][q] = 0.5f * (m[4 + q] + m[8 + q]) + m[12 + q];
     }
-    __global float *o = gw + (k * C + c) * 9;
+    float w[9][16];  // (G^T M) G, per output tap, lane by lane for the stores
 #pragma unroll
-    for (int r = 0; r < 3; r++) {  // (G^T M) G
-        const float w0 = t[r][0] + 0.5f * (t[r][1] + t[r][2]), w1 = 0.5f * (t[r][1] - t[r][2]);
-        const float w2 = 0.5f * (t[r][1] + t[r][2]) + t[r][3];
-        o[3 * r + 0] = acc ? o[3 * r + 0] + w0 : w0;
-        o[3 * r + 1] = acc ? o[3 * r + 1] + w1 : w1;
-        o[3 * r + 2] = acc ? o[3 * r + 2] + w2 : w2;
+    for (int r = 0; r < 3; r++) {
+        vstore16(t[r][0] + 0.5f * (t[r][1] + t[r][2]), 0, w[3 * r + 0]);
+        vstore16(0.5f * (t[r][1] - t[r][2]), 0, w[3 * r + 1]);
+        vstore16(0.5f * (t[r][1] + t[r][2]) + t[r][3], 0, w[3 * r + 2]);
+    }
+    const int k0 = 4 * (blk / (C / 4)), c0 = 4 * (blk % (C / 4));
+    for (int q = 0; q < 16; q++) {
+        __global float *o = gw + ((k0 + q / 4) * C + c0 + q % 4) * 9;
+#pragma unroll
+        for (int e = 0; e < 9; e++) o[e] = acc ? o[e] + w[e][q] : w[e][q];
     }
 }
 #endif  // TV

@@ -173,7 +173,8 @@ def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd, part, nt,
                options=options)
     part.mark_written()
-    ops.launch(q, "conv_winot", "winot_wgrad_finish", (k, c), (1, c), part, ng, gw, int(acc), options=options)
+    ops.launch(q, "conv_winot", "winot_wgrad_finish", ((k // 4) * (c // 4),), (1,), part, ng, gw, int(acc),
+               options=options)
     gw.mark_written()
 
 
