@@ -73,11 +73,11 @@ def time_steps(step, sync, steps, warmup):
 
 
 # -- netcl ----------------------------------------------------------------------------------
-def run_netcl(name, batch, args):
-    import netcl
+def netcl_step(name, batch, q):
+    """One training step of `name` at `batch` on queue q, as a function (the model built, the data
+    on the device): forward, loss (its value read), backward, SGD with momentum, zero_grad."""
     from netcl import Tensor, nn, optim
 
-    q = netcl.default_queue(args.device)
     model = build_netcl(name).to(q).train()
     x, y = data(name, batch)
     xt = Tensor.from_host(q, x)
@@ -92,6 +92,14 @@ def run_netcl(name, batch, args):
         opt.step()
         opt.zero_grad()
 
+    return step
+
+
+def run_netcl(name, batch, args):
+    import netcl
+
+    q = netcl.default_queue(args.device)
+    step = netcl_step(name, batch, q)
     ms = time_steps(step, q.finish, args.steps, args.warmup)
     return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms,
             "launches": count_launches(step)}
@@ -171,28 +179,17 @@ def kernel_profile_netcl(name, batch, args):
     import pyopencl as cl
 
     import netcl
-    from netcl import Tensor, nn, ops, optim
+    from netcl import ops
 
     base = netcl.default_queue(args.device)
     q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    model = build_netcl(name).to(q).train()
-    x, y = data(name, batch)
-    xt = Tensor.from_host(q, x)
-    target = y if y is not None else np.random.default_rng(1).uniform(0, 1, model.output_shape(x.shape)).astype(np.float32)
-    loss_fn = nn.MSELoss() if y is None else nn.CrossEntropyLoss()
-    opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    step = netcl_step(name, batch, q)
     events, enqueue = [], ops._enqueue
 
     def recorded(queue, k, gsize, lsize, a):
         ev = enqueue(queue, k, gsize, lsize, a)
         events.append((k.function_name, ev))
         return ev
-
-    def step():
-        loss_fn(model(xt), target)
-        model.backward(loss_fn.backward(), input_grad=False)
-        opt.step()
-        opt.zero_grad()
 
     for _ in range(args.warmup):
         step()

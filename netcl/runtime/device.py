@@ -12,11 +12,11 @@ NETCL_CPU_SERIAL=0 leaves POCL_DEVICES alone (and predict() on the pthread devic
 
 A device that cannot compile: PoCL 3.0 from PyPI (pocl-binary-distribution, LLVM 14) names a CPU
 its LLVM does not know (AMD Zen 5, family 26, say) "generic", which its compiler then refuses
-("unknown target CPU 'generic'"), so no kernel builds. Where the type-based choice has several
-candidates on several platforms (a second PoCL beside it, such as Debian's pocl-opencl-icd, which
-`make` installs where the first cannot build), by type or by a name both match, netcl tries a one-line
-kernel on each in turn (compile_error) and takes the first that builds; `netcl devices --check`
-tries every device."""
+("unknown target CPU 'generic'"), so no kernel builds. Where the candidates (by type, by default,
+or by a name several match) sit on more than one platform (a second PoCL beside it, such as
+Debian's pocl-opencl-icd, which `make` installs where the first cannot build), netcl tries a
+one-line kernel on each in turn (compile_error) and takes the first that builds; `netcl devices
+--check` tries every device."""
 import os
 from dataclasses import dataclass
 
