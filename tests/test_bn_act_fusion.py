@@ -214,6 +214,26 @@ def test_padded_planes_training_equals_unfused_and_torch(queue, rng, torch, reco
         assert calls["bn_bwd_apply_pad_cpu"] == 2 * PADDED_GRADS[shape][winot == "0"]
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 7, 13), (1, 3, 15, 15), (2, 3, 12, 7), (3, 3, 4, 4)])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_row_widths_training_equals_torch(queue, rng, torch, record_error, monkeypatch, shape, per_channel):
+    """Planes whose rows are no multiple of 16 (13 = 8 + 4 + 1, 15 = 8 + 4 + 3, 7 = 4 + 3, 4 and
+    the stride-2 conv's 7, 8 and 4): the BatchNorm + ReLU passes walk a row as float16, then one
+    float8, one float4 and scalars (norm_cpu.cl's PAD_RUN), into padded planes and, for the last
+    BatchNorm, as the plane's one run (no border); the sign of the ReLU's input random, half of
+    each plane's gradient masked: the same as float64 PyTorch."""
+    monkeypatch.setattr(norm, "_CHANNEL_L2", norm._CHANNEL_L2 if per_channel else 0)
+    monkeypatch.setattr(norm, "_CHANNEL_ITEMS", 1)
+    model = randomize(build_padded("ReLU"), rng).to(queue).train()
+    ref = torch_twin(torch, model, "ReLU")
+    for m in (model.layers[4], ref[4]):  # after the biased conv: its bias gradient is not 0
+        m.eval()
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    fused = run(queue, model, x, dy, True, monkeypatch)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "row widths vs torch", 1e-5))
+
+
 def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, builder=build):
     if cls == "gpu":
         monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})

@@ -46,5 +46,8 @@ void act_bwd_cpu(const int n, const int chunk, const float slope, __global const
         const float16 s = *(__global const ufloat16 *)(saved + i), g = *(__global const ufloat16 *)(dy + i);
         *(__global ufloat16 *)(dx + i) = ACT_GRAD(ACT_KIND, s, g, slope);
     }
-    for (; i < i1; i++) dx[i] = ACT_GRAD(ACT_KIND, saved[i], dy[i], slope);
+    for (; i < i1; i++) {  // both loaded before the test: a select, not a branch around dy's load
+        const float s = saved[i], g = dy[i];
+        dx[i] = ACT_GRAD(ACT_KIND, s, g, slope);
+    }
 }

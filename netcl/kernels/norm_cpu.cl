@@ -19,6 +19,14 @@
 // with the batch-statistics terms k1, k2 (0 with running statistics) and the channel's constants
 // g = gamma * invstd, m, inv, ga, be, slope in scope: every backward element-wise pass's formula
 #define BN_DX(xv, d) (g * (BN_DZ(xv, d, m, inv, ga, be, slope) - k1 - ((xv) - m) * k2))
+// BN_DX of the T (a vector type or float) at input offset i of x and dy, stored at o: both loaded
+// before the formula, so that a scalar activation gradient is a select, not a branch around the
+// dy load (which the compiler may not move ahead of the test)
+#define BN_DX_ROW(T, o, i)                                                                    \
+    do {                                                                                      \
+        const T xv_ = *(__global const T *)(x + (i)), dv_ = *(__global const T *)(dy + (i));  \
+        *(__global T *)(o) = BN_DX(xv_, dv_);                                                 \
+    } while (0)
 
 // Batch statistics, stage 1: part p of channel c writes its sum and its sum of squared
 // deviations from its own mean (two passes, the second from cache; corrected by the
@@ -99,9 +107,9 @@ void bn_bwd_part_cpu(const int N, const int C, const int HW, const int plen, __g
         }
         float tb = 0.0f, tg = 0.0f;
         for (; i < len; i++) {
-            const float g = BN_DZ(xp[i], gp[i], mu, inv, ga, be, slope);
+            const float xv = xp[i], gv = gp[i], g = BN_DZ(xv, gv, mu, inv, ga, be, slope);  // loads first: BN_DX_ROW
             tb += g;
-            tg += g * (xp[i] - mu);
+            tg += g * (xv - mu);
         }
         rb16.s0 += tb;
         rg16.s0 += tg;
@@ -272,7 +280,7 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         int k = i;
         for (; k + 16 <= e; k += 16)
             *(__global ufloat16 *)(dx + k) = BN_DX(*(__global const ufloat16 *)(x + k), *(__global const ufloat16 *)(dy + k));
-        for (; k < e; k++) dx[k] = BN_DX(x[k], dy[k]);
+        for (; k < e; k++) BN_DX_ROW(float, dx + k, k);
     }
 }
 
@@ -280,29 +288,42 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
 // values at row `top`, column `left` of each: the padded planes the next (forward) or previous
 // (backward) convolution's CPU kernels read (netcl.nn.conv: Sequential hands them over, and the
 // convolution makes no padded copy of its own). `planes` planes per work-item. PAD_PLANE walks
-// one plane: zero rows, and per data row a zero left border, the row's W values as ROW16(o, w)
-// (16 of them, from input offset w) and ROW1(o, w), and a zero right border; c is its channel.
+// one plane (c its channel): zero rows, and per data row a zero left border, the row's W values
+// as ROW(T, o, w) (a T of them, from input offset w: float16, 8 and 4 while they fit, then
+// scalars) and a zero right border; a plane without border (HP = H, WP = W) as one run. Rows
+// narrower than 16 (8x8 planes) stay vectors: a scalar activation gradient (relu's g where s > 0)
+// became a branch on the sign there, mispredicted at random, 5-20x slower than the vector pass.
 inline void zero_span(__global float *d, const int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16) *(__global ufloat16 *)(d + i) = 0.0f;
     for (; i < n; i++) d[i] = 0.0f;
 }
 
-#define PAD_PLANE(pl, ROW16, ROW1)                                                     \
-    do {                                                                               \
-        __global float *d_ = out + (pl) * HP * WP;                                     \
-        zero_span(d_, top * WP);                                                       \
-        for (int h_ = 0; h_ < H; h_++) {                                               \
-            __global float *o_ = d_ + (top + h_) * WP;                                 \
-            const int r_ = ((pl) * H + h_) * W;                                        \
-            zero_span(o_, left);                                                       \
-            o_ += left;                                                                \
-            int w_ = 0;                                                                \
-            for (; w_ + 16 <= W; w_ += 16) ROW16(o_ + w_, r_ + w_);                    \
-            for (; w_ < W; w_++) ROW1(o_ + w_, r_ + w_);                               \
-            zero_span(o_ + W, WP - left - W);                                          \
-        }                                                                              \
-        zero_span(d_ + (top + H) * WP, (HP - top - H) * WP);                           \
+// ROW over n values from output o_, input offset r_: vectors of 16, then one of 8, of 4, scalars
+#define PAD_RUN(ROW, o_, r_, n)                                          \
+    do {                                                                 \
+        int w_ = 0;                                                      \
+        for (; w_ + 16 <= (n); w_ += 16) ROW(ufloat16, (o_) + w_, (r_) + w_); \
+        if (w_ + 8 <= (n)) { ROW(ufloat8, (o_) + w_, (r_) + w_); w_ += 8; } \
+        if (w_ + 4 <= (n)) { ROW(ufloat4, (o_) + w_, (r_) + w_); w_ += 4; } \
+        for (; w_ < (n); w_++) ROW(float, (o_) + w_, (r_) + w_);         \
+    } while (0)
+
+#define PAD_PLANE(pl, ROW)                                                 \
+    do {                                                                   \
+        __global float *d_ = out + (pl) * HP * WP;                         \
+        if (HP == H && WP == W) {                                          \
+            PAD_RUN(ROW, d_, (pl) * H * W, H * W);                         \
+            break;                                                         \
+        }                                                                  \
+        zero_span(d_, top * WP);                                           \
+        for (int h_ = 0; h_ < H; h_++) {                                   \
+            __global float *o_ = d_ + (top + h_) * WP;                     \
+            zero_span(o_, left);                                           \
+            PAD_RUN(ROW, o_ + left, ((pl) * H + h_) * W, W);               \
+            zero_span(o_ + left + W, WP - left - W);                       \
+        }                                                                  \
+        zero_span(d_ + (top + H) * WP, (HP - top - H) * WP);               \
     } while (0)
 
 // bn_apply_cpu into padded planes
@@ -320,11 +341,9 @@ void bn_apply_pad_cpu(const int NC, const int planes, const int C, const int H, 
         bn_channel_stats(c, pl < C, part, parts, plen, NC / C * H * W, mean, var, run_mean, run_var, momentum, &m,
                          &v);
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
-#define APPLY16(o, i) *(__global ufloat16 *)(o) = BN_ACT(*(__global const ufloat16 *)(x + (i)), m, inv, g, b, slope)
-#define APPLY1(o, i) *(o) = BN_ACT(x[i], m, inv, g, b, slope)
-        PAD_PLANE(pl, APPLY16, APPLY1);
-#undef APPLY16
-#undef APPLY1
+#define APPLY(T, o, i) *(__global T *)(o) = BN_ACT(*(__global const T *)(x + (i)), m, inv, g, b, slope)
+        PAD_PLANE(pl, APPLY);
+#undef APPLY
     }
 }
 
@@ -345,11 +364,7 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
         bn_channel_sums(c, pl < C, part, parts, inv, dgamma, dbeta, acc, &db, &dg);
         const float k1 = batch_stats ? db * inv_m : 0.0f;
         const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
-#define DX16(o, i) *(__global ufloat16 *)(o) = BN_DX(*(__global const ufloat16 *)(x + (i)), *(__global const ufloat16 *)(dy + (i)))
-#define DX1(o, i) *(o) = BN_DX(x[i], dy[i])
-        PAD_PLANE(pl, DX16, DX1);
-#undef DX16
-#undef DX1
+        PAD_PLANE(pl, BN_DX_ROW);
     }
 }
 
@@ -381,9 +396,9 @@ void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, cons
             if (++nv == FLUSH) b16 += rb16, g16 += rg16, rb16 = rg16 = 0.0f, nv = 0;
         }
         for (; i < HW; i++) {
-            const float d = BN_DZ(xp[i], gp[i], m, inv, ga, be, slope);
+            const float xv = xp[i], gv = gp[i], d = BN_DZ(xv, gv, m, inv, ga, be, slope);  // loads first: BN_DX_ROW
             tb += d;
-            tg += d * (xp[i] - m);
+            tg += d * (xv - m);
         }
     }
     rb16.s0 += tb;
@@ -393,11 +408,7 @@ void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, cons
     dbeta[c] = acc ? dbeta[c] + db : db;
     const float inv_m = 1.0f / (float)(N * HW);
     const float k1 = batch_stats ? db * inv_m : 0.0f, k2 = batch_stats ? dg * inv * inv_m : 0.0f;
-#define DX16(o, i) *(__global ufloat16 *)(o) = BN_DX(*(__global const ufloat16 *)(x + (i)), *(__global const ufloat16 *)(dy + (i)))
-#define DX1(o, i) *(o) = BN_DX(x[i], dy[i])
-    for (int n = 0; n < N; n++) PAD_PLANE(n * C + c, DX16, DX1);
-#undef DX16
-#undef DX1
+    for (int n = 0; n < N; n++) PAD_PLANE(n * C + c, BN_DX_ROW);
 }
 
 // BatchNorm2d (+ activation) whose output fed a 2x2 stride-2 MaxPool2d run in its forward pass
