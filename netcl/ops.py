@@ -173,6 +173,7 @@ _OPTION_KEYS = ("BM", "BN", "BK", "RM", "RN")
 
 _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
 _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
+_local_mem = {}  # device int_ptr -> local_mem_size (the same)
 
 
 def compute_units(q):
@@ -181,6 +182,15 @@ def compute_units(q):
     if cu is None:
         cu = _compute_units[q.device.int_ptr] = q.device.max_compute_units
     return cu
+
+
+def local_mem(q):
+    """The queue's device's local memory per work-group in bytes (cached: a driver query); PoCL's CPU
+    devices give about a core's L2 cache."""
+    size = _local_mem.get(q.device.int_ptr)
+    if size is None:
+        size = _local_mem[q.device.int_ptr] = q.device.local_mem_size
+    return size
 
 
 def config_class(q):

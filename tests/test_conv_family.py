@@ -135,17 +135,22 @@ WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv
     (1, 16, 4, 16, 20, False),  # 16 wide: two tile rows per vector; 20 channels (a block of 16 and a tail)
     (2, 9, 8, 8, 16, True),    # "channels" mode, 8 wide: four tile rows per vector; dW by the direct
     (1, 8, 2, 64, 8, False),   # two vectors per tile row
-    (18, 8, 8, 8, 12, True),   # "channels" mode: winot_wgrad's 18 tile vectors in 5 groups of 4, the last half empty
+    (19, 8, 8, 8, 12, True),   # "channels" mode: winot_wgrad's 19 tile vectors in 4 chunks of 5, the last one short
     (3, 12, 16, 16, 8, False),  # "rows" mode, 16 wide
 ]
 
 
+@pytest.mark.parametrize("rows", [4, 1])
 @pytest.mark.parametrize("n,c,h,w,k,bias", WINOT_CASES)
-def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, bias):
+def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, bias, rows):
     """The CPU training path's Winograd (conv_winot.cl: the forward and the data gradient, the
-    weights transformed on the device) against float64 PyTorch, forced on any CPU
+    weights transformed on the device; the weight gradient's work-items of all 16 points or of one
+    transformed row's 4, ROWS 4 or 1) against float64 PyTorch, forced on any CPU
     (NETCL_CPU_WINOT=1); with NETCL_CPU_WINOT=0 the direct kernels take the same shapes."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
+    monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt: rows)
+    groups, launches = conv_module._winot_wgrad_groups, []
+    monkeypatch.setattr(conv_module, "_winot_wgrad_groups", lambda *a: launches.append(groups(*a)) or launches[-1])
     layer = nn.Conv2d(c, k, 3, padding=1, bias=bias)
     if ops.is_cpu(queue):
         assert layer._winot(queue, (n, c, h, w)) is not None
@@ -155,6 +160,7 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, 3, 1, 1, 1, 1, bias)
     # the weight gradient by winot_wgrad where both channel counts are multiples of 4 (its blocks)
     assert len(wgrads) == (ops.is_cpu(queue) and c % 4 == 0 and k % 4 == 0)
+    assert all(g[0] == rows for g in launches) and (launches or not wgrads)
     x, dy = rand(rng, n, c, h, w), rand(rng, n, k, h, w)
     first = run_netcl(queue, layer, x, dy)[2]
     second = run_netcl(queue, layer, x, dy)[2]  # gradients accumulate over backward passes
@@ -162,6 +168,25 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
         assert_close(second[name], 2 * first[name], what=name)
     monkeypatch.setenv("NETCL_CPU_WINOT", "0")
     assert layer._winot(queue, (n, c, h, w)) is None
+
+
+@pytest.mark.parametrize("rows", [4, 1])
+def test_winot_wgrad_chunks_add_in_order(queue, rng, torch, record_error, monkeypatch, rows):
+    """winot_wgrad's work-items, of all 16 points (ROWS 4) or of one transformed row's 4 (ROWS 1),
+    each take several chunks of tile vectors in turn (local memory for a few here: 19 tile vectors
+    in 8 work-items of 2 chunks of 2, or 2 groups of 2 chunks of 5, the last ones short or empty),
+    adding each chunk's sums onto their own: the weight gradient as float64 PyTorch's."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", "1")
+    if ops.is_cpu(queue):
+        monkeypatch.setattr(conv_module, "_WGRAD_SHARE", 48 * 1024 / ops.local_mem(queue))
+        monkeypatch.setattr(conv_module, "_WGRAD_ITEMS_PER_CU", 0)  # _WGRAD_MIN_ITEMS (8), whatever the cores
+        monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt: rows)
+        expected = (4, 2, 2, 8) if rows == 4 else (1, 5, 2, 2)
+        assert conv_module._winot_wgrad_groups(8, 12, 19, ops.local_mem(queue), ops.compute_units(queue)) == expected
+    wgrads = []
+    monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 19, 8, 8, 8, 12, 3, 1, 1, 1, 1, True)
+    assert len(wgrads) == ops.is_cpu(queue)
 
 
 def test_conv2d_winot_zero_bias_is_made_once_per_size(queue, rng, monkeypatch):
@@ -459,19 +484,27 @@ def test_sgd_steps_decrease_the_loss(queue, rng, torch):
 
 
 def test_winot_wgrad_refuses_what_it_cannot_hold(queue, rng, torch, record_error, monkeypatch):
-    """winot_wgrad's local memory (4 x (C + K) x (TV + 1) float16, at most 1 MiB) and partial sums
-    (16 x K x C floats a group) are bounded: a conv of 8 -> 2048 channels (whose tiles would not fit even one
-    per group; 8 -> 16384 crashed PoCL) trains through the direct kernels instead, against float64
-    torch; and no group count makes more than 64 MiB of partial sums."""
+    """winot_wgrad's local memory (16 or 4 points of (C + K) x TVP float16, a share of the device's)
+    and partial sums (16 x K x C floats a group) are bounded: a conv of 8 -> 4096 channels (whose
+    tiles would not fit even one per work-item; 8 -> 16384 crashed PoCL) trains through the direct
+    kernels instead, against float64 torch; and no group count makes more than 64 MiB of partial
+    sums."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
-    assert conv_module._winot_wgrad_groups(8, 2048, 64) is None
-    assert conv_module._winot_wgrad_groups(256, 256, 64 * 2 * 32) is None  # 256 -> 256 at 64x64, batch 64
-    tv, ng = conv_module._winot_wgrad_groups(16, 16, 1024)  # resnet8's first stage at batch 64
-    assert tv * ng >= 1024 and 4 * 64 * 32 * (tv + 1) <= 1024 * 1024
-    layer = nn.Conv2d(8, 2048, 3, padding=1, bias=False)
+    mib = 1024 * 1024
+    assert conv_module._winot_wgrad_groups(8, 4096, 64, mib, 2) is None
+    assert conv_module._winot_wgrad_groups(256, 256, 64 * 2 * 32, 2 * mib, 64) is None  # 256 -> 256 at 64x64, batch 64
+    for local in (mib, 2 * mib, 256 * 1024):
+        for cores in (1, 2, 16):
+            for c, k, nt in ((16, 16, 1024), (64, 64, 64), (128, 256, 32)):  # resnet8's stages, detector26's 8th conv
+                rows, tv, chunks, groups = conv_module._winot_wgrad_groups(c, k, nt, local, cores)
+                assert tv * chunks * groups >= nt and 4 * rows * 64 * ((c + k) * conv_module._wgrad_row(tv) + 2) <= local
+                assert 4 * groups * 16 * k * c <= conv_module._WGRAD_PART_MAX
+    rows, tv, _, _ = conv_module._winot_wgrad_groups(4, 4, 512, 2 * mib, 2)  # rows of 64 vectors (4 KiB): one more
+    assert (rows, tv) == (4, 64) and conv_module._wgrad_row(tv) == 65
+    layer = nn.Conv2d(8, 4096, 3, padding=1, bias=False)
     if ops.is_cpu(queue):
         assert layer._winot(queue, (1, 8, 8, 8)) is not None  # the forward still runs conv_winot
     wgrads = []
     monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
-    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 1, 8, 8, 8, 2048, 3, 1, 1, 1, 1, False)
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 1, 8, 8, 8, 4096, 3, 1, 1, 1, 1, False)
     assert not wgrads

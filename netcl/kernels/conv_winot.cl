@@ -183,36 +183,43 @@ __kernel void winot_weights(__global const float *restrict w, __global float *re
 // (netcl.nn.conv), the adjoint of the forward above: per tile, with M = (A dY A^T) . (B^T x B),
 // dW = G^T (sum over the tiles of M) G. The sum over tiles is 16 small GEMMs (one per point p:
 // M[p] (K x C) = D[p] (K x tiles) D[p] times X[p]^T) whose reduction runs along the vector lanes:
-// 16 tiles per float16 laid out as the forward's (T, VPR). Work-item (i, g): the 4 points of
-// transformed row i (of B^T x B and A dY A^T) for the g-th group of TV tile vectors (N x NV in
-// all; vectors past nt are zero). It transforms its vectors into local memory (4 x (C + K) x TV
-// float16, L2-sized), then for each point and 4 x 4 block of (k, c) accumulates 16 float16 over
-// the group, adds their lanes (tree16: 15 two-vector steps, lane q = the total of accumulator q)
-// and stores them: part[g][p][k / 4][c / 4][4 (k % 4) + c % 4]. winot_wgrad_finish adds the
-// groups in order and applies G. x: the input planes with their border (IPB); dy: (N, K) planes of
-// dplane floats, rows dws apart, the first element at doff (a zero-bordered dy's border).
-// Defines beyond winot_defines': TV (the program has these two kernels only with it); C and K
-// multiples of 4.
+// 16 tiles per float16 laid out as the forward's (T, VPR). The N x NV tile vectors go in chunks of
+// TV (zeros past nt); work-item w of nw takes chunks w, w + nw, .. in turn. Per chunk it transforms
+// the vectors, all 16 points, into local memory (16 x (C + K) x TV float16, most of L2): a row's
+// 32 inputs are loaded once for its 4 column offsets (the even and odd lanes of two vector pairs)
+// and B^T's rows are combined on the loaded vectors before the lanes are picked, so that x costs
+// 16 loads, 16 shuffles and 32 adds a channel and vector, dy 4 loads and 4 shuffles (a work-item
+// per transformed row, each loading its input rows for itself, cost about twice and four times
+// that: 0.47 -> 0.25 ms of transforms at resnet8's first stage, batch 64). Then for each point
+// and 4 x 4 block of (k, c) it accumulates 16 float16 over the chunk, adds their lanes (tree16: 15
+// two-vector steps, lane q = the total of accumulator q) and adds them to its sums,
+// part[w][p][k / 4][c / 4][4 (k % 4) + c % 4]. winot_wgrad_finish adds the work-items' sums in
+// order and applies G. x: the input planes with their border (IPB); dy: (N, K) planes of dplane
+// floats, rows dws apart, the first element at doff (a zero-bordered dy's border). Defines beyond
+// winot_defines': TV (the program has these two kernels only with it); C and K multiples of 4.
 #ifdef TV
 #define NVI ((OH / 2 / T) * VPR)  // tile vectors per image
-// LOADT's lanes of pa + s * pb (row strides ws): the rows combined before the even elements are
-// picked, one shuffle for both (vec_cpu.h's EVEN_LOAD, on sums)
-#define EVEN_COMB(T, n, pa, pb, s)                                                                      \
-    __builtin_shufflevector(*(__global const T *)(pa) + (s) * *(__global const T *)(pb),                \
-                            *(__global const T *)((pa) + (n) - 1) + (s) * *(__global const T *)((pb) + (n) - 1), \
-                            VCAT(EVENS_, n))
+#define TVP (TV % 64 ? TV : TV + 1)  // a row of TV vectors 4 KiB long is a vector longer (L1 sets)
+// point p's rows of x (c) and dy (k) at xs[p XPS + c TVP + v], ds[p DPS + k TVP + v]: the points a
+// vector apart more than their rows, so that a vector's 16 stores do not share L1 sets
+#define XPS (C * TVP + 1)
+#define DPS (K * TVP + 1)
+#define PTS (4 * ROWS)  // points a work-item takes: 16 (ROWS 4), or transformed row i's 4 (ROWS 1)
+#define XS(p, c, v) xs[(p) * XPS + (c) * TVP + (v)]
+#define DS(p, k, v) ds[(p) * DPS + (k) * TVP + (v)]
+// the 32 inputs of a row (stride ws) from p of a tile vector's 16 tiles as two float16, tile q's
+// two at lanes 2q and 2q + 1 of the pair (T rows of 32 / T, 2 (T = 2) or 4 (T = 4) rows apart)
 #if T == 1
-#define LOAD2(pa, pb, s, ws) EVEN_COMB(ufloat16, 16, pa, pb, s)
+#define ROW_PAIR(p, ws, a, b) (a = *(__global const ufloat16 *)(p), b = *(__global const ufloat16 *)((p) + 16))
 #elif T == 2
-#define LOAD2(pa, pb, s, ws) \
-    JOIN_HALVES(16, EVEN_COMB(ufloat8, 8, pa, pb, s), EVEN_COMB(ufloat8, 8, (pa) + 2 * (ws), (pb) + 2 * (ws), s))
+#define ROW_PAIR(p, ws, a, b) (a = *(__global const ufloat16 *)(p), b = *(__global const ufloat16 *)((p) + 2 * (ws)))
 #else
-#define LOAD2(pa, pb, s, ws)                                                                                    \
-    JOIN_HALVES(16, JOIN_HALVES(8, EVEN_COMB(ufloat4, 4, pa, pb, s),                                           \
-                                EVEN_COMB(ufloat4, 4, (pa) + 2 * (ws), (pb) + 2 * (ws), s)),                   \
-                JOIN_HALVES(8, EVEN_COMB(ufloat4, 4, (pa) + 4 * (ws), (pb) + 4 * (ws), s),                     \
-                            EVEN_COMB(ufloat4, 4, (pa) + 6 * (ws), (pb) + 6 * (ws), s)))
+#define ROW_PAIR(p, ws, a, b)                                                                                    \
+    (a = JOIN_HALVES(16, *(__global const ufloat8 *)(p), *(__global const ufloat8 *)((p) + 2 * (ws))),          \
+     b = JOIN_HALVES(16, *(__global const ufloat8 *)((p) + 4 * (ws)), *(__global const ufloat8 *)((p) + 6 * (ws))))
 #endif
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
 
 // the totals of 16 accumulators, lane q that of a[q]: each step adds two vectors' halves of
 // their groups of lanes (16 -> 8 -> 4 -> 2 -> 1 partial sums per accumulator)
@@ -234,61 +241,115 @@ inline float16 tree16(float16 a[16]) {
            __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
-void winot_wgrad(__global const float *restrict x, __global const float *restrict dy, const int doff, const int dplane, const int dws,
-                 __global float16 *restrict part, const int nt) {
-    const int i = get_global_id(0), g = get_global_id(1);
-    __local float16 xs[4][C][TV + 1], ds[4][K][TV + 1];  // rows a line longer: 4 KiB apart, they would share L1 sets
-    // row i of B^T: x rows ra + sb * rb; of A: dy rows sg * (da + sd * 1) (0, 0 + 1, 0 - 1, -1)
-    const int ra = i == 2 ? 2 : i == 0 ? 0 : 1, rb = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3, da = i == 3 ? dws : 0;
-    const float sb = i == 1 ? 1.0f : -1.0f, sd = i == 1 ? 1.0f : i == 2 ? -1.0f : 0.0f, sg = i == 3 ? -1.0f : 1.0f;
+// chunk g's TV tile vectors (zeros past nt), all 16 points (ROWS 4) or the 4 of transformed row i
+// (ROWS 1: local rows 0-3), into xs and ds
+inline void wgrad_transform(__global const float *restrict x, __global const float *restrict dy, const int doff,
+                            const int dplane, const int dws, const int nt, const int g, const int i, __local float16 *restrict xs,
+                            __local float16 *restrict ds) {
     for (int v = 0; v < TV; v++) {
         const int gv = g * TV + v;
         if (gv >= nt) {
-            for (int b = 0; b < 4; b++) {
-                for (int c = 0; c < C; c++) xs[b][c][v] = 0.0f;
-                for (int k = 0; k < K; k++) ds[b][k][v] = 0.0f;
+            for (int p = 0; p < PTS; p++) {
+                for (int c = 0; c < C; c++) XS(p, c, v) = 0.0f;
+                for (int k = 0; k < K; k++) DS(p, k, v) = 0.0f;
             }
             continue;
         }
         const int n = gv / NVI, vv = gv % NVI;
         const int oh0 = 2 * T * (vv / VPR), ow0 = 32 * (vv % VPR);  // the vector's first output row, column
         __global const float *xb = x + n * (C * IHS * IWS) + (oh0 - 1 + IPB) * IWS + ow0 - 1 + IPB;
+#if ROWS == 4
         for (int c = 0; c < C; c++) {
-            __global const float *pa = xb + c * (IHS * IWS) + ra * IWS, *pb = xb + c * (IHS * IWS) + rb * IWS;
-            float16 t[4];
+            __global const float *xc = xb + c * (IHS * IWS);
+            float16 a[4], b[4], a2[4], b2[4];  // rows 0-3 from column 0, and from column 2
 #pragma unroll
-            for (int j = 0; j < 4; j++) t[j] = LOAD2(pa + j, pb + j, sb, IWS);
-            xs[0][c][v] = t[0] - t[2], xs[1][c][v] = t[1] + t[2], xs[2][c][v] = t[2] - t[1], xs[3][c][v] = t[1] - t[3];
+            for (int r = 0; r < 4; r++) ROW_PAIR(xc + r * IWS, IWS, a[r], b[r]), ROW_PAIR(xc + r * IWS + 2, IWS, a2[r], b2[r]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {  // B^T over the rows, on the loaded pairs
+                const int r0 = q == 2 ? 2 : q == 0 ? 0 : 1, r1 = q == 0 ? 2 : q == 1 ? 2 : q == 2 ? 1 : 3;
+                const float s = q == 1 ? 1.0f : -1.0f;
+                const float16 ea = a[r0] + s * a[r1], eb = b[r0] + s * b[r1], fa = a2[r0] + s * a2[r1], fb = b2[r0] + s * b2[r1];
+                const float16 t0 = EVENS(ea, eb), t1 = ODDS(ea, eb), t2 = EVENS(fa, fb), t3 = ODDS(fa, fb);  // columns 0-3
+                XS(4 * q + 0, c, v) = t0 - t2, XS(4 * q + 1, c, v) = t1 + t2;  // B^T over the columns
+                XS(4 * q + 2, c, v) = t2 - t1, XS(4 * q + 3, c, v) = t1 - t3;
+            }
         }
+#else  // row i of B^T: input rows r0 + s r1
+        const int r0 = i == 2 ? 2 : i == 0 ? 0 : 1, r1 = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3;
+        const float s = i == 1 ? 1.0f : -1.0f;
+        for (int c = 0; c < C; c++) {
+            __global const float *p0 = xb + c * (IHS * IWS) + r0 * IWS, *p1 = xb + c * (IHS * IWS) + r1 * IWS;
+            float16 a0, b0, a1, b1, a2, b2, a3, b3;
+            ROW_PAIR(p0, IWS, a0, b0), ROW_PAIR(p1, IWS, a1, b1), ROW_PAIR(p0 + 2, IWS, a2, b2), ROW_PAIR(p1 + 2, IWS, a3, b3);
+            const float16 ea = a0 + s * a1, eb = b0 + s * b1, fa = a2 + s * a3, fb = b2 + s * b3;
+            const float16 t0 = EVENS(ea, eb), t1 = ODDS(ea, eb), t2 = EVENS(fa, fb), t3 = ODDS(fa, fb);
+            XS(0, c, v) = t0 - t2, XS(1, c, v) = t1 + t2, XS(2, c, v) = t2 - t1, XS(3, c, v) = t1 - t3;
+        }
+#endif
         __global const float *db = dy + doff + n * (K * dplane) + oh0 * dws + ow0;
+#if ROWS == 4
         for (int k = 0; k < K; k++) {
             __global const float *pk = db + k * dplane;
-            const float16 e = sg * LOAD2(pk + da, pk + dws, sd, dws), o = sg * LOAD2(pk + da + 1, pk + dws + 1, sd, dws);
-            ds[0][k][v] = e, ds[1][k][v] = e + o, ds[2][k][v] = e - o, ds[3][k][v] = -o;
+            float16 a0, b0, a1, b1;
+            ROW_PAIR(pk, dws, a0, b0), ROW_PAIR(pk + dws, dws, a1, b1);
+            const float16 e0 = EVENS(a0, b0), o0 = ODDS(a0, b0), e1 = EVENS(a1, b1), o1 = ODDS(a1, b1);
+            const float16 e[4] = {e0, e0 + e1, e0 - e1, -e1}, o[4] = {o0, o0 + o1, o0 - o1, -o1};  // A over the rows
+#pragma unroll
+            for (int q = 0; q < 4; q++)  // and over the columns
+                DS(4 * q + 0, k, v) = e[q], DS(4 * q + 1, k, v) = e[q] + o[q], DS(4 * q + 2, k, v) = e[q] - o[q],
+                DS(4 * q + 3, k, v) = -o[q];
         }
+#else  // row i of A: dy rows sg (d0 + sd 1), (0, 0 + 1, 0 - 1, -1)
+        const int d0 = i == 3 ? dws : 0;
+        const float sd = i == 1 ? 1.0f : i == 2 ? -1.0f : 0.0f, sg = i == 3 ? -1.0f : 1.0f;
+        for (int k = 0; k < K; k++) {
+            __global const float *pk = db + k * dplane;
+            float16 a0, b0, a1, b1;
+            ROW_PAIR(pk + d0, dws, a0, b0), ROW_PAIR(pk + dws, dws, a1, b1);
+            const float16 ea = sg * (a0 + sd * a1), eb = sg * (b0 + sd * b1), e = EVENS(ea, eb), o = ODDS(ea, eb);
+            DS(0, k, v) = e, DS(1, k, v) = e + o, DS(2, k, v) = e - o, DS(3, k, v) = -o;
+        }
+#endif
     }
-    __global float16 *out = part + (g * 16 + 4 * i) * (K / 4) * (C / 4);
-    for (int b = 0; b < 4; b++)
+}
+
+// the chunk's sums for each of its PTS points and 4 x 4 block of (k, c) into out (added where `add`)
+inline void wgrad_sums(__local const float16 *restrict xs, __local const float16 *restrict ds,
+                       __global float16 *restrict out, const int add) {
+    for (int p = 0; p < PTS; p++)
         for (int kb = 0; kb < K / 4; kb++)
             for (int cb = 0; cb < C / 4; cb++) {
-                float16 a[16];
+                float16 acc[16];
 #pragma unroll
-                for (int q = 0; q < 16; q++) a[q] = 0.0f;
+                for (int q = 0; q < 16; q++) acc[q] = 0.0f;
                 for (int v = 0; v < TV; v++) {
                     float16 d[4], e[4];
 #pragma unroll
-                    for (int q = 0; q < 4; q++) d[q] = ds[b][4 * kb + q][v], e[q] = xs[b][4 * cb + q][v];
+                    for (int q = 0; q < 4; q++) d[q] = DS(p, 4 * kb + q, v), e[q] = XS(p, 4 * cb + q, v);
 #pragma unroll
                     for (int q = 0; q < 4; q++)
 #pragma unroll
-                        for (int r = 0; r < 4; r++) a[4 * q + r] += d[q] * e[r];
+                        for (int r = 0; r < 4; r++) acc[4 * q + r] += d[q] * e[r];
                 }
-                out[(b * (K / 4) + kb) * (C / 4) + cb] = tree16(a);
+                __global float16 *o = out + (p * (K / 4) + kb) * (C / 4) + cb;
+                *o = add ? *o + tree16(acc) : tree16(acc);
             }
 }
 
-// dW (K, C, 3, 3) (+)= G^T M G, M[p] the sum over winot_wgrad's ng groups, in order. Work-item
+// Work-item (i, w) of (4 / ROWS, nw): chunks w, w + nw, .. (`chunks` of them), its sums in
+// part[w][4 i ..]
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void winot_wgrad(__global const float *restrict x, __global const float *restrict dy, const int doff, const int dplane,
+                 const int dws, __global float16 *restrict part, const int nt, const int chunks) {
+    const int i = get_global_id(0), w = get_global_id(1), nw = get_global_size(1);
+    __local float16 xs[PTS * XPS], ds[PTS * DPS];
+    for (int j = 0; j < chunks; j++) {
+        wgrad_transform(x, dy, doff, dplane, dws, nt, w + j * nw, i, xs, ds);
+        wgrad_sums(xs, ds, part + (w * 16 + (ROWS == 4 ? 0 : 4 * i)) * (K / 4) * (C / 4), j > 0);
+    }
+}
+
+// dW (K, C, 3, 3) (+)= G^T M G, M[p] the sum over winot_wgrad's ng work-items, in order. Work-item
 // blk = (k / 4) * (C / 4) + c / 4: a 4 x 4 block of (k, c), one per lane of float16 as winot_wgrad
 // stores them (lane 4 (k % 4) + c % 4), so its loads are whole vectors and G runs on 16 at once.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))

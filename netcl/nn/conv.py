@@ -137,24 +137,58 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     return (part.mark_written(), n * items, 64) if stats else None
 
 
-# winot_wgrad's local memory per work-item for TV tile vectors (4 x (C + K) x TV float16, about
-# half of L2; its rows are a vector longer, so at most twice that: 1 MiB of the 2 MiB PoCL gives),
-# the fewest work-items it splits a gradient into (4 per group of tile vectors), and the most
-# bytes of per-group partial sums (16 x K x C floats a group)
-_WGRAD_LOCAL, _WGRAD_MIN_ITEMS, _WGRAD_PART_MAX = 512 * 1024, 16, 64 * 2**20
+# winot_wgrad's local memory: the share of the device's (PoCL gives a core's L2) that a work-item's
+# PTS x (C + K) x TVP float16 may take, the rest left to the input rows streaming through (0.5 and
+# 0.75 read alike on this machine's 1 MiB, 0.875 worse); the fewest tile vectors a chunk of all 16
+# points must hold (ROWS 4), else a work-item takes one transformed row's 4 points (ROWS 1: 4
+# times the vectors a chunk): with fewer, the lane sums that end each chunk cost more than ROWS
+# 4's cheaper transforms save (per kernel against the previous kernel, ROWS 4 read 0.88x at 32 ->
+# 64 channels holding 7, 1.03x at 64 -> 64 holding 4, 1.16x at 64 -> 128 holding 3; ROWS 1 1.10x,
+# 0.85-0.89x and 0.95x); its work-items per compute unit (at least _WGRAD_MIN_ITEMS), each taking
+# chunks of tile vectors in turn, its sums added over them; the fewest tile vectors a chunk is
+# cut to for more work-items; the most bytes of partial sums (16 x K x C floats per work-item of
+# ROWS 4, per 4 of ROWS 1)
+_WGRAD_SHARE, _WGRAD_ROWS4_TV, _WGRAD_ITEMS_PER_CU, _WGRAD_MIN_ITEMS, _WGRAD_MIN_TV = 0.75, 6, 4, 8, 4
+_WGRAD_PART_MAX = 64 * 2**20
 
 
-def _winot_wgrad_groups(c, k, nt):
-    """(TV, groups) of winot_wgrad for c -> k channels and nt tile vectors, or None where its local
-    memory or partial sums would not fit (the direct kernels take such convolutions)."""
-    tv_local = _WGRAD_LOCAL // (4 * 64 * (c + k))
-    if tv_local < 1:
+def _wgrad_row(tv):
+    """conv_winot.cl's TVP: the vectors of a local-memory row of TV tile vectors."""
+    return tv + 1 if tv % 64 == 0 else tv
+
+
+def _wgrad_rows(tv16, nt):
+    """winot_wgrad's ROWS where a chunk of all 16 points holds tv16 of nt tile vectors."""
+    return 4 if tv16 >= min(_WGRAD_ROWS4_TV, nt) else 1
+
+
+def _winot_wgrad_groups(c, k, nt, local_mem, cores):
+    """(ROWS, TV, chunks, groups) of winot_wgrad for c -> k channels and nt tile vectors on a device
+    with local_mem bytes of local memory and `cores` compute units: work-items of all 16 points or
+    (ROWS 1, a group of 4) one transformed row's 4 each, the tile vectors in chunks of TV (as many as
+    a work-item's local memory holds), spread as evenly as whole chunks allow over the groups, each
+    taking `chunks` of them; or None where its local memory or partial sums would not fit (the
+    direct kernels take such convolutions)."""
+    budget = int(local_mem * _WGRAD_SHARE)
+
+    def fit(pts):  # the most tile vectors of PTS points of (C + K) x TVP float16, a vector more each
+        tv = budget // (pts * 64 * (c + k))
+        while tv >= 1 and pts * 64 * ((c + k) * _wgrad_row(tv) + 2) > budget:
+            tv -= 1
+        return tv
+
+    rows = _wgrad_rows(fit(16), nt)
+    tv = fit(4 * rows)
+    if tv < 1:
         return None
-    tv = min(tv_local, max(1, nt * 4 // _WGRAD_MIN_ITEMS))
-    ng = -(-nt // tv)
-    if 4 * ng * 16 * k * c > _WGRAD_PART_MAX:
+    per_group = 4 // rows  # work-items
+    groups = max(1, min(nt // min(tv, _WGRAD_MIN_TV),
+                        -(-max(_WGRAD_MIN_ITEMS, _WGRAD_ITEMS_PER_CU * cores) // per_group)))
+    chunks = -(-nt // (tv * groups))  # per group
+    groups = min(groups, -(-nt // chunks))
+    if 4 * groups * 16 * k * c > _WGRAD_PART_MAX:
         return None
-    return -(-nt // ng), ng  # the groups evened out
+    return rows, -(-nt // (chunks * groups)), chunks, groups  # the chunks evened out
 
 
 def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
@@ -162,18 +196,18 @@ def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     from its input planes xp (N, C, H + 2, W + 2, with their zero border) and dy (N, K, H, W), or
     dy's zero-bordered planes (N, K, HD, WD) with dy at row and column `border`:
     Winograd F(2x2, 3x3)'s adjoint (conv_winot.cl's winot_wgrad, then winot_wgrad_finish adds its
-    groups in order and transforms back); `layout` is Conv2d._winot's for the forward."""
+    groups' sums in order and transforms back); `layout` is Conv2d._winot's for the forward."""
     d, options = layout
     n, k, hd, wd = dy.shape
     c, h, w = xp.shape[1], xp.shape[2] - 2, xp.shape[3] - 2
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
-    tv, ng = _winot_wgrad_groups(c, k, nt)
-    part = ops.new(q, (ng * 16 * k * c,))
-    options = options + (f"-DTV={tv}",)
-    ops.launch(q, "conv_winot", "winot_wgrad", (4, ng), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd, part, nt,
-               options=options)
+    rows, tv, chunks, groups = _winot_wgrad_groups(c, k, nt, ops.local_mem(q), ops.compute_units(q))
+    part = ops.new(q, (groups * 16 * k * c,))
+    options = options + (f"-DTV={tv}", f"-DROWS={rows}")
+    ops.launch(q, "conv_winot", "winot_wgrad", (4 // rows, groups), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd,
+               part, nt, chunks, options=options)
     part.mark_written()
-    ops.launch(q, "conv_winot", "winot_wgrad_finish", ((k // 4) * (c // 4),), (1,), part, ng, gw, int(acc),
+    ops.launch(q, "conv_winot", "winot_wgrad_finish", ((k // 4) * (c // 4),), (1,), part, groups, gw, int(acc),
                options=options)
     gw.mark_written()
 
@@ -660,7 +694,8 @@ class Conv2d(Module):
             return None
         d = wino[0]
         nt = shape[0] * (shape[2] // 2 // d["T"]) * d["VPR"]
-        return wino if _winot_wgrad_groups(self.in_channels, self.out_channels, nt) else None
+        return wino if _winot_wgrad_groups(self.in_channels, self.out_channels, nt, ops.local_mem(q),
+                                           ops.compute_units(q)) else None
 
     def padded_grad(self, q, dy_shape):
         """(top, left, HD, WD): the zero-bordered planes this conv's CPU backward copies its output
