@@ -8,9 +8,9 @@
 // scalars: at 16 to 64 channels its transforms and half-wide vectors cost more than the 2.25x
 // fewer multiplies save on AVX-512. Here the 16 lanes of a float16 are 16 output tiles of 2x2:
 // a tile row (TW = OW / 2 >= 16 tiles: VPR vectors per tile row) or T = 16 / TW tile rows
-// (8x8 and 16x16 outputs: T = 4 and 2). The input transform V = B^T d B is 16 vector adds per
-// channel on stride-2 vector loads, the products are U[point][k][c] (transformed on the host)
-// broadcast against V[point][c] (the direct kernel's shape: a scalar weight times a vector of
+// (8x8 and 16x16 outputs: T = 4 and 2). The input transform V = B^T d B is 32 vector adds and 16
+// shuffles per channel on 16 vector loads (WINOT_BT), the products are U[point][k][c]
+// (transformed on the host) broadcast against V[point][c] (the direct kernel's shape: a scalar weight times a vector of
 // positions), 16 x C x K of them per vector instead of 36 x C x K, and the output transform
 // Y = A^T M A, bias, activation, residual and border are vector operations and shuffles.
 // A work-item owns one vector of tiles of one image for every output channel: it transforms its
@@ -18,18 +18,6 @@
 // channels accumulates the 16 points (KV float16 accumulators) and writes KV x 4 output vectors.
 // Defines beyond conv.h's: TW (tiles per tile row), T (tile rows per vector), VPR (vectors per
 // tile row), KV (output channels per block: 16 or 8), KB (blocks; weights zero past K).
-
-// 16 lanes of input row offset i (0..3, from the tile's top row - 1) and column offset j (0..3,
-// from its left column - 1): x[2 * row_of_lane - 1 + i][2 * col_of_lane - 1 + j], T pieces of
-// 16 / T lanes, each the even elements of a stretch of one row (vec_cpu.h's EVEN_LOAD).
-#if T == 1
-#define LOADT(p) EVEN_LOAD(ufloat16, 16, p)
-#elif T == 2  // tile rows two input rows apart
-#define LOADT(p) JOIN_HALVES(16, EVEN_LOAD(ufloat8, 8, p), EVEN_LOAD(ufloat8, 8, (p) + 2 * IWS))
-#else
-#define LOADT(p) JOIN_HALVES(16, JOIN_HALVES(8, EVEN_LOAD(ufloat4, 4, p), EVEN_LOAD(ufloat4, 4, (p) + 2 * IWS)), \
-                             JOIN_HALVES(8, EVEN_LOAD(ufloat4, 4, (p) + 4 * IWS), EVEN_LOAD(ufloat4, 4, (p) + 6 * IWS)))
-#endif
 
 // 32 interleaved outputs (a0, b0, a1, b1, ..) of lanes 0-7 and 8-15 of a, b: output columns 2t, 2t + 1
 #define ZLO(a, b) __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
@@ -62,6 +50,40 @@
     } while (0)
 #endif
 
+// the 32 inputs of a row (stride ws) from p of a tile vector's 16 tiles as two float16, tile q's
+// two at lanes 2q and 2q + 1 of the pair (T rows of 32 / T, 2 (T = 2) or 4 (T = 4) rows apart)
+#if T == 1
+#define ROW_PAIR(p, ws, a, b) (a = *(__global const ufloat16 *)(p), b = *(__global const ufloat16 *)((p) + 16))
+#elif T == 2
+#define ROW_PAIR(p, ws, a, b) (a = *(__global const ufloat16 *)(p), b = *(__global const ufloat16 *)((p) + 2 * (ws)))
+#else
+#define ROW_PAIR(p, ws, a, b)                                                                                    \
+    (a = JOIN_HALVES(16, *(__global const ufloat8 *)(p), *(__global const ufloat8 *)((p) + 2 * (ws))),          \
+     b = JOIN_HALVES(16, *(__global const ufloat8 *)((p) + 4 * (ws)), *(__global const ufloat8 *)((p) + 6 * (ws))))
+#endif
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+
+// V = B^T d B of one channel's 4 x 4 inputs of a tile vector's 16 tiles, from xc (its top left
+// input, rows IWS apart), point p = 4 a + b at v[p]: a row's 32 inputs loaded once for its 4
+// column offsets (the even and odd lanes of two vector pairs), B^T's rows combined on the loaded
+// vectors before the lanes are picked (16 loads, 16 shuffles, 32 adds)
+#define WINOT_BT(xc, v)                                                                                     \
+    do {                                                                                                  \
+        float16 a_[4], b_[4], a2_[4], b2_[4]; /* rows 0-3 from column 0, and from column 2 */             \
+        _Pragma("unroll") for (int r_ = 0; r_ < 4; r_++)                                                  \
+            ROW_PAIR((xc) + r_ * IWS, IWS, a_[r_], b_[r_]), ROW_PAIR((xc) + r_ * IWS + 2, IWS, a2_[r_], b2_[r_]); \
+        _Pragma("unroll") for (int q_ = 0; q_ < 4; q_++) { /* B^T over the rows, on the loaded pairs */   \
+            const int r0_ = q_ == 2 ? 2 : q_ == 0 ? 0 : 1, r1_ = q_ == 0 ? 2 : q_ == 1 ? 2 : q_ == 2 ? 1 : 3; \
+            const float s_ = q_ == 1 ? 1.0f : -1.0f;                                                      \
+            const float16 ea_ = a_[r0_] + s_ * a_[r1_], eb_ = b_[r0_] + s_ * b_[r1_];                     \
+            const float16 fa_ = a2_[r0_] + s_ * a2_[r1_], fb_ = b2_[r0_] + s_ * b2_[r1_];                 \
+            const float16 t0_ = EVENS(ea_, eb_), t1_ = ODDS(ea_, eb_), t2_ = EVENS(fa_, fb_), t3_ = ODDS(fa_, fb_); \
+            v(4 * q_ + 0) = t0_ - t2_, v(4 * q_ + 1) = t1_ + t2_; /* B^T over the columns */             \
+            v(4 * q_ + 2) = t2_ - t1_, v(4 * q_ + 3) = t1_ - t3_;                                         \
+        }                                                                                                 \
+    } while (0)
+
 // RES_IN_PLACE: res is y (a data gradient added into the tensor it overwrites, each element read
 // before it is written by the same work-item), so neither pointer is restrict.
 #ifdef RES_IN_PLACE
@@ -88,21 +110,9 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
 
     __global const float *xb = x + n * (C * IHS * IWS) + (oh0 - 1 + IPB) * IWS + ow0 - 1 + IPB;
     for (int c = 0; c < C; c++) {
-        __global const float *xc = xb + c * (IHS * IWS);
-        float16 t[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {  // along each row: B^T over j
-            const float16 d0 = LOADT(xc + i * IWS), d1 = LOADT(xc + i * IWS + 1);
-            const float16 d2 = LOADT(xc + i * IWS + 2), d3 = LOADT(xc + i * IWS + 3);
-            t[i][0] = d0 - d2, t[i][1] = d1 + d2, t[i][2] = d2 - d1, t[i][3] = d1 - d3;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {  // along each column: B^T over i
-            v[0 * 4 + j][c] = t[0][j] - t[2][j];
-            v[1 * 4 + j][c] = t[1][j] + t[2][j];
-            v[2 * 4 + j][c] = t[2][j] - t[1][j];
-            v[3 * 4 + j][c] = t[1][j] - t[3][j];
-        }
+#define V_AT(p) v[p][c]
+        WINOT_BT(xb + c * (IHS * IWS), V_AT);
+#undef V_AT
     }
 
     for (int kb = 0; kb < KB; kb++) {
@@ -207,19 +217,6 @@ __kernel void winot_weights(__global const float *restrict w, __global float *re
 #define PTS (4 * ROWS)  // points a work-item takes: 16 (ROWS 4), or transformed row i's 4 (ROWS 1)
 #define XS(p, c, v) xs[(p) * XPS + (c) * TVP + (v)]
 #define DS(p, k, v) ds[(p) * DPS + (k) * TVP + (v)]
-// the 32 inputs of a row (stride ws) from p of a tile vector's 16 tiles as two float16, tile q's
-// two at lanes 2q and 2q + 1 of the pair (T rows of 32 / T, 2 (T = 2) or 4 (T = 4) rows apart)
-#if T == 1
-#define ROW_PAIR(p, ws, a, b) (a = *(__global const ufloat16 *)(p), b = *(__global const ufloat16 *)((p) + 16))
-#elif T == 2
-#define ROW_PAIR(p, ws, a, b) (a = *(__global const ufloat16 *)(p), b = *(__global const ufloat16 *)((p) + 2 * (ws)))
-#else
-#define ROW_PAIR(p, ws, a, b)                                                                                    \
-    (a = JOIN_HALVES(16, *(__global const ufloat8 *)(p), *(__global const ufloat8 *)((p) + 2 * (ws))),          \
-     b = JOIN_HALVES(16, *(__global const ufloat8 *)((p) + 4 * (ws)), *(__global const ufloat8 *)((p) + 6 * (ws))))
-#endif
-#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
 
 // the totals of 16 accumulators, lane q that of a[q]: each step adds two vectors' halves of
 // their groups of lanes (16 -> 8 -> 4 -> 2 -> 1 partial sums per accumulator)
@@ -260,19 +257,9 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
         __global const float *xb = x + n * (C * IHS * IWS) + (oh0 - 1 + IPB) * IWS + ow0 - 1 + IPB;
 #if ROWS == 4
         for (int c = 0; c < C; c++) {
-            __global const float *xc = xb + c * (IHS * IWS);
-            float16 a[4], b[4], a2[4], b2[4];  // rows 0-3 from column 0, and from column 2
-#pragma unroll
-            for (int r = 0; r < 4; r++) ROW_PAIR(xc + r * IWS, IWS, a[r], b[r]), ROW_PAIR(xc + r * IWS + 2, IWS, a2[r], b2[r]);
-#pragma unroll
-            for (int q = 0; q < 4; q++) {  // B^T over the rows, on the loaded pairs
-                const int r0 = q == 2 ? 2 : q == 0 ? 0 : 1, r1 = q == 0 ? 2 : q == 1 ? 2 : q == 2 ? 1 : 3;
-                const float s = q == 1 ? 1.0f : -1.0f;
-                const float16 ea = a[r0] + s * a[r1], eb = b[r0] + s * b[r1], fa = a2[r0] + s * a2[r1], fb = b2[r0] + s * b2[r1];
-                const float16 t0 = EVENS(ea, eb), t1 = ODDS(ea, eb), t2 = EVENS(fa, fb), t3 = ODDS(fa, fb);  // columns 0-3
-                XS(4 * q + 0, c, v) = t0 - t2, XS(4 * q + 1, c, v) = t1 + t2;  // B^T over the columns
-                XS(4 * q + 2, c, v) = t2 - t1, XS(4 * q + 3, c, v) = t1 - t3;
-            }
+#define XS_AT(p) XS(p, c, v)
+            WINOT_BT(xb + c * (IHS * IWS), XS_AT);
+#undef XS_AT
         }
 #else  // row i of B^T: input rows r0 + s r1
         const int r0 = i == 2 ? 2 : i == 0 ? 0 : 1, r1 = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3;
