@@ -281,3 +281,52 @@ def test_bce_refuses_predictions_outside_zero_one(queue, bad):
         loss_fn.backward()  # no gradient of a refused loss
     p[1, 2] = 1.0  # the borders are probabilities
     assert np.isfinite(loss_fn(Tensor.from_host(queue, p), np.zeros((2, 3), np.float32)))
+
+
+@pytest.mark.parametrize("kind", ["cross_entropy", "mse", "bce"])
+def test_enqueued_loss_reads_later_the_same_value_and_gradient(queue, rng, torch, record_error, kind):
+    """loss_fn.enqueue() launches the same kernels without waiting: backward() gives the gradient at
+    once, item() (and float()) reads the mean later, once (a second call returns the same float),
+    equal to calling the loss and to float64 PyTorch."""
+    if kind == "cross_entropy":
+        pred, target = rng.standard_normal((6, 5)).astype(np.float32), rng.integers(0, 5, 6)
+        make, ref = nn.CrossEntropyLoss, torch.nn.CrossEntropyLoss()
+    elif kind == "mse":
+        pred, target = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4))
+        make, ref = nn.MSELoss, torch.nn.MSELoss()
+    else:
+        pred = (1 / (1 + np.exp(-rng.standard_normal((3, 4))))).astype(np.float32)
+        target, make, ref = rng.uniform(0, 1, (3, 4)), nn.BCELoss, torch.nn.BCELoss()
+    fn = make()
+    pending = fn.enqueue(Tensor.from_host(queue, pred), target)
+    assert repr(pending) == "PendingLoss(not read)"
+    grad = fn.backward().to_host()
+    value = pending.item()
+    assert pending.item() is value and float(pending) == value and repr(pending) == f"PendingLoss({value})"
+    check_loss(record_error, value, grad, torch_loss(torch, ref, pred, target))
+    assert make()(Tensor.from_host(queue, pred), target) == value
+
+
+def test_enqueued_loss_refusal_zeroes_its_gradient_and_raises_at_item(queue, rng):
+    """A refused input is known only when the value is read: enqueue() gives a gradient whose
+    refused rows (CrossEntropyLoss labels on the device) or elements (BCELoss predictions outside
+    [0, 1]) are 0, so that a step taken before item() moves nothing through them; item() raises."""
+    logits = rng.standard_normal((3, 4)).astype(np.float32)
+    fn = nn.CrossEntropyLoss()
+    pending = fn.enqueue(Tensor.from_host(queue, logits), Tensor.from_host(queue, np.array([0, 4, 1], np.float32)))
+    grad = fn.backward().to_host()
+    assert np.all(grad[1] == 0) and np.all(grad[[0, 2]] != 0)
+    with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):
+        pending.item()
+    with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):  # every read says so
+        float(pending)
+    p = np.full((2, 3), 0.5, np.float32)
+    p[1, 2] = np.nan
+    bce = nn.BCELoss()
+    pending = bce.enqueue(Tensor.from_host(queue, p), np.ones((2, 3), np.float32))
+    grad = bce.backward().to_host()
+    assert grad[1, 2] == 0 and np.all(np.isfinite(grad)) and np.count_nonzero(grad) == 5
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        pending.item()
+    with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):  # host labels: checked at once
+        fn.enqueue(Tensor.from_host(queue, logits), [0, 4, 1])

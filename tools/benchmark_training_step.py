@@ -4,9 +4,11 @@ same weights: tools/tinygrad_twin.py), each runtime in its own process, alternat
 OpenCL and a CUDA context never share the GPU at once.
 
 A step is: forward, the loss (MSE for detector26, cross-entropy for the classifiers), backward,
-SGD with momentum 0.9, zero_grad; the loss is read back every step (netcl returns it as a float;
-PyTorch calls loss.item()). Each figure is the median of --steps steps after --warmup steps; the
-table also gives netcl's kernel launches per step (counted in one more step).
+SGD with momentum 0.9, zero_grad; the loss is read back every step, after the optimizer step
+(PyTorch: loss.item(); netcl: loss_fn.enqueue()'s item(), so that neither waits for the device in
+the middle of the step; with --eager-loss netcl reads it as the loss call returns it, before the
+backward pass). Each figure is the median of --steps steps after --warmup steps; the table also
+gives netcl's kernel launches per step (counted in one more step).
 
     python tools/benchmark_training_step.py --models detector26,cnn,digits --batches 8,32
     python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2 --tinygrad
@@ -73,9 +75,10 @@ def time_steps(step, sync, steps, warmup):
 
 
 # -- netcl ----------------------------------------------------------------------------------
-def netcl_step(name, batch, q):
+def netcl_step(name, batch, q, eager=False):
     """One training step of `name` at `batch` on queue q, as a function (the model built, the data
-    on the device): forward, loss (its value read), backward, SGD with momentum, zero_grad."""
+    on the device): forward, loss, backward, SGD with momentum, zero_grad, the loss's value read
+    (eager: read as the loss call returns it, before the backward pass)."""
     from netcl import Tensor, nn, optim
 
     model = build_netcl(name).to(q).train()
@@ -87,10 +90,17 @@ def netcl_step(name, batch, q):
     opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
     def step():
-        loss_fn(model(xt), target)  # returns a float: one read per step
-        model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
+        if eager:
+            loss_fn(model(xt), target)  # returns a float: the device drains its queue here
+            model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
+            opt.step()
+            opt.zero_grad()
+            return
+        loss = loss_fn.enqueue(model(xt), target)
+        model.backward(loss_fn.backward(), input_grad=False)
         opt.step()
         opt.zero_grad()
+        loss.item()  # one read per step, as torch's loss.item() after the step
 
     return step
 
@@ -99,7 +109,7 @@ def run_netcl(name, batch, args):
     import netcl
 
     q = netcl.default_queue(args.device)
-    step = netcl_step(name, batch, q)
+    step = netcl_step(name, batch, q, args.eager_loss)
     ms = time_steps(step, q.finish, args.steps, args.warmup)
     return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms,
             "launches": count_launches(step)}
@@ -183,7 +193,7 @@ def kernel_profile_netcl(name, batch, args):
 
     base = netcl.default_queue(args.device)
     q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    step = netcl_step(name, batch, q)
+    step = netcl_step(name, batch, q, getattr(args, "eager_loss", False))
     events, enqueue = [], ops._enqueue
 
     def recorded(queue, k, gsize, lsize, a):
@@ -350,6 +360,9 @@ def main(argv=None):
     ap.add_argument("--profile", default=None, help="print netcl's per-layer forward/backward times of this model")
     ap.add_argument("--kernels", default=None,
                     help="print netcl's per-kernel device time over whole training steps of this model")
+    ap.add_argument("--eager-loss", action="store_true",
+                    help="netcl reads the loss as its call returns it (a float), before the backward pass, "
+                         "instead of after the optimizer step (loss_fn.enqueue)")
     ap.add_argument("--json", default=None, help="also write the table to this JSON file")
     ap.add_argument("--tinygrad", action="store_true",
                     help="add tinygrad (pip tinygrad; its OpenCL backend, DEV=CL unless DEV is set) as a third runtime")

@@ -203,10 +203,11 @@ def train_segmentation(model, queue, data, epochs=6, batch_size=32, lr=3e-3, see
         order, losses = np.random.default_rng([seed, epoch]).permutation(len(x_tr)), []
         for s in range(steps):
             idx = order[s * batch_size:(s + 1) * batch_size]
-            losses.append(loss_fn(train_net(Tensor.from_host(queue, x_tr[idx])), m_tr[idx]))
+            pending = loss_fn.enqueue(train_net(Tensor.from_host(queue, x_tr[idx])), m_tr[idx])
             train_net.backward(loss_fn.backward(), input_grad=False)
             opt.step()
             opt.zero_grad()
+            losses.append(pending.item())  # read after the step: the device never waits mid-step
             bar.update(loss=float(np.mean(losses[-20:])))
         model.eval()
         logits = np.concatenate([model(Tensor.from_host(queue, x_te[i:i + 64])).to_host()

@@ -30,8 +30,9 @@ static void group_sum(const float term, const float bad, __local float *s, __loc
     }
 }
 
-// logits (N, C), class indices as floats (a label that is not an integer in [0, C) is refused);
-// loss_i = logsumexp(x_i) - x_i[y_i]; grad = (softmax - onehot) / N
+// logits (N, C), class indices as floats (a label that is not an integer in [0, C) is refused:
+// its row's gradient 0, so that a step taken before the host reads the refusal changes nothing
+// through it); loss_i = logsumexp(x_i) - x_i[y_i]; grad = (softmax - onehot) / N
 __kernel void cross_entropy(const int N, const int C, __global const float *x, __global const float *labels,
                             __global float *grad, __global float *part) {
     __local float s[RED], f[RED];
@@ -48,7 +49,8 @@ __kernel void cross_entropy(const int N, const int C, __global const float *x, _
         for (int c = 0; c < C; c++) e += exp(r[c] - m);
         const float lse = m + log(e);
         term = lse - r[y];
-        for (int c = 0; c < C; c++) grad[i * C + c] = (exp(r[c] - lse) - (c == y ? 1.0f : 0.0f)) / (float)N;
+        for (int c = 0; c < C; c++)
+            grad[i * C + c] = bad == 0.0f ? (exp(r[c] - lse) - (c == y ? 1.0f : 0.0f)) / (float)N : 0.0f;
     }
     group_sum(term, bad, s, f, part);
 }
@@ -66,7 +68,7 @@ __kernel void mse(const int n, __global const float *x, __global const float *t,
     group_sum(term, 0.0f, s, f, part);
 }
 
-// PyTorch clamps the logs at -100, and refuses a prediction outside [0, 1] (NaN too)
+// PyTorch clamps the logs at -100, and refuses a prediction outside [0, 1] (NaN too: its gradient 0)
 __kernel void bce(const int n, __global const float *x, __global const float *t, __global float *grad,
                   __global float *part) {
     __local float s[RED], f[RED];
@@ -78,7 +80,7 @@ __kernel void bce(const int n, __global const float *x, __global const float *t,
         const float lp = fmax(log(p), -100.0f), lq = fmax(log(1.0f - p), -100.0f);
         term = -(y * lp + (1.0f - y) * lq);
         const float eps = 1e-12f;
-        grad[i] = (p - y) / fmax((1.0f - p) * p, eps) / (float)n;
+        grad[i] = bad == 0.0f ? (p - y) / fmax((1.0f - p) * p, eps) / (float)n : 0.0f;
     }
     group_sum(term, bad, s, f, part);
 }

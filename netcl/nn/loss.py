@@ -1,5 +1,8 @@
 """Losses (mean reduction, PyTorch semantics). Calling a loss returns the loss as a Python
 float; `backward()` then returns the gradient of that mean loss w.r.t. the prediction.
+`enqueue()` computes the same without waiting: it returns a PendingLoss whose item() reads the
+value later (after the backward pass and the optimizer step, as PyTorch's loss.item()), so that
+the device does not drain its queue in the middle of a training step.
 
 On the device: a loss kernel writes the gradient and per-work-group sums, `loss_sum` their total;
 the host reads it once. Targets (and class indices) already on the device are used there."""
@@ -17,15 +20,24 @@ class _Loss:
     def __init__(self):
         self._grad = None
 
-    def _reduce(self, q, items, count, *args):
+    def _reduce(self, q, items, count, refuse, *args):
         """Launch self.kernel over `items` work-items with `args` (then its partial sums), then the
-        total; returns (the mean over `count` terms, refused) from one read of two floats."""
+        total: a PendingLoss of the mean over `count` terms, refuse() raising where it refused."""
         groups = -(-items // _RED)
         part, out = ops.new(q, (2 * groups,)), ops.new(q, (2,))
         ops.launch(q, "loss", self.kernel, (groups * _RED,), (_RED,), *args, part)
         ops.launch(q, "loss", "loss_sum", (_RED,), (_RED,), groups, part, out)
-        total, refused = out.mark_written().numpy()
-        return float(total) / count, bool(refused)
+        return PendingLoss(out.mark_written(), count, refuse)
+
+    def __call__(self, pred, target):
+        """The mean loss as a Python float (enqueue, then item() at once); a refused input raises
+        here, and backward() then refuses too."""
+        pending = self.enqueue(pred, target)
+        try:
+            return pending.item()
+        except ValueError:
+            self._grad = None
+            raise
 
     def backward(self):
         if self._grad is None:
@@ -57,18 +69,43 @@ class _Loss:
                              f"{pred.shape}")
         return _on_device(pred.queue, target)
 
-    def __call__(self, pred, target):
+    def enqueue(self, pred, target):
+        """The loss and its gradient enqueued, not waited for: a PendingLoss (item() reads the mean
+        loss); backward() gives the gradient at once. An input the kernel refuses (BCELoss: a
+        prediction outside [0, 1]) gets a zero gradient and makes item() raise."""
         t = self._target(pred, target)
         self._grad = ops.new(pred, pred.shape)
-        loss, refused = self._reduce(pred.queue, pred.size, pred.size, pred.size, pred, t, self._grad)
+        size = pred.size
+        pending = self._reduce(pred.queue, size, size, lambda: self._refuse(size), size, pred, t, self._grad)
         self._grad.mark_written()
-        if refused:
-            self._grad = None
-            self._refuse(pred)
-        return loss
+        return pending
 
-    def _refuse(self, pred):
+    def _refuse(self, size):
         raise AssertionError(f"{self.kernel} refuses nothing")
+
+
+class PendingLoss:
+    """A loss enqueued on the device (a loss's enqueue()): item() reads its mean once (later calls
+    return the same float) and raises ValueError where the loss refused its input; float(p) is
+    p.item()."""
+
+    __slots__ = ("_out", "_count", "_refuse", "_value")
+
+    def __init__(self, out, count, refuse):
+        self._out, self._count, self._refuse, self._value = out, count, refuse, None
+
+    def item(self):
+        if self._value is None:
+            total, refused = self._out.numpy()
+            if refused:
+                self._refuse()
+            self._value = float(total) / self._count
+        return self._value
+
+    __float__ = item
+
+    def __repr__(self):
+        return f"PendingLoss({self._value})" if self._value is not None else "PendingLoss(not read)"
 
 
 def _on_device(q, x):
@@ -87,9 +124,9 @@ class BCELoss(_Loss):
     Predictions outside [0, 1] (or NaN) raise ValueError, as PyTorch does."""
     kernel = "bce"
 
-    def _refuse(self, pred):
+    def _refuse(self, size):
         raise ValueError(f"BCELoss expects probabilities: every prediction must be between 0 and 1 (e.g. the "
-                         f"output of Sigmoid), but some of the {pred.size} values are outside [0, 1] or NaN")
+                         f"output of Sigmoid), but some of the {size} values are outside [0, 1] or NaN")
 
 
 class CrossEntropyLoss(_Loss):
@@ -97,7 +134,10 @@ class CrossEntropyLoss(_Loss):
     the host are checked there; a Tensor of them on the device is checked by the kernel."""
     kernel = "cross_entropy"
 
-    def __call__(self, logits, labels):
+    def enqueue(self, logits, labels):
+        """As _Loss.enqueue: labels on the host are checked here (ValueError at once); labels on
+        the device by the kernel, a refused one getting its row a zero gradient and making item()
+        raise."""
         self._check_prediction(logits, rank=2)
         n, c = logits.shape
         if not (isinstance(labels, Tensor) and labels.on_device):
@@ -106,13 +146,13 @@ class CrossEntropyLoss(_Loss):
             raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {labels.shape}")
         q = logits.queue
         self._grad = ops.new(q, (n, c))
-        loss, refused = self._reduce(q, n, n, n, c, logits, _on_device(q, labels), self._grad)
-        self._grad.mark_written()
-        if refused:
-            self._grad = None
+
+        def refuse():
             raise ValueError(f"CrossEntropyLoss labels must be integers in [0, {c}) (class indices); some of the "
                              f"{n} labels on the device are not")
-        return loss
+        pending = self._reduce(q, n, n, refuse, n, c, logits, _on_device(q, labels), self._grad)
+        self._grad.mark_written()
+        return pending
 
     @staticmethod
     def _host_labels(labels, n, c):
