@@ -163,15 +163,32 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
 // the device): U[kb][p][c][KV] = G g G^T (p = 4a + b, G as conv_wino.py's _WINO_G[2]) for output
 // channel k (zeros from K to KB * KV) and input channel c of the convolution conv_winot runs,
 // g = w[k][c] (flip 0: that convolution's weights (K, C, 3, 3)), or w[c][k] turned by 180 degrees
-// (flip 1: the data gradient of a convolution with weights (C, K, 3, 3)). Work-item (k, c).
-__kernel void winot_weights(__global const float *restrict w, __global float *restrict u, const int flip) {
-    const int k = get_global_id(0), c = get_global_id(1);
-    float g[3][3], t[4][3];
+// (flip 1: the data gradient of a convolution with weights (C, K, 3, 3)). Work-item (kb, c): the
+// KV output channels of block kb in the lanes of a float16 (KV 8: float8), so that its 16 stores
+// are whole vectors (a work-item per (k, c) stored 16 scalars 4 KiB apart: 0.10-0.15 ms for 64 x
+// 64 channels, 0.02 now).
+#if KV == 16
+#define VKV float16
+#define VLOAD_KV vload16
+#define VSTORE_KV vstore16
+#else
+#define VKV float8
+#define VLOAD_KV vload8
+#define VSTORE_KV vstore8
+#endif
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void winot_weights(__global const float *restrict w, __global float *restrict u, const int flip) {
+    const int kb = get_global_id(0), c = get_global_id(1);
+    float gl[9][KV];  // g's 9 taps of the block's output channels, lane by lane
+    for (int q = 0; q < KV; q++) {
+        const int k = kb * KV + q;
 #pragma unroll
-    for (int i = 0; i < 3; i++)
+        for (int e = 0; e < 9; e++)
+            gl[e][q] = k >= K ? 0.0f : flip ? w[(c * K + k) * 9 + 8 - e] : w[(k * C + c) * 9 + e];
+    }
+    VKV g[3][3], t[4][3];
 #pragma unroll
-        for (int j = 0; j < 3; j++)
-            g[i][j] = k >= K ? 0.0f : flip ? w[((c * K + k) * 3 + 2 - i) * 3 + 2 - j] : w[((k * C + c) * 3 + i) * 3 + j];
+    for (int e = 0; e < 9; e++) g[e / 3][e % 3] = VLOAD_KV(0, gl[e]);
 #pragma unroll
     for (int j = 0; j < 3; j++) {  // G g
         t[0][j] = g[0][j];
@@ -179,13 +196,13 @@ __kernel void winot_weights(__global const float *restrict w, __global float *re
         t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
         t[3][j] = g[2][j];
     }
-    __global float *uk = u + ((k / KV) * 16 * C + c) * KV + k % KV;
+    __global float *ub = u + (kb * 16 * C + c) * KV;  // point p at ub + p C KV
 #pragma unroll
     for (int a = 0; a < 4; a++) {  // (G g) G^T
-        uk[(4 * a + 0) * C * KV] = t[a][0];
-        uk[(4 * a + 1) * C * KV] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
-        uk[(4 * a + 2) * C * KV] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
-        uk[(4 * a + 3) * C * KV] = t[a][2];
+        VSTORE_KV(t[a][0], 0, ub + (4 * a + 0) * C * KV);
+        VSTORE_KV(0.5f * (t[a][0] + t[a][1] + t[a][2]), 0, ub + (4 * a + 1) * C * KV);
+        VSTORE_KV(0.5f * (t[a][0] - t[a][1] + t[a][2]), 0, ub + (4 * a + 2) * C * KV);
+        VSTORE_KV(t[a][2], 0, ub + (4 * a + 3) * C * KV);
     }
 }
 

@@ -127,7 +127,7 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     d, options = layout
     kv, kb = d["KV"], d["KB"]
     u = ops.new(q, (kb * 16 * c * kv,))
-    ops.launch(q, "conv_winot", "winot_weights", (kb * kv, c), (kv, 1), w, u, int(flip), options=options)
+    ops.launch(q, "conv_winot", "winot_weights", (kb, c), (1, 1), w, u, int(flip), options=options)
     u.mark_written()
     items = h // 2 // d["T"] * d["VPR"]  # per image
     part = ops.new(q, (k, n * items, 2)) if stats else None
