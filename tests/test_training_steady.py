@@ -48,8 +48,10 @@ class Counter:
         monkeypatch.setattr(cl, "enqueue_copy", counted_copy)
 
 
+@pytest.mark.parametrize("deferred", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
-def test_steady_steps_make_no_buffers_build_nothing_and_read_once(queue, rng, monkeypatch, case):
+def test_steady_steps_make_no_buffers_build_nothing_and_read_once(queue, rng, monkeypatch, case, deferred):
+    """deferred: the loss enqueued (loss_fn.enqueue) and read after the optimizer step."""
     build, shape, loss, (opt_name, hyper) = CASES[case]
     netcl.manual_seed(0)
     model = build().to(queue).train()
@@ -65,11 +67,18 @@ def test_steady_steps_make_no_buffers_build_nothing_and_read_once(queue, rng, mo
         if step == 2:  # the first two steps make the layout, the gradient homes and the pool's buffers
             before, reads = runtime.stats(), count.reads
         launches = count.launches
-        losses.append(loss_fn(model(Tensor.from_host(queue, x)), y))
+        if deferred:
+            r0 = count.reads
+            pending = loss_fn.enqueue(model(Tensor.from_host(queue, x)), y)
+            assert count.reads == r0, "enqueue reads nothing"
+        else:
+            losses.append(loss_fn(model(Tensor.from_host(queue, x)), y))
         model.backward(loss_fn.backward())
         middle = count.launches
         opt.step()
         opt.zero_grad()
+        if deferred:
+            losses.append(pending.item())
         assert count.launches - middle == 1, "the optimizer updates every parameter in one launch"
         assert middle > launches
     assert runtime.stats() == before, "steady steps make no device buffers and build no programs"
@@ -87,6 +96,10 @@ def test_loss_is_two_launches_and_one_read(queue, rng, monkeypatch):
         launches, reads = count.launches, count.reads
         fn(pred, target)
         assert (count.launches - launches, count.reads - reads) == (2, 1), type(fn).__name__
+        pending = fn.enqueue(pred, target)  # the same launches; the read when item() asks
+        assert (count.launches - launches, count.reads - reads) == (4, 1), type(fn).__name__
+        pending.item(), pending.item()
+        assert count.reads - reads == 2, type(fn).__name__
 
 
 def test_stats_count_new_buffers_and_builds(queue):
