@@ -7,8 +7,10 @@ A step is: forward, the loss (MSE for detector26, cross-entropy for the classifi
 SGD with momentum 0.9, zero_grad; the loss is read back every step, after the optimizer step
 (PyTorch: loss.item(); netcl: loss_fn.enqueue()'s item(), so that neither waits for the device in
 the middle of the step; with --eager-loss netcl reads it as the loss call returns it, before the
-backward pass). Each figure is the median of --steps steps after --warmup steps; the table also
-gives netcl's kernel launches per step (counted in one more step).
+backward pass). Each figure is the median of --steps steps after --warmup steps, the table's the
+median over the rounds; "per round" is the range of netcl / PyTorch over the rounds (each round's
+two processes ran back to back; --json keeps every round). The table also gives netcl's kernel
+launches per step (counted in one more step).
 
     python tools/benchmark_training_step.py --models detector26,cnn,digits --batches 8,32
     python tools/benchmark_training_step.py --device gpu --torch-device cuda --rounds 2 --tinygrad
@@ -323,7 +325,7 @@ def driver(args):
                     r = json.loads(line)
                     results.setdefault((r["model"], r["batch"]), {}).setdefault(rt, []).append(r)
     tg = "tinygrad" in runtimes
-    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s}"
+    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'per round':>11s}"
           + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if tg else "") + f" {'launches':>8s}  devices")
     rows = []
 
@@ -333,10 +335,14 @@ def driver(args):
         n, t, g = med(by, "netcl"), med(by, "torch"), med(by, "tinygrad")
         launches = by["netcl"][0]["launches"] if "netcl" in by else 0
         devs = "; ".join(sorted({r["device"] for rs in by.values() for r in rs}))
-        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x"
+        # each round's two processes ran back to back: their ratio, round by round, shows the spread
+        rounds = {rt: [r["step_ms"] for r in by.get(rt, [])] for rt in runtimes}
+        per_round = [a / b for a, b in zip(rounds["netcl"], rounds["torch"])]
+        spread = f"{min(per_round):.2f}-{max(per_round):.2f}x" if per_round else "-"
+        print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {spread:>11s}"
               + (f" {g:12.2f} {n / g:14.2f}x" if tg else "") + f" {launches:8d}  {devs}")
         rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t,
-                     "netcl_launches": launches, "devices": devs})
+                     "netcl_launches": launches, "devices": devs, "rounds_ms": rounds, "ratio_rounds": per_round})
         if tg:
             rows[-1].update(tinygrad_ms=g, ratio_tinygrad=n / g)
     if args.json:
