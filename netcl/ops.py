@@ -176,21 +176,23 @@ _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once
 _local_mem = {}  # device int_ptr -> local_mem_size (the same)
 
 
+def _device_value(cache, q, attr):
+    """The queue's device's `attr`, asked of the driver once per device and kept in `cache`."""
+    value = cache.get(q.device.int_ptr)
+    if value is None:
+        value = cache[q.device.int_ptr] = getattr(q.device, attr)
+    return value
+
+
 def compute_units(q):
     """The queue's device's compute units (cached: a driver query)."""
-    cu = _compute_units.get(q.device.int_ptr)
-    if cu is None:
-        cu = _compute_units[q.device.int_ptr] = q.device.max_compute_units
-    return cu
+    return _device_value(_compute_units, q, "max_compute_units")
 
 
 def local_mem(q):
-    """The queue's device's local memory per work-group in bytes (cached: a driver query); PoCL's CPU
-    devices give about a core's L2 cache."""
-    size = _local_mem.get(q.device.int_ptr)
-    if size is None:
-        size = _local_mem[q.device.int_ptr] = q.device.local_mem_size
-    return size
+    """The queue's device's local memory per work-group in bytes (cached); PoCL's CPU devices give
+    about a core's L2 cache."""
+    return _device_value(_local_mem, q, "local_mem_size")
 
 
 def config_class(q):
