@@ -28,6 +28,22 @@
         *(__global T *)(o) = BN_DX(xv_, dv_);                                                 \
     } while (0)
 
+// the forward's y = act(BN(x)) of the T at input offset i of x, stored at o (m, inv, g, b, slope
+// in scope)
+#define BN_APPLY_ROW(T, o, i) *(__global T *)(o) = BN_ACT(*(__global const T *)(x + (i)), m, inv, g, b, slope)
+
+// ROW(T, o, i) over n values from output o_, input offset r_: vectors of 16, then one of 8, of 4,
+// then scalars (the element-wise passes: bn_apply_cpu, bn_add_act_cpu, bn_bwd_apply_cpu, and PAD_PLANE
+// per row or plane)
+#define PAD_RUN(ROW, o_, r_, n)                                          \
+    do {                                                                 \
+        int w_ = 0;                                                      \
+        for (; w_ + 16 <= (n); w_ += 16) ROW(ufloat16, (o_) + w_, (r_) + w_); \
+        if (w_ + 8 <= (n)) { ROW(ufloat8, (o_) + w_, (r_) + w_); w_ += 8; } \
+        if (w_ + 4 <= (n)) { ROW(ufloat4, (o_) + w_, (r_) + w_); w_ += 4; } \
+        for (; w_ < (n); w_++) ROW(float, (o_) + w_, (r_) + w_);         \
+    } while (0)
+
 // Batch statistics, stage 1: part p of channel c writes its sum and its sum of squared
 // deviations from its own mean (two passes, the second from cache; corrected by the
 // deviations' sum), as norm.cl's bn_stats_part. A part is walked as row segments: one
@@ -213,10 +229,7 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
                          momentum, &m, &v);
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
         e = min(i1, (r + 1) * HW);
-        int k = i;
-        for (; k + 16 <= e; k += 16)
-            *(__global ufloat16 *)(y + k) = BN_ACT(*(__global const ufloat16 *)(x + k), m, inv, g, b, slope);
-        for (; k < e; k++) y[k] = BN_ACT(x[k], m, inv, g, b, slope);
+        PAD_RUN(BN_APPLY_ROW, y + i, i, e - i);
     }
 }
 
@@ -247,13 +260,11 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
         const float sinv = sbn ? rsqrt(sv + seps) : 1.0f, sg = sbn ? sgamma[c] : 1.0f, sb = sbn ? sbeta[c] : 0.0f;
         e = min(i1, (r + 1) * HW);
-        int k = i;
-        for (; k + 16 <= e; k += 16) {
-            const float16 z = BN_Z(*(__global const ufloat16 *)(x + k), m, inv, g, b) +
-                              BN_Z(*(__global const ufloat16 *)(s + k), sm, sinv, sg, sb);
-            *(__global ufloat16 *)(y + k) = ACT_APPLY(ACT_KIND, z, slope);
-        }
-        for (; k < e; k++) y[k] = ACT_APPLY(ACT_KIND, BN_Z(x[k], m, inv, g, b) + BN_Z(s[k], sm, sinv, sg, sb), slope);
+#define ADD_ROW(T, o, k)                                                                                     \
+    *(__global T *)(o) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const T *)(x + (k)), m, inv, g, b) +           \
+                                             BN_Z(*(__global const T *)(s + (k)), sm, sinv, sg, sb), slope)
+        PAD_RUN(ADD_ROW, y + i, i, e - i);
+#undef ADD_ROW
     }
 }
 
@@ -277,10 +288,7 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         const float k1 = batch_stats ? db * inv_m : 0.0f;
         const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
         e = min(i1, (r + 1) * HW);
-        int k = i;
-        for (; k + 16 <= e; k += 16)
-            *(__global ufloat16 *)(dx + k) = BN_DX(*(__global const ufloat16 *)(x + k), *(__global const ufloat16 *)(dy + k));
-        for (; k < e; k++) BN_DX_ROW(float, dx + k, k);
+        PAD_RUN(BN_DX_ROW, dx + i, i, e - i);
     }
 }
 
@@ -299,31 +307,21 @@ inline void zero_span(__global float *d, const int n) {
     for (; i < n; i++) d[i] = 0.0f;
 }
 
-// ROW over n values from output o_, input offset r_: vectors of 16, then one of 8, of 4, scalars
-#define PAD_RUN(ROW, o_, r_, n)                                          \
-    do {                                                                 \
-        int w_ = 0;                                                      \
-        for (; w_ + 16 <= (n); w_ += 16) ROW(ufloat16, (o_) + w_, (r_) + w_); \
-        if (w_ + 8 <= (n)) { ROW(ufloat8, (o_) + w_, (r_) + w_); w_ += 8; } \
-        if (w_ + 4 <= (n)) { ROW(ufloat4, (o_) + w_, (r_) + w_); w_ += 4; } \
-        for (; w_ < (n); w_++) ROW(float, (o_) + w_, (r_) + w_);         \
-    } while (0)
-
 #define PAD_PLANE(pl, ROW)                                                 \
     do {                                                                   \
         __global float *d_ = out + (pl) * HP * WP;                         \
         if (HP == H && WP == W) {                                          \
             PAD_RUN(ROW, d_, (pl) * H * W, H * W);                         \
-            break;                                                         \
+        } else {                                                           \
+            zero_span(d_, top * WP);                                       \
+            for (int h_ = 0; h_ < H; h_++) {                               \
+                __global float *o_ = d_ + (top + h_) * WP;                 \
+                zero_span(o_, left);                                       \
+                PAD_RUN(ROW, o_ + left, ((pl) * H + h_) * W, W);           \
+                zero_span(o_ + left + W, WP - left - W);                   \
+            }                                                              \
+            zero_span(d_ + (top + H) * WP, (HP - top - H) * WP);           \
         }                                                                  \
-        zero_span(d_, top * WP);                                           \
-        for (int h_ = 0; h_ < H; h_++) {                                   \
-            __global float *o_ = d_ + (top + h_) * WP;                     \
-            zero_span(o_, left);                                           \
-            PAD_RUN(ROW, o_ + left, ((pl) * H + h_) * W, W);               \
-            zero_span(o_ + left + W, WP - left - W);                       \
-        }                                                                  \
-        zero_span(d_ + (top + H) * WP, (HP - top - H) * WP);               \
     } while (0)
 
 // bn_apply_cpu into padded planes
@@ -341,9 +339,7 @@ void bn_apply_pad_cpu(const int NC, const int planes, const int C, const int H, 
         bn_channel_stats(c, pl < C, part, parts, plen, NC / C * H * W, mean, var, run_mean, run_var, momentum, &m,
                          &v);
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
-#define APPLY(T, o, i) *(__global T *)(o) = BN_ACT(*(__global const T *)(x + (i)), m, inv, g, b, slope)
-        PAD_PLANE(pl, APPLY);
-#undef APPLY
+        PAD_PLANE(pl, BN_APPLY_ROW);
     }
 }
 
