@@ -64,8 +64,20 @@
 #define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
 #define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
 
+// B^T's row q (0..3) combines input rows BT_R0 + BT_S BT_R1 (row 0 - row 2, 1 + 2, 2 - 1, 1 - 3)
+#define BT_R0(q) ((q) == 2 ? 2 : (q) == 0 ? 0 : 1)
+#define BT_R1(q) ((q) <= 1 ? 2 : (q) == 2 ? 1 : 3)
+#define BT_S(q) ((q) == 1 ? 1.0f : -1.0f)
+// B^T over the columns of one transformed row, given its combined input row as the vector pairs
+// from column 0 (ea, eb) and from column 2 (fa, fb): its 4 points at v(p0) .. v(p0 + 3)
+#define BT_COLUMNS(ea, eb, fa, fb, v, p0)                                                              \
+    do {                                                                                               \
+        const float16 t0_ = EVENS(ea, eb), t1_ = ODDS(ea, eb), t2_ = EVENS(fa, fb), t3_ = ODDS(fa, fb); \
+        v((p0) + 0) = t0_ - t2_, v((p0) + 1) = t1_ + t2_, v((p0) + 2) = t2_ - t1_, v((p0) + 3) = t1_ - t3_; \
+    } while (0)
+
 // V = B^T d B of one channel's 4 x 4 inputs of a tile vector's 16 tiles, from xc (its top left
-// input, rows IWS apart), point p = 4 a + b at v[p]: a row's 32 inputs loaded once for its 4
+// input, rows IWS apart), point p = 4 a + b at v(p): a row's 32 inputs loaded once for its 4
 // column offsets (the even and odd lanes of two vector pairs), B^T's rows combined on the loaded
 // vectors before the lanes are picked (16 loads, 16 shuffles, 32 adds)
 #define WINOT_BT(xc, v)                                                                                     \
@@ -74,15 +86,16 @@
         _Pragma("unroll") for (int r_ = 0; r_ < 4; r_++)                                                  \
             ROW_PAIR((xc) + r_ * IWS, IWS, a_[r_], b_[r_]), ROW_PAIR((xc) + r_ * IWS + 2, IWS, a2_[r_], b2_[r_]); \
         _Pragma("unroll") for (int q_ = 0; q_ < 4; q_++) { /* B^T over the rows, on the loaded pairs */   \
-            const int r0_ = q_ == 2 ? 2 : q_ == 0 ? 0 : 1, r1_ = q_ == 0 ? 2 : q_ == 1 ? 2 : q_ == 2 ? 1 : 3; \
-            const float s_ = q_ == 1 ? 1.0f : -1.0f;                                                      \
-            const float16 ea_ = a_[r0_] + s_ * a_[r1_], eb_ = b_[r0_] + s_ * b_[r1_];                     \
-            const float16 fa_ = a2_[r0_] + s_ * a2_[r1_], fb_ = b2_[r0_] + s_ * b2_[r1_];                 \
-            const float16 t0_ = EVENS(ea_, eb_), t1_ = ODDS(ea_, eb_), t2_ = EVENS(fa_, fb_), t3_ = ODDS(fa_, fb_); \
-            v(4 * q_ + 0) = t0_ - t2_, v(4 * q_ + 1) = t1_ + t2_; /* B^T over the columns */             \
-            v(4 * q_ + 2) = t2_ - t1_, v(4 * q_ + 3) = t1_ - t3_;                                         \
+            const int r0_ = BT_R0(q_), r1_ = BT_R1(q_);                                                   \
+            const float s_ = BT_S(q_);                                                                    \
+            BT_COLUMNS(a_[r0_] + s_ * a_[r1_], b_[r0_] + s_ * b_[r1_], a2_[r0_] + s_ * a2_[r1_],          \
+                       b2_[r0_] + s_ * b2_[r1_], v, 4 * q_);                                              \
         }                                                                                                 \
     } while (0)
+
+// A over the columns of one row of dY's tiles (their even columns e, odd o): its 4 points at
+// v(p0) .. v(p0 + 3)
+#define A_COLUMNS(e, o, v, p0) (v((p0) + 0) = (e), v((p0) + 1) = (e) + (o), v((p0) + 2) = (e) - (o), v((p0) + 3) = -(o))
 
 // RES_IN_PLACE: res is y (a data gradient added into the tensor it overwrites, each element read
 // before it is written by the same work-item), so neither pointer is restrict.
@@ -272,25 +285,22 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
         const int n = gv / NVI, vv = gv % NVI;
         const int oh0 = 2 * T * (vv / VPR), ow0 = 32 * (vv % VPR);  // the vector's first output row, column
         __global const float *xb = x + n * (C * IHS * IWS) + (oh0 - 1 + IPB) * IWS + ow0 - 1 + IPB;
-#if ROWS == 4
-        for (int c = 0; c < C; c++) {
 #define XS_AT(p) XS(p, c, v)
-            WINOT_BT(xb + c * (IHS * IWS), XS_AT);
-#undef XS_AT
-        }
-#else  // row i of B^T: input rows r0 + s r1
-        const int r0 = i == 2 ? 2 : i == 0 ? 0 : 1, r1 = i == 0 ? 2 : i == 1 ? 2 : i == 2 ? 1 : 3;
-        const float s = i == 1 ? 1.0f : -1.0f;
+#if ROWS == 4
+        for (int c = 0; c < C; c++) WINOT_BT(xb + c * (IHS * IWS), XS_AT);
+#else  // row i of B^T only
+        const int r0 = BT_R0(i), r1 = BT_R1(i);
+        const float s = BT_S(i);
         for (int c = 0; c < C; c++) {
             __global const float *p0 = xb + c * (IHS * IWS) + r0 * IWS, *p1 = xb + c * (IHS * IWS) + r1 * IWS;
             float16 a0, b0, a1, b1, a2, b2, a3, b3;
             ROW_PAIR(p0, IWS, a0, b0), ROW_PAIR(p1, IWS, a1, b1), ROW_PAIR(p0 + 2, IWS, a2, b2), ROW_PAIR(p1 + 2, IWS, a3, b3);
-            const float16 ea = a0 + s * a1, eb = b0 + s * b1, fa = a2 + s * a3, fb = b2 + s * b3;
-            const float16 t0 = EVENS(ea, eb), t1 = ODDS(ea, eb), t2 = EVENS(fa, fb), t3 = ODDS(fa, fb);
-            XS(0, c, v) = t0 - t2, XS(1, c, v) = t1 + t2, XS(2, c, v) = t2 - t1, XS(3, c, v) = t1 - t3;
+            BT_COLUMNS(a0 + s * a1, b0 + s * b1, a2 + s * a3, b2 + s * b3, XS_AT, 0);
         }
 #endif
+#undef XS_AT
         __global const float *db = dy + doff + n * (K * dplane) + oh0 * dws + ow0;
+#define DS_AT(p) DS(p, k, v)
 #if ROWS == 4
         for (int k = 0; k < K; k++) {
             __global const float *pk = db + k * dplane;
@@ -299,11 +309,9 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
             const float16 e0 = EVENS(a0, b0), o0 = ODDS(a0, b0), e1 = EVENS(a1, b1), o1 = ODDS(a1, b1);
             const float16 e[4] = {e0, e0 + e1, e0 - e1, -e1}, o[4] = {o0, o0 + o1, o0 - o1, -o1};  // A over the rows
 #pragma unroll
-            for (int q = 0; q < 4; q++)  // and over the columns
-                DS(4 * q + 0, k, v) = e[q], DS(4 * q + 1, k, v) = e[q] + o[q], DS(4 * q + 2, k, v) = e[q] - o[q],
-                DS(4 * q + 3, k, v) = -o[q];
+            for (int q = 0; q < 4; q++) A_COLUMNS(e[q], o[q], DS_AT, 4 * q);  // and over the columns
         }
-#else  // row i of A: dy rows sg (d0 + sd 1), (0, 0 + 1, 0 - 1, -1)
+#else  // row i of A only: dy rows sg (d0 + sd 1), (0, 0 + 1, 0 - 1, -1)
         const int d0 = i == 3 ? dws : 0;
         const float sd = i == 1 ? 1.0f : i == 2 ? -1.0f : 0.0f, sg = i == 3 ? -1.0f : 1.0f;
         for (int k = 0; k < K; k++) {
@@ -311,9 +319,10 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
             float16 a0, b0, a1, b1;
             ROW_PAIR(pk + d0, dws, a0, b0), ROW_PAIR(pk + dws, dws, a1, b1);
             const float16 ea = sg * (a0 + sd * a1), eb = sg * (b0 + sd * b1), e = EVENS(ea, eb), o = ODDS(ea, eb);
-            DS(0, k, v) = e, DS(1, k, v) = e + o, DS(2, k, v) = e - o, DS(3, k, v) = -o;
+            A_COLUMNS(e, o, DS_AT, 0);
         }
 #endif
+#undef DS_AT
     }
 }
 
