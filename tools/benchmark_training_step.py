@@ -91,18 +91,14 @@ def netcl_step(name, batch, q, eager=False):
     loss_fn = nn.MSELoss() if y is None else nn.CrossEntropyLoss()
     opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
+    compute = loss_fn if eager else loss_fn.enqueue  # eager: a float, the device drains its queue there
+
     def step():
-        if eager:
-            loss_fn(model(xt), target)  # returns a float: the device drains its queue here
-            model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
-            opt.step()
-            opt.zero_grad()
-            return
-        loss = loss_fn.enqueue(model(xt), target)
-        model.backward(loss_fn.backward(), input_grad=False)
+        loss = compute(model(xt), target)
+        model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
         opt.step()
         opt.zero_grad()
-        loss.item()  # one read per step, as torch's loss.item() after the step
+        float(loss)  # one read per step (enqueue: here, as torch's loss.item() after the step)
 
     return step
 
@@ -322,7 +318,7 @@ def driver(args):
                 continue
             for line in out.stdout.splitlines():
                 if line.startswith("{"):
-                    r = json.loads(line)
+                    r = dict(json.loads(line), round=rnd)
                     results.setdefault((r["model"], r["batch"]), {}).setdefault(rt, []).append(r)
     tg = "tinygrad" in runtimes
     print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'per round':>11s}"
@@ -336,8 +332,9 @@ def driver(args):
         launches = by["netcl"][0]["launches"] if "netcl" in by else 0
         devs = "; ".join(sorted({r["device"] for rs in by.values() for r in rs}))
         # each round's two processes ran back to back: their ratio, round by round, shows the spread
-        rounds = {rt: [r["step_ms"] for r in by.get(rt, [])] for rt in runtimes}
-        per_round = [a / b for a, b in zip(rounds["netcl"], rounds["torch"])]
+        rounds = {rt: {r["round"]: r["step_ms"] for r in by.get(rt, [])} for rt in runtimes}
+        per_round = [ms / rounds["torch"][i] for i, ms in rounds["netcl"].items() if i in rounds["torch"]]
+        rounds = {rt: [ms for _, ms in sorted(v.items())] for rt, v in rounds.items()}  # JSON: in round order
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}x" if per_round else "-"
         print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {spread:>11s}"
               + (f" {g:12.2f} {n / g:14.2f}x" if tg else "") + f" {launches:8d}  {devs}")
