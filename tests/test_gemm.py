@@ -88,7 +88,8 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # tails of every block (MR, NR, KC, the dot block, vector k), several K blocks (the first one
 # writes the epilogue, later ones add), rows split over work-items, split-K for parallelism and
 # for a long K, B packed from contiguous rows, from k-contiguous columns and from a stride, and
-# K == 0 (C = beta * C + bias).
+# K == 0 (C = beta * C + bias). "dot" (N = 21) runs cpu16's dot blocks of 3 columns, "dot_vectors"
+# (N = 10) those of 4 (ops._cpu_plan).
 _CPU_PATHS = {
     "outer": (3, 13, 45, 11, False, "kn", "gemm_cpu", 1),
     "outer_kblocks": (2, 19, 37, 600, False, "kn", "gemm_cpu", 1),
