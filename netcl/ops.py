@@ -287,9 +287,10 @@ _CPU_KMIN = 1024  # fewest k per split-K chunk
 _CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds: no split-K for parallelism (a second launch costs more)
 _CPU_DOT_ROWS = 128  # fewer rows, A and B contiguous along k: dot products (1.2-3x faster at 32-64 rows)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
-# gemm_cpu_dot's blocks are DM x DN (_CPU_GEMM); where N is a multiple of 3 but not of DN, blocks of
-# 3 columns: the digits conv1 weight gradient 16 x 9 x 4096 took 8.6 us a call in 4 x 3 blocks
-# where 4 x 4 (the last block a third repeated columns) took 10-11 (PoCL, Zen 5, kernel times)
+# gemm_cpu_dot's blocks are DM x DN (_CPU_GEMM); 3 columns where DN's would repeat many (_dot_blocks):
+# kernel times (PoCL, Zen 5) in 4 x 3 blocks against 4 x 4: 16 x 9 x 4096 9.1 us against 10.2, 32 x 9
+# x 65536 198 against 209; but 16 x 27 x 65536 508 against 469, 64 x 27 x 4096 87 against 75 (fewer
+# products per load), so not for N = 27 or 45
 
 
 _cpu_plans = {}  # (context, class, M, N, K, batch, dot) -> _cpu_plan(): small GEMMs are host-bound
@@ -299,11 +300,18 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+def _dot_blocks(cfg, N):
+    """cfg with gemm_cpu_dot's block width for N columns: 3 where DN's blocks would repeat a fifth
+    or more of their columns and 3's fewer (N = 9: 12 columns in 4s, 9 in 3s)."""
+    padded = _cdiv(N, cfg["DN"]) * cfg["DN"]
+    return dict(cfg, DN=3) if padded * 4 >= N * 5 and _cdiv(N, 3) * 3 < padded else cfg
+
+
 def _cpu_plan(q, cls, M, N, K, batch, dot):
     """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM."""
     cfg = _CPU_GEMM[cls]
-    if dot and _cdiv(N, 3) * 3 < _cdiv(N, cfg["DN"]) * cfg["DN"]:  # e.g. N = 9: 3 blocks of 3, not 3 of 4
-        cfg = dict(cfg, DN=3)
+    if dot:
+        cfg = _dot_blocks(cfg, N)
     ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
     want = _CPU_ITEMS * q.device.max_compute_units
     split = batch * M * N * K >= _CPU_SPLIT_WORK

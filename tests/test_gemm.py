@@ -88,8 +88,7 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # tails of every block (MR, NR, KC, the dot block, vector k), several K blocks (the first one
 # writes the epilogue, later ones add), rows split over work-items, split-K for parallelism and
 # for a long K, B packed from contiguous rows, from k-contiguous columns and from a stride, and
-# K == 0 (C = beta * C + bias). "dot" (N = 21) runs cpu16's dot blocks of 3 columns, "dot_vectors"
-# (N = 10) those of 4 (ops._cpu_plan).
+# K == 0 (C = beta * C + bias); "dot_n9" runs cpu16's dot blocks of 3 columns (ops._dot_blocks).
 _CPU_PATHS = {
     "outer": (3, 13, 45, 11, False, "kn", "gemm_cpu", 1),
     "outer_kblocks": (2, 19, 37, 600, False, "kn", "gemm_cpu", 1),
@@ -100,6 +99,7 @@ _CPU_PATHS = {
     "dot": (3, 13, 21, 11, True, "nk", "gemm_cpu_dot", 1),
     "dot_vectors": (2, 7, 10, 211, True, "nk", "gemm_cpu_dot", 1),
     "dot_long_k": (2, 5, 6, 9000, True, "nk", "gemm_cpu_dot", 3),
+    "dot_n9": (2, 6, 9, 300, True, "nk", "gemm_cpu_dot", 1),
     "outer_k0": (2, 5, 7, 0, False, "kn", "gemm_cpu", 1),
     "dot_k0": (2, 5, 7, 0, True, "nk", "gemm_cpu_dot", 1),
 }
@@ -115,6 +115,12 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
             _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} {path}")
     plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, kernel == "gemm_cpu_dot")]
     assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"
+
+
+def test_dot_block_width():
+    """gemm_cpu_dot's blocks of 3 columns only where 4-wide ones would repeat a fifth or more."""
+    cfg = ops._CPU_GEMM["cpu16"]
+    assert [ops._dot_blocks(cfg, n)["DN"] for n in (3, 9, 10, 16, 21, 27, 45, 288)] == [3, 3, 4, 4, 4, 4, 4, 4]
 
 
 @pytest.mark.parametrize("config", ["cpu", "cpu16", "gpu"])
