@@ -166,7 +166,9 @@ inline void bn_channel_stats(const int c, const int first, __global const float 
 // Stage 2 on its own, work-item c: channel c's statistics from many parts (a convolution's, 64
 // values each: Conv2d.output_statistics), with bn_channel_stats' formulas, each sum in 16 strided
 // running sums added pairwise (no long sequential run over the parts), into mean and var, the
-// running statistics updated.
+// running statistics updated. Part p of channel c at part[2 (c cs + p ps)]: cs = parts, ps = 1 (a
+// channel's parts together), or cs = 1, ps = C (a part's channels together: corrc_cpu's, whose
+// work-items write all their channels' parts at once).
 inline float sum16(float *a) {
 #pragma unroll
     for (int w = 8; w > 0; w /= 2)
@@ -176,19 +178,19 @@ inline float sum16(float *a) {
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global const float *part,
-                         __global float *mean, __global float *var, __global float *run_mean,
+void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global const float *part, const int cs,
+                         const int ps, __global float *mean, __global float *var, __global float *run_mean,
                          __global float *run_var, const float momentum) {
     const int c = get_global_id(0);
-    __global const float *pc = part + 2 * c * parts;
+    __global const float *pc = part + 2 * c * cs;
     float a[16], b[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) a[i] = b[i] = 0.0f;
-    for (int p = 0; p < parts; p++) a[p % 16] += pc[2 * p];
+    for (int p = 0; p < parts; p++) a[p % 16] += pc[2 * p * ps];
     const float m = sum16(a) / (float)M;
     for (int p = 0; p < parts; p++) {
-        const float n = (float)min(plen, M - p * plen), d = pc[2 * p] / n - m;
-        b[p % 16] += pc[2 * p + 1] + n * d * d;
+        const float n = (float)min(plen, M - p * plen), d = pc[2 * p * ps] / n - m;
+        b[p % 16] += pc[2 * p * ps + 1] + n * d * d;
     }
     const float v = sum16(b) / (float)M;
     mean[c] = m, var[c] = v;

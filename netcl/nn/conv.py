@@ -97,7 +97,7 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False
     gradient), through its channel-last packing (+ bias); `unpad`: inp is a 3x3 stride-2 padding-1
     convolution's input as it is, of even planes (UNPAD). With `stats`, where OW is a multiple of
     its tile, also out's batch-statistics parts for a BatchNorm2d after it, returned as (part,
-    parts, values per part); else None."""
+    parts, values per part, True: a part's channels together); else None."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
@@ -105,12 +105,12 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False
     wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
     xt, has_bias = -(-ow // _CORRC_TC), bias is not None
     stats = stats and ow % _CORRC_TC == 0
-    part = ops.new(q, (co, n * oh * xt, 2)) if stats else None
+    part = ops.new(q, (n * oh * xt, co, 2)) if stats else None  # a part's channels together
     ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
                inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats),
                part if stats else out, options=options)
     out.mark_written()
-    return (part.mark_written(), n * oh * xt, _CORRC_TC) if stats else None
+    return (part.mark_written(), n * oh * xt, _CORRC_TC, True) if stats else None
 
 
 def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
@@ -460,8 +460,8 @@ class Conv2d(Module):
         return self._forward_padded(xp, shape, out_shape)
 
     def output_statistics(self, y):
-        """(part, parts, values per part): the batch-statistics parts of y per channel (norm.cl's
-        layout, for BatchNorm2d.forward's `stats`) where y is this conv's last output and its
+        """(part, parts, values per part[, part_major]): the batch-statistics parts of y per channel
+        (norm.cl's layout, or corrc_cpu's part-major one; for BatchNorm2d.forward's `stats`) where y is this conv's last output and its
         kernel computed them (forward with stats: conv_winot, corr_cpu, corrc_cpu, pw2_fwd_cpu); else
         None."""
         st = getattr(self, "_out_stats", None)

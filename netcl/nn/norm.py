@@ -87,7 +87,7 @@ class BatchNorm2d(Module):
         own output is not stored. With `pad` (top, left, HP, WP), on a CPU, the output goes into
         zero-bordered planes (N, C, HP, WP) at row top, column left: the padded input of the
         convolution after it (Conv2d.padded_input, then forward_padded). With `stats` (part,
-        parts, values per part), on a CPU in training, the batch statistics' parts of x as the
+        parts, values per part[, part_major]: Conv2d.output_statistics), on a CPU in training, the batch statistics' parts of x as the
         kernel that wrote x computed them (Conv2d.output_statistics): combined by one launch
         (bn_stats_finish) instead of read from x again."""
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
@@ -105,7 +105,7 @@ class BatchNorm2d(Module):
         if self.training:
             mean, var = ops.new(q, (c,)), ops.new(q, (c,))
             if cpu:  # the second stage inside the element-wise pass (norm_cpu.cl), or before the pooled one
-                part, parts, length = self._stats_parts(x) if stats is None else stats
+                part, parts, length = self._stats_parts(x) if stats is None else stats[:3]
                 stage2 = (part, parts, length, self.running_mean, self.running_var, self.momentum)
                 if stats is not None:  # many parts: combined once, not per plane
                     self._finish_stats(stats, n * h * w, mean, var)
@@ -157,10 +157,12 @@ class BatchNorm2d(Module):
 
     def _finish_stats(self, stats, m, mean, var):
         """mean and var of each channel (m values) from its parts stats = (part, parts, values per
-        part), the running statistics updated (bn_stats_finish_cpu)."""
-        part, parts, length = stats
+        part[, part_major]), the running statistics updated (bn_stats_finish_cpu). part_major: a
+        part's channels lie together (corrc_cpu's), else a channel's parts."""
+        part, parts, length, *major = stats
+        cs, ps = (1, self.num_features) if major and major[0] else (parts, 1)
         ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_cpu", (self.num_features,), (1,), m, parts, length, part,
-                   mean, var, self.running_mean, self.running_var, self.momentum)
+                   cs, ps, mean, var, self.running_mean, self.running_var, self.momentum)
 
     def _stats_parts(self, x):
         """(part, parts, values per part): x's batch-statistics parts per channel (bn_stats_part_cpu)."""
