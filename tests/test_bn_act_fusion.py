@@ -588,3 +588,35 @@ def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_erro
         assert abs(got[2].pop("0.bias")).max() < 1e-4  # its gradient 0 before a BatchNorm: noise
     check(fused, unfused, "stride-2 conv statistics vs unfused", 2e-6)
     record_error(*check(fused2, want, "stride-2 conv statistics vs torch", 1e-5))
+
+
+@pytest.mark.parametrize("channels", [12, 4])  # corr_cpu's blocks of 8 channels (a partial one), and of 4
+def test_batchnorm_statistics_from_the_direct_conv(queue, rng, torch, record_error, monkeypatch, channels):
+    """A stride-1 3x3 conv on rows of 16 without Winograd (CPUs: corr_cpu, a resnet stem's 3
+    channels) computes the next BatchNorm2d's statistics parts in its own pass, a part's channels
+    together (hsum16x8's sums); forward, dx, every gradient and the running statistics equal the
+    unfused layers' and float64 PyTorch's."""
+    monkeypatch.setenv("NETCL_CPU_WINOT", "0")
+    model = randomize(nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+        nn.Conv2d(channels, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)), rng).to(queue).train()
+    ref = torch_twin(torch, model, "ReLU")
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal((3, 3, 8, 32)) * 2 + 0.5).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    names = []
+    enqueue = ops._enqueue
+    monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
+    fused = run(queue, model, x, dy, True, monkeypatch, steps=1)
+    if ops.is_cpu(queue):
+        assert names.count("bn_stats_finish_cpu") == 2 and "bn_stats_part_cpu" not in names, names
+        assert "corr_cpu" in names and "conv_winot" not in names, names
+    model.load_state_dict(state)
+    unfused = run(queue, model, x, dy, False, monkeypatch, steps=1)
+    model.load_state_dict(state)
+    fused2 = run(queue, model, x, dy, True, monkeypatch)
+    want = run_torch(torch, ref, x, dy)
+    for got in (fused, unfused, fused2, want):  # the first conv's bias: in the statistics (its mean),
+        assert abs(got[2].pop("0.bias")).max() < 1e-4  # its gradient 0 before a BatchNorm: noise
+    check(fused, unfused, "direct conv statistics vs unfused", 2e-6)
+    record_error(*check(fused2, want, "direct conv statistics vs torch", 1e-5))

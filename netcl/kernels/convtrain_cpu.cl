@@ -268,22 +268,43 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
                     for (int i = 0; i < OW - x0; i++) d[i] = t[i];
                 }
             }
-            // stats (OW a multiple of 16, OH of RR): a BatchNorm2d's batch-statistics parts, the RR x
-            // 16 outputs of a channel a part, as pw2_fwd_cpu's: st[2 (co P + p)], p = (n (OH / RR) +
-            // y0 / RR) (OW / 16) + x0 / 16 of P
-            if (stats) {
-                float16 s16 = 0.0f, d16 = 0.0f, q16 = 0.0f;
+        }
+        // stats (OW a multiple of 16, OH of RR): a BatchNorm2d's batch-statistics parts, the RR x 16
+        // outputs of a channel a part, part-major (bn_stats_finish_cpu's ps = CO, as corrc_cpu's):
+        // st[2 (p CO + co)], p = (n (OH / RR) + y0 / RR) (OW / 16) + x0 / 16 of P; the RM channels'
+        // lane sums at once (hsum16x8: per channel hsum16's additions; with a channel's 4 of them
+        // and its parts P apart, they took 30% of the stem conv of resnet8)
+        if (stats) {
+            float16 s16[8], d16[8], q16[8];
+            float bm[RM];
 #pragma unroll
-                for (int r = 0; r < RR; r++) s16 += tot[r][m] + b;
-                const float sum = hsum16(s16), mu = sum / (16 * RR);
+            for (int m = 0; m < 8; m++) s16[m] = d16[m] = q16[m] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < RM; m++) {
+                bm[m] = has_bias ? bias[min(cb * RM + m, CO - 1)] : 0.0f;
+#pragma unroll
+                for (int r = 0; r < RR; r++) s16[m] += tot[r][m] + bm[m];
+            }
+            const float8 sum = hsum16x8(s16), mu = sum / (float)(16 * RR);
+            float mus[8];
+            vstore8(mu, 0, mus);
+#pragma unroll
+            for (int m = 0; m < RM; m++)
 #pragma unroll
                 for (int r = 0; r < RR; r++) {
-                    const float16 dv = tot[r][m] + b - mu;
-                    d16 += dv, q16 += dv * dv;
+                    const float16 dv = tot[r][m] + bm[m] - mus[m];
+                    d16[m] += dv, q16[m] += dv * dv;
                 }
-                const int P = get_global_size(1) / CB * (OH / RR) * (OW / 16);
-                __global float *o = st + 2 * (co * P + (n * (OH / RR) + y0 / RR) * (OW / 16) + x0 / 16);
-                o[0] = sum, o[1] = hsum16(q16) - hsum16(d16) * hsum16(d16) / (16 * RR);
+            const float8 ds = hsum16x8(d16), dev = hsum16x8(q16) - ds * ds / (float)(16 * RR);
+            const int P = get_global_size(1) / CB * (OH / RR) * (OW / 16);
+            const int co0 = cb * RM, lanes = min(RM, CO - co0);
+            __global float *o = st + 2 * (((n * (OH / RR) + y0 / RR) * (OW / 16) + x0 / 16) * CO + co0);
+            if (lanes == 8) {
+                *(__global ufloat16 *)o = INTERLEAVE8(sum, dev);
+            } else {
+                float sl[8], dl[8];
+                vstore8(sum, 0, sl), vstore8(dev, 0, dl);
+                for (int m = 0; m < lanes; m++) o[2 * m] = sl[m], o[2 * m + 1] = dl[m];
             }
         }
     }

@@ -167,8 +167,8 @@ inline void bn_channel_stats(const int c, const int first, __global const float 
 // values each: Conv2d.output_statistics), with bn_channel_stats' formulas, each sum in 16 strided
 // running sums added pairwise (no long sequential run over the parts), into mean and var, the
 // running statistics updated. Part p of channel c at part[2 (c cs + p ps)]: cs = parts, ps = 1 (a
-// channel's parts together), or cs = 1, ps = C (a part's channels together: corrc_cpu's, whose
-// work-items write all their channels' parts at once).
+// channel's parts together), or cs = 1, ps = C (a part's channels together: corr_cpu's and
+// corrc_cpu's, whose work-items write all their channels' parts at once).
 inline float sum16(float *a) {
 #pragma unroll
     for (int w = 8; w > 0; w /= 2)

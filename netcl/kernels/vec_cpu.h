@@ -48,4 +48,21 @@ inline float hsum16(const float16 v) {
     return h2.x + h2.y;
 }
 
+// hsum16 of 8 vectors at once, lane m = hsum16(a[m]): the same additions in the same order (bit for
+// bit), two vectors a step (7 shuffle pairs and a last one, where 8 hsum16 take 24 narrowing steps)
+inline float8 hsum16x8(const float16 a[8]) {
+    float16 b[4], c[2];
+#pragma unroll
+    for (int m = 0; m < 4; m++)  // lanes 0-7: a[2m]'s lo + hi, 8-15: a[2m + 1]'s
+        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+#pragma unroll
+    for (int m = 0; m < 2; m++)  // four lanes each of a[4m .. 4m + 3]
+        c[m] = __builtin_shufflevector(b[2 * m], b[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(b[2 * m], b[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const float16 d = __builtin_shufflevector(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                      __builtin_shufflevector(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
 #endif

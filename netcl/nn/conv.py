@@ -68,19 +68,19 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     with the weights w (element strides sco per output and sci per input channel; flip: taps
     reversed, a data gradient) (+ bias). With `stats`, where its tiles cover the planes exactly,
     also out's batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values
-    per part); else None."""
+    per part, True: a part's channels together); else None."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, rm = math.isqrt(w.size // (co * ci)), 8 if co >= 8 else 4
     cb, has_bias = -(-co // rm), bias is not None
     stats = stats and ow % 16 == 0 and oh % _CORR_RR == 0
     parts = n * (oh // _CORR_RR) * (ow // 16)
-    part = ops.new(q, (co, parts, 2)) if stats else None
+    part = ops.new(q, (parts, co, 2)) if stats else None  # a part's channels together
     ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
                inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats), part if stats else out,
                options=_cpu_options(k, flip, rm))
     out.mark_written()
-    return (part.mark_written(), parts, 16 * _CORR_RR) if stats else None
+    return (part.mark_written(), parts, 16 * _CORR_RR, True) if stats else None
 
 
 # corrc_cpu's output positions per work-item (x 32 channels), and the most weights per output
@@ -461,9 +461,9 @@ class Conv2d(Module):
 
     def output_statistics(self, y):
         """(part, parts, values per part[, part_major]): the batch-statistics parts of y per channel
-        (norm.cl's layout, or corrc_cpu's part-major one; for BatchNorm2d.forward's `stats`) where y is this conv's last output and its
-        kernel computed them (forward with stats: conv_winot, corr_cpu, corrc_cpu, pw2_fwd_cpu); else
-        None."""
+        (norm.cl's layout, or corr_cpu's and corrc_cpu's part-major one; for BatchNorm2d.forward's
+        `stats`) where y is this conv's last output and its kernel computed them (forward with
+        stats: conv_winot, corr_cpu, corrc_cpu, pw2_fwd_cpu); else None."""
         st = getattr(self, "_out_stats", None)
         return st[1:] if st is not None and st[0] is y else None
 
