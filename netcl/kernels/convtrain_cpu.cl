@@ -626,14 +626,24 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
             for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
         }
         __global float *dst = out + (n * CO + o0) * OH * OW + p0;
-        for (int m = 0; m < m1; m++) {
-            const float16 z = tot[m] + (has_bias ? bias[o0 + m] : 0.0f);
-            *(__global ufloat16 *)(dst + m * OH * OW) = z;
-            if (stats) {  // the deviations' sum corrects the mean's rounding (norm.cl's bn_stats_part)
-                const float sum = hsum16(z), mu = sum / 16.0f;
-                const float16 d = z - mu;
+        float16 z[8], d[8], dd[8];  // PW_RM 8: the block's statistics 8 channels at once (hsum16x8)
+#pragma unroll
+        for (int m = 0; m < PW_RM; m++) {
+            z[m] = tot[m] + (has_bias ? bias[o0 + min(m, m1 - 1)] : 0.0f);
+            if (m < m1) *(__global ufloat16 *)(dst + m * OH * OW) = z[m];
+        }
+        if (stats) {  // the deviations' sum corrects the mean's rounding (norm.cl's bn_stats_part)
+            const float8 sum = hsum16x8(z);
+            float mus[8];
+            vstore8(sum / 16.0f, 0, mus);
+#pragma unroll
+            for (int m = 0; m < PW_RM; m++) d[m] = z[m] - mus[m], dd[m] = d[m] * d[m];
+            const float8 ds = hsum16x8(d), dev = hsum16x8(dd) - ds * ds / 16.0f;
+            float sl[8], dl[8];
+            vstore8(sum, 0, sl), vstore8(dev, 0, dl);
+            for (int m = 0; m < m1; m++) {
                 __global float *o = st + 2 * ((o0 + m) * (int)get_global_size(0) + v);
-                o[0] = sum, o[1] = hsum16(d * d) - hsum16(d) * hsum16(d) / 16.0f;
+                o[0] = sl[m], o[1] = dl[m];
             }
         }
     }
