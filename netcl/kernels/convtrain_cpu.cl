@@ -587,7 +587,7 @@ void col2im_cpu(const int NCH, const int rows, const int C, const int H, const i
 #ifndef PW2_ROWS
 #define PW2_ROWS 1
 #endif
-#define PW_RM 8
+#define PW_RM 8  // pw2_fwd_cpu's statistics take a block's 8 channels at once (hsum16x8)
 
 // the inputs of the 16 positions from p = &x[n][c][2y][2x0]
 #if PW2_ROWS == 1
@@ -626,7 +626,7 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
             for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
         }
         __global float *dst = out + (n * CO + o0) * OH * OW + p0;
-        float16 z[8], d[8], dd[8];  // PW_RM 8: the block's statistics 8 channels at once (hsum16x8)
+        float16 z[PW_RM], d[PW_RM], dd[PW_RM];
 #pragma unroll
         for (int m = 0; m < PW_RM; m++) {
             z[m] = tot[m] + (has_bias ? bias[o0 + min(m, m1 - 1)] : 0.0f);

@@ -119,7 +119,8 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     degrees (a data gradient), + bias (K values), + out where `add` (its layout built with add):
     Winograd F(2x2, 3x3) with 16 output tiles per float16 (conv_winot.cl, the fused CPU path's
     kernel), the weights transformed on the device first. With `stats` (not with add), also out's
-    batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values per part)."""
+    batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values per part,
+    False: a channel's parts together)."""
     n, k, h, wd = out.shape
     c = inp.shape[1]
     if inp.shape[2:] != (h + 2, wd + 2):
@@ -134,7 +135,7 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     ops.launch(q, "conv_winot", "conv_winot", (items, n), (1, 1), inp, u, bias, out, out if add else bias,
                part if stats else bias, options=options + (("-DSTATS=1",) if stats else ()))
     out.mark_written()
-    return (part.mark_written(), n * items, 64) if stats else None
+    return (part.mark_written(), n * items, 64, False) if stats else None
 
 
 # winot_wgrad's local memory: the share of the device's (PoCL gives a core's L2) that a work-item's
@@ -460,7 +461,7 @@ class Conv2d(Module):
         return self._forward_padded(xp, shape, out_shape)
 
     def output_statistics(self, y):
-        """(part, parts, values per part[, part_major]): the batch-statistics parts of y per channel
+        """(part, parts, values per part, part_major): the batch-statistics parts of y per channel
         (norm.cl's layout, or corr_cpu's and corrc_cpu's part-major one; for BatchNorm2d.forward's
         `stats`) where y is this conv's last output and its kernel computed them (forward with
         stats: conv_winot, corr_cpu, corrc_cpu, pw2_fwd_cpu); else None."""
@@ -505,7 +506,7 @@ class Conv2d(Module):
                        self.weight, self.bias if has_bias else ops.dummy(q), int(has_bias), y,
                        int(stats), st if stats else y, options=pw)
             self._saved = (x.shape, "pointwise", x)
-            self._out_stats = (y, st.mark_written(), vectors, 16) if stats else None
+            self._out_stats = (y, st.mark_written(), vectors, 16, False) if stats else None
             return y.mark_written()
         G, P, ckk = self.groups, oh * ow, c * k * k
         cols = ops.new(q, (ckk, n * P))

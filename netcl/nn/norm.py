@@ -87,8 +87,8 @@ class BatchNorm2d(Module):
         own output is not stored. With `pad` (top, left, HP, WP), on a CPU, the output goes into
         zero-bordered planes (N, C, HP, WP) at row top, column left: the padded input of the
         convolution after it (Conv2d.padded_input, then forward_padded). With `stats` (part,
-        parts, values per part[, part_major]: Conv2d.output_statistics), on a CPU in training, the batch statistics' parts of x as the
-        kernel that wrote x computed them (Conv2d.output_statistics): combined by one launch
+        parts, values per part, part_major), on a CPU in training, the batch statistics' parts of x
+        as the kernel that wrote x computed them (Conv2d.output_statistics): combined by one launch
         (bn_stats_finish) instead of read from x again."""
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
         options = _act_options(code)
@@ -157,10 +157,10 @@ class BatchNorm2d(Module):
 
     def _finish_stats(self, stats, m, mean, var):
         """mean and var of each channel (m values) from its parts stats = (part, parts, values per
-        part[, part_major]), the running statistics updated (bn_stats_finish_cpu). part_major: a
-        part's channels lie together (corrc_cpu's), else a channel's parts."""
-        part, parts, length, *major = stats
-        cs, ps = (1, self.num_features) if major and major[0] else (parts, 1)
+        part, part_major), the running statistics updated (bn_stats_finish_cpu). part_major: a
+        part's channels lie together (corr_cpu's and corrc_cpu's), else a channel's parts."""
+        part, parts, length, part_major = stats
+        cs, ps = (1, self.num_features) if part_major else (parts, 1)
         ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_cpu", (self.num_features,), (1,), m, parts, length, part,
                    cs, ps, mean, var, self.running_mean, self.running_var, self.momentum)
 
