@@ -559,64 +559,56 @@ def test_batchnorm_statistics_from_the_conv_before_a_pool(queue, rng, torch, rec
     record_error(*check(fused, run_torch(torch, ref, x, dy), "pooled conv statistics vs torch", 1e-5))
 
 
-@pytest.mark.parametrize("channels", [24, 40])  # corrc_cpu's blocks of 32 channels: one partial, one and a partial
-def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_error, monkeypatch, channels):
-    """A 3x3 stride-2 conv on even planes (CPUs: corrc_cpu, "phases" mode) computes the next
-    BatchNorm2d's statistics parts in its own pass, a part's channels together (part-major:
-    bn_stats_finish_cpu reads them so); forward, dx, every gradient and the running statistics
-    equal the unfused layers' and float64 PyTorch's."""
-    model = randomize(nn.Sequential(
-        nn.Conv2d(8, channels, 3, stride=2, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-        nn.Conv2d(channels, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8)), rng).to(queue).train()
+def check_conv_statistics(queue, rng, torch, record_error, monkeypatch, model, x_shape, kernel, what,
+                          launches=None):
+    """model (a Conv2d with bias, BatchNorm2d, ReLU, Conv2d, BatchNorm2d; train mode) with the
+    convs' kernel computing both BatchNorms' statistics parts on CPUs: no bn_stats_part_cpu, two
+    bn_stats_finish_cpu, `kernel` run (`launches` times where given); one step and two equal the unfused layers' and float64
+    PyTorch's (the first conv's bias gradient: noise, its mean goes into the statistics)."""
+    model = randomize(model, rng).to(queue).train()
     ref = torch_twin(torch, model, "ReLU")
     state = {k: v.copy() for k, v in model.state_dict().items()}
-    x = (rng.standard_normal((3, 8, 32, 32)) * 2 + 0.5).astype(np.float32)
+    x = (rng.standard_normal(x_shape) * 2 + 0.5).astype(np.float32)
     dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
     names = []
     enqueue = ops._enqueue
     monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
     fused = run(queue, model, x, dy, True, monkeypatch, steps=1)
     if ops.is_cpu(queue):
-        assert names.count("corrc_cpu") == 2 and names.count("bn_stats_finish_cpu") == 2, names
-        assert "bn_stats_part_cpu" not in names, names
+        assert kernel in names and names.count(kernel) == (launches or names.count(kernel)), names
+        assert names.count("bn_stats_finish_cpu") == 2, names
+        assert "bn_stats_part_cpu" not in names and "conv_winot" not in names, names
     model.load_state_dict(state)
     unfused = run(queue, model, x, dy, False, monkeypatch, steps=1)
     model.load_state_dict(state)
     fused2 = run(queue, model, x, dy, True, monkeypatch)
     want = run_torch(torch, ref, x, dy)
-    for got in (fused, unfused, fused2, want):  # the first conv's bias: in the statistics (its mean),
-        assert abs(got[2].pop("0.bias")).max() < 1e-4  # its gradient 0 before a BatchNorm: noise
-    check(fused, unfused, "stride-2 conv statistics vs unfused", 2e-6)
-    record_error(*check(fused2, want, "stride-2 conv statistics vs torch", 1e-5))
+    for got in (fused, unfused, fused2, want):
+        assert abs(got[2].pop("0.bias")).max() < 1e-4
+    check(fused, unfused, f"{what} statistics vs unfused", 2e-6)
+    record_error(*check(fused2, want, f"{what} statistics vs torch", 1e-5))
+
+
+@pytest.mark.parametrize("channels", [24, 40])  # corrc_cpu's blocks of 32 channels: one partial, one and a partial
+def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_error, monkeypatch, channels):
+    """A 3x3 stride-2 conv on even planes (CPUs: corrc_cpu, "phases" mode) computes the next
+    BatchNorm2d's statistics parts in its own pass, a part's channels together (part-major:
+    bn_stats_finish_cpu reads them so)."""
+    model = nn.Sequential(
+        nn.Conv2d(8, channels, 3, stride=2, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+        nn.Conv2d(channels, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8))
+    check_conv_statistics(queue, rng, torch, record_error, monkeypatch, model, (3, 8, 32, 32), "corrc_cpu",
+                          "stride-2 conv", launches=2)
 
 
 @pytest.mark.parametrize("channels", [12, 4])  # corr_cpu's blocks of 8 channels (a partial one), and of 4
 def test_batchnorm_statistics_from_the_direct_conv(queue, rng, torch, record_error, monkeypatch, channels):
     """A stride-1 3x3 conv on rows of 16 without Winograd (CPUs: corr_cpu, a resnet stem's 3
     channels) computes the next BatchNorm2d's statistics parts in its own pass, a part's channels
-    together (hsum16x8's sums); forward, dx, every gradient and the running statistics equal the
-    unfused layers' and float64 PyTorch's."""
+    together (hsum16x8's sums)."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "0")
-    model = randomize(nn.Sequential(
+    model = nn.Sequential(
         nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-        nn.Conv2d(channels, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)), rng).to(queue).train()
-    ref = torch_twin(torch, model, "ReLU")
-    state = {k: v.copy() for k, v in model.state_dict().items()}
-    x = (rng.standard_normal((3, 3, 8, 32)) * 2 + 0.5).astype(np.float32)
-    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
-    names = []
-    enqueue = ops._enqueue
-    monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
-    fused = run(queue, model, x, dy, True, monkeypatch, steps=1)
-    if ops.is_cpu(queue):
-        assert names.count("bn_stats_finish_cpu") == 2 and "bn_stats_part_cpu" not in names, names
-        assert "corr_cpu" in names and "conv_winot" not in names, names
-    model.load_state_dict(state)
-    unfused = run(queue, model, x, dy, False, monkeypatch, steps=1)
-    model.load_state_dict(state)
-    fused2 = run(queue, model, x, dy, True, monkeypatch)
-    want = run_torch(torch, ref, x, dy)
-    for got in (fused, unfused, fused2, want):  # the first conv's bias: in the statistics (its mean),
-        assert abs(got[2].pop("0.bias")).max() < 1e-4  # its gradient 0 before a BatchNorm: noise
-    check(fused, unfused, "direct conv statistics vs unfused", 2e-6)
-    record_error(*check(fused2, want, "direct conv statistics vs torch", 1e-5))
+        nn.Conv2d(channels, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
+    check_conv_statistics(queue, rng, torch, record_error, monkeypatch, model, (3, 3, 8, 32), "corr_cpu",
+                          "direct conv")
