@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from netcl.runtime import alloc, device_class, kernels
+from netcl.runtime import alloc, device_class, kernels, recorder
 from netcl.tensor import Tensor
 
 _launch_lock = threading.Lock()
@@ -38,6 +38,9 @@ def _enqueue(queue, k, gsize, lsize, args):
     import pyopencl as cl
 
     args = _args(args)
+    rec = recorder()
+    if rec is not None:  # a training step being recorded (netcl.trainstep)
+        rec.launch(k, gsize, lsize, args)
     with _launch_lock:
         k.set_args(*args)
         return cl.enqueue_nd_range_kernel(queue, k, gsize, lsize)

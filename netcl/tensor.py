@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from netcl.runtime import alloc
+from netcl.runtime import alloc, recorder
 
 
 def _as_float32(x):
@@ -59,6 +59,9 @@ def _upload(queue, buf, host):
     """Queue the copy of host array `host` into device buffer `buf` without waiting for the queue."""
     import pyopencl as cl
 
+    rec = recorder()
+    if rec is not None:
+        rec.refuse("an upload from the host")
     slots = _stages_on(queue) if host.nbytes <= _STAGED else None
     if slots is not None:
         done = cl.command_execution_status.COMPLETE
@@ -202,6 +205,9 @@ class Tensor:
             import pyopencl as cl
 
             a = np.empty(self.size, np.float32)
+            rec = recorder()
+            if rec is not None:
+                rec.refuse("a read to the host")
             if a.size:
                 cl.enqueue_copy(st.queue, a, st.buf, is_blocking=True)
             st.host = a
@@ -224,6 +230,9 @@ class Tensor:
         if st.buf is not None and a.size:
             import pyopencl as cl
 
+            rec = recorder()
+            if rec is not None:
+                rec.refuse("a write from the host (set_)")
             cl.enqueue_copy(st.queue, st.buf, a, is_blocking=True)
         st.host = a
         st.version += 1
@@ -239,6 +248,9 @@ class Tensor:
         if self.size:
             if src.on_device and src.queue.context == self.queue.context:
                 cl.enqueue_copy(self.queue, self.buf, src.buf, byte_count=self.nbytes)
+                rec = recorder()
+                if rec is not None:
+                    rec.copy(self.buf, src.buf, self.nbytes)
             else:
                 _upload(self.queue, self.buf, src.numpy().reshape(-1))
         return self.mark_written()
@@ -271,6 +283,9 @@ class Tensor:
 
         if self.size:
             cl.enqueue_fill_buffer(self.queue, self.buf, np.float32(value), 0, self.nbytes)
+            rec = recorder()
+            if rec is not None:
+                rec.fill(self.buf, value, self.nbytes)
         return self.mark_written()
 
     def reshape(self, *shape):

@@ -17,6 +17,7 @@ _made = threading.Lock()  # held while a queue or lock above is made (two thread
 _serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
 _pools = {}  # context -> MemoryPool
 _kernels = {}  # (context, family, options) -> {name: Kernel}
+_arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): for copy_kernel()
 
 
 def default_queue(spec=None):
@@ -124,7 +125,65 @@ def kernels(queue, family, options=()):
         ks = _kernels[key] = {k.function_name: k for k in prog.all_kernels()}
         for name, k in ks.items():
             k.set_scalar_arg_dtypes(dtypes[name])
+            _arg_types[k.int_ptr] = (k, dtypes[name])
     return ks
+
+
+def copy_kernel(k):
+    """A new Kernel object for kernels()' kernel `k` (same program and argument types), whose
+    arguments are its own: a recorded launch keeps them set (see Recorder)."""
+    import pyopencl as cl
+
+    own, dtypes = _arg_types[k.int_ptr]
+    assert own is k, "copy_kernel takes a kernel from kernels()"
+    c = cl.Kernel(k.program, k.function_name)
+    c.set_scalar_arg_dtypes(dtypes)
+    return c
+
+
+class Recorder:
+    """The device commands one thread enqueues between start() and stop(): kernel launches (with
+    their arguments as set), buffer fills and device copies, in order. A host transfer among them
+    (an upload or a read) cannot be replayed: it is noted in `refused` instead. netcl.trainstep
+    records training steps with it."""
+
+    def __init__(self):
+        self.commands, self.refused = [], None
+
+    def launch(self, k, gsize, lsize, args):
+        self.commands.append(("launch", k, tuple(gsize), tuple(lsize), tuple(args)))
+
+    def fill(self, buf, value, nbytes):
+        self.commands.append(("fill", buf, float(value), int(nbytes)))
+
+    def copy(self, dst, src, nbytes):
+        self.commands.append(("copy", dst, src, int(nbytes)))
+
+    def refuse(self, what):
+        if self.refused is None:
+            self.refused = what
+
+    def start(self):
+        if _recording.recorder is not None:
+            raise RuntimeError("this thread is already recording device commands")
+        _recording.recorder = self
+        return self
+
+    def stop(self):
+        _recording.recorder = None
+        return self
+
+
+class _Recording(threading.local):
+    recorder = None  # a class default: reading it on a thread that never recorded costs no getattr fallback
+
+
+_recording = _Recording()
+
+
+def recorder():
+    """The Recorder this thread is recording into, or None (nearly always)."""
+    return _recording.recorder
 
 
 _allocations = [0]  # device buffers created: pool misses of alloc() and buffer() calls
@@ -152,6 +211,8 @@ def buffer(queue, nbytes):
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
     _allocations[0] += 1
     cl.enqueue_fill_buffer(queue, buf, np.float32(0), 0, nbytes)
+    if _recording.recorder is not None:
+        _recording.recorder.fill(buf, 0.0, nbytes)
     return buf
 
 
