@@ -10,6 +10,7 @@ from netcl.errors import CompileError, FormatError, NetclError, NoDeviceError
 from netcl.nn.module import manual_seed
 from netcl.runtime import default_queue, devices
 from netcl.tensor import Tensor
+from netcl.trainstep import TrainStep
 from netcl.version import __version__
 
 
@@ -19,5 +20,5 @@ def __getattr__(name):  # netcl.io on first use: keeps `import netcl` light (no 
     raise AttributeError(f"module 'netcl' has no attribute {name!r}")
 
 
-__all__ = ["Tensor", "nn", "optim", "io", "errors", "devices", "default_queue", "manual_seed", "NetclError",
+__all__ = ["Tensor", "TrainStep", "nn", "optim", "io", "errors", "devices", "default_queue", "manual_seed", "NetclError",
            "NoDeviceError", "CompileError", "FormatError", "__version__"]

@@ -1,0 +1,340 @@
+"""A training step as one call, replayed from a recording once it is known to repeat.
+
+    step = netcl.TrainStep(model, loss_fn, optimizer)
+    for x, y in batches:
+        pending = step(x, y)          # forward, loss, backward, optimizer.step(), zero_grad()
+    pending.item()                    # that step's mean loss
+
+An eager step spends most of its host time in layer Python (about 30 us a launch on a 2-core CPU,
+where the host competes with PoCL's workers for the cores). A step repeats itself: for the same
+input shapes the same kernels run with the same arguments, on the same persistent buffers
+(parameters, gradients, optimizer state) and on buffers that hold the step's intermediates. So
+TrainStep runs the first call eagerly, records the device commands of the second and third
+(runtime.Recorder: launches, fills, device copies), and when the two recordings agree command by
+command (the same kernels, sizes and scalar arguments; buffers that correspond one to one) it
+replays the third from then on: each launch a kernel object of its own with its arguments already
+set, so a replay is one clEnqueueNDRangeKernel per launch (5-12 us of host time on the 2-core PoCL
+machine, where an eager step spends about 30). The recording keeps its
+intermediate buffers for itself (no other tensor can be given them).
+
+Not replayed, run eagerly instead (after three recordings that did not agree; the reason in
+`step.eager_reason`):
+- steps whose recordings differ: a scalar argument that changes every step (Adam's bias
+  corrections, a dropout seed) or control flow that does;
+- steps that move data between host and device in the middle (a layer reading a value).
+Before each replay the step checks what it cannot see in the recording: the input shapes, every
+layer's and the optimizer's settings (plain attributes: lr, momentum, training, ...), the
+parameters' and buffers' device buffers, which gradients are set. Any change records anew
+(two eager calls). Changes it cannot see are not allowed between calls: editing a layer
+through its private attributes, or replacing a kernel's source."""
+import threading
+
+import numpy as np
+
+from netcl import nn, optim
+from netcl.nn.loss import CrossEntropyLoss, PendingLoss
+from netcl.runtime import Recorder, alloc, copy_kernel
+from netcl.tensor import Tensor, _upload
+
+_RECORD_AT = 2  # calls of a shape run eagerly before the first recording (the first builds and lays out)
+_TRIES = 3  # recordings of a shape that may disagree before it stays eager
+_SHAPES = 4  # input shapes kept recorded at once (the oldest dropped first)
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class TrainStep:
+    """forward, loss (`loss_fn.enqueue`), backward (no input gradient), `optimizer.step()`,
+    `optimizer.zero_grad()`; a call returns the step's PendingLoss. See the module docstring for
+    when a call replays a recording. `replay=False` always runs eagerly (a reference).
+
+    x: a device Tensor (used in place) or a host array (uploaded into a buffer the step keeps);
+    target: the loss's target, likewise (CrossEntropyLoss: class indices, checked on the host).
+    Tensors the step makes (the model's output, the loss's gradient) are overwritten by the next
+    call. Calls from several threads take turns."""
+
+    def __init__(self, model, loss_fn, optimizer, replay=True):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"TrainStep trains a netcl nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, optim.Optimizer):
+            raise TypeError(f"TrainStep needs a netcl optimizer (optim.SGD, optim.Adam), got {type(optimizer).__name__}")
+        if not callable(getattr(loss_fn, "enqueue", None)):
+            raise TypeError(f"TrainStep needs a netcl loss (nn.MSELoss(), nn.CrossEntropyLoss(), ...), got "
+                            f"{type(loss_fn).__name__}")
+        self.model, self.loss_fn, self.optimizer, self.replay = model, loss_fn, optimizer, bool(replay)
+        self.replays, self.eager_reason = 0, None  # replayed calls so far; why the last shape stays eager
+        self._lock = threading.Lock()
+        self._shapes = {}  # (x shape, queue) -> _Shape
+        self._owned = {}  # ("x" or "target", shape, queue) -> a device Tensor host inputs are uploaded into
+
+    def __call__(self, x, target):
+        if not self.model.training:
+            raise ValueError("TrainStep trains the model: call model.train() first (it is in eval mode)")
+        with self._lock:
+            q = self._queue(x)
+            xt = self._on_device("x", q, x, None)
+            key = (xt.shape, q)
+            sh = self._shapes.pop(key, None) or _Shape()
+            self._shapes[key] = sh  # most recently used last
+            if len(self._shapes) > _SHAPES:
+                del self._shapes[next(iter(self._shapes))]
+            rp = sh.replay
+            if rp is not None and rp.guard.holds():  # the model's output shape is still rp's
+                tt = self._on_device("target", q, target, rp.out_shape)
+                if rp.accepts(xt, tt):
+                    self.replays += 1
+                    return rp.run(self, xt, tt)
+            else:
+                tt = self._on_device("target", q, target, self.model.output_shape(xt.shape))
+            sh.replay = None
+            if not self.replay or sh.given_up:
+                return self._eager(xt, tt, None)[0]
+            sh.calls += 1
+            if sh.calls < _RECORD_AT:
+                return self._eager(xt, tt, None)[0]
+            pending, rec = self._eager(xt, tt, Recorder())
+            if rec.refused is not None:
+                why, sh.recording = f"the step makes {rec.refused} in the middle", None
+            elif sh.recording is None:
+                sh.recording = rec
+                return pending
+            else:
+                why = _differs(sh.recording, rec)
+                if why is None:
+                    sh.replay, sh.recording, self.eager_reason = _Replay(self, rec, xt, tt), None, None
+                    return pending
+                sh.recording = rec
+            sh.tries += 1
+            if sh.tries >= _TRIES:  # this shape's step does not repeat: eager from now on
+                sh.given_up, sh.recording, self.eager_reason = True, None, why
+            return pending
+
+    @property
+    def launches(self):
+        """Device commands a replay of the most recent input shape enqueues (None: not replaying it)."""
+        sh = next(reversed(self._shapes.values()), None)
+        return len(sh.replay.commands) if sh is not None and sh.replay is not None else None
+
+    # -- the eager step -----------------------------------------------------------------------
+    def _eager(self, xt, tt, rec):
+        """The step as layer calls (rec: recording its device commands); (its PendingLoss, rec)."""
+        steps = [st.get("step", 0) for st in self.optimizer.state]
+        if rec is not None:
+            rec.start()
+        try:
+            pending = self.loss_fn.enqueue(self.model(xt), tt)
+            self.model.backward(self.loss_fn.backward(), input_grad=False)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        finally:
+            if rec is not None:
+                rec.stop()
+        if rec is not None:
+            rec.pending = pending
+            rec.step_delta = [st.get("step", 0) - s for st, s in zip(self.optimizer.state, steps)]
+        return _own_loss(pending, pending._out), rec
+
+    # -- inputs -------------------------------------------------------------------------------
+    def _queue(self, x):
+        if isinstance(x, Tensor) and x.on_device:
+            return x.queue
+        for p in self.optimizer.params:
+            if p.on_device:
+                return p.queue
+        raise ValueError("TrainStep: the model is on the host; move it to a device first (model.to(queue))")
+
+    def _on_device(self, role, q, value, out_shape):
+        """value as a device Tensor on q: a device Tensor there as it is, else checked (target: as
+        the loss checks it) and uploaded into the step's own buffer for that role and shape."""
+        if isinstance(value, Tensor) and value.on_device:
+            if value.queue.context != q.context:
+                raise ValueError(f"TrainStep: the {role} is on another device than the model")
+            return value
+        if role == "x":
+            a = np.asarray(value.to_host() if isinstance(value, Tensor) else value, np.float32)
+        elif isinstance(self.loss_fn, CrossEntropyLoss):
+            if len(out_shape) != 2:
+                raise ValueError(f"CrossEntropyLoss expects a (N, C) prediction, the model gives {out_shape}")
+            a = CrossEntropyLoss._host_labels(value, *out_shape)
+        else:
+            a = np.asarray(value.to_host() if isinstance(value, Tensor) else value, np.float32)
+            if a.shape != tuple(out_shape):
+                raise ValueError(f"{type(self.loss_fn).__name__}: target shape {a.shape} differs from prediction "
+                                 f"{tuple(out_shape)}")
+        key = (role, a.shape, q)
+        t = self._owned.pop(key, None)
+        if t is None:
+            t = Tensor.empty(q, a.shape)
+        self._owned[key] = t  # most recently used last
+        if len(self._owned) > 2 * _SHAPES:
+            del self._owned[next(iter(self._owned))]
+        if a.size:
+            _upload(q, t.buf, np.ascontiguousarray(a).reshape(-1))
+        return t.mark_written()
+
+def _plain(v):
+    return type(v) in _SCALARS or (type(v) is tuple and all(type(e) in _SCALARS for e in v))
+
+
+class _Guard:
+    """What a replay depends on beyond its recorded commands, read when it is made; holds() says
+    whether all of it is still so: every layer's plain public settings (training, stride, eps,
+    ...), its parameters, buffers and public Tensor attributes (the same Tensors on the same
+    device buffers), the layers a
+    container holds, the optimizer's hyperparameters, its parameters' buffers and state tensors,
+    and that no gradient is set."""
+
+    def __init__(self, model, optimizer):
+        self.settings, self.tensors, self.children = [], [], []
+        stack = [model]
+        while stack:
+            m = stack.pop()
+            for k, v in vars(m).items():
+                if not k.startswith("_") and _plain(v):
+                    self.settings.append((m, k, v))
+                elif not k.startswith("_") and isinstance(v, Tensor):  # a layer's own reference (Linear.weight)
+                    self.tensors.append((vars(m), k, v, v._st.buf))
+            for d in (m._params, m._buffers):
+                self.tensors.append((d, len(d), None, None))
+                self.tensors.extend((d, k, t, t._st.buf) for k, t in d.items())
+            kids = [c for _, c in m.named_children()]
+            if kids:
+                self.children.append((m, kids))
+            stack.extend(kids)
+        self.optimizer, self.hyper = optimizer, optimizer.hyperparameters()
+        for p, st in zip(optimizer.params, optimizer.state):
+            self.tensors.append((None, p, p, p._st.buf))
+            self.tensors.extend((st, k, v, v._st.buf) for k, v in st.items() if isinstance(v, Tensor))
+
+    def holds(self):
+        for m, k, v in self.settings:
+            w = getattr(m, k, self)
+            if w is not v and (type(w) is not type(v) or w != v):
+                return False
+        for d, k, t, buf in self.tensors:
+            if t is None:
+                if len(d) != k:
+                    return False
+            elif d is None:
+                if t.grad is not None or t._st.buf is not buf:
+                    return False
+            elif d.get(k) is not t or t._st.buf is not buf:
+                return False
+        if any([c for _, c in m.named_children()] != kids for m, kids in self.children):
+            return False
+        return self.optimizer.hyperparameters() == self.hyper
+
+
+def _own_loss(pending, out):
+    """A PendingLoss reading a copy of `out` (the loss's 2-float result) made now: later steps
+    (a replay rewrites `out`) cannot change what it reads."""
+    import pyopencl as cl
+
+    copy = Tensor(out.shape, out.queue, alloc(out.queue, out.nbytes))
+    cl.enqueue_copy(out.queue, copy.buf, out.buf, byte_count=out.nbytes)
+    return PendingLoss(copy.mark_written(), pending._count, pending._refuse)
+
+
+class _Shape:
+    __slots__ = ("calls", "recording", "replay", "tries", "given_up")
+
+    def __init__(self):
+        self.calls, self.recording, self.replay, self.tries, self.given_up = 0, None, None, 0, False
+
+
+def _differs(a, b):
+    """None if recordings a and b are the same step (commands, sizes and scalars equal, buffers
+    corresponding one to one), else what differs first."""
+    import pyopencl as cl
+
+    if len(a.commands) != len(b.commands):
+        return f"{len(a.commands)} device commands, then {len(b.commands)}"
+    fwd, back = {}, {}
+
+    def same_buffer(x, y):
+        kx, ky = x.int_ptr, y.int_ptr
+        return fwd.setdefault(kx, ky) == ky and back.setdefault(ky, kx) == kx
+
+    for i, (ca, cb) in enumerate(zip(a.commands, b.commands)):
+        if ca[0] != cb[0] or (ca[0] == "launch" and (ca[1] is not cb[1] or ca[2:4] != cb[2:4])):
+            name = ca[1].function_name if ca[0] == "launch" else ca[0]
+            return f"command {i} ({name}) changed"
+        args_a, args_b = (ca[4], cb[4]) if ca[0] == "launch" else (ca[1:], cb[1:])
+        if len(args_a) != len(args_b):
+            return f"command {i} changed its arguments"
+        for j, (x, y) in enumerate(zip(args_a, args_b)):
+            if isinstance(x, cl.MemoryObjectHolder) and isinstance(y, cl.MemoryObjectHolder):
+                ok = same_buffer(x, y)
+            elif isinstance(x, cl.LocalMemory) and isinstance(y, cl.LocalMemory):
+                ok = x.size == y.size
+            else:
+                ok = type(x) is type(y) and x == y
+            if not ok:
+                name = ca[1].function_name if ca[0] == "launch" else ca[0]
+                return f"argument {j} of command {i} ({name}) changed: {x!r} then {y!r}"
+    if a.step_delta != b.step_delta:
+        return "the optimizer stepped other parameters"
+    return None
+
+
+class _Replay:
+    """A recording made replayable: per launch a kernel of its own with the arguments set."""
+
+    def __init__(self, step, rec, xt, tt):
+        import pyopencl as cl
+
+        self.queue = xt.queue
+        self.commands = []
+        inputs = {"x": xt.buf.int_ptr, "target": tt.buf.int_ptr}
+        self.bindings = {"x": [], "target": []}  # role -> [(kernel, argument index)] that read it
+        for c in rec.commands:
+            if c[0] == "launch":
+                k = copy_kernel(c[1])
+                k.set_args(*c[4])
+                for j, a in enumerate(c[4]):
+                    for role, ptr in inputs.items():
+                        if isinstance(a, cl.MemoryObjectHolder) and a.int_ptr == ptr:
+                            self.bindings[role].append((k, j))
+                self.commands.append((cl.enqueue_nd_range_kernel, (self.queue, k, c[2], c[3])))
+            elif c[0] == "fill":
+                self.commands.append((cl.enqueue_fill_buffer, (self.queue, c[1], np.float32(c[2]), 0, c[3])))
+            else:
+                self.commands.append((_copy, (self.queue, c[1], c[2], c[3])))
+        self.keep = rec.commands  # the arguments' buffers: alive as long as the replay
+        self.bound, self.out_shape = {"x": xt, "target": tt}, step.model.output_shape(xt.shape)
+        self.out, self.pending = rec.pending._out, rec.pending
+        self.step_delta = rec.step_delta
+        self.written = [t for _, t in step.model.named_tensors()] + [
+            v for st in step.optimizer.state for v in st.values() if isinstance(v, Tensor)]
+        if isinstance(getattr(step.loss_fn, "_grad", None), Tensor):
+            self.written.append(step.loss_fn._grad)
+        self.guard = _Guard(step.model, step.optimizer)
+        if any(c[0] == "copy" and inputs.values() & {c[1].int_ptr, c[2].int_ptr} for c in rec.commands):
+            self.bindings = None  # an input in a copy: replay only with the same input buffers
+
+    def accepts(self, xt, tt):
+        """Whether the replay can read these inputs: its own, or others it can bind in their place."""
+        if tt.shape != self.bound["target"].shape:
+            return False
+        same = xt.buf is self.bound["x"].buf and tt.buf is self.bound["target"].buf
+        return same or (self.bindings is not None and xt.buf.int_ptr != tt.buf.int_ptr)
+
+    def run(self, step, xt, tt):
+        for role, t in (("x", xt), ("target", tt)):
+            if t.buf is not self.bound[role].buf:
+                for k, j in self.bindings[role]:
+                    k.set_arg(j, t.buf)
+                self.bound[role] = t
+        for enqueue, args in self.commands:
+            enqueue(*args)
+        for st, d in zip(step.optimizer.state, self.step_delta):
+            if d:
+                st["step"] += d
+        for t in self.written:
+            t.mark_written()
+        return _own_loss(self.pending, self.out)
+
+
+def _copy(queue, dst, src, nbytes):
+    import pyopencl as cl
+
+    cl.enqueue_copy(queue, dst, src, byte_count=nbytes)

@@ -1,0 +1,248 @@
+"""netcl.TrainStep: a replayed step is the step. Every test trains a model with TrainStep and a twin
+(same seed) with the layer calls it stands for, and compares them bit for bit: the replay runs the
+same kernels with the same arguments in the same order, so any difference is a replay bug."""
+import threading
+
+import numpy as np
+import pytest
+
+import netcl
+from netcl import Tensor, TrainStep, models, nn, ops, optim, runtime
+
+
+def small_detector():
+    layers = []
+    for c_in, c_out in ((3, 8), (8, 16)):
+        layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.LeakyReLU(0.1), nn.MaxPool2d(2)]
+    return nn.Sequential(*layers, nn.Conv2d(16, 5, 1), nn.Sigmoid())
+
+
+CASES = {  # name -> (model, input shape, loss, optimizer, hyperparameters)
+    "resnet8-sgd-ce": (models.resnet8, (2, 3, 32, 32), "ce", "SGD",
+                       {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}),
+    "detector-sgd-mse": (small_detector, (2, 3, 32, 32), "mse", "SGD", {"lr": 0.01, "momentum": 0.9}),
+    "mlp-sgd-ce": (models.mlp, (8, 64), "ce", "SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}),
+    "mlp-adam-mse": (models.mlp, (5, 64), "mse", "Adam", {"lr": 1e-2}),
+}
+
+
+def twins(queue, case):
+    """Two identical (model, loss, optimizer) of CASES[case]."""
+    build, shape, loss, opt_name, hyper = CASES[case]
+    out = []
+    for _ in range(2):
+        netcl.manual_seed(0)
+        model = build().to(queue).train()
+        out.append((model, nn.MSELoss() if loss == "mse" else nn.CrossEntropyLoss(),
+                    getattr(optim, opt_name)(model.parameters(), **hyper)))
+    return out
+
+
+def batches(rng, case, n, model):
+    _, shape, loss, _, _ = CASES[case]
+    out_shape = model.output_shape(shape)
+    return [(rng.standard_normal(shape).astype(np.float32),
+             rng.integers(0, out_shape[1], shape[0]) if loss == "ce" else rng.uniform(0, 1, out_shape).astype(np.float32))
+            for _ in range(n)]
+
+
+def loop_step(model, loss_fn, opt, x, target):
+    """What TrainStep stands for, as layer calls."""
+    xt = x if isinstance(x, Tensor) else Tensor.from_host(model.parameters()[0].queue, x)
+    pending = loss_fn.enqueue(model(xt), target)
+    model.backward(loss_fn.backward(), input_grad=False)
+    opt.step()
+    opt.zero_grad()
+    return pending
+
+
+def assert_same_state(a, b):
+    (ma, _, oa), (mb, _, ob) = a, b
+    for (key, ta), (_, tb) in zip(ma.named_tensors(), mb.named_tensors()):
+        np.testing.assert_array_equal(ta.to_host(), tb.to_host(), err_msg=key)
+    sa, sb = oa.state_dict()["state"], ob.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+
+
+def launches_during(monkeypatch, fn):
+    n, enqueue = [0], ops._enqueue
+
+    def counted(*args):
+        n[0] += 1
+        return enqueue(*args)
+    monkeypatch.setattr(ops, "_enqueue", counted)
+    try:
+        return fn(), n[0]
+    finally:
+        monkeypatch.setattr(ops, "_enqueue", enqueue)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "adam" not in c])
+def test_replayed_steps_match_the_layer_calls_bit_for_bit(queue, rng, monkeypatch, case):
+    a, b = twins(queue, case)
+    step = TrainStep(*a)
+    data = batches(rng, case, 7, a[0])
+    got, want = [], []
+    for i, (x, y) in enumerate(data):
+        if i < 3:
+            got.append(step(x, y))
+        else:  # replays: no layer Python, so no launch through ops, no buffer made, nothing built
+            before = runtime.stats()
+            pending, launched = launches_during(monkeypatch, lambda: step(x, y))
+            got.append(pending)
+            assert launched == 0 and runtime.stats() == before
+        want.append(loop_step(*b, x, y))
+    assert step.replays == 4 and step.eager_reason is None and step.launches > 0
+    # each PendingLoss reads its own step's loss, read after all of them ran
+    assert [p.item() for p in got] == [p.item() for p in want]
+    assert_same_state(a, b)
+
+
+def test_new_input_tensors_are_read_in_place(queue, rng):
+    """Device inputs are bound into the replay (no copy), host ones uploaded; mixed freely."""
+    a, b = twins(queue, "detector-sgd-mse")
+    step = TrainStep(*a)
+    for i, (x, y) in enumerate(batches(rng, "detector-sgd-mse", 8, a[0])):
+        xin = Tensor.from_host(queue, x) if i % 3 else x
+        yin = Tensor.from_host(queue, y) if i % 2 else y
+        assert step(xin, yin).item() == loop_step(*b, xin, yin).item()
+    assert step.replays == 5
+    assert_same_state(a, b)
+
+
+def test_adam_and_dropout_steps_stay_eager_and_say_why(queue, rng):
+    """Adam's bias corrections and a dropout seed change every step: the recordings differ."""
+    a, b = twins(queue, "mlp-adam-mse")
+    step = TrainStep(*a)
+    for x, y in batches(rng, "mlp-adam-mse", 6, a[0]):
+        assert step(x, y).item() == loop_step(*b, x, y).item()
+    assert step.replays == 0 and "adam_step" in step.eager_reason and step.launches is None
+    assert_same_state(a, b)
+
+    netcl.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)).to(queue).train()
+    step = TrainStep(model, nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(5):
+        step(rng.standard_normal((4, 8)).astype(np.float32), rng.integers(0, 3, 4)).item()
+    assert step.replays == 0 and "dropout" in step.eager_reason
+
+
+def test_a_changed_setting_records_anew(queue, rng):
+    """The optimizer's learning rate, a layer's setting: the step sees each change and runs eagerly
+    until it has recorded the new step. Weights loaded in place, or train/eval and back, change
+    nothing a replay depends on."""
+    a, b = twins(queue, "detector-sgd-mse")
+    step = TrainStep(*a)
+    data = iter(batches(rng, "detector-sgd-mse", 20, a[0]))
+
+    def both(calls):
+        for _ in range(calls):
+            x, y = next(data)
+            assert step(x, y).item() == loop_step(*b, x, y).item()
+    both(4)
+    assert step.replays == 1
+    for o in (a[2], b[2]):
+        o.lr = 0.05
+    both(4)
+    assert step.replays == 3  # two eager calls (recorded), then replays
+    for m in (a[0], b[0]):
+        m.eval()
+    with pytest.raises(ValueError, match="model.train"):
+        step(*next(data))
+    for m in (a[0], b[0]):
+        m.train()
+    both(2)
+    assert step.replays == 5
+    for m in (a[0], b[0]):
+        act = next(l for _, l in m.chain() if isinstance(l, nn.LeakyReLU))
+        act.negative_slope = act.slope = 0.2
+    both(4)
+    assert step.replays == 7
+    state = {k: v * 0.5 for k, v in a[0].state_dict().items()}
+    for m in (a[0], b[0]):
+        m.load_state_dict(state)
+    both(2)
+    assert step.replays == 9
+    assert_same_state(a, b)
+
+
+def test_parameters_read_between_replays_are_current(queue, rng):
+    """A replay marks what it wrote: host copies read before it are not served stale after it,
+    and the fused inference path refolds the new weights."""
+    a, b = twins(queue, "detector-sgd-mse")
+    step = TrainStep(*a)
+    pa, pb = a[0].parameters()[0], b[0].parameters()[0]
+    x_eval = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    for i, (x, y) in enumerate(batches(rng, "detector-sgd-mse", 7, a[0])):
+        step(x, y)
+        loop_step(*b, x, y)
+        np.testing.assert_array_equal(pa.numpy(), pb.numpy())
+        if i >= 4:
+            a[0].eval(), b[0].eval()
+            np.testing.assert_array_equal(a[0].predict(x_eval), b[0].predict(x_eval))
+            a[0].train(), b[0].train()
+    assert step.replays >= 1
+
+
+class HostReader(nn.Module):
+    """An identity layer that reads its input to the host in the middle of the step."""
+    seen = None
+
+    def forward(self, x, stats=False):
+        self.seen = float(x.to_host().mean())
+        return x
+
+    def backward(self, dy):
+        return dy
+
+
+def test_a_step_reading_the_host_in_the_middle_stays_eager(queue, rng):
+    netcl.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), HostReader(), nn.Linear(4, 3)).to(queue).train()
+    step = TrainStep(model, nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(5):
+        x = rng.standard_normal((4, 8)).astype(np.float32)
+        step(x, rng.integers(0, 3, 4)).item()
+    assert step.replays == 0 and "read to the host" in step.eager_reason
+
+
+def test_calls_from_two_threads_take_turns(queue, rng):
+    """Both threads train on the same batch, so any order of their calls gives the same result."""
+    a, b = twins(queue, "mlp-sgd-ce")
+    step = TrainStep(*a)
+    x, y = batches(rng, "mlp-sgd-ce", 1, a[0])[0]
+    losses = {0: [], 1: []}
+
+    def train(t):
+        for _ in range(6):
+            losses[t].append(step(x, y))
+    threads = [threading.Thread(target=train, args=(t,)) for t in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    want = sorted(loop_step(*b, x, y).item() for _ in range(12))
+    assert sorted(p.item() for p in losses[0] + losses[1]) == want
+    assert step.replays == 9
+    assert_same_state(a, b)
+
+
+def test_bad_arguments_and_targets_raise_with_what_was_expected(queue, rng):
+    netcl.manual_seed(0)
+    model = models.mlp().to(queue).train()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="optimizer"):
+        TrainStep(model, nn.CrossEntropyLoss(), "sgd")
+    with pytest.raises(TypeError, match="loss"):
+        TrainStep(model, lambda p, t: 0.0, opt)
+    step = TrainStep(model, nn.CrossEntropyLoss(), opt)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"integers in \[0, 10\)"):
+        step(x, [0, 1, 2, 10])
+    with pytest.raises(ValueError, match="4 class indices"):
+        step(x, [0, 1, 2])
+    with pytest.raises(ValueError, match="target shape"):
+        TrainStep(model, nn.MSELoss(), opt)(x, np.zeros((4, 3), np.float32))
+    assert step.replays == 0
