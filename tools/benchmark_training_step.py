@@ -5,9 +5,11 @@ OpenCL and a CUDA context never share the GPU at once.
 
 A step is: forward, the loss (MSE for detector26, cross-entropy for the classifiers), backward,
 SGD with momentum 0.9, zero_grad; the loss is read back every step, after the optimizer step
-(PyTorch: loss.item(); netcl: loss_fn.enqueue()'s item(), so that neither waits for the device in
-the middle of the step; with --eager-loss netcl reads it as the loss call returns it, before the
-backward pass). Each figure is the median of --steps steps after --warmup steps, the table's the
+(PyTorch: loss.item(); netcl: the PendingLoss's item(), so that neither waits for the device in
+the middle of the step). netcl's step is a netcl.TrainStep, which replays the step it recorded
+from its third call on (the table's "path" says whether it did); --loop makes it layer calls
+(model, loss_fn.enqueue, backward, opt.step), and --eager-loss layer calls reading the loss as its
+call returns it, before the backward pass. Each figure is the median of --steps steps after --warmup steps, the table's the
 median over the rounds; "per round" is the range of netcl / PyTorch over the rounds (each round's
 two processes ran back to back; --json keeps every round). The table also gives netcl's kernel
 launches per step (counted in one more step).
@@ -77,11 +79,13 @@ def time_steps(step, sync, steps, warmup):
 
 
 # -- netcl ----------------------------------------------------------------------------------
-def netcl_step(name, batch, q, eager=False):
+def netcl_step(name, batch, q, mode="trainstep"):
     """One training step of `name` at `batch` on queue q, as a function (the model built, the data
-    on the device): forward, loss, backward, SGD with momentum, zero_grad, the loss's value read
-    (eager: read as the loss call returns it, before the backward pass)."""
-    from netcl import Tensor, nn, optim
+    on the device): forward, loss, backward, SGD with momentum, zero_grad, the loss's value read.
+    mode "trainstep": netcl.TrainStep (replays the recorded step from its third call); "loop":
+    the same as layer calls; "eager-loss": layer calls, the loss read as its call returns it,
+    before the backward pass. The function's .trainstep is the TrainStep (or None)."""
+    from netcl import Tensor, TrainStep, nn, optim
 
     model = build_netcl(name).to(q).train()
     x, y = data(name, batch)
@@ -91,7 +95,14 @@ def netcl_step(name, batch, q, eager=False):
     loss_fn = nn.MSELoss() if y is None else nn.CrossEntropyLoss()
     opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
-    compute = loss_fn if eager else loss_fn.enqueue  # eager: a float, the device drains its queue there
+    if mode == "trainstep":
+        train = TrainStep(model, loss_fn, opt)
+
+        def step():
+            float(train(xt, target))  # one read per step, after the optimizer step (as torch's loss.item())
+        step.trainstep = train
+        return step
+    compute = loss_fn if mode == "eager-loss" else loss_fn.enqueue  # eager: a float, the queue drains there
 
     def step():
         loss = compute(model(xt), target)
@@ -99,18 +110,25 @@ def netcl_step(name, batch, q, eager=False):
         opt.step()
         opt.zero_grad()
         float(loss)  # one read per step (enqueue: here, as torch's loss.item() after the step)
-
+    step.trainstep = None
     return step
+
+
+def _mode(args):
+    return "eager-loss" if getattr(args, "eager_loss", False) else "loop" if getattr(args, "loop", False) else "trainstep"
 
 
 def run_netcl(name, batch, args):
     import netcl
 
     q = netcl.default_queue(args.device)
-    step = netcl_step(name, batch, q, args.eager_loss)
+    step = netcl_step(name, batch, q, _mode(args))
     ms = time_steps(step, q.finish, args.steps, args.warmup)
+    ts = step.trainstep
+    path = _mode(args) if ts is None else "replayed" if ts.replays else f"eager: {ts.eager_reason}"
+    launches = ts.launches if ts is not None and ts.launches is not None else count_launches(step)
     return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms,
-            "launches": count_launches(step)}
+            "launches": launches, "path": path}
 
 
 def count_launches(step):
@@ -191,7 +209,7 @@ def kernel_profile_netcl(name, batch, args):
 
     base = netcl.default_queue(args.device)
     q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    step = netcl_step(name, batch, q, getattr(args, "eager_loss", False))
+    step = netcl_step(name, batch, q, "eager-loss" if getattr(args, "eager_loss", False) else "loop")
     events, enqueue = [], ops._enqueue
 
     def recorded(queue, k, gsize, lsize, a):
@@ -322,7 +340,7 @@ def driver(args):
                     results.setdefault((r["model"], r["batch"]), {}).setdefault(rt, []).append(r)
     tg = "tinygrad" in runtimes
     print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'per round':>11s}"
-          + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if tg else "") + f" {'launches':>8s}  devices")
+          + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if tg else "") + f" {'launches':>8s}  path; devices")
     rows = []
 
     def med(by, rt):
@@ -330,6 +348,7 @@ def driver(args):
     for (model, batch), by in results.items():
         n, t, g = med(by, "netcl"), med(by, "torch"), med(by, "tinygrad")
         launches = by["netcl"][0]["launches"] if "netcl" in by else 0
+        path = "; ".join(sorted({r.get("path", "?") for r in by.get("netcl", [])}))
         devs = "; ".join(sorted({r["device"] for rs in by.values() for r in rs}))
         # each round's two processes ran back to back: their ratio, round by round, shows the spread
         rounds = {rt: {r["round"]: r["step_ms"] for r in by.get(rt, [])} for rt in runtimes}
@@ -337,9 +356,9 @@ def driver(args):
         rounds = {rt: [ms for _, ms in sorted(v.items())] for rt, v in rounds.items()}  # JSON: in round order
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}x" if per_round else "-"
         print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {spread:>11s}"
-              + (f" {g:12.2f} {n / g:14.2f}x" if tg else "") + f" {launches:8d}  {devs}")
+              + (f" {g:12.2f} {n / g:14.2f}x" if tg else "") + f" {launches or 0:8d}  {path}; {devs}")
         rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t,
-                     "netcl_launches": launches, "devices": devs, "rounds_ms": rounds, "ratio_rounds": per_round})
+                     "netcl_launches": launches, "netcl_path": path, "devices": devs, "rounds_ms": rounds, "ratio_rounds": per_round})
         if tg:
             rows[-1].update(tinygrad_ms=g, ratio_tinygrad=n / g)
     if args.json:
@@ -366,6 +385,9 @@ def main(argv=None):
     ap.add_argument("--eager-loss", action="store_true",
                     help="netcl reads the loss as its call returns it (a float), before the backward pass, "
                          "instead of after the optimizer step (loss_fn.enqueue)")
+    ap.add_argument("--loop", action="store_true",
+                    help="netcl's step as layer calls (model, loss.enqueue, backward, opt.step) instead of "
+                         "netcl.TrainStep, which replays the recorded step")
     ap.add_argument("--json", default=None, help="also write the table to this JSON file")
     ap.add_argument("--tinygrad", action="store_true",
                     help="add tinygrad (pip tinygrad; its OpenCL backend, DEV=CL unless DEV is set) as a third runtime")
