@@ -22,16 +22,25 @@ Not replayed, run eagerly instead (after three recordings that did not agree; th
 - steps whose recordings differ: a scalar argument that changes every step (Adam's bias
   corrections, a dropout seed) or control flow that does;
 - steps that move data between host and device in the middle (a layer reading a value).
+A buffer that held data before a recording began (a parameter, a gradient, optimizer state, the
+inputs) must be the same buffer in both recordings: state a layer carries from step to step in a
+new buffer each time would otherwise be read from one buffer for ever.
 Before each replay the step checks what it cannot see in the recording: the input shapes, every
-layer's and the optimizer's settings (plain attributes: lr, momentum, training, ...), the
-parameters' and buffers' device buffers, which gradients are set. Any change records anew
-(two eager calls). Changes it cannot see are not allowed between calls: editing a layer
-through its private attributes, or replacing a kernel's source."""
+layer's plain public settings and Tensor attributes, its parameters' and buffers' device buffers,
+the layers each container holds, the optimizer's hyperparameters, parameter list and state (a
+loaded checkpoint is new state), every parameter's gradient, and the process-wide switches that
+choose training kernels (_knobs). Any change records anew (two eager calls). A gradient the user
+still holds from an eager backward moves to a buffer of its own first, as the next backward would
+move it. Between calls, a layer's Python is not run: state it keeps in Python from step to step
+(a counter, a schedule) is frozen at the recording; changes through private attributes or to the
+kernels' sources are not seen."""
+import os
 import threading
 
 import numpy as np
 
 from netcl import nn, optim
+from netcl.nn import sequential
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
 from netcl.runtime import Recorder, alloc, copy_kernel
 from netcl.tensor import Tensor, _upload
@@ -119,6 +128,7 @@ class TrainStep:
         """The step as layer calls (rec: recording its device commands); (its PendingLoss, rec)."""
         steps = [st.get("step", 0) for st in self.optimizer.state]
         if rec is not None:
+            rec.inputs = {xt.buf.int_ptr: "x", tt.buf.int_ptr: "target"}
             rec.start()
         try:
             pending = self.loss_fn.enqueue(self.model(xt), tt)
@@ -167,9 +177,19 @@ class TrainStep:
         self._owned[key] = t  # most recently used last
         if len(self._owned) > 2 * _SHAPES:
             del self._owned[next(iter(self._owned))]
+        if a is value or a.base is not None or not a.flags.c_contiguous:
+            a = np.array(a, np.float32, order="C")  # the caller's memory: they may refill it once we return
         if a.size:
-            _upload(q, t.buf, np.ascontiguousarray(a).reshape(-1))
-        return t.mark_written()
+            _upload(q, t.buf, a.reshape(-1))
+        t.mark_written()
+        t._st.host = a.reshape(-1)  # exactly the data, and kept alive while the upload may read it
+        return t
+
+def _knobs():
+    """Process-wide switches that choose training kernels: NETCL_CPU_WINOT (read by each Conv2d
+    call, nn/conv.py) and Sequential's TRAIN_FUSE (nn/sequential.py)."""
+    return os.environ.get("NETCL_CPU_WINOT"), sequential.TRAIN_FUSE
+
 
 def _plain(v):
     return type(v) in _SCALARS or (type(v) is tuple and all(type(e) in _SCALARS for e in v))
@@ -201,9 +221,13 @@ class _Guard:
                 self.children.append((m, kids))
             stack.extend(kids)
         self.optimizer, self.hyper = optimizer, optimizer.hyperparameters()
+        self.containers = (optimizer.params, optimizer.state, list(optimizer.params), list(optimizer.state))
         for p, st in zip(optimizer.params, optimizer.state):
             self.tensors.append((None, p, p, p._st.buf))
             self.tensors.extend((st, k, v, v._st.buf) for k, v in st.items() if isinstance(v, Tensor))
+        # every parameter's gradient, the optimizer's or not (a frozen layer's accumulates)
+        self.grads = [(p, p.grad) for p in model.parameters()]
+        self.knobs = _knobs()
 
     def holds(self):
         for m, k, v in self.settings:
@@ -215,13 +239,20 @@ class _Guard:
                 if len(d) != k:
                     return False
             elif d is None:
-                if t.grad is not None or t._st.buf is not buf:
+                if t._st.buf is not buf:
                     return False
             elif d.get(k) is not t or t._st.buf is not buf:
                 return False
         if any([c for _, c in m.named_children()] != kids for m, kids in self.children):
             return False
-        return self.optimizer.hyperparameters() == self.hyper
+        params, state, param_list, state_list = self.containers
+        opt = self.optimizer
+        if opt.params is not params or opt.state is not state or len(params) != len(param_list) or \
+                any(a is not b for a, b in zip(params, param_list)) or any(a is not b for a, b in zip(state, state_list)):
+            return False  # e.g. optimizer.load_state_dict(), which makes new state dicts
+        if any(p.grad is not g for p, g in self.grads):
+            return False
+        return opt.hyperparameters() == self.hyper and _knobs() == self.knobs
 
 
 def _own_loss(pending, out):
@@ -251,8 +282,16 @@ def _differs(a, b):
     fwd, back = {}, {}
 
     def same_buffer(x, y):
+        """x (in a) and y (in b) correspond: one to one, and a buffer that held data before its
+        recording began (not made during it) must be the same one: if step 2 reads S1 and writes
+        S2, and step 3 reads S2, a replay of step 3 would read S2 for ever (state carried between
+        steps in new buffers). The inputs correspond by their role."""
         kx, ky = x.int_ptr, y.int_ptr
-        return fwd.setdefault(kx, ky) == ky and back.setdefault(ky, kx) == kx
+        if fwd.setdefault(kx, ky) != ky or back.setdefault(ky, kx) != kx:
+            return False
+        if kx in a.allocated and ky in b.allocated:
+            return True
+        return kx == ky or (a.inputs.get(kx) is not None and a.inputs.get(kx) == b.inputs.get(ky))
 
     for i, (ca, cb) in enumerate(zip(a.commands, b.commands)):
         if ca[0] != cb[0] or (ca[0] == "launch" and (ca[1] is not cb[1] or ca[2:4] != cb[2:4])):
@@ -305,8 +344,10 @@ class _Replay:
         self.step_delta = rec.step_delta
         self.written = [t for _, t in step.model.named_tensors()] + [
             v for st in step.optimizer.state for v in st.values() if isinstance(v, Tensor)]
+        self.written += [p.grad for p in step.model.parameters() if p.grad is not None]
         if isinstance(getattr(step.loss_fn, "_grad", None), Tensor):
             self.written.append(step.loss_fn._grad)
+        self.homes = [p for p in step.optimizer.params if p.grad_home is not None]
         self.guard = _Guard(step.model, step.optimizer)
         if any(c[0] == "copy" and inputs.values() & {c[1].int_ptr, c[2].int_ptr} for c in rec.commands):
             self.bindings = None  # an input in a copy: replay only with the same input buffers
@@ -319,6 +360,9 @@ class _Replay:
         return same or (self.bindings is not None and xt.buf.int_ptr != tt.buf.int_ptr)
 
     def run(self, step, xt, tt):
+        for p in self.homes:  # a gradient lent before and still held moves out first, as lend() does
+            if p.grad_home._lent is not None and p.grad_home._lent() is not None:
+                p.grad_home._free()
         for role, t in (("x", xt), ("target", tt)):
             if t.buf is not self.bound[role].buf:
                 for k, j in self.bindings[role]:

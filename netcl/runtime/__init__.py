@@ -144,11 +144,12 @@ def copy_kernel(k):
 class Recorder:
     """The device commands one thread enqueues between start() and stop(): kernel launches (with
     their arguments as set), buffer fills and device copies, in order. A host transfer among them
-    (an upload or a read) cannot be replayed: it is noted in `refused` instead. netcl.trainstep
-    records training steps with it."""
+    (an upload or a read) cannot be replayed: it is noted in `refused` instead. `allocated` holds
+    the buffers alloc() and buffer() made meanwhile (int_ptr): any other buffer a command names
+    held its data before the recording. netcl.trainstep records training steps with it."""
 
     def __init__(self):
-        self.commands, self.refused = [], None
+        self.commands, self.refused, self.allocated = [], None, set()
 
     def launch(self, k, gsize, lsize, args):
         self.commands.append(("launch", k, tuple(gsize), tuple(lsize), tuple(args)))
@@ -200,6 +201,8 @@ def alloc(queue, nbytes):
     buf = pool.allocate(max(int(nbytes), 4))
     if pool.active_blocks + pool.held_blocks != blocks:  # a hit moves a held block to active
         _allocations[0] += 1
+    if _recording.recorder is not None:
+        _recording.recorder.allocated.add(buf.int_ptr)
     return buf
 
 
@@ -212,6 +215,7 @@ def buffer(queue, nbytes):
     _allocations[0] += 1
     cl.enqueue_fill_buffer(queue, buf, np.float32(0), 0, nbytes)
     if _recording.recorder is not None:
+        _recording.recorder.allocated.add(buf.int_ptr)
         _recording.recorder.fill(buf, 0.0, nbytes)
     return buf
 
