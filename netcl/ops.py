@@ -53,6 +53,16 @@ def launch(queue, family, name, gsize, lsize, *args, options=()):
     return _enqueue(queue, k, gsize, lsize, args)
 
 
+def varies(indices, fn):
+    """The launch just made takes, at argument `indices`, values that change every step (a dropout
+    seed, Adam's bias corrections): fn() gives the next ones, in order. A training step being
+    recorded (netcl.trainstep) calls fn() before each replay instead of repeating the recorded
+    values; otherwise this does nothing."""
+    rec = recorder()
+    if rec is not None:
+        rec.vary(indices, fn)
+
+
 def launch1d(queue, family, name, n, *args, options=()):
     return launch(queue, family, name, (max(n, 1),), (_LOCAL,), *args, options=options)
 

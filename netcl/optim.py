@@ -137,7 +137,7 @@ class Optimizer:
                     runs.append([k, k + 1, key])
             for a, b, key in runs:
                 off = flat.offsets[a]
-                self._launch(flat, off, flat.offsets[b - 1] + flat.sizes[b - 1] - off, key)
+                self._launch(flat, off, flat.offsets[b - 1] + flat.sizes[b - 1] - off, key, flat.indices[a])
         for i in (i for i, g in enumerate(live) if g):
             self.params[i].mark_written()
             for name in self.slots:
@@ -241,7 +241,7 @@ class SGD(Optimizer):
     def _key(self, st):
         return bool(self.momentum) and "momentum_buffer" not in st  # the first update copies the gradient
 
-    def _launch(self, flat, off, n, first):
+    def _launch(self, flat, off, n, first, i):
         buf = flat.slot["momentum_buffer"] if self.momentum else flat.grad
         ops.launch1d(flat.q, "optim", "sgd_step", n, off, n, flat.param, flat.grad, buf, self.lr, self.momentum,
                      self.dampening, self.weight_decay, int(self.nesterov), int(first))
@@ -266,8 +266,13 @@ class Adam(Optimizer):
     def _key(self, st):
         return st["step"]  # the bias corrections
 
-    def _launch(self, flat, off, n, t):
+    def _corrections(self, t):
+        b1, b2 = self.betas
+        return 1.0 - b1 ** t, 1.0 - b2 ** t
+
+    def _launch(self, flat, off, n, t, i):
+        """Parameters from i on (flat offset off, n values) at step t."""
         b1, b2 = self.betas
         ops.launch1d(flat.q, "optim", "adam_step", n, off, n, flat.param, flat.grad, flat.slot["exp_avg"],
-                     flat.slot["exp_avg_sq"], self.lr, b1, b2, self.eps, self.weight_decay, 1.0 - b1 ** t,
-                     1.0 - b2 ** t)
+                     flat.slot["exp_avg_sq"], self.lr, b1, b2, self.eps, self.weight_decay, *self._corrections(t))
+        ops.varies((11, 12), lambda: self._corrections(self.state[i]["step"]))  # a replay's step count

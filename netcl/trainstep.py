@@ -19,8 +19,10 @@ intermediate buffers for itself (no other tensor can be given them).
 
 Not replayed, run eagerly instead (after three recordings that did not agree; the reason in
 `step.eager_reason`):
-- steps whose recordings differ: a scalar argument that changes every step (Adam's bias
-  corrections, a dropout seed) or control flow that does;
+- steps whose recordings differ: a scalar argument that changes every step, unless the launch
+  says how to draw it anew (ops.varies: a dropout seed from netcl's generator, Adam's bias
+  corrections from its step count, both drawn as the layer calls would), or control flow that
+  changes;
 - steps that move data between host and device in the middle (a layer reading a value).
 A buffer that held data before a recording began (a parameter, a gradient, optimizer state, the
 inputs) must be the same buffer in both recordings: state a layer carries from step to step in a
@@ -42,7 +44,7 @@ import numpy as np
 from netcl import nn, optim
 from netcl.nn import sequential
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
-from netcl.runtime import Recorder, alloc, copy_kernel
+from netcl.runtime import Recorder, alloc, copy_kernel, kernel_arg_types
 from netcl.tensor import Tensor, _upload
 
 _RECORD_AT = 2  # calls of a shape run eagerly before the first recording (the first builds and lays out)
@@ -300,7 +302,12 @@ def _differs(a, b):
         args_a, args_b = (ca[4], cb[4]) if ca[0] == "launch" else (ca[1:], cb[1:])
         if len(args_a) != len(args_b):
             return f"command {i} changed its arguments"
+        va, vb = a.varying.get(i), b.varying.get(i)
+        if (va and va[0]) != (vb and vb[0]):
+            return f"command {i} changed which arguments vary"
         for j, (x, y) in enumerate(zip(args_a, args_b)):
+            if va and j in va[0]:
+                continue  # drawn anew for every step (ops.varies)
             if isinstance(x, cl.MemoryObjectHolder) and isinstance(y, cl.MemoryObjectHolder):
                 ok = same_buffer(x, y)
             elif isinstance(x, cl.LocalMemory) and isinstance(y, cl.LocalMemory):
@@ -325,10 +332,15 @@ class _Replay:
         self.commands = []
         inputs = {"x": xt.buf.int_ptr, "target": tt.buf.int_ptr}
         self.bindings = {"x": [], "target": []}  # role -> [(kernel, argument index)] that read it
-        for c in rec.commands:
+        self.varying = []  # (kernel, argument indices, their dtypes, fn), in command order
+        for n, c in enumerate(rec.commands):
             if c[0] == "launch":
                 k = copy_kernel(c[1])
                 k.set_args(*c[4])
+                if n in rec.varying:
+                    indices, fn = rec.varying[n]
+                    types = kernel_arg_types(c[1])
+                    self.varying.append((k, indices, [types[j] for j in indices], fn))
                 for j, a in enumerate(c[4]):
                     for role, ptr in inputs.items():
                         if isinstance(a, cl.MemoryObjectHolder) and a.int_ptr == ptr:
@@ -368,11 +380,14 @@ class _Replay:
                 for k, j in self.bindings[role]:
                     k.set_arg(j, t.buf)
                 self.bound[role] = t
-        for enqueue, args in self.commands:
-            enqueue(*args)
         for st, d in zip(step.optimizer.state, self.step_delta):
             if d:
                 st["step"] += d
+        for k, indices, types, fn in self.varying:  # after the step counts: Adam's corrections read them
+            for j, t, v in zip(indices, types, fn()):
+                k.set_arg(j, t(v))
+        for enqueue, args in self.commands:
+            enqueue(*args)
         for t in self.written:
             t.mark_written()
         return _own_loss(self.pending, self.out)

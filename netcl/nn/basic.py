@@ -105,6 +105,10 @@ class Transpose(Module):
         return dx.mark_written()
 
 
+def _seed():
+    return np.uint32(int(rng().integers(0, 2**32)))
+
+
 class Dropout(Module):
     # identity in eval; in training zeroes with probability p and scales the rest by 1/(1-p)
     def __init__(self, p=0.5):
@@ -120,8 +124,8 @@ class Dropout(Module):
             self._mask = None
             return x
         self._mask, y = ops.new(q, x.shape), ops.new(q, x.shape)
-        seed = int(rng().integers(0, 2**32))
-        ops.launch1d(q, "pointwise", "dropout_fwd", x.size, x.size, np.uint32(seed), self.p, x, self._mask, y)
+        ops.launch1d(q, "pointwise", "dropout_fwd", x.size, x.size, _seed(), self.p, x, self._mask, y)
+        ops.varies((1,), lambda: (_seed(),))  # a replayed step draws its seed as this call did
         self._mask.mark_written()
         return y.mark_written()
 

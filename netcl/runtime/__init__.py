@@ -129,6 +129,11 @@ def kernels(queue, family, options=()):
     return ks
 
 
+def kernel_arg_types(k):
+    """kernels()' kernel k's scalar argument dtypes (None for a buffer), by argument index."""
+    return _arg_types[k.int_ptr][1]
+
+
 def copy_kernel(k):
     """A new Kernel object for kernels()' kernel `k` (same program and argument types), whose
     arguments are its own: a recorded launch keeps them set (see Recorder)."""
@@ -150,6 +155,7 @@ class Recorder:
 
     def __init__(self):
         self.commands, self.refused, self.allocated = [], None, set()
+        self.varying = {}  # command index -> (argument indices, fn): see vary()
 
     def launch(self, k, gsize, lsize, args):
         self.commands.append(("launch", k, tuple(gsize), tuple(lsize), tuple(args)))
@@ -159,6 +165,11 @@ class Recorder:
 
     def copy(self, dst, src, nbytes):
         self.commands.append(("copy", dst, src, int(nbytes)))
+
+    def vary(self, indices, fn):
+        """The launch recorded last takes, at `indices`, arguments that change every step (a
+        dropout seed, Adam's bias corrections): fn() gives their values for a replay, in order."""
+        self.varying[len(self.commands) - 1] = (tuple(indices), fn)
 
     def refuse(self, what):
         if self.refused is None:
