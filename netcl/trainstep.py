@@ -60,8 +60,8 @@ class TrainStep:
 
     x: a device Tensor (used in place) or a host array (uploaded into a buffer the step keeps);
     target: the loss's target, likewise (CrossEntropyLoss: class indices, checked on the host).
-    Tensors the step makes (the model's output, the loss's gradient) are overwritten by the next
-    call. Calls from several threads take turns."""
+    `step.output` is the call's model output, a device Tensor that the next call overwrites (as
+    the loss's gradient). Calls from several threads take turns."""
 
     def __init__(self, model, loss_fn, optimizer, replay=True):
         if not isinstance(model, nn.Module):
@@ -73,6 +73,7 @@ class TrainStep:
                             f"{type(loss_fn).__name__}")
         self.model, self.loss_fn, self.optimizer, self.replay = model, loss_fn, optimizer, bool(replay)
         self.replays, self.eager_reason = 0, None  # replayed calls so far; why the last shape stays eager
+        self.output = None  # the last call's model output (a device Tensor the next call overwrites)
         self._lock = threading.Lock()
         self._shapes = {}  # (x shape, queue) -> _Shape
         self._owned = {}  # ("x" or "target", shape, queue) -> a device Tensor host inputs are uploaded into
@@ -133,7 +134,8 @@ class TrainStep:
             rec.inputs = {xt.buf.int_ptr: "x", tt.buf.int_ptr: "target"}
             rec.start()
         try:
-            pending = self.loss_fn.enqueue(self.model(xt), tt)
+            self.output = self.model(xt)
+            pending = self.loss_fn.enqueue(self.output, tt)
             self.model.backward(self.loss_fn.backward(), input_grad=False)
             self.optimizer.step()
             self.optimizer.zero_grad()
@@ -352,7 +354,7 @@ class _Replay:
                 self.commands.append((_copy, (self.queue, c[1], c[2], c[3])))
         self.keep = rec.commands  # the arguments' buffers: alive as long as the replay
         self.bound, self.out_shape = {"x": xt, "target": tt}, step.model.output_shape(xt.shape)
-        self.out, self.pending = rec.pending._out, rec.pending
+        self.out, self.pending, self.output = rec.pending._out, rec.pending, step.output
         self.step_delta = rec.step_delta
         self.written = [t for _, t in step.model.named_tensors()] + [
             v for st in step.optimizer.state for v in st.values() if isinstance(v, Tensor)]
@@ -390,6 +392,7 @@ class _Replay:
             enqueue(*args)
         for t in self.written:
             t.mark_written()
+        step.output = self.output.mark_written()
         return _own_loss(self.pending, self.out)
 
 

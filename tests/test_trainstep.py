@@ -49,7 +49,8 @@ def batches(rng, case, n, model):
 def loop_step(model, loss_fn, opt, x, target):
     """What TrainStep stands for, as layer calls."""
     xt = x if isinstance(x, Tensor) else Tensor.from_host(model.parameters()[0].queue, x)
-    pending = loss_fn.enqueue(model(xt), target)
+    model.forward_output = model(xt)
+    pending = loss_fn.enqueue(model.forward_output, target)
     model.backward(loss_fn.backward(), input_grad=False)
     opt.step()
     opt.zero_grad()
@@ -94,6 +95,7 @@ def test_replayed_steps_match_the_layer_calls_bit_for_bit(queue, rng, monkeypatc
             got.append(pending)
             assert launched == 0 and runtime.stats() == before
         want.append(loop_step(*b, x, y))
+        np.testing.assert_array_equal(step.output.numpy(), b[0].forward_output.numpy())
     assert step.replays == 4 and step.eager_reason is None and step.launches > 0
     # each PendingLoss reads its own step's loss, read after all of them ran
     assert [p.item() for p in got] == [p.item() for p in want]

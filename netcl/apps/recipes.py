@@ -9,6 +9,7 @@ import numpy as np
 from netcl import models, nn, optim
 from netcl.nn import manual_seed
 from netcl.tensor import Tensor
+from netcl.trainstep import TrainStep
 
 
 def digits_data(test_fraction=0.25, seed=0):
@@ -88,6 +89,7 @@ def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed
     loss_fn = nn.CrossEntropyLoss()
     model.to(queue)
     opt = optimizer or optim.Adam(model.parameters(), lr=lr)
+    step = TrainStep(model, loss_fn, opt)  # replays the recorded step once it repeats
     history = {"epoch": [], "loss": [], "train_acc": [], "test_acc": [], "seconds": []}
     steps = -(-len(x_tr) // batch_size)
     t0 = time.perf_counter()
@@ -102,13 +104,9 @@ def train_classifier(model, queue, data, epochs=10, batch_size=64, lr=2e-3, seed
         for s in range(steps):
             idx = order[s * batch_size:(s + 1) * batch_size]
             xb = x_tr[idx] if augment is None else augment(x_tr[idx], aug_rng)
-            logits = model(Tensor.from_host(queue, xb))
-            loss = loss_fn(logits, y_tr[idx])
-            model.backward(loss_fn.backward(), input_grad=False)  # the data needs no gradient
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss)
-            correct += int((logits.to_host().argmax(1) == y_tr[idx]).sum())
+            loss = step(xb, y_tr[idx])  # the data needs no gradient (TrainStep: input_grad=False)
+            correct += int((step.output.to_host().argmax(1) == y_tr[idx]).sum())
+            losses.append(loss.item())
             bar.update(loss=float(np.mean(losses[-20:])), acc=correct / min((s + 1) * batch_size, len(x_tr)))
         model.eval()
         test_acc, _ = accuracy(model, queue, x_te, y_te)
@@ -194,6 +192,7 @@ def train_segmentation(model, queue, data, epochs=6, batch_size=32, lr=3e-3, see
     train_net = nn.Sequential(model, nn.Sigmoid()).to(queue)
     loss_fn = nn.BCELoss()
     opt = optim.Adam(model.parameters(), lr=lr)
+    step = TrainStep(train_net, loss_fn, opt)
     history = {"epoch": [], "loss": [], "test_iou": [], "seconds": []}
     steps, t0 = -(-len(x_tr) // batch_size), time.perf_counter()
     for epoch in range(epochs):
@@ -203,11 +202,7 @@ def train_segmentation(model, queue, data, epochs=6, batch_size=32, lr=3e-3, see
         order, losses = np.random.default_rng([seed, epoch]).permutation(len(x_tr)), []
         for s in range(steps):
             idx = order[s * batch_size:(s + 1) * batch_size]
-            pending = loss_fn.enqueue(train_net(Tensor.from_host(queue, x_tr[idx])), m_tr[idx])
-            train_net.backward(loss_fn.backward(), input_grad=False)
-            opt.step()
-            opt.zero_grad()
-            losses.append(pending.item())  # read after the step: the device never waits mid-step
+            losses.append(step(x_tr[idx], m_tr[idx]).item())  # read after the step: no wait mid-step
             bar.update(loss=float(np.mean(losses[-20:])))
         model.eval()
         logits = np.concatenate([model(Tensor.from_host(queue, x_te[i:i + 64])).to_host()
