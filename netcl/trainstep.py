@@ -56,14 +56,15 @@ _SCALARS = (bool, int, float, str, type(None))
 class TrainStep:
     """forward, loss (`loss_fn.enqueue`), backward (no input gradient), `optimizer.step()`,
     `optimizer.zero_grad()`; a call returns the step's PendingLoss. See the module docstring for
-    when a call replays a recording. `replay=False` always runs eagerly (a reference).
+    when a call replays a recording. `replay=False` always runs eagerly (a reference); the default
+    is True unless the environment has NETCL_TRAIN_REPLAY=0.
 
     x: a device Tensor (used in place) or a host array (uploaded into a buffer the step keeps);
     target: the loss's target, likewise (CrossEntropyLoss: class indices, checked on the host).
     `step.output` is the call's model output, a device Tensor that the next call overwrites (as
     the loss's gradient). Calls from several threads take turns."""
 
-    def __init__(self, model, loss_fn, optimizer, replay=True):
+    def __init__(self, model, loss_fn, optimizer, replay=None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainStep trains a netcl nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, optim.Optimizer):
@@ -71,6 +72,8 @@ class TrainStep:
         if not callable(getattr(loss_fn, "enqueue", None)):
             raise TypeError(f"TrainStep needs a netcl loss (nn.MSELoss(), nn.CrossEntropyLoss(), ...), got "
                             f"{type(loss_fn).__name__}")
+        if replay is None:  # NETCL_TRAIN_REPLAY=0: every TrainStep runs the layer calls (e.g. netcl train's)
+            replay = os.environ.get("NETCL_TRAIN_REPLAY", "1") != "0"
         self.model, self.loss_fn, self.optimizer, self.replay = model, loss_fn, optimizer, bool(replay)
         self.replays, self.eager_reason = 0, None  # replayed calls so far; why the last shape stays eager
         self.output = None  # the last call's model output (a device Tensor the next call overwrites)

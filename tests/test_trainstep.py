@@ -357,3 +357,16 @@ def test_a_process_wide_switch_records_anew(queue, rng, monkeypatch):
         assert step(x, y).item() == loop_step(*b, x, y).item()
     assert step.replays == 3  # two recorded eager calls after the switch
     assert_same_state(a, b)
+
+
+def test_replay_off_runs_the_layer_calls(queue, rng, monkeypatch):
+    """replay=False, or NETCL_TRAIN_REPLAY=0 for the default: never a recording, the same results."""
+    monkeypatch.setenv("NETCL_TRAIN_REPLAY", "0")
+    a, b = twins(queue, "mlp-sgd-ce")
+    for step in (TrainStep(*a), TrainStep(*a, replay=False)):
+        for x, y in mlp_data(rng, 5):
+            assert step(x, y).item() == loop_step(*b, x, y).item()
+        assert step.replays == 0 and step.launches is None and step.eager_reason is None
+    monkeypatch.delenv("NETCL_TRAIN_REPLAY")
+    assert TrainStep(*a).replay and not TrainStep(*a, replay=False).replay
+    assert_same_state(a, b)
