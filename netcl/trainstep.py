@@ -23,19 +23,23 @@ Not replayed, run eagerly instead (after three recordings that did not agree; th
   says how to draw it anew (ops.varies: a dropout seed from netcl's generator, Adam's bias
   corrections from its step count, both drawn as the layer calls would), or control flow that
   changes;
-- steps that move data between host and device in the middle (a layer reading a value).
+- steps that move data between host and device in the middle (a layer reading a value), or
+  draw from netcl's generator other than through ops.varies (a replay would not draw, and every
+  later seed would differ).
 A buffer that held data before a recording began (a parameter, a gradient, optimizer state, the
 inputs) must be the same buffer in both recordings: state a layer carries from step to step in a
 new buffer each time would otherwise be read from one buffer for ever.
 Before each replay the step checks what it cannot see in the recording: the input shapes, every
 layer's plain public settings and Tensor attributes, its parameters' and buffers' device buffers,
-the layers each container holds, the optimizer's hyperparameters, parameter list and state (a
-loaded checkpoint is new state), every parameter's gradient, and the process-wide switches that
+the layers each container holds, the optimizer's hyperparameters, parameter list, state (a
+loaded checkpoint is new state) and step counts, every parameter's gradient (the model's and the
+optimizer's), and the process-wide switches that
 choose training kernels (_knobs). Any change records anew (two eager calls). A gradient the user
 still holds from an eager backward moves to a buffer of its own first, as the next backward would
 move it. Between calls, a layer's Python is not run: state it keeps in Python from step to step
 (a counter, a schedule) is frozen at the recording; changes through private attributes or to the
 kernels' sources are not seen."""
+import copy
 import os
 import threading
 
@@ -43,6 +47,7 @@ import numpy as np
 
 from netcl import nn, optim
 from netcl.nn import sequential
+from netcl.nn.module import rng
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
 from netcl.runtime import Recorder, alloc, copy_kernel, kernel_arg_types
 from netcl.tensor import Tensor, _upload
@@ -57,7 +62,7 @@ class TrainStep:
     """forward, loss (`loss_fn.enqueue`), backward (no input gradient), `optimizer.step()`,
     `optimizer.zero_grad()`; a call returns the step's PendingLoss. See the module docstring for
     when a call replays a recording. `replay=False` always runs eagerly (a reference); the default
-    is True unless the environment has NETCL_TRAIN_REPLAY=0.
+    is True unless the environment has NETCL_TRAIN_REPLAY=0 (or false, no, off).
 
     x: a device Tensor (used in place) or a host array (uploaded into a buffer the step keeps);
     target: the loss's target, likewise (CrossEntropyLoss: class indices, checked on the host).
@@ -73,7 +78,7 @@ class TrainStep:
             raise TypeError(f"TrainStep needs a netcl loss (nn.MSELoss(), nn.CrossEntropyLoss(), ...), got "
                             f"{type(loss_fn).__name__}")
         if replay is None:  # NETCL_TRAIN_REPLAY=0: every TrainStep runs the layer calls (e.g. netcl train's)
-            replay = os.environ.get("NETCL_TRAIN_REPLAY", "1") != "0"
+            replay = os.environ.get("NETCL_TRAIN_REPLAY", "1").strip().lower() not in ("0", "false", "no", "off")
         self.model, self.loss_fn, self.optimizer, self.replay = model, loss_fn, optimizer, bool(replay)
         self.replays, self.eager_reason = 0, None  # replayed calls so far; why the last shape stays eager
         self.output = None  # the last call's model output (a device Tensor the next call overwrites)
@@ -135,6 +140,7 @@ class TrainStep:
         steps = [st.get("step", 0) for st in self.optimizer.state]
         if rec is not None:
             rec.inputs = {xt.buf.int_ptr: "x", tt.buf.int_ptr: "target"}
+            gen, drawn_from = rng(), copy.deepcopy(rng().bit_generator.state)
             rec.start()
         try:
             self.output = self.model(xt)
@@ -148,6 +154,8 @@ class TrainStep:
         if rec is not None:
             rec.pending = pending
             rec.step_delta = [st.get("step", 0) - s for st, s in zip(self.optimizer.state, steps)]
+            if not _draws_only_varying(rec, gen, drawn_from):
+                rec.refuse("draws from netcl's generator that ops.varies does not declare (a replay would not make them)")
         return _own_loss(pending, pending._out), rec
 
     # -- inputs -------------------------------------------------------------------------------
@@ -192,6 +200,22 @@ class TrainStep:
         t._st.host = a.reshape(-1)  # exactly the data, and kept alive while the upload may read it
         return t
 
+def _draws_only_varying(rec, gen, before):
+    """Whether the recorded step drew from netcl's generator (gen, whose state was `before`) exactly
+    what its ops.varies functions draw: they alone draw in a replay. Checked by running them from
+    `before` and comparing the generator's state (then put back as the step left it)."""
+    if rng() is not gen:
+        return False  # the step replaced the generator
+    after = gen.bit_generator.state
+    gen.bit_generator.state = before
+    try:
+        for _, fn in (rec.varying[i] for i in sorted(rec.varying)):
+            fn()
+        return gen.bit_generator.state == after
+    finally:
+        gen.bit_generator.state = after
+
+
 def _knobs():
     """Process-wide switches that choose training kernels: NETCL_CPU_WINOT (read by each Conv2d
     call, nn/conv.py) and Sequential's TRAIN_FUSE (nn/sequential.py)."""
@@ -199,7 +223,9 @@ def _knobs():
 
 
 def _plain(v):
-    return type(v) in _SCALARS or (type(v) is tuple and all(type(e) in _SCALARS for e in v))
+    """A setting compared by value: a Python or numpy scalar, or a tuple of them."""
+    return type(v) in _SCALARS or isinstance(v, np.generic) or (
+        type(v) is tuple and all(type(e) in _SCALARS or isinstance(e, np.generic) for e in v))
 
 
 class _Guard:
@@ -233,7 +259,10 @@ class _Guard:
             self.tensors.append((None, p, p, p._st.buf))
             self.tensors.extend((st, k, v, v._st.buf) for k, v in st.items() if isinstance(v, Tensor))
         # every parameter's gradient, the optimizer's or not (a frozen layer's accumulates)
-        self.grads = [(p, p.grad) for p in model.parameters()]
+        params = model.parameters()
+        params += [p for p in optimizer.params if not any(p is q for q in params)]
+        self.grads = [(p, p.grad) for p in params]
+        self.steps = [st.get("step") for st in optimizer.state]  # a replay advances them (see _Replay.run)
         self.knobs = _knobs()
 
     def holds(self):
@@ -259,6 +288,8 @@ class _Guard:
             return False  # e.g. optimizer.load_state_dict(), which makes new state dicts
         if any(p.grad is not g for p, g in self.grads):
             return False
+        if any(st.get("step") != t for st, t in zip(opt.state, self.steps)):
+            return False  # a step count set by hand (Adam's corrections, how its runs split)
         return opt.hyperparameters() == self.hyper and _knobs() == self.knobs
 
 
@@ -385,9 +416,10 @@ class _Replay:
                 for k, j in self.bindings[role]:
                     k.set_arg(j, t.buf)
                 self.bound[role] = t
-        for st, d in zip(step.optimizer.state, self.step_delta):
+        for i, (st, d) in enumerate(zip(step.optimizer.state, self.step_delta)):
             if d:
                 st["step"] += d
+                self.guard.steps[i] = st["step"]
         for k, indices, types, fn in self.varying:  # after the step counts: Adam's corrections read them
             for j, t, v in zip(indices, types, fn()):
                 k.set_arg(j, t(v))

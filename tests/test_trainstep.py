@@ -370,3 +370,101 @@ def test_replay_off_runs_the_layer_calls(queue, rng, monkeypatch):
     monkeypatch.delenv("NETCL_TRAIN_REPLAY")
     assert TrainStep(*a).replay and not TrainStep(*a, replay=False).replay
     assert_same_state(a, b)
+
+
+# -- the second review's cases (each reproduced against the code before its fix) -----------------
+def dropout_mlp(queue, opt="SGD", extra=None, block=None):
+    netcl.manual_seed(0)
+    layers = [nn.Linear(8, 16), nn.ReLU()] + ([block()] if block else []) + [nn.Dropout(0.5), nn.Linear(16, 3)]
+    model = nn.Sequential(*layers).to(queue).train()
+    params = model.parameters() + ([extra] if extra is not None else [])
+    return model, nn.CrossEntropyLoss(), getattr(optim, opt)(params, lr=0.1)
+
+
+def run_both(a, b, rng, n, before=lambda i, twin: None):
+    """TrainStep on twin a, the layer calls on twin b, each from netcl's generator reseeded (Dropout
+    draws from it); before(i, twin) runs ahead of call i. (the TrainStep, its losses, b's losses)"""
+    data = [(rng.standard_normal((4, 8)).astype(np.float32), rng.integers(0, 3, 4)) for _ in range(n)]
+    step, out = TrainStep(*a), []
+    for twin, call in ((a, step), (b, lambda x, y: loop_step(*b, x, y))):
+        netcl.manual_seed(5)
+        losses = []
+        for i, (x, y) in enumerate(data):
+            before(i, twin)
+            losses.append(call(x, y).item())
+        out.append(losses)
+    return step, out[0], out[1]
+
+
+def test_a_setting_given_as_a_numpy_number_is_checked(queue, rng):
+    a, b = dropout_mlp(queue), dropout_mlp(queue)
+    ps = np.linspace(0.5, 0.1, 3)  # np.float64: Dropout.p set from an array
+
+    def set_p(i, twin):
+        twin[0][2].p = ps[min(i // 6, 2)]
+    step, got, want = run_both(a, b, rng, 14, set_p)
+    assert got == want and step.replays >= 4
+    assert_same_state(a, b)
+
+
+def test_a_hand_set_gradient_of_a_parameter_outside_the_model_is_used(queue, rng):
+    extras = [Tensor.from_host(queue, np.ones(4, np.float32)) for _ in range(2)]
+    a, b = dropout_mlp(queue, "Adam", extras[0]), dropout_mlp(queue, "Adam", extras[1])
+
+    def set_grad(i, twin):
+        if i == 7:
+            extra = twin[2].params[-1]
+            extra.grad = Tensor.from_host(queue, np.full(4, 0.5, np.float32))
+    step, got, want = run_both(a, b, rng, 10, set_grad)
+    assert got == want and step.replays >= 4 and extras[0].grad is None
+    np.testing.assert_array_equal(extras[0].to_host(), extras[1].to_host())
+    assert_same_state(a, b)
+
+
+def test_a_step_count_set_by_hand_is_seen(queue, rng):
+    """Adam's bias corrections restarted for one layer: its parameters get a launch of their own."""
+    a, b = dropout_mlp(queue, "Adam"), dropout_mlp(queue, "Adam")
+
+    def restart(i, twin):
+        if i == 6:
+            for st in twin[2].state[2:]:
+                st["step"] = 0
+    step, got, want = run_both(a, b, rng, 10, restart)
+    assert got == want and step.replays >= 3
+    assert_same_state(a, b)
+
+
+class StochasticDepth(nn.Module):
+    """Skips its block with probability p, drawn from netcl's generator on the host."""
+
+    def __init__(self, p=0.01):
+        super().__init__()
+        self.p, self.block = p, nn.Linear(16, 16)
+
+    def named_children(self):
+        return [("block", self.block)]
+
+    def forward(self, x, stats=False):
+        self._skip = bool(netcl.nn.module.rng().random() < self.p)
+        return x if self._skip else self.block(x)
+
+    def backward(self, dy):
+        return dy if self._skip else self.block.backward(dy)
+
+
+def test_a_draw_from_netcls_generator_that_no_launch_declares_is_not_replayed(queue, rng):
+    """A replay draws only through ops.varies: a layer drawing on the host would leave the generator
+    behind the layer calls' (every later dropout seed different)."""
+    a, b = dropout_mlp(queue, block=StochasticDepth), dropout_mlp(queue, block=StochasticDepth)
+    step, got, want = run_both(a, b, rng, 8)
+    assert got == want and step.replays == 0 and "generator" in step.eager_reason
+    assert_same_state(a, b)
+
+
+def test_the_replay_switch_reads_common_spellings(queue, monkeypatch):
+    a = twins(queue, "mlp-sgd-ce")[0]
+    for off in ("0", "false", "No", " off "):
+        monkeypatch.setenv("NETCL_TRAIN_REPLAY", off)
+        assert not TrainStep(*a).replay
+    monkeypatch.setenv("NETCL_TRAIN_REPLAY", "1")
+    assert TrainStep(*a).replay
