@@ -14,8 +14,9 @@ TrainStep runs the first call eagerly, records the device commands of the second
 command (the same kernels, sizes and scalar arguments; buffers that correspond one to one) it
 replays the third from then on: each launch a kernel object of its own with its arguments already
 set, so a replay is one clEnqueueNDRangeKernel per launch (5-12 us of host time on the 2-core PoCL
-machine, where an eager step spends about 30). The recording keeps its
-intermediate buffers for itself (no other tensor can be given them).
+machine, where an eager step spends about 30). The replay keeps its
+intermediate buffers for itself (no other tensor can be given them), sharing them within the step
+where the layer calls' pool did (_share_buffers).
 
 Not replayed, run eagerly instead (after three recordings that did not agree; the reason in
 `step.eager_reason`):
@@ -369,7 +370,8 @@ class _Replay:
         inputs = {"x": xt.buf.int_ptr, "target": tt.buf.int_ptr}
         self.bindings = {"x": [], "target": []}  # role -> [(kernel, argument index)] that read it
         self.varying = []  # (kernel, argument indices, their dtypes, fn), in command order
-        for n, c in enumerate(rec.commands):
+        commands = _share_buffers(rec)
+        for n, c in enumerate(commands):
             if c[0] == "launch":
                 k = copy_kernel(c[1])
                 k.set_args(*c[4])
@@ -386,7 +388,7 @@ class _Replay:
                 self.commands.append((cl.enqueue_fill_buffer, (self.queue, c[1], np.float32(c[2]), 0, c[3])))
             else:
                 self.commands.append((_copy, (self.queue, c[1], c[2], c[3])))
-        self.keep = rec.commands  # the arguments' buffers: alive as long as the replay
+        self.keep = commands  # the arguments' buffers: alive as long as the replay
         self.bound, self.out_shape = {"x": xt, "target": tt}, step.model.output_shape(xt.shape)
         self.out, self.pending, self.output = rec.pending._out, rec.pending, step.output
         self.step_delta = rec.step_delta
@@ -397,7 +399,7 @@ class _Replay:
             self.written.append(step.loss_fn._grad)
         self.homes = [p for p in step.optimizer.params if p.grad_home is not None]
         self.guard = _Guard(step.model, step.optimizer)
-        if any(c[0] == "copy" and inputs.values() & {c[1].int_ptr, c[2].int_ptr} for c in rec.commands):
+        if any(c[0] == "copy" and inputs.values() & {c[1].int_ptr, c[2].int_ptr} for c in commands):
             self.bindings = None  # an input in a copy: replay only with the same input buffers
 
     def accepts(self, xt, tt):
@@ -429,6 +431,63 @@ class _Replay:
             t.mark_written()
         step.output = self.output.mark_written()
         return _own_loss(self.pending, self.out)
+
+
+def _buffers(c):
+    """The buffers a recorded command names, with their places: [(field, argument index, buffer)]."""
+    import pyopencl as cl
+
+    if c[0] == "launch":
+        return [(4, j, a) for j, a in enumerate(c[4]) if isinstance(a, cl.MemoryObjectHolder)]
+    return [(1, None, c[1])] + ([(2, None, c[2])] if c[0] == "copy" else [])
+
+
+def _share_buffers(rec):
+    """rec's commands with buffers shared within the step where the layer calls' pool shared them:
+    the recording kept every buffer the step made (so that none went back to the pool), which holds
+    about twice the layer calls' memory. A buffer made during the recording that nothing but the
+    recording references (not the model's output, the loss, a layer's saved tensor: sys.getrefcount)
+    takes the place of an earlier one whose last command came before its first, if that one is as
+    large. On an in-order queue its commands then run after the earlier one's, as in the pool."""
+    import sys
+
+    first, last, objs, uses = {}, {}, {}, {}
+    for n, c in enumerate(rec.commands):
+        for _, _, b in _buffers(c):
+            p = b.int_ptr
+            if p in rec.allocated:
+                first.setdefault(p, n)
+                last[p] = n
+                if objs.setdefault(p, b) is not b:
+                    uses[p] = -1  # two objects for one buffer: leave it alone
+                elif uses.get(p, 0) >= 0:
+                    uses[p] = uses.get(p, 0) + 1
+    b = None
+    # its own references: the commands' places, objs and getrefcount's argument
+    private = [p for p in first if uses[p] > 0 and sys.getrefcount(objs[p]) == uses[p] + 2]
+    slots, rename = [], {}  # slots: [buffer, the last command that uses it]
+    for p in sorted(private, key=first.get):
+        size = objs[p].size
+        free = [sl for sl in slots if sl[1] < first[p] and sl[0].size >= size]
+        if free:
+            sl = min(free, key=lambda sl: sl[0].size)
+            rename[p], sl[1] = sl[0], last[p]
+        else:
+            slots.append([objs[p], last[p]])
+    out = []
+    for c in rec.commands:
+        if not any(b.int_ptr in rename for _, _, b in _buffers(c)):
+            out.append(c)
+            continue
+        c = list(c)
+        if c[0] == "launch":
+            c[4] = tuple(rename.get(a.int_ptr, a) if j in {j for _, j, _ in _buffers(tuple(c))} else a
+                         for j, a in enumerate(c[4]))
+        else:
+            for field, _, b in _buffers(tuple(c)):
+                c[field] = rename.get(b.int_ptr, b)
+        out.append(tuple(c))
+    return out
 
 
 def _copy(queue, dst, src, nbytes):

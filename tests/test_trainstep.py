@@ -468,3 +468,24 @@ def test_the_replay_switch_reads_common_spellings(queue, monkeypatch):
         assert not TrainStep(*a).replay
     monkeypatch.setenv("NETCL_TRAIN_REPLAY", "1")
     assert TrainStep(*a).replay
+
+
+def test_a_replay_shares_buffers_whose_commands_do_not_overlap(queue):
+    """_share_buffers: a buffer the step made takes an earlier one's place once that one's last
+    command has run, if it is as large and nothing but the recording holds it."""
+    from netcl.runtime import Recorder, alloc
+    from netcl.trainstep import _share_buffers
+
+    rec = Recorder().start()
+    try:
+        b1, b2, b3, small, big = (alloc(queue, n) for n in (256, 256, 256, 64, 512))
+    finally:
+        rec.stop()
+    for b in (b1, b1, b2, b3, small, big):
+        rec.fill(b, 0.0, 4)
+    held = b3  # a Python reference beyond the recording's: b3 must keep its own buffer
+    ptrs = [b.int_ptr for b in (b1, b2, b3, small, big)]
+    del b1, b2, b3, small, big, b
+    out = [c[1].int_ptr for c in _share_buffers(rec)]
+    assert out == [ptrs[0], ptrs[0], ptrs[0], ptrs[2], ptrs[0], ptrs[4]]  # b2 and small in b1; big alone
+    assert held.int_ptr == ptrs[2]
