@@ -442,6 +442,17 @@ def _buffers(c):
     return [(1, None, c[1])] + ([(2, None, c[2])] if c[0] == "copy" else [])
 
 
+def _own_refs():
+    """What sys.getrefcount(objs[p]) counts beyond the commands' references: the dict's and the
+    call's own (2 on CPython 3.11; measured, since Python versions count call arguments differently)."""
+    import sys
+
+    probe = object()
+    objs, places = {0: probe}, (probe,)
+    del probe
+    return sys.getrefcount(objs[0]) - len(places)
+
+
 def _share_buffers(rec):
     """rec's commands with buffers shared within the step where the layer calls' pool shared them:
     the recording kept every buffer the step made (so that none went back to the pool), which holds
@@ -463,8 +474,7 @@ def _share_buffers(rec):
                 elif uses.get(p, 0) >= 0:
                     uses[p] = uses.get(p, 0) + 1
     b = None
-    # its own references: the commands' places, objs and getrefcount's argument
-    private = [p for p in first if uses[p] > 0 and sys.getrefcount(objs[p]) == uses[p] + 2]
+    private = [p for p in first if uses[p] > 0 and sys.getrefcount(objs[p]) == uses[p] + _own_refs()]
     slots, rename = [], {}  # slots: [buffer, the last command that uses it]
     for p in sorted(private, key=first.get):
         size = objs[p].size
