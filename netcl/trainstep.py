@@ -50,7 +50,7 @@ from netcl import nn, optim
 from netcl.nn import sequential
 from netcl.nn.module import rng
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
-from netcl.runtime import Recorder, alloc, copy_kernel, kernel_arg_types
+from netcl.runtime import Recorder, copy_kernel, kernel_arg_types
 from netcl.tensor import Tensor, _upload
 
 _RECORD_AT = 2  # calls of a shape run eagerly before the first recording (the first builds and lays out)
@@ -297,11 +297,7 @@ class _Guard:
 def _own_loss(pending, out):
     """A PendingLoss reading a copy of `out` (the loss's 2-float result) made now: later steps
     (a replay rewrites `out`) cannot change what it reads."""
-    import pyopencl as cl
-
-    copy = Tensor(out.shape, out.queue, alloc(out.queue, out.nbytes))
-    cl.enqueue_copy(out.queue, copy.buf, out.buf, byte_count=out.nbytes)
-    return PendingLoss(copy.mark_written(), pending._count, pending._refuse)
+    return PendingLoss(Tensor.empty(out.queue, out.shape).copy_(out), pending._count, pending._refuse)
 
 
 class _Shape:
@@ -379,9 +375,9 @@ class _Replay:
                     indices, fn = rec.varying[n]
                     types = kernel_arg_types(c[1])
                     self.varying.append((k, indices, [types[j] for j in indices], fn))
-                for j, a in enumerate(c[4]):
+                for _, j, a in _buffers(c):
                     for role, ptr in inputs.items():
-                        if isinstance(a, cl.MemoryObjectHolder) and a.int_ptr == ptr:
+                        if a.int_ptr == ptr:
                             self.bindings[role].append((k, j))
                 self.commands.append((cl.enqueue_nd_range_kernel, (self.queue, k, c[2], c[3])))
             elif c[0] == "fill":
@@ -473,8 +469,8 @@ def _share_buffers(rec):
                     uses[p] = -1  # two objects for one buffer: leave it alone
                 elif uses.get(p, 0) >= 0:
                     uses[p] = uses.get(p, 0) + 1
-    b = None
-    private = [p for p in first if uses[p] > 0 and sys.getrefcount(objs[p]) == uses[p] + _own_refs()]
+    b, own = None, _own_refs()
+    private = [p for p in first if uses[p] > 0 and sys.getrefcount(objs[p]) == uses[p] + own]
     slots, rename = [], {}  # slots: [buffer, the last command that uses it]
     for p in sorted(private, key=first.get):
         size = objs[p].size
@@ -486,17 +482,18 @@ def _share_buffers(rec):
             slots.append([objs[p], last[p]])
     out = []
     for c in rec.commands:
-        if not any(b.int_ptr in rename for _, _, b in _buffers(c)):
-            out.append(c)
-            continue
-        c = list(c)
-        if c[0] == "launch":
-            c[4] = tuple(rename.get(a.int_ptr, a) if j in {j for _, j, _ in _buffers(tuple(c))} else a
-                         for j, a in enumerate(c[4]))
-        else:
-            for field, _, b in _buffers(tuple(c)):
-                c[field] = rename.get(b.int_ptr, b)
-        out.append(tuple(c))
+        places = [(field, j, rename[b.int_ptr]) for field, j, b in _buffers(c) if b.int_ptr in rename]
+        if places:
+            c, args = list(c), list(c[4]) if c[0] == "launch" else None
+            for field, j, b in places:
+                if j is None:
+                    c[field] = b
+                else:
+                    args[j] = b
+            if args is not None:
+                c[4] = tuple(args)
+            c = tuple(c)
+        out.append(c)
     return out
 
 
