@@ -9,8 +9,8 @@ SGD with momentum 0.9, zero_grad; the loss is read back every step, after the op
 the middle of the step). netcl's step is a netcl.TrainStep, which replays the step it recorded
 from its third call on (the table's "path" says whether it did); --loop makes it layer calls
 (model, loss_fn.enqueue, backward, opt.step), and --eager-loss layer calls reading the loss as its
-call returns it, before the backward pass. Each figure is the median of --steps steps after --warmup steps, the table's the
-median over the rounds; "per round" is the range of netcl / PyTorch over the rounds (each round's
+call returns it, before the backward pass. Each figure is the median of --steps steps after
+--warmup steps, the table's the median over the rounds; "per round" is the range of netcl / PyTorch over the rounds (each round's
 two processes ran back to back; --json keeps every round). The table also gives netcl's kernel
 launches per step (counted in one more step).
 
@@ -209,7 +209,7 @@ def kernel_profile_netcl(name, batch, args):
 
     base = netcl.default_queue(args.device)
     q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    step = netcl_step(name, batch, q, "eager-loss" if getattr(args, "eager_loss", False) else "loop")
+    step = netcl_step(name, batch, q, "loop" if _mode(args) == "trainstep" else _mode(args))  # launches via ops
     events, enqueue = [], ops._enqueue
 
     def recorded(queue, k, gsize, lsize, a):
