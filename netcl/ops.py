@@ -299,6 +299,9 @@ _CPU_MSTEP = 256  # most rows per work-item (its A block, MSTEP x KC floats, sta
 _CPU_KMIN = 1024  # fewest k per split-K chunk
 _CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds: no split-K for parallelism (a second launch costs more)
 _CPU_DOT_ROWS = 128  # fewer rows, A and B contiguous along k: dot products (1.2-3x faster at 32-64 rows)
+_CPU_DOT_KMIN = 64  # fewer k (a Linear's input gradient, K = its 10 outputs): its scalar tail alone;
+# gemm_cpu ran 64 x 512 x 10 in 10-24 us against the dot kernel's 91, 64 x 128 x 32 in 12-19 against
+# 22-33, while at K = 64 and 128 the dot kernel was as fast or faster (PoCL, Zen 5, replayed launches)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
 # gemm_cpu_dot's blocks are DM x DN (_CPU_GEMM); 3 columns where DN's would repeat many (_dot_blocks):
 # kernel times (PoCL, Zen 5) in 4 x 3 blocks against 4 x 4: 16 x 9 x 4096 9.1 us against 10.2, 32 x 9
@@ -325,6 +328,8 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
     cfg = _CPU_GEMM[cls]
     if dot:
         cfg = _dot_blocks(cfg, N)
+    elif N <= cfg["VW"]:  # one vector of columns (a classifier's 10): half the 2-vector tile's multiply-adds
+        cfg = dict(cfg, NV=1)
     ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
     want = _CPU_ITEMS * q.device.max_compute_units
     split = batch * M * N * K >= _CPU_SPLIT_WORK
@@ -354,7 +359,7 @@ def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode
     """gemm() on a CPU: gemm_cpu (any layout) or, for A and B both contiguous along k with few
     rows, gemm_cpu_dot; split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks
     of C alone leave the cores idle or K is long."""
-    dot = sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS
+    dot = sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS and K >= _CPU_DOT_KMIN
     key = (q.context, cls, M, N, K, batch, dot)
     plan = _cpu_plans.get(key)
     if plan is None:

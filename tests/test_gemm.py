@@ -89,19 +89,26 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # writes the epilogue, later ones add), rows split over work-items, split-K for parallelism and
 # for a long K, B packed from contiguous rows, from k-contiguous columns and from a stride, and
 # K == 0 (C = beta * C + bias); "dot_n9" runs cpu16's dot blocks of 3 columns (ops._dot_blocks).
+# "narrow" panels (N = 10, a classifier's; 3) load rows of B as whole vectors past their columns,
+# but for the last rows (ops: k_wide), over batches with offsets, one vector of columns on cpu16;
+# "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient).
 _CPU_PATHS = {
+    "narrow": (2, 19, 10, 300, False, "kn", "gemm_cpu", 1),
+    "narrow_3": (2, 7, 3, 40, True, "kn", "gemm_cpu", 1),
+    "narrow_k1": (2, 9, 10, 1, False, "kn", "gemm_cpu", 1),
+    "small_k": (3, 13, 21, 11, True, "nk", "gemm_cpu", 1),
     "outer": (3, 13, 45, 11, False, "kn", "gemm_cpu", 1),
     "outer_kblocks": (2, 19, 37, 600, False, "kn", "gemm_cpu", 1),
     "outer_row_groups": (1, 300, 40, 70, True, "kn", "gemm_cpu", 1),
     "outer_b_transposed": (2, 130, 35, 300, True, "nk", "gemm_cpu", 1),
     "outer_strided": (3, 13, 21, 11, False, "strided", "gemm_cpu", 1),
     "outer_splitk": (2, 13, 21, 33000, False, "kn", "gemm_cpu", 2),
-    "dot": (3, 13, 21, 11, True, "nk", "gemm_cpu_dot", 1),
+    "dot": (3, 13, 21, 71, True, "nk", "gemm_cpu_dot", 1),
     "dot_vectors": (2, 7, 10, 211, True, "nk", "gemm_cpu_dot", 1),
     "dot_long_k": (2, 5, 6, 9000, True, "nk", "gemm_cpu_dot", 3),
     "dot_n9": (2, 6, 9, 300, True, "nk", "gemm_cpu_dot", 1),
     "outer_k0": (2, 5, 7, 0, False, "kn", "gemm_cpu", 1),
-    "dot_k0": (2, 5, 7, 0, True, "nk", "gemm_cpu_dot", 1),
+    "k0_b_transposed": (2, 5, 7, 0, True, "nk", "gemm_cpu", 1),
 }
 
 

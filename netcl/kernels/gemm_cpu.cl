@@ -50,12 +50,16 @@ void gemm_cpu(const int M, const int N, const int K,
     A += a_off + b * sab;
     B += b_off + b * sbb + n0 * sbn;
     const bool split = chunks > 1;
+    // A panel narrower than NR (N = 10: a classifier's head) is loaded as whole vectors too, rows
+    // k below k_wide reading past their nl columns into the next rows of B: those lanes feed
+    // accumulators no store reads. (Packed column by column, 10 columns cost 2x the 32-wide GEMM.)
+    const int k_wide = nl == NR ? K : sbn == 1 && sbk >= nl ? K - (NR - nl + sbk - 1) / sbk : 0;
     int kc = k_lo;
     do {  // at least once: with K == 0 the epilogue still writes beta * C + bias
         const int kl = MIN(KC, k_hi - kc);
         for (int k = 0; k < kl; k++) {
             __global const float *src = B + (kc + k) * sbk;
-            if (sbn == 1 && nl == NR) {
+            if (sbn == 1 && kc + k < k_wide) {
 #pragma unroll
                 for (int v = 0; v < NV; v++) panel[k * NV + v] = *(__global const uvec *)(src + v * VW);
             } else {
