@@ -3,11 +3,15 @@
 against peers measured in the same run on the same machine.
 
 Sections (all by default, or pick with --only):
-  gemm    GEMM GFLOP/s of ops.gemm for square and layer-like sizes, in the layouts the layers
-          use (NN, TN = A transposed, NT = B transposed), against numpy (OpenBLAS) float32 @,
-          timed in alternating rounds (each side's best round); a small
-          GEMM is timed per call in a stream of up to 20 calls drained once, as a training step
-          enqueues them (a lone call and queue.finish() costs PoCL ~20-80 us of launch latency).
+  gemm    GEMM GFLOP/s of ops.gemm for squares and for every GEMM the training table's steps
+          run (logged live from one step of each model and batch: shapes, strides, the layer),
+          against numpy (OpenBLAS) float32 @ on contiguous operands of the same transposes
+          (NN, TN = A transposed, NT = B transposed), timed in alternating rounds (each side's
+          best round); netcl as a layer calls it and replayed (its launches alone, as
+          netcl.TrainStep runs them); a small GEMM is timed per call in a stream of up to 20
+          calls drained once, as a training step enqueues them. Ends with an empty kernel's
+          launch time: shapes whose numpy time is under about two of those cannot reach half of
+          numpy's speed as a launch of their own.
   layers  per-layer forward and backward milliseconds (median of repetitions, the queue
           drained after each) for the digits CNN at batch 64, netcl.models.cnn at batch 32,
           detector26's first conv blocks at batch 8 x 256x256 in training mode, and the MLP;
@@ -44,19 +48,13 @@ from netcl.apps.common import median_time  # noqa: E402
 
 
 # -- GEMM ---------------------------------------------------------------------------------
-GEMM_SIZES = [  # (label, M, N, K, layout)
+SQUARES = [  # (label, M, N, K, layout): the kernels' quality on shapes with room for their tiles
     ("square", 256, 256, 256, "NN"), ("square", 512, 512, 512, "NN"), ("square", 1024, 1024, 1024, "NN"),
     ("square", 512, 512, 512, "TN"), ("square", 512, 512, 512, "NT"),
-    ("digits conv2 fwd (one GEMM)", 32, 1024, 144, "NN"),
-    ("digits conv1 wgrad", 16, 9, 4096, "NT"),
-    ("cnn conv1 wgrad (batch 64)", 32, 144, 4096, "NT"),
-    ("resnet8 stride-2 wgrad (batch 64)", 64, 288, 4096, "NT"),
-    ("resnet8 head fwd (batch 64)", 64, 10, 64, "NN"),
-    ("resnet8 head wgrad (batch 64)", 64, 10, 64, "TN"),
-    ("detector conv2 wgrad", 32, 144, 131072, "NT"),
-    ("detector conv2 dcols", 144, 131072, 32, "TN"),
-    ("mlp 512x1024x1024", 512, 1024, 1024, "NN"),
 ]
+# The training table's models and batches: the GEMMs their steps run are logged live (training_gemms)
+TRAINING_STEPS = [("resnet8", 8), ("resnet8", 64), ("detector26", 8), ("cnn", 8), ("cnn", 64), ("digits", 8),
+                  ("digits", 64)]
 
 
 def _blas_name():
@@ -70,49 +68,162 @@ def _blas_name():
                      f"{i['num_threads']} threads" for i in info) or "BLAS unknown"
 
 
-def bench_gemm(q, repeat, quick):
-    rows = []
+def _plain_strides(M, N, K, layout):
+    """(sa, sb, sc) element strides of a layout: A (M, K) or stored transposed, B (K, N) likewise."""
+    sa = (1, M, 0) if layout[0] == "T" else (K, 1, 0)
+    sb = (1, K, 0) if layout[1] == "T" else (N, 1, 0)
+    return sa, sb, (N, 1, 0)
+
+
+def _layout(sa, sb):
+    """"NN", "TN", "NT" or "TT" for operand strides: T where an operand is contiguous along m (A) or n (B)."""
+    return ("T" if sa[1] != 1 else "N") + ("N" if sb[1] == 1 else "T")
+
+
+def _caller():
+    """"Layer.method" of the innermost netcl layer on the stack (whose GEMM this is)."""
+    import inspect
+
+    for info in inspect.stack()[2:]:
+        obj = info.frame.f_locals.get("self")
+        if isinstance(obj, nn.Module):
+            return f"{type(obj).__name__}.{info.function}"
+    return "?"
+
+
+def training_gemms(q, steps=TRAINING_STEPS):
+    """[(label, M, N, K, batch, sa, sb, sc)]: every distinct GEMM (shape and strides) that one
+    training step of each (model, batch) runs as layer calls, logged from ops.gemm; a TrainStep
+    replays the same launches. Labels name the first model, batch and layer method to run it."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import benchmark_training_step as bts
+
+    seen, real, where = {}, ops.gemm, [None]
+
+    def logged(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
+        seen.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
+        return real(M, N, K, A, sa, B, sb, C, sc, *args, batch=batch, **kw)
+
+    ops.gemm = logged
+    try:
+        for name, batch in steps:
+            where[0] = f"{name} b{batch}"
+            bts.netcl_step(name, batch, q, mode="loop")()
+    finally:
+        ops.gemm = real
+    q.finish()
+    return [(label,) + key for key, label in seen.items()]
+
+
+def _operand(rng, rows, cols, strides, batch):
+    """A flat host buffer holding a (batch, rows, cols) operand at element strides (r, c, b)."""
+    r, c, b = strides
+    size = (batch - 1) * b + (rows - 1) * r + (cols - 1) * c + 1
+    flat = rng.standard_normal(size).astype(np.float32)
+    view = np.lib.stride_tricks.as_strided(flat, (batch, rows, cols), (4 * b, 4 * r, 4 * c))
+    return flat, view
+
+
+def _empty_launch(q, repeat):
+    """Microseconds a launch of an empty one-work-item kernel takes in a stream of 200 (PoCL's
+    floor per launch: enqueueing on the host, waking a worker, completing)."""
+    import pyopencl as cl
+
+    k = cl.Kernel(cl.Program(q.context, "__kernel void empty(__global float *x) { }").build(), "empty")
+    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4)  # held: a kernel argument keeps no reference
+    k.set_args(buf)
+
+    def run():
+        for _ in range(200):
+            cl.enqueue_nd_range_kernel(q, k, (1,), (1,))
+        q.finish()
+    run()
+    return min(median_time(run, 3) for _ in range(repeat)) / 200 * 1e6
+
+
+def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS):
+    """GFLOP/s of the squares and of every GEMM the training steps run, each against numpy
+    (OpenBLAS) on contiguous operands of the same transposes. netcl two ways: "call", ops.gemm as
+    a layer calls it (its host Python included), and "replayed", its launches enqueued with
+    their arguments already set, as a netcl.TrainStep replays a step."""
+    import pyopencl as cl
+
+    from netcl import runtime
+
     rng = np.random.default_rng(0)
-    for label, M, N, K, layout in GEMM_SIZES:
-        if quick and M * N * K > 2 ** 28:
+    cases = [(label, M, N, K, 1) + _plain_strides(M, N, K, lay) for label, M, N, K, lay in SQUARES]
+    cases += training_gemms(q, steps)
+    rows = []
+    for label, M, N, K, batch, sa, sb, sc in cases:
+        if quick and batch * M * N * K > 2 ** 28:
             continue
-        a = rng.standard_normal((K, M) if layout == "TN" else (M, K)).astype(np.float32)
-        b = rng.standard_normal((N, K) if layout == "NT" else (K, N)).astype(np.float32)
-        ta, tb = Tensor.from_host(q, a), Tensor.from_host(q, b)
-        out = ops.new(q, (M, N))
-        kw = {"trans_a": layout == "TN", "trans_b": layout == "NT"}
+        a_flat, a = _operand(rng, M, K, sa, batch)
+        b_flat, b = _operand(rng, K, N, sb, batch)
+        ta, tb, out = Tensor.from_host(q, a_flat), Tensor.from_host(q, b_flat), ops.new(q, (batch * M * N,))
+        sc = (N, 1, M * N)  # a dense C (training writes its own, possibly strided, C: same kernel work)
+        lay = _layout(sa, sb)
+        # numpy's best case: each operand contiguous in the same transposition
+        an = np.ascontiguousarray(a.transpose(0, 2, 1)).transpose(0, 2, 1) if lay[0] == "T" else a.copy()
+        bn = np.ascontiguousarray(b.transpose(0, 2, 1)).transpose(0, 2, 1) if lay[1] == "T" else b.copy()
+        an, bn = (an[0], bn[0]) if batch == 1 else (an, bn)
+        reps = max(1, min(20, int(2e7 // (batch * M * N * K))))  # small GEMMs: a stream of calls, drained once
 
-        reps = max(1, min(20, int(2e7 // (M * N * K))))  # small GEMMs: a stream of calls, drained once
-
-        def run():
+        def call():
             for _ in range(reps):
-                ops.matmul(ta, tb, out=out, **kw)
+                ops.gemm(M, N, K, ta, sa, tb, sb, out, sc, batch=batch)
+            q.finish()
+
+        rec = runtime.Recorder().start()
+        try:
+            ops.gemm(M, N, K, ta, sa, tb, sb, out, sc, batch=batch)
+        finally:
+            rec.stop()
+        launches = []
+        for _, k, gsize, lsize, args in rec.commands:  # (all launches: a GEMM neither fills nor copies)
+            own = runtime.copy_kernel(k)
+            own.set_args(*args)
+            launches.append((own, gsize, lsize))
+
+        def replayed():
+            for _ in range(reps):
+                for k, gsize, lsize in launches:
+                    cl.enqueue_nd_range_kernel(q, k, gsize, lsize)
             q.finish()
 
         def run_np():
             for _ in range(reps):
                 an @ bn
 
-        run()
-        ref = (a.T if kw["trans_a"] else a) @ (b.T if kw["trans_b"] else b)
-        err = float(np.max(np.abs(out.to_host() - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        an, bn = (a.T if kw["trans_a"] else a), (b.T if kw["trans_b"] else b)
-        flop = 2.0 * M * N * K
-        # alternating rounds: a busy shared machine slows both sides of a round alike
-        rounds = [(median_time(run, 3, min_seconds=0.05) / reps, median_time(run_np, 3, min_seconds=0.05) / reps)
+        call()
+        ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        err = float(np.max(np.abs(out.to_host().reshape(batch, M, N) - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        flop = 2.0 * batch * M * N * K
+        # alternating rounds: a busy shared machine slows both sides of a round alike; each side's
+        # best round (noise only adds time, and OpenBLAS's two threads wait a whole scheduler slice
+        # when another process holds a core)
+        rounds = [[median_time(fn, 3, min_seconds=0.05) / reps for fn in (call, replayed, run_np)]
                   for _ in range(repeat)]
-        # best round of each side: on a shared machine noise only adds time, and OpenBLAS's two
-        # threads wait a whole scheduler slice (~16 ms) when another process holds a core
-        t_cl, t_np = min(r[0] for r in rounds), min(r[1] for r in rounds)
-        rows.append({"label": label, "M": M, "N": N, "K": K, "layout": layout, "netcl_gflops": flop / t_cl / 1e9,
-                     "numpy_gflops": flop / t_np / 1e9, "ratio": t_np / t_cl, "rel_err": err})
-    print(f"\n== GEMM (ops.matmul) vs numpy float32 @ ({np.__version__}, {_blas_name()}) ==")
-    print(f"{'shape':34s} {'layout':6s} {'netcl GF/s':>10s} {'numpy GF/s':>10s} {'netcl/numpy':>11s} {'rel err':>8s}")
+        t_call, t_rep, t_np = (min(r[i] for r in rounds) for i in range(3))
+        rows.append({"label": label, "M": M, "N": N, "K": K, "batch": batch, "layout": lay,
+                     "launches": len(launches), "netcl_us": t_call * 1e6, "replayed_us": t_rep * 1e6,
+                     "numpy_us": t_np * 1e6, "netcl_gflops": flop / t_call / 1e9, "replayed_gflops": flop / t_rep / 1e9,
+                     "numpy_gflops": flop / t_np / 1e9, "ratio": t_np / t_call, "replayed_ratio": t_np / t_rep,
+                     "rel_err": err})
+    floor = _empty_launch(q, repeat)
+    print(f"\n== GEMM vs numpy float32 @ ({np.__version__}, {_blas_name()}): squares, then every GEMM the "
+          f"training steps run ==")
+    print(f"{'shape':18s} {'first run by':38s} {'netcl GF/s':>10s} {'replayed':>8s} {'numpy GF/s':>10s} "
+          f"{'netcl/numpy':>11s} {'replayed':>8s} {'replayed us':>11s} {'numpy us':>8s} {'rel err':>8s}")
     for r in rows:
-        shape = f"{r['label']} {r['M']}x{r['N']}x{r['K']}"
-        print(f"{shape:34s} {r['layout']:6s} {r['netcl_gflops']:10.1f} {r['numpy_gflops']:10.1f} "
-              f"{r['ratio']:11.3f} {r['rel_err']:8.1e}")
-    return rows
+        shape = f"{r['M']}x{r['N']}x{r['K']}" + (f" b{r['batch']}" if r["batch"] > 1 else "") + f" {r['layout']}"
+        print(f"{shape:18s} {r['label'][:38]:38s} {r['netcl_gflops']:10.1f} {r['replayed_gflops']:8.1f} "
+              f"{r['numpy_gflops']:10.1f} {r['ratio']:11.3f} {r['replayed_ratio']:8.3f} {r['replayed_us']:11.1f} "
+              f"{r['numpy_us']:8.1f} {r['rel_err']:8.1e}")
+    under = [r for r in rows if r["replayed_ratio"] < 0.5]
+    print(f"an empty kernel's launch, in a stream: {floor:.1f} us; replayed under half of numpy: {len(under)} of "
+          f"{len(rows)} shapes ({sum(r['numpy_us'] < 2 * floor for r in under)} of them with numpy under two "
+          "empty launches)")
+    return {"shapes": rows, "empty_launch_us": floor}
 
 
 # -- layers -------------------------------------------------------------------------------
