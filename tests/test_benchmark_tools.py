@@ -31,24 +31,35 @@ bt_spec.loader.exec_module(bt)
 
 def test_training_gemms_logs_every_gemm_of_a_step(queue):
     """The GEMM benchmark's training shapes come from a step's own calls: the digits CNN at batch 4
-    runs its Linear's three (forward, weight and input gradients) and its two convs' weight
-    gradients, each named with its layer, and ops.gemm is itself again afterwards."""
-    from netcl import ops
+    as layer calls runs its Linear's three (forward, weight and input gradients) and its two convs'
+    weight gradients, each named with its layer; as a TrainStep on a CPU the Linear and the loss
+    are one kernel instead. ops.gemm and enqueue_linear are themselves again afterwards."""
+    from netcl import nn, ops
 
-    real = ops.gemm
-    got = bt.training_gemms(queue, [("digits", 4)])
-    assert ops.gemm is real
-    shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in got}
-    assert shapes == {("Linear.forward", 4, 10, 128, 1, "NN"), ("Linear._param_grads", 128, 10, 4, 1, "TN"),
-                      ("Linear.backward", 4, 128, 10, 1, "NT"), ("Conv2d._backward_cpu", 32, 144, 64, 1, "NT"),
-                      ("Conv2d._backward_cpu", 16, 9, 256, 1, "NT")}
+    real = ops.gemm, nn.CrossEntropyLoss.enqueue_linear
+    gemms, heads = bt.training_gemms(queue, [("digits", 4)], mode="loop")
+    assert (ops.gemm, nn.CrossEntropyLoss.enqueue_linear) == real and heads == []
+    shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
+    convs = {("Conv2d._backward_cpu", 32, 144, 64, 1, "NT"), ("Conv2d._backward_cpu", 16, 9, 256, 1, "NT")}
+    assert shapes == convs | {("Linear.forward", 4, 10, 128, 1, "NN"), ("Linear._param_grads", 128, 10, 4, 1, "TN"),
+                              ("Linear.backward", 4, 128, 10, 1, "NT")}
+    gemms, heads = bt.training_gemms(queue, [("digits", 4)])
+    shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
+    if ops.is_cpu(queue):
+        assert shapes == convs and heads == [("digits b4 Linear + cross-entropy", 4, 128, 10)]
+    else:
+        assert len(shapes) == 5 and heads == []
 
 
 def test_gemm_benchmark_rows(queue, capsys):
     """bench_gemm on one step's GEMMs: every row agrees with float64 numpy, each side timed, and the
     summary names the empty launch's time."""
-    rows = bt.bench_gemm(queue, 1, True, steps=[("digits", 2)])
-    shapes = [r for r in rows["shapes"] if r["label"] != "square"]
-    assert len(shapes) == 5 and all(r["rel_err"] < 1e-5 for r in rows["shapes"])
-    assert all(r[k] > 0 for r in rows["shapes"] for k in ("netcl_us", "replayed_us", "numpy_us"))
-    assert rows["empty_launch_us"] > 0 and "an empty kernel's launch" in capsys.readouterr().out
+    from netcl import ops
+
+    res = bt.bench_gemm(queue, 1, True, steps=[("digits", 2)])
+    shapes = [r for r in res["shapes"] if r["label"] != "square"]
+    assert len(shapes) == 2 + 3 * (not ops.is_cpu(queue)) and len(res["heads"]) == int(ops.is_cpu(queue))
+    assert all(r["rel_err"] < 1e-5 for r in res["shapes"] + res["heads"])
+    assert all(r[k] > 0 for r in res["shapes"] for k in ("netcl_us", "replayed_us", "numpy_us"))
+    assert all(r[k] > 0 for r in res["heads"] for k in ("replayed_us", "numpy_us"))
+    assert res["empty_launch_us"] > 0 and "an empty kernel's launch" in capsys.readouterr().out

@@ -4,7 +4,9 @@ against peers measured in the same run on the same machine.
 
 Sections (all by default, or pick with --only):
   gemm    GEMM GFLOP/s of ops.gemm for squares and for every GEMM the training table's steps
-          run (logged live from one step of each model and batch: shapes, strides, the layer),
+          run (logged live from one step of each model and batch, as a netcl.TrainStep runs it
+          or, --layer-calls, as layer calls: shapes, strides, the layer; a TrainStep on a CPU
+          runs a classifier's head as one kernel, timed against numpy's head),
           against numpy (OpenBLAS) float32 @ on contiguous operands of the same transposes
           (NN, TN = A transposed, NT = B transposed), timed in alternating rounds (each side's
           best round); netcl as a layer calls it and replayed (its launches alone, as
@@ -91,28 +93,64 @@ def _caller():
     return "?"
 
 
-def training_gemms(q, steps=TRAINING_STEPS):
-    """[(label, M, N, K, batch, sa, sb, sc)]: every distinct GEMM (shape and strides) that one
-    training step of each (model, batch) runs as layer calls, logged from ops.gemm; a TrainStep
-    replays the same launches. Labels name the first model, batch and layer method to run it."""
+def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
+    """(gemms, heads) that one training step of each (model, batch) runs: gemms [(label, M, N, K,
+    batch, sa, sb, sc)] every distinct GEMM (shape and strides), logged from ops.gemm; heads
+    [(label, rows, inputs, classes)] the classifier heads run as one kernel (CrossEntropyLoss.
+    enqueue_linear). mode "trainstep": the step as a netcl.TrainStep runs it (its first call, eager:
+    the replays run the same launches), "loop": as layer calls. Labels name the first model, batch
+    and layer method to run each."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import benchmark_training_step as bts
 
-    seen, real, where = {}, ops.gemm, [None]
+    gemms, heads, where = {}, {}, [None]
+    real_gemm, real_head = ops.gemm, nn.CrossEntropyLoss.enqueue_linear
 
-    def logged(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
-        seen.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
-        return real(M, N, K, A, sa, B, sb, C, sc, *args, batch=batch, **kw)
+    def gemm(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
+        gemms.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
+        return real_gemm(M, N, K, A, sa, B, sb, C, sc, *args, batch=batch, **kw)
 
-    ops.gemm = logged
+    def head(self, linear, x, labels, input_grad=True):
+        heads.setdefault((x.shape[0], linear.in_features, linear.out_features), f"{where[0]} Linear + cross-entropy")
+        return real_head(self, linear, x, labels, input_grad)
+
+    ops.gemm, nn.CrossEntropyLoss.enqueue_linear = gemm, head
     try:
         for name, batch in steps:
             where[0] = f"{name} b{batch}"
-            bts.netcl_step(name, batch, q, mode="loop")()
+            bts.netcl_step(name, batch, q, mode=mode)()
     finally:
-        ops.gemm = real
+        ops.gemm, nn.CrossEntropyLoss.enqueue_linear = real_gemm, real_head
     q.finish()
-    return [(label,) + key for key, label in seen.items()]
+    return [(label,) + key for key, label in gemms.items()], [(label,) + key for key, label in heads.items()]
+
+
+def _replayable(q, fn):
+    """A function enqueueing fn()'s launches `reps` times with their arguments already set (as a
+    netcl.TrainStep replays them), then draining the queue; and the number of launches."""
+    import pyopencl as cl
+
+    from netcl import runtime
+
+    rec = runtime.Recorder().start()
+    try:
+        fn()
+    finally:
+        rec.stop()
+    launches = []
+    for command in rec.commands:
+        assert command[0] == "launch", f"{command[0]}: only launches are timed"
+        _, k, gsize, lsize, args = command
+        own = runtime.copy_kernel(k)
+        own.set_args(*args)
+        launches.append((own, gsize, lsize))
+
+    def replayed(reps):
+        for _ in range(reps):
+            for k, gsize, lsize in launches:
+                cl.enqueue_nd_range_kernel(q, k, gsize, lsize)
+        q.finish()
+    return replayed, len(launches)
 
 
 def _operand(rng, rows, cols, strides, batch):
@@ -141,18 +179,17 @@ def _empty_launch(q, repeat):
     return min(median_time(run, 3) for _ in range(repeat)) / 200 * 1e6
 
 
-def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS):
-    """GFLOP/s of the squares and of every GEMM the training steps run, each against numpy
-    (OpenBLAS) on contiguous operands of the same transposes. netcl two ways: "call", ops.gemm as
-    a layer calls it (its host Python included), and "replayed", its launches enqueued with
-    their arguments already set, as a netcl.TrainStep replays a step."""
-    import pyopencl as cl
-
-    from netcl import runtime
-
+def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS, mode="trainstep"):
+    """GFLOP/s of the squares and of every GEMM the training steps run (mode: as a TrainStep runs
+    them, or "loop": as layer calls), each against numpy (OpenBLAS) on contiguous operands of the
+    same transposes. netcl two ways: "call", ops.gemm as a layer calls it (its host Python
+    included), and "replayed", its launches enqueued with their arguments already set, as a
+    netcl.TrainStep replays a step. Then the classifier heads a TrainStep runs as one kernel
+    against the same arithmetic in numpy (bench_heads)."""
     rng = np.random.default_rng(0)
     cases = [(label, M, N, K, 1) + _plain_strides(M, N, K, lay) for label, M, N, K, lay in SQUARES]
-    cases += training_gemms(q, steps)
+    gemms, heads = training_gemms(q, steps, mode)
+    cases += gemms
     rows = []
     for label, M, N, K, batch, sa, sb, sc in cases:
         if quick and batch * M * N * K > 2 ** 28:
@@ -173,22 +210,10 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS):
                 ops.gemm(M, N, K, ta, sa, tb, sb, out, sc, batch=batch)
             q.finish()
 
-        rec = runtime.Recorder().start()
-        try:
-            ops.gemm(M, N, K, ta, sa, tb, sb, out, sc, batch=batch)
-        finally:
-            rec.stop()
-        launches = []
-        for _, k, gsize, lsize, args in rec.commands:  # (all launches: a GEMM neither fills nor copies)
-            own = runtime.copy_kernel(k)
-            own.set_args(*args)
-            launches.append((own, gsize, lsize))
+        replay, launches = _replayable(q, lambda: ops.gemm(M, N, K, ta, sa, tb, sb, out, sc, batch=batch))
 
         def replayed():
-            for _ in range(reps):
-                for k, gsize, lsize in launches:
-                    cl.enqueue_nd_range_kernel(q, k, gsize, lsize)
-            q.finish()
+            replay(reps)
 
         def run_np():
             for _ in range(reps):
@@ -205,7 +230,7 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS):
                   for _ in range(repeat)]
         t_call, t_rep, t_np = (min(r[i] for r in rounds) for i in range(3))
         rows.append({"label": label, "M": M, "N": N, "K": K, "batch": batch, "layout": lay,
-                     "launches": len(launches), "netcl_us": t_call * 1e6, "replayed_us": t_rep * 1e6,
+                     "launches": launches, "netcl_us": t_call * 1e6, "replayed_us": t_rep * 1e6,
                      "numpy_us": t_np * 1e6, "netcl_gflops": flop / t_call / 1e9, "replayed_gflops": flop / t_rep / 1e9,
                      "numpy_gflops": flop / t_np / 1e9, "ratio": t_np / t_call, "replayed_ratio": t_np / t_rep,
                      "rel_err": err})
@@ -219,11 +244,62 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS):
         print(f"{shape:18s} {r['label'][:38]:38s} {r['netcl_gflops']:10.1f} {r['replayed_gflops']:8.1f} "
               f"{r['numpy_gflops']:10.1f} {r['ratio']:11.3f} {r['replayed_ratio']:8.3f} {r['replayed_us']:11.1f} "
               f"{r['numpy_us']:8.1f} {r['rel_err']:8.1e}")
-    under = [r for r in rows if r["replayed_ratio"] < 0.5]
+    head_rows = bench_heads(q, repeat, heads, rng)
+    under = [r for r in rows + head_rows if r["replayed_ratio"] < 0.5]
     print(f"an empty kernel's launch, in a stream: {floor:.1f} us; replayed under half of numpy: {len(under)} of "
-          f"{len(rows)} shapes ({sum(r['numpy_us'] < 2 * floor for r in under)} of them with numpy under two "
-          "empty launches)")
-    return {"shapes": rows, "empty_launch_us": floor}
+          f"{len(rows) + len(head_rows)} ({sum(r['numpy_us'] < 2 * floor for r in under)} of them with numpy under "
+          "two empty launches)")
+    return {"shapes": rows, "heads": head_rows, "empty_launch_us": floor, "mode": mode}
+
+
+def bench_heads(q, repeat, heads, rng):
+    """The classifier heads a TrainStep runs as one kernel (CrossEntropyLoss.enqueue_linear: the
+    Linear's forward, the cross-entropy, dW, db and dx) replayed, against numpy doing the same:
+    x @ W + b, the softmax cross-entropy and its gradient, x^T g, g's column sums, g W^T."""
+    rows = []
+    for label, n, inputs, classes in heads:
+        lin = nn.Linear(inputs, classes).to(q).train()
+        x = rng.standard_normal((n, inputs)).astype(np.float32)
+        y = rng.integers(0, classes, n)
+        xt, yt = Tensor.from_host(q, x), Tensor.from_host(q, y.astype(np.float32))
+        loss_fn, keep = nn.CrossEntropyLoss(), []
+
+        def head():
+            lin.weight.grad = lin.bias.grad = None
+            keep[:] = loss_fn.enqueue_linear(lin, xt, yt)
+        replay, _ = _replayable(q, head)
+        w, b, rows_ = lin.weight.to_host(), lin.bias.to_host(), np.arange(n)
+        reps = max(1, min(20, int(2e7 // (3 * n * inputs * classes))))
+
+        def numpy_head():
+            for _ in range(reps):
+                z = x @ w + b
+                m = z.max(axis=1, keepdims=True)
+                e = np.exp(z - m)
+                s = e.sum(axis=1, keepdims=True)
+                float(np.mean(np.log(s[:, 0]) + m[:, 0] - z[rows_, y]))
+                g = e / s
+                g[rows_, y] -= 1.0
+                g /= n
+                x.T @ g, g.sum(axis=0), g @ w.T
+
+        replay(1)
+        z = x.astype(np.float64) @ w + b
+        err = float(np.max(np.abs(keep[0].to_host() - z)) / max(np.max(np.abs(z)), 1e-30))
+        rounds = [[median_time(lambda: replay(reps), 3, min_seconds=0.05) / reps,
+                   median_time(numpy_head, 3, min_seconds=0.05) / reps] for _ in range(repeat)]
+        t_rep, t_np = (min(r[i] for r in rounds) for i in range(2))
+        rows.append({"label": label, "rows": n, "inputs": inputs, "classes": classes, "replayed_us": t_rep * 1e6,
+                     "numpy_us": t_np * 1e6, "replayed_ratio": t_np / t_rep, "rel_err": err})
+    if rows:
+        print("\n== classifier heads as one kernel (Linear + cross-entropy, forward and gradients) vs numpy ==")
+        print(f"{'rows x inputs x classes':24s} {'first run by':38s} {'replayed us':>11s} {'numpy us':>8s} "
+              f"{'numpy/netcl':>11s} {'rel err':>8s}")
+    for r in rows:
+        shape = f"{r['rows']}x{r['inputs']}x{r['classes']}"
+        print(f"{shape:24s} {r['label'][:38]:38s} {r['replayed_us']:11.1f} {r['numpy_us']:8.1f} "
+              f"{r['replayed_ratio']:11.3f} {r['rel_err']:8.1e}")
+    return rows
 
 
 # -- layers -------------------------------------------------------------------------------
@@ -361,6 +437,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=common.positive_int, default=4,
                     help="digits epochs (the first is excluded from the median)")
     ap.add_argument("--quick", action="store_true", help="skip the largest GEMMs and detector blocks")
+    ap.add_argument("--layer-calls", action="store_true",
+                    help="gemm: log the GEMMs of the steps as layer calls run them (default: as a TrainStep does, "
+                         "which runs a CPU classifier's head as one kernel)")
     ap.add_argument("--no-torch", action="store_true", help="do not measure torch as a peer")
     ap.add_argument("--device", default=None, help="NETCL_DEVICE spec: gpu, cpu or a name substring")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -379,7 +458,7 @@ def main(argv=None):
           f"{os.cpu_count()} host CPUs, repeat {args.repeat}")
     res = {"device": q.device.name.strip(), "repeat": args.repeat}
     if "gemm" in args.only:
-        res["gemm"] = bench_gemm(q, args.repeat, args.quick)
+        res["gemm"] = bench_gemm(q, args.repeat, args.quick, mode="loop" if args.layer_calls else "trainstep")
     if "layers" in args.only:
         res["layers"] = bench_layers(q, args.repeat, args.quick, torch)
     if "epoch" in args.only:

@@ -9,6 +9,7 @@ the host reads it once. Targets (and class indices) already on the device are us
 import numpy as np
 
 from netcl import ops
+from netcl.nn.linear import Linear
 from netcl.tensor import Tensor
 
 _RED = 64  # loss.cl's work-group size (RED)
@@ -153,6 +154,44 @@ class CrossEntropyLoss(_Loss):
         pending = self._reduce(q, n, n, refuse, n, c, logits, _on_device(q, labels), self._grad)
         self._grad.mark_written()
         return pending
+
+    def enqueue_linear(self, linear, x, labels, input_grad=True):
+        """The loss of linear(x) and every gradient of the pair, on a CPU device in one kernel
+        (head_cpu.cl; netcl.TrainStep runs a classifier's last Linear this way): returns (the
+        logits, a PendingLoss, dL/dx or None without input_grad). linear's parameter gradients are
+        written (or added to) as its backward would, and backward() gives dL/dlogits as after
+        enqueue(). x: (N, in_features); linear: at most 16 outputs."""
+        if type(linear) is not Linear or linear.out_features > 16:
+            raise ValueError(f"enqueue_linear takes a Linear with at most 16 outputs, got {linear!r}")
+        self._check_prediction(x, rank=2)
+        q = x.queue
+        if not ops.is_cpu(q):
+            raise ValueError("enqueue_linear runs on CPU devices (its kernel is one work-item)")
+        n, c = x.shape[0], linear.out_features
+        logits = ops.new(q, linear.output_shape(x.shape))
+        if not (isinstance(labels, Tensor) and labels.on_device):
+            labels = self._host_labels(labels, n, c)
+        elif labels.shape != (n,):
+            raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {labels.shape}")
+        linear._on(x)
+        gw, acc_w = ops.grad_target(linear.weight)
+        gb, acc_b = ops.grad_target(linear.bias) if linear.bias is not None else (ops.dummy(q), False)
+        self._grad = ops.new(q, (n, c))
+        dx = ops.new(q, x.shape) if input_grad else ops.dummy(q)
+        padded, wt = ops.new(q, (n, 16)), ops.new(q, (c, linear.in_features)) if input_grad else ops.dummy(q)
+        out = ops.new(q, (2,))
+        ops.launch(q, "head_cpu", "linear_ce_cpu", (1,), (1,), n, linear.in_features, c, x, linear.weight,
+                   linear.bias if linear.bias is not None else ops.dummy(q), int(linear.bias is not None),
+                   _on_device(q, labels), logits, self._grad, padded, wt, gw, int(acc_w), gb, int(acc_b), dx,
+                   int(input_grad), out)
+        for t in (logits, self._grad, gw, out) + ((gb,) if linear.bias is not None else ()):
+            t.mark_written()
+        linear._x2 = x  # as its forward saves it
+
+        def refuse():
+            raise ValueError(f"CrossEntropyLoss labels must be integers in [0, {c}) (class indices); some of the "
+                             f"{n} labels on the device are not")
+        return logits, PendingLoss(out, n, refuse), dx.mark_written() if input_grad else None
 
     @staticmethod
     def _host_labels(labels, n, c):
