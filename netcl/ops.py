@@ -302,6 +302,9 @@ _CPU_DOT_ROWS = 128  # fewer rows, A and B contiguous along k: dot products (1.2
 _CPU_DOT_KMIN = 64  # fewer k (a Linear's input gradient, K = its 10 outputs): its scalar tail alone;
 # gemm_cpu ran 64 x 512 x 10 in 10-24 us against the dot kernel's 91, 64 x 128 x 32 in 12-19 against
 # 22-33, while at K = 64 and 128 the dot kernel was as fast or faster (PoCL, Zen 5, replayed launches)
+_CPU_DOT_ITEM_WORK = 16384  # fewest multiply-adds a dot-product work-item takes, cores kept busy: blocks
+# of a short K go several to one (32 x 144 x 128 ran 288 work-items of 2048: the kernel 25-27 us;
+# 40 of 16384: 12.6; 16 of 65536: 19, the cores' shares uneven; PoCL, Zen 5, profiled events)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
 # gemm_cpu_dot's blocks are DM x DN (_CPU_GEMM); 3 columns where DN's would repeat many (_dot_blocks):
 # kernel times (PoCL, Zen 5) in 4 x 3 blocks against 4 x 4: 16 x 9 x 4096 9.1 us against 10.2, 32 x 9
@@ -338,7 +341,10 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
         items = batch * mblocks * nblocks
         chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
         kchunk = max(1, _cdiv(_cdiv(K, chunks), cfg["VW"])) * cfg["VW"]  # whole vectors per chunk
-        grid = (mblocks, nblocks)
+        # blocks of few multiply-adds go nper to a work-item, as long as the cores keep enough
+        nper = max(1, min(_CPU_DOT_ITEM_WORK // (cfg["DM"] * cfg["DN"] * kchunk), items * chunks // want, nblocks))
+        items = batch * mblocks * _cdiv(nblocks, nper)
+        grid = (mblocks, nblocks, nper)
     else:
         MR, NR, KC = cfg["MR"], cfg["NV"] * cfg["VW"], cfg["KC"]
         nblocks, mblocks = _cdiv(N, NR), _cdiv(M, MR)

@@ -91,7 +91,8 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # K == 0 (C = beta * C + bias); "dot_n9" runs cpu16's dot blocks of 3 columns (ops._dot_blocks).
 # "narrow" panels (N = 10, a classifier's; 3) load rows of B as whole vectors past their columns,
 # but for the last rows (ops: k_wide), over batches with offsets, one vector of columns on cpu16;
-# "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient).
+# "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient);
+# "dot_grouped": a short K, so a work-item takes several blocks along n (the last group fewer).
 _CPU_PATHS = {
     "narrow": (2, 19, 10, 300, False, "kn", "gemm_cpu", 1),
     "narrow_3": (2, 7, 3, 40, True, "kn", "gemm_cpu", 1),
@@ -107,6 +108,7 @@ _CPU_PATHS = {
     "dot_vectors": (2, 7, 10, 211, True, "nk", "gemm_cpu_dot", 1),
     "dot_long_k": (2, 5, 6, 9000, True, "nk", "gemm_cpu_dot", 3),
     "dot_n9": (2, 6, 9, 300, True, "nk", "gemm_cpu_dot", 1),
+    "dot_grouped": (2, 32, 150, 128, True, "nk", "gemm_cpu_dot", 1),
     "outer_k0": (2, 5, 7, 0, False, "kn", "gemm_cpu", 1),
     "k0_b_transposed": (2, 5, 7, 0, True, "nk", "gemm_cpu", 1),
 }
@@ -122,6 +124,9 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
             _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} {path}")
     plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, kernel == "gemm_cpu_dot")]
     assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"
+    if path == "dot_grouped":
+        mblocks, nblocks, nper = plan[1][:3]
+        assert 1 < nper < nblocks and nblocks % nper, "blocks along n in groups, the last one short"
 
 
 def test_dot_block_width():

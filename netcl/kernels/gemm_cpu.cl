@@ -134,7 +134,8 @@ void gemm_cpu(const int M, const int N, const int K,
 
 // Dot-product kernel for A and B both contiguous along k (sak == sbk == 1: the weight
 // gradients dY @ cols^T and x @ W^T with few rows), where gemm_cpu would have to transpose B
-// into its panels: a work-item computes a DM x DN block of C as DM * DN vector dot products
+// into its panels: a work-item computes nper DM x DN blocks of C along n (more than one where K
+// is short: a dispatch each would cost more than the block), each as DM * DN vector dot products
 // over one K chunk (VW-wide loads of DM rows of A and DN rows of B, reduced across lanes once
 // at the end). Chunks are the outermost work-item index after the batch, so the work-items
 // running together read the same chunk of rows (it stays in L2 for every block of C).
@@ -162,63 +163,68 @@ void gemm_cpu_dot(const int M, const int N, const int K,
                   __global const float *B, const int b_off, const int sbn, const int sbb,
                   __global float *C, const int c_off, const int scm, const int scn, const int scb,
                   const float alpha, const float beta, __global const float *bias, const int bias_mode,
-                  const int mblocks, const int nblocks, const int kchunk, const int chunks,
+                  const int mblocks, const int nblocks, const int nper, const int kchunk, const int chunks,
                   __global float *P, const int total) {
     const int gid = get_global_id(0);
     if (gid >= total) return;
-    const int per_chunk = mblocks * nblocks, per_batch = per_chunk * chunks;
+    const int ngroups = (nblocks + nper - 1) / nper;  // a work-item's blocks: nper along n (short k: fewer dispatches)
+    const int per_chunk = mblocks * ngroups, per_batch = per_chunk * chunks;
     const int b = gid / per_batch, r0 = gid - b * per_batch;
     const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;
-    const int m0 = (r % mblocks) * DM, n0 = (r / mblocks) * DN;
+    const int m0 = (r % mblocks) * DM, nb_end = MIN(nblocks, (r / mblocks + 1) * nper);
     const int k0 = ch * kchunk, k1 = MIN(K, k0 + kchunk);
-    __global const float *ap[DM], *bp[DN];  // rows past M or N repeat the last one (not stored)
+    __global const float *ap[DM];  // rows past M or N repeat the last one (not stored)
 #pragma unroll
     for (int i = 0; i < DM; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
+    for (int nb = (r / mblocks) * nper; nb < nb_end; nb++) {
+        const int n0 = nb * DN;
+        __global const float *bp[DN];
 #pragma unroll
-    for (int j = 0; j < DN; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
-    VEC acc[DM][DN];
-#pragma unroll
-    for (int i = 0; i < DM; i++)
-#pragma unroll
-        for (int j = 0; j < DN; j++) acc[i][j] = (VEC)(0.0f);
-    int k = k0;
-    for (; k + VW <= k1; k += VW) {
-        VEC av[DM], bv[DN];
-#pragma unroll
-        for (int i = 0; i < DM; i++) av[i] = *(__global const uvec *)(ap[i] + k);
-#pragma unroll
-        for (int j = 0; j < DN; j++) bv[j] = *(__global const uvec *)(bp[j] + k);
+        for (int j = 0; j < DN; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
+        VEC acc[DM][DN];
 #pragma unroll
         for (int i = 0; i < DM; i++)
 #pragma unroll
-            for (int j = 0; j < DN; j++) acc[i][j] += av[i] * bv[j];
-    }
-    float s[DM][DN];
+            for (int j = 0; j < DN; j++) acc[i][j] = (VEC)(0.0f);
+        int k = k0;
+        for (; k + VW <= k1; k += VW) {
+            VEC av[DM], bv[DN];
 #pragma unroll
-    for (int i = 0; i < DM; i++)
+            for (int i = 0; i < DM; i++) av[i] = *(__global const uvec *)(ap[i] + k);
 #pragma unroll
-        for (int j = 0; j < DN; j++) s[i][j] = hsum(acc[i][j]);
-    for (; k < k1; k++)
+            for (int j = 0; j < DN; j++) bv[j] = *(__global const uvec *)(bp[j] + k);
+#pragma unroll
+            for (int i = 0; i < DM; i++)
+#pragma unroll
+                for (int j = 0; j < DN; j++) acc[i][j] += av[i] * bv[j];
+        }
+        float s[DM][DN];
 #pragma unroll
         for (int i = 0; i < DM; i++)
 #pragma unroll
-            for (int j = 0; j < DN; j++) s[i][j] += ap[i][k] * bp[j][k];
-    for (int i = 0; i < DM; i++) {
-        const int m = m0 + i;
-        if (m >= M) break;
-        for (int j = 0; j < DN; j++) {
-            const int n = n0 + j;
-            if (n >= N) break;
-            if (chunks > 1) {
-                P[((b * chunks + ch) * M + m) * N + n] = s[i][j];
-                continue;
+            for (int j = 0; j < DN; j++) s[i][j] = hsum(acc[i][j]);
+        for (; k < k1; k++)
+#pragma unroll
+            for (int i = 0; i < DM; i++)
+#pragma unroll
+                for (int j = 0; j < DN; j++) s[i][j] += ap[i][k] * bp[j][k];
+        for (int i = 0; i < DM; i++) {
+            const int m = m0 + i;
+            if (m >= M) break;
+            for (int j = 0; j < DN; j++) {
+                const int n = n0 + j;
+                if (n >= N) break;
+                if (chunks > 1) {
+                    P[((b * chunks + ch) * M + m) * N + n] = s[i][j];
+                    continue;
+                }
+                float y = alpha * s[i][j];
+                if (bias_mode == 1) y += bias[n];
+                else if (bias_mode == 2) y += bias[m];
+                const int c = c_off + b * scb + m * scm + n * scn;
+                if (beta != 0.0f) y += beta * C[c];
+                C[c] = y;
             }
-            float y = alpha * s[i][j];
-            if (bias_mode == 1) y += bias[n];
-            else if (bias_mode == 2) y += bias[m];
-            const int c = c_off + b * scb + m * scm + n * scn;
-            if (beta != 0.0f) y += beta * C[c];
-            C[c] = y;
         }
     }
 }
