@@ -334,7 +334,7 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
     elif N <= cfg["VW"]:  # one vector of columns (a classifier's 10): half the 2-vector tile's multiply-adds
         cfg = dict(cfg, NV=1)
     ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
-    want = _CPU_ITEMS * q.device.max_compute_units
+    want = _CPU_ITEMS * compute_units(q)
     split = batch * M * N * K >= _CPU_SPLIT_WORK
     if dot:
         mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])

@@ -40,15 +40,19 @@ def test_training_gemms_logs_every_gemm_of_a_step(queue):
     gemms, heads = bt.training_gemms(queue, [("digits", 4)], mode="loop")
     assert (ops.gemm, nn.CrossEntropyLoss.enqueue_linear) == real and heads == []
     shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
+    linear = {("Linear.forward", 4, 10, 128, 1, "NN"), ("Linear._param_grads", 128, 10, 4, 1, "TN"),
+              ("Linear.backward", 4, 128, 10, 1, "NT")}
     convs = {("Conv2d._backward_cpu", 32, 144, 64, 1, "NT"), ("Conv2d._backward_cpu", 16, 9, 256, 1, "NT")}
-    assert shapes == convs | {("Linear.forward", 4, 10, 128, 1, "NN"), ("Linear._param_grads", 128, 10, 4, 1, "TN"),
-                              ("Linear.backward", 4, 128, 10, 1, "NT")}
+    if ops.is_cpu(queue):
+        assert shapes == convs | linear, shapes
+    else:  # (a GPU's convolutions run GEMMs of their own)
+        assert linear <= shapes, shapes
     gemms, heads = bt.training_gemms(queue, [("digits", 4)])
     shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
     if ops.is_cpu(queue):
         assert shapes == convs and heads == [("digits b4 Linear + cross-entropy", 4, 128, 10)]
     else:
-        assert len(shapes) == 5 and heads == []
+        assert linear <= shapes and heads == [], shapes
 
 
 def test_gemm_benchmark_rows(queue, capsys):
@@ -58,7 +62,7 @@ def test_gemm_benchmark_rows(queue, capsys):
 
     res = bt.bench_gemm(queue, 1, True, steps=[("digits", 2)])
     shapes = [r for r in res["shapes"] if r["label"] != "square"]
-    assert len(shapes) == 2 + 3 * (not ops.is_cpu(queue)) and len(res["heads"]) == int(ops.is_cpu(queue))
+    assert (len(shapes) == 2 if ops.is_cpu(queue) else len(shapes) >= 3) and len(res["heads"]) == int(ops.is_cpu(queue))
     assert all(r["rel_err"] < 1e-5 for r in res["shapes"] + res["heads"])
     assert all(r[k] > 0 for r in res["shapes"] for k in ("netcl_us", "replayed_us", "numpy_us"))
     assert all(r[k] > 0 for r in res["heads"] for k in ("replayed_us", "numpy_us"))

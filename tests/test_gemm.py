@@ -118,6 +118,8 @@ _CPU_PATHS = {
 @pytest.mark.parametrize("path", list(_CPU_PATHS))
 def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
     monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: config})
+    monkeypatch.setattr(ops, "compute_units", lambda q: 2)  # the work-item counts of this machine's 2 cores
+    monkeypatch.setattr(ops, "_cpu_plans", {})
     batch, M, N, K, a_kmajor, b_layout, kernel, chunks = _CPU_PATHS[path]
     for bias_mode in (0, 1, 2):
         for beta in (0.0, 1.0, 0.5):
