@@ -227,7 +227,8 @@ def _head(model, loss_fn, x):
             and len(model) >= 2 and type(model.layers[-1]) is nn.Linear and model.layers[-1].out_features <= 16
             and ops.is_cpu(x.queue)):
         return None
-    body = model[:-1]
+    body = nn.Sequential(*model.layers[:-1])  # not model[:-1]: its train() would set every layer's mode
+    body.training = model.training
     rows = body.output_shape(x.shape)
     return (body, model.layers[-1]) if len(rows) == 2 and rows[0] * rows[1] <= _HEAD_MAX else None
 

@@ -94,7 +94,7 @@ def head_step(model, loss_fn, opt, x, y):
     """What TrainStep runs for a classifier on a CPU: the layers before the Linear, the head as one
     kernel, their backward, the optimizer."""
     xt = Tensor.from_host(model.parameters()[0].queue, x)
-    body = model[:-1]
+    body = nn.Sequential(*model.layers[:-1])
     model.forward_output, pending, dh = loss_fn.enqueue_linear(model.layers[-1], body(xt), y)
     body.backward(dh, input_grad=False)
     opt.step()
@@ -168,3 +168,25 @@ def test_which_steps_run_the_head_as_one_kernel(cpu, monkeypatch):
         assert trainstep._head(other, loss_fn, inp) is None
     monkeypatch.setattr(sequential, "TRAIN_FUSE", False)  # NETCL_TRAIN_FUSE=0: no training fusion
     assert trainstep._head(model, nn.CrossEntropyLoss(), x) is None
+
+
+def test_layers_in_eval_mode_stay_so(cpu, rng):
+    """A layer the user put in eval mode (a frozen BatchNorm, a Dropout turned off) keeps it through
+    TrainStep's steps, the head fused or not, as through the layer calls: the running statistics
+    stay, nothing is dropped."""
+    for head_max in (trainstep._HEAD_MAX, 0):
+        netcl.manual_seed(0)
+        model = classifier().to(cpu).train()
+        bn, drop = model.layers[1], model.layers[5]
+        bn.eval()
+        drop.eval()
+        mean = bn.running_mean.to_host().copy()
+        old, trainstep._HEAD_MAX = trainstep._HEAD_MAX, head_max
+        try:
+            step = TrainStep(model, nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.0))
+            for _ in range(4):
+                step(rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4))
+        finally:
+            trainstep._HEAD_MAX = old
+        assert not bn.training and not drop.training and model.training and step.replays == 1
+        np.testing.assert_array_equal(bn.running_mean.to_host(), mean)

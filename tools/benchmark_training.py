@@ -150,6 +150,7 @@ def _replayable(q, fn):
             for k, gsize, lsize in launches:
                 cl.enqueue_nd_range_kernel(q, k, gsize, lsize)
         q.finish()
+    replayed.commands = rec.commands  # the buffers the kernels write stay theirs (not back in the pool)
     return replayed, len(launches)
 
 
