@@ -1,0 +1,76 @@
+"""Kernels that load whole vectors past a row's last column (gemm_cpu's narrow B panels,
+head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks) never read past their operand: each
+operand ends exactly before a page the process may not read (PoCL's CPU device uses a
+CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one float too far is a segfault. The
+cases run in a child process, whose crash is this test's failure."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from netcl import ops
+
+CHILD = r'''
+import ctypes, mmap, sys
+import numpy as np
+import pyopencl as cl
+import netcl
+from netcl import Tensor, nn, ops
+
+libc = ctypes.CDLL(None)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+keep = []
+
+
+def guarded(q, arr):
+    """A device Tensor of arr whose last byte is the last before an unreadable page."""
+    arr = np.ascontiguousarray(arr, np.float32)
+    nbytes, page = max(arr.nbytes, 4), mmap.PAGESIZE
+    pages = -(-nbytes // page) + 1
+    m = mmap.mmap(-1, (pages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert libc.mprotect(base + pages * page, page, 0) == 0
+    host = np.frombuffer((ctypes.c_char * nbytes).from_address(base + pages * page - nbytes), np.float32)
+    host[:arr.size] = arr.reshape(-1)
+    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
+    keep.append((m, host, buf))
+    return Tensor(arr.shape, q, buf=buf)
+
+
+q = netcl.default_queue()
+rng = np.random.default_rng(0)
+for config in ("cpu", "cpu16"):
+    ops._config_class = {q.device.int_ptr: config}
+    ops._cpu_plans.clear()
+    for M, N, K in [(5, 1, 7), (9, 3, 40), (19, 10, 300), (4, 15, 5), (8, 10, 1)]:  # narrow panels, B rows
+        a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+        got = ops.matmul(guarded(q, a), guarded(q, b)).to_host()
+        assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4), (config, M, N, K)
+    for M, N, K in [(32, 150, 128), (13, 21, 71)]:  # dot blocks, grouped along n, both operands k-rows
+        a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
+        got = ops.matmul(guarded(q, a), guarded(q, b), trans_b=True).to_host()
+        assert np.allclose(got, a.astype(np.float64) @ b.T, rtol=1e-4, atol=1e-4), (config, M, N, K)
+ops._config_class = {}
+for n, inputs, classes in [(3, 1, 1), (2, 7, 3), (5, 33, 10), (1, 17, 16), (4, 2, 15)]:
+    lin = nn.Linear(inputs, classes)
+    w = rng.standard_normal((inputs, classes)).astype(np.float32)
+    lin.weight = lin._params["weight"] = guarded(q, w)
+    lin.bias = lin._params["bias"] = guarded(q, np.zeros(classes, np.float32))
+    x = rng.standard_normal((n, inputs)).astype(np.float32)
+    labels = guarded(q, rng.integers(0, classes, n).astype(np.float32))
+    logits, pending, dx = nn.CrossEntropyLoss().enqueue_linear(lin, guarded(q, x), labels)
+    assert np.allclose(logits.to_host(), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-5), (n, inputs, classes)
+    pending.item()
+q.finish()
+print("ok")
+'''
+
+
+def test_vector_loads_stay_inside_their_operands(queue):
+    if not ops.is_cpu(queue) or "pthread" not in queue.device.name:
+        pytest.skip("PoCL's CPU device: its host-pointer buffers are the guarded host memory")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (
+        f"exit {r.returncode} (-11: a read past an operand's end)\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
