@@ -25,11 +25,10 @@ def test_matmul_layouts(queue, rng, M, N, K, ta, tb):
     assert_close(got, ref, what=f"matmul {M}x{N}x{K} ta={ta} tb={tb}")
 
 
-def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, what):
-    """ops.gemm batched, with offsets into every buffer, a C whose rows are padded and alpha != 1,
-    against float64 numpy. a_kmajor: A stored (M, K) (contiguous along k), else (K, M).
+def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, what, alpha=0.75):
+    """ops.gemm batched, with offsets into every buffer, a C whose rows are padded and alpha (by
+    default != 1), against float64 numpy. a_kmajor: A stored (M, K) (contiguous along k), else (K, M).
     b_layout: "kn" stored (K, N), "nk" stored (N, K), "strided" n-stride 2 over a (K, 2N) buffer."""
-    alpha = 0.75
     offa, offb, offc, ldc = 5, 7, 3, N + 4
     a = rng.standard_normal((batch, M, K)).astype(np.float32)
     b = rng.standard_normal((batch, K, N)).astype(np.float32)
@@ -97,6 +96,7 @@ _CPU_PATHS = {
     "narrow": (2, 19, 10, 300, False, "kn", "gemm_cpu", 1),
     "narrow_3": (2, 7, 3, 40, True, "kn", "gemm_cpu", 1),
     "narrow_k1": (2, 9, 10, 1, False, "kn", "gemm_cpu", 1),
+    "small_k_tiles": (2, 37, 70, 5, False, "kn", "gemm_cpu", 1),
     "small_k": (3, 13, 21, 11, True, "nk", "gemm_cpu", 1),
     "outer": (3, 13, 45, 11, False, "kn", "gemm_cpu", 1),
     "outer_kblocks": (2, 19, 37, 600, False, "kn", "gemm_cpu", 1),
@@ -124,6 +124,8 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
     for bias_mode in (0, 1, 2):
         for beta in (0.0, 1.0, 0.5):
             _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} {path}")
+        # alpha 1, no beta: gemm_cpu's plain epilogue (whole tiles stored without tests)
+        _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, 0.0, f"{config} {path} alpha 1", 1.0)
     plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, kernel == "gemm_cpu_dot")]
     assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"
     if path == "dot_grouped":

@@ -10,7 +10,8 @@
 // every row block), then runs an MR x NR register tile per MR rows: NV vector loads of the
 // panel and MR scalar broadcasts of A per k, MR * NV accumulators (16 of the 32 zmm
 // registers at 8 x 32). The first K block writes the epilogue (alpha, bias, beta * C); later
-// blocks add alpha * acc. Split-K (the weight gradients' huge K) writes each chunk's raw sums
+// blocks add alpha * acc. Where one K block is the whole sum, alpha is 1 and there is no beta (a
+// layer's plain product), whole tiles are stored without the epilogue's tests ("plain"). Split-K (the weight gradients' huge K) writes each chunk's raw sums
 // to P[b][chunk][m][n] and gemm_cpu_reduce finishes.
 //
 // PoCL 3.0's vloadN/vstoreN/fma on wide vectors are out-of-line calls that send the
@@ -70,6 +71,14 @@ void gemm_cpu(const int M, const int N, const int K,
             }
         }
         const bool first = kc == k_lo;
+        // the common epilogue (one K chunk, alpha 1, no beta, whole vectors of C) without a test per
+        // vector: with a short K (a 1x1 convolution's 5 channels) the tests cost more than the sums
+        const bool plain = first && !split && kc + KC >= k_hi && alpha == 1.0f && beta == 0.0f && nl == NR &&
+                           scn == 1 && bias_mode != 2;
+        VEC bias_v[NV];
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+            bias_v[v] = plain && bias_mode == 1 ? *(__global const uvec *)(bias + n0 + v * VW) : (VEC)(0.0f);
         for (int m0 = m_lo; m0 < m_hi; m0 += MR) {
             __global const float *ar[MR];  // rows past M repeat the last row (computed, not stored)
 #pragma unroll
@@ -89,6 +98,14 @@ void gemm_cpu(const int M, const int N, const int K,
 #pragma unroll
                     for (int v = 0; v < NV; v++) acc[i][v] += a * bv[v];
                 }
+            }
+            if (plain && m0 + MR <= m_hi) {  // a whole tile, C = A B (+ a column bias): stores alone
+                __global float *c = C + c_off + b * scb + m0 * scm + n0;
+#pragma unroll
+                for (int i = 0; i < MR; i++)
+#pragma unroll
+                    for (int v = 0; v < NV; v++) *(__global uvec *)(c + i * scm + v * VW) = acc[i][v] + bias_v[v];
+                continue;
             }
             for (int i = 0; i < MR; i++) {
                 const int m = m0 + i;
