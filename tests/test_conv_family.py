@@ -55,7 +55,7 @@ CPU_PATH_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, bias: each of
     (2, 5, 9, 20, 7, 3, 1, 0, 1, True),    # direct, no padding: dy padded by 2
     (1, 4, 7, 21, 3, 3, 1, 2, 1, True),    # direct, padding 2: dy not padded, dx narrower than dy
     (2, 4, 8, 18, 6, 3, 2, 1, 1, True),    # stride 2: GEMMs and a strided col2im
-    (2, 3, 6, 33, 4, 1, 1, 0, 1, True),    # 1x1: GEMMs and col2im in vectors
+    (2, 3, 6, 33, 4, 1, 1, 0, 1, True),    # 1x1: GEMMs, the data gradient per image into dx
     (2, 3, 9, 26, 4, 3, 1, 2, 2, False),   # dilated: GEMMs and col2im in vectors
     (2, 36, 7, 9, 40, 3, 1, 1, 1, False),  # "channels": two blocks of 32 and tails both ways
     (2, 40, 6, 10, 36, 3, 2, 1, 1, True),  # "channels", stride 2: both phases of even and odd rows

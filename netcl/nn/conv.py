@@ -578,8 +578,9 @@ class Conv2d(Module):
         gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
         padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
         corrc_cpu's correlation of padded dy with the flipped weights (stride 1) or corrt_cpu
-        (stride 2), after a "phases" one corrt2_cpu's phases, else dcols = W^T dy and col2im (added
-        into `into` for a 1x1 convolution: backward_into)."""
+        (stride 2), after a "phases" one corrt2_cpu's phases, a 1x1 convolution of stride 1 W^T dy
+        per image straight into dx, else dcols = W^T dy and col2im (added into `into` for a 1x1
+        convolution: backward_into)."""
         geometry = self.padded_grad(dy.queue, dy.shape)
         if geometry is not None:
             return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
@@ -618,6 +619,9 @@ class Conv2d(Module):
             dx = ops.new(q, (n, c, h, w))
             _corrt_cpu(q, dy, self.weight, dx, s, p)
             return dx
+        if (k, s, p, d) == (1, 1, 0, 1) and into is None:  # 1x1: dx[n] = W^T dy[n] straight into NCHW, no col2im
+            dx = ops.new(q, (n, c, h, w))
+            return ops.gemm(c, P, oc, self.weight, (1, c, 0), dy, (P, 1, oc * P), dx, (P, 1, c * P), batch=n)
         dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
         if into is not None:  # backward_into: a 1x1 convolution's columns added into `into`
             rows, items = _cpu_rows(n * c * oh, ow)
