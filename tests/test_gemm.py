@@ -229,3 +229,15 @@ def test_sum_axis_two_stages(queue, rng, gpu_config, I, J, rows, accumulate):
         results.append(ops.sum_axis(X, I, J, si, sj, out, accumulate=accumulate, off=off).to_host())
     assert_close(results[0], ref, what=f"sum_axis I={I} J={J}")
     assert np.array_equal(results[0], results[1]), "sum_axis result changed between runs"
+
+
+def test_whole_tiles_store_what_the_general_epilogue_stores(queue):
+    """gemm_cpu stores whole tiles of a plain product without the epilogue's tests: rows in whole
+    tiles (0-7) and in the partial one (8) hold the same bits, down to a sum of -0.0."""
+    if not ops.is_cpu(queue):
+        pytest.skip("gemm_cpu is the CPU classes' kernel")
+    a, b = np.full((9, 1), -1e-30, np.float32), np.full((1, 32), 1e-30, np.float32)
+    for bias in (None, Tensor.from_host(queue, np.full(32, -0.0, np.float32))):
+        c = ops.matmul(Tensor.from_host(queue, a), Tensor.from_host(queue, b), bias=bias,
+                       bias_mode=0 if bias is None else 1).to_host()
+        assert np.all(np.signbit(c)) and np.array_equal(c[0], c[8])

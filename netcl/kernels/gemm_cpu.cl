@@ -101,10 +101,17 @@ void gemm_cpu(const int M, const int N, const int K,
             }
             if (plain && m0 + MR <= m_hi) {  // a whole tile, C = A B (+ a column bias): stores alone
                 __global float *c = C + c_off + b * scb + m0 * scm + n0;
+                if (bias_mode == 1) {
 #pragma unroll
-                for (int i = 0; i < MR; i++)
+                    for (int i = 0; i < MR; i++)
 #pragma unroll
-                    for (int v = 0; v < NV; v++) *(__global uvec *)(c + i * scm + v * VW) = acc[i][v] + bias_v[v];
+                        for (int v = 0; v < NV; v++) *(__global uvec *)(c + i * scm + v * VW) = acc[i][v] + bias_v[v];
+                } else {  // (not + 0: a sum of -0.0 stays -0.0, as the general path stores it)
+#pragma unroll
+                    for (int i = 0; i < MR; i++)
+#pragma unroll
+                        for (int v = 0; v < NV; v++) *(__global uvec *)(c + i * scm + v * VW) = acc[i][v];
+                }
                 continue;
             }
             for (int i = 0; i < MR; i++) {
