@@ -106,6 +106,20 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{name:45s} {n:5d} {f:10.2e} {'' if b is None else f'{b:10.2e}':>10s}")
 
 
+def loop_step(model, loss_fn, opt, x, target):
+    """A training step as layer calls (what netcl.TrainStep stands for); the model's output is kept
+    in model.forward_output."""
+    from netcl import Tensor
+
+    xt = x if isinstance(x, Tensor) else Tensor.from_host(model.parameters()[0].queue, x)
+    model.forward_output = model(xt)
+    pending = loss_fn.enqueue(model.forward_output, target)
+    model.backward(loss_fn.backward(), input_grad=False)
+    opt.step()
+    opt.zero_grad()
+    return pending
+
+
 def randomize_batchnorm(model, rng):
     """Non-default running statistics and affine parameters, so BatchNormalization is really tested."""
     from netcl.nn import BatchNorm2d

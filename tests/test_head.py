@@ -3,7 +3,7 @@ forward, the cross-entropy and every gradient against float64 PyTorch; and netcl
 runs a CPU classifier's last Linear that way, against what it stands for."""
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, loop_step
 
 import netcl
 from netcl import Tensor, TrainStep, models, nn, ops, optim, trainstep
@@ -102,16 +102,6 @@ def head_step(model, loss_fn, opt, x, y):
     return pending
 
 
-def layer_step(model, loss_fn, opt, x, y):
-    xt = Tensor.from_host(model.parameters()[0].queue, x)
-    model.forward_output = model(xt)
-    pending = loss_fn.enqueue(model.forward_output, y)
-    model.backward(loss_fn.backward(), input_grad=False)
-    opt.step()
-    opt.zero_grad()
-    return pending
-
-
 @pytest.mark.parametrize("build,opt_name", [(classifier, "Adam"), (models.resnet8, "SGD")])
 def test_trainstep_runs_the_head_as_one_kernel(cpu, rng, build, opt_name):
     """Replayed, the step is head_step bit for bit (Dropout's seed and Adam's corrections drawn
@@ -138,7 +128,7 @@ def test_trainstep_runs_the_head_as_one_kernel(cpu, rng, build, opt_name):
 
     fused, fused_losses, fused_out, step = run(TrainStep)
     ref, ref_losses, ref_out, _ = run(lambda *a: None if len(a) == 3 else head_step(*a))
-    layers, layer_losses, _, _ = run(lambda *a: None if len(a) == 3 else layer_step(*a))
+    layers, layer_losses, _, _ = run(lambda *a: None if len(a) == 3 else loop_step(*a))
     _, _, _, plain = run(TrainStep, head_max=0)
     assert step.replays == 3 and step.eager_reason is None and plain.replays == 3
     assert fused_losses == ref_losses and len(set(fused_losses)) == len(fused_losses)

@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import loop_step
 
 import netcl
 from netcl import Tensor, TrainStep, models, nn, ops, optim, runtime, trainstep
@@ -51,17 +52,6 @@ def batches(rng, case, n, model):
     return [(rng.standard_normal(shape).astype(np.float32),
              rng.integers(0, out_shape[1], shape[0]) if loss == "ce" else rng.uniform(0, 1, out_shape).astype(np.float32))
             for _ in range(n)]
-
-
-def loop_step(model, loss_fn, opt, x, target):
-    """What TrainStep stands for, as layer calls."""
-    xt = x if isinstance(x, Tensor) else Tensor.from_host(model.parameters()[0].queue, x)
-    model.forward_output = model(xt)
-    pending = loss_fn.enqueue(model.forward_output, target)
-    model.backward(loss_fn.backward(), input_grad=False)
-    opt.step()
-    opt.zero_grad()
-    return pending
 
 
 def assert_same_state(a, b):
