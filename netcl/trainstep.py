@@ -217,6 +217,7 @@ class TrainStep:
         t._st.host = a.reshape(-1)  # exactly the data, and kept alive while the upload may read it
         return t
 
+
 def _head(model, loss_fn, x):
     """(the model's layers before the last, its last) where the step runs the last, a Linear of at
     most 16 outputs on (N, in) rows, and the cross-entropy as one kernel (CrossEntropyLoss.

@@ -11,8 +11,9 @@
 // panel and MR scalar broadcasts of A per k, MR * NV accumulators (16 of the 32 zmm
 // registers at 8 x 32). The first K block writes the epilogue (alpha, bias, beta * C); later
 // blocks add alpha * acc. Where one K block is the whole sum, alpha is 1 and there is no beta (a
-// layer's plain product), whole tiles are stored without the epilogue's tests ("plain"). Split-K (the weight gradients' huge K) writes each chunk's raw sums
-// to P[b][chunk][m][n] and gemm_cpu_reduce finishes.
+// layer's plain product), whole tiles are stored without the epilogue's tests ("plain"). Split-K
+// (the weight gradients' huge K) writes each chunk's raw sums to P[b][chunk][m][n] and
+// gemm_cpu_reduce finishes.
 //
 // PoCL 3.0's vloadN/vstoreN/fma on wide vectors are out-of-line calls that send the
 // accumulators through memory: loads and stores are pointer dereferences, and a * b + c

@@ -3,8 +3,8 @@
 //   y = x W + b, the loss's sum and refused labels, g = dL/dy (the CrossEntropyLoss's gradient),
 //   gw (+)= x^T g, gb (+)= the column sums of g, dx = g W^T (want_dx).
 // As layer calls these are six launches (GEMM, loss, its sum, two GEMMs and a bias sum), each a
-// few microseconds of arithmetic behind a PoCL launch that costs as much (netcl.nn.loss has the
-// host side: linear_cross_entropy). Every row of W and of g is one float16 (lanes past C unused):
+// few microseconds of arithmetic behind a PoCL launch that costs as much (the host side:
+// CrossEntropyLoss.enqueue_linear). Every row of W and of g is one float16 (lanes past C unused):
 // W's rows load as whole vectors where the 16 floats stay inside W (rows below `wide`), reading the
 // next rows' values into lanes whose products nothing stores; g is kept padded (gp, N x 16, zeros
 // past C) for the two gradients, and W transposed (wt, C x IN) for dx. The softmax runs in scalars

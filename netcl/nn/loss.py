@@ -174,17 +174,17 @@ class CrossEntropyLoss(_Loss):
         elif labels.shape != (n,):
             raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {labels.shape}")
         linear._on(x)
+        unused, has_bias = ops.dummy(q), linear.bias is not None  # (for the pointers the kernel skips)
         gw, acc_w = ops.grad_target(linear.weight)
-        gb, acc_b = ops.grad_target(linear.bias) if linear.bias is not None else (ops.dummy(q), False)
+        gb, acc_b = ops.grad_target(linear.bias) if has_bias else (unused, False)
         self._grad = ops.new(q, (n, c))
-        dx = ops.new(q, x.shape) if input_grad else ops.dummy(q)
-        padded, wt = ops.new(q, (n, 16)), ops.new(q, (c, linear.in_features)) if input_grad else ops.dummy(q)
+        dx = ops.new(q, x.shape) if input_grad else unused
+        padded, wt = ops.new(q, (n, 16)), ops.new(q, (c, linear.in_features)) if input_grad else unused
         out = ops.new(q, (2,))
         ops.launch(q, "head_cpu", "linear_ce_cpu", (1,), (1,), n, linear.in_features, c, x, linear.weight,
-                   linear.bias if linear.bias is not None else ops.dummy(q), int(linear.bias is not None),
-                   _on_device(q, labels), logits, self._grad, padded, wt, gw, int(acc_w), gb, int(acc_b), dx,
-                   int(input_grad), out)
-        for t in (logits, self._grad, gw, out) + ((gb,) if linear.bias is not None else ()):
+                   linear.bias if has_bias else unused, int(has_bias), _on_device(q, labels), logits, self._grad,
+                   padded, wt, gw, int(acc_w), gb, int(acc_b), dx, int(input_grad), out)
+        for t in (logits, self._grad, gw, out) + ((gb,) if has_bias else ()):
             t.mark_written()
         linear._x2 = x  # as its forward saves it
 
