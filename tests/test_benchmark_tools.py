@@ -31,28 +31,30 @@ bt_spec.loader.exec_module(bt)
 
 def test_training_gemms_logs_every_gemm_of_a_step(queue):
     """The GEMM benchmark's training shapes come from a step's own calls: the digits CNN at batch 4
-    as layer calls runs its Linear's three (forward, weight and input gradients) and its two convs'
-    weight gradients, each named with its layer; as a TrainStep on a CPU the Linear and the loss
-    are one kernel instead. ops.gemm and enqueue_linear are themselves again afterwards."""
+    as layer calls runs its Linear's three (forward, weight and input gradients) and its second
+    conv's weight gradient, each named with its layer; on a CPU its first conv's weight gradient is
+    one direct kernel (logged with its geometry) and, as a TrainStep, the Linear and the loss are
+    one kernel too. ops.gemm, enqueue_linear and _wgrad_narrow are themselves again afterwards."""
     from netcl import nn, ops
 
-    real = ops.gemm, nn.CrossEntropyLoss.enqueue_linear
-    gemms, heads = bt.training_gemms(queue, [("digits", 4)], mode="loop")
-    assert (ops.gemm, nn.CrossEntropyLoss.enqueue_linear) == real and heads == []
+    real = ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow
+    gemms, heads, direct = bt.training_gemms(queue, [("digits", 4)], mode="loop")
+    assert (ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow) == real and heads == []
     shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
     linear = {("Linear.forward", 4, 10, 128, 1, "NN"), ("Linear._param_grads", 128, 10, 4, 1, "TN"),
               ("Linear.backward", 4, 128, 10, 1, "NT")}
-    convs = {("Conv2d._backward_cpu", 32, 144, 64, 1, "NT"), ("Conv2d._backward_cpu", 16, 9, 256, 1, "NT")}
+    convs = {("Conv2d._backward_cpu", 32, 144, 64, 1, "NT")}
+    first = [("digits b4 Conv2d._wgrad_narrow", 1, 16, 3, 1, True, (4, 1, 10, 10), (4, 16, 8, 8))]
     if ops.is_cpu(queue):
-        assert shapes == convs | linear, shapes
+        assert shapes == convs | linear and direct == first, (shapes, direct)
     else:  # (a GPU's convolutions run GEMMs of their own)
-        assert linear <= shapes, shapes
-    gemms, heads = bt.training_gemms(queue, [("digits", 4)])
+        assert linear <= shapes and direct == [], shapes
+    gemms, heads, direct = bt.training_gemms(queue, [("digits", 4)])
     shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
     if ops.is_cpu(queue):
-        assert shapes == convs and heads == [("digits b4 Linear + cross-entropy", 4, 128, 10)]
+        assert shapes == convs and heads == [("digits b4 Linear + cross-entropy", 4, 128, 10)] and direct == first
     else:
-        assert linear <= shapes and heads == [], shapes
+        assert linear <= shapes and heads == [] and direct == [], shapes
 
 
 def test_gemm_benchmark_rows(queue, capsys):
@@ -62,8 +64,10 @@ def test_gemm_benchmark_rows(queue, capsys):
 
     res = bt.bench_gemm(queue, 1, True, steps=[("digits", 2)])
     shapes = [r for r in res["shapes"] if r["label"] != "square"]
-    assert (len(shapes) == 2 if ops.is_cpu(queue) else len(shapes) >= 3) and len(res["heads"]) == int(ops.is_cpu(queue))
-    assert all(r["rel_err"] < 1e-5 for r in res["shapes"] + res["heads"])
+    cpu = int(ops.is_cpu(queue))
+    assert (len(shapes) == 1 if cpu else len(shapes) >= 3) and len(res["heads"]) == len(res["direct"]) == cpu
+    assert all(r["rel_err"] < 1e-5 for r in res["shapes"] + res["heads"] + res["direct"])
     assert all(r[k] > 0 for r in res["shapes"] for k in ("netcl_us", "replayed_us", "numpy_us"))
-    assert all(r[k] > 0 for r in res["heads"] for k in ("replayed_us", "numpy_us"))
+    assert all(r[k] > 0 for r in res["heads"] + res["direct"] for k in ("replayed_us", "numpy_us"))
+    assert [(r["M"], r["N"], r["K"]) for r in res["direct"]] == [(16, 9, 128)] * cpu
     assert res["empty_launch_us"] > 0 and "an empty kernel's launch" in capsys.readouterr().out

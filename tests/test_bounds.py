@@ -1,5 +1,5 @@
 """Kernels that load whole vectors past a row's last column (gemm_cpu's narrow B panels,
-head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks) never read past their operand: each
+head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks, wgrad_narrow_cpu's rows) never read past their operand: each
 operand ends exactly before a page the process may not read (PoCL's CPU device uses a
 CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one float too far is a segfault. The
 cases run in a child process, whose crash is this test's failure."""
@@ -62,6 +62,14 @@ for n, inputs, classes in [(3, 1, 1), (2, 7, 3), (5, 33, 10), (1, 17, 16), (4, 2
     logits, pending, dx = nn.CrossEntropyLoss().enqueue_linear(lin, guarded(q, x), labels)
     assert np.allclose(logits.to_host(), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-5), (n, inputs, classes)
     pending.item()
+for n, c, oh, ow, oc in [(2, 1, 8, 8, 16), (2, 3, 4, 4, 5), (1, 1, 7, 8, 3), (1, 1, 5, 13, 4), (2, 1, 3, 17, 2)]:
+    conv = nn.Conv2d(c, oc, 3, padding=1).to(q)  # wgrad_narrow_cpu on minimal planes: rows end at row ends
+    xp = rng.standard_normal((n, c, oh + 2, ow + 2)).astype(np.float32)
+    dy = rng.standard_normal((n, oc, oh, ow)).astype(np.float32)
+    conv._wgrad_narrow(q, guarded(q, xp), guarded(q, dy))
+    cols = np.lib.stride_tricks.sliding_window_view(xp.astype(np.float64), (3, 3), axis=(2, 3))
+    ref = np.einsum("noyx,ncyxjl->ocjl", dy, cols).reshape(oc, -1)
+    assert np.allclose(conv.weight.grad.to_host().reshape(oc, -1), ref, rtol=1e-4, atol=1e-4), (n, c, oh, ow)
 q.finish()
 print("ok")
 '''

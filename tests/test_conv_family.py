@@ -87,6 +87,43 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
         assert_close(second[name], 2 * first[name], what=name)
 
 
+NARROW_WGRAD_CASES = [  # N, C, H, W, K, k, padding, bias: "channels" stride 1, <= 27 weights an output channel
+    (8, 1, 8, 8, 16, 3, 1, True),    # the digits CNN's first conv: rows of one 8-wide vector
+    (2, 3, 12, 12, 5, 3, 1, True),   # 27 weights: one output channel a work-item; 8 wide and a tail of 4
+    (3, 1, 7, 5, 4, 5, 2, False),    # 5x5, rows of 5: 4 wide and a scalar tail
+    (1, 2, 9, 15, 7, 3, 0, True),    # no padding: 13 columns, 8 wide and a tail of 5; an odd channel block
+    (2, 1, 6, 3, 3, 3, 2, True),     # padding 2: outputs wider than the input
+    (3, 2, 40, 4, 6, 3, 1, False),   # rows of 4 two a vector; 40 rows: the accumulators join the totals
+    (2, 3, 4, 4, 5, 3, 1, True),     # rows of 4 two a vector, 27 weights
+    (2, 1, 7, 8, 4, 3, 1, True),     # rows of 8 but an odd number of them: one row a vector
+    (1, 1, 140, 8, 3, 3, 1, False),  # rows of 8 two a vector, 140 of them: runs of 64 rows, a short last one
+    (2, 1, 9, 15, 4, 3, 2, True),    # 15 columns, padding 2: outputs of 17, 16 wide and a tail of 1
+]
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("n,c,h,w,k,ks,p,bias", NARROW_WGRAD_CASES)
+def test_conv2d_narrow_wgrad_vs_torch(queue, rng, torch, record_error, monkeypatch, split, n, c, h, w, k, ks, p, bias):
+    """wgrad_narrow_cpu (dW and db of a first layer on narrow planes in one launch, no im2col)
+    against float64 PyTorch, in one chunk and split over images (partial sums, sum_chunks_cpu),
+    gradients accumulated over two backward passes."""
+    if split:
+        monkeypatch.setattr(conv_module, "_NARROW_SPLIT", 0)
+        monkeypatch.setattr(conv_module, "_NARROW_ITEMS", 64)
+    layer = nn.Conv2d(c, k, ks, padding=p, bias=bias)
+    calls = []
+    real = nn.Conv2d._wgrad_narrow
+    monkeypatch.setattr(nn.Conv2d, "_wgrad_narrow", lambda self, *a: calls.append(a) or real(self, *a))
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, 1, p, 1, 1, bias)
+    assert len(calls) == ops.is_cpu(queue)
+    x = rand(rng, n, c, h, w)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    first = run_netcl(queue, layer, x, dy)[2]
+    second = run_netcl(queue, layer, x, dy)[2]
+    for name in first:
+        assert_close(second[name], 2 * first[name], what=name)
+
+
 STRIDE2_PLANE_CASES = [  # N, C, H, W, K, k, padding, bias: stride 2, 16 output positions per vector
     (2, 5, 32, 32, 7, 1, 0, True),     # 1x1 (pw2_*), rows of 16, output channels past a block of 8
     (1, 4, 16, 64, 9, 1, 0, False),    # 1x1, two vectors a row

@@ -94,17 +94,19 @@ def _caller():
 
 
 def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
-    """(gemms, heads) that one training step of each (model, batch) runs: gemms [(label, M, N, K,
-    batch, sa, sb, sc)] every distinct GEMM (shape and strides), logged from ops.gemm; heads
+    """(gemms, heads, direct) that one training step of each (model, batch) runs: gemms [(label, M,
+    N, K, batch, sa, sb, sc)] every distinct GEMM (shape and strides), logged from ops.gemm; heads
     [(label, rows, inputs, classes)] the classifier heads run as one kernel (CrossEntropyLoss.
-    enqueue_linear). mode "trainstep": the step as a netcl.TrainStep runs it (its first call, eager:
-    the replays run the same launches), "loop": as layer calls. Labels name the first model, batch
-    and layer method to run each."""
+    enqueue_linear); direct [(label, conv, xp shape, dy shape)] the weight gradients that
+    Conv2d._wgrad_narrow computes without a GEMM (a GEMM of M = out channels, N = weights per output
+    channel, K = batch x output positions). mode "trainstep": the step as a netcl.TrainStep runs it
+    (its first call, eager: the replays run the same launches), "loop": as layer calls. Labels name
+    the first model, batch and layer method to run each."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import benchmark_training_step as bts
 
-    gemms, heads, where = {}, {}, [None]
-    real_gemm, real_head = ops.gemm, nn.CrossEntropyLoss.enqueue_linear
+    gemms, heads, direct, where = {}, {}, {}, [None]
+    real_gemm, real_head, real_narrow = ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow
 
     def gemm(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
         gemms.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
@@ -114,15 +116,22 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
         heads.setdefault((x.shape[0], linear.in_features, linear.out_features), f"{where[0]} Linear + cross-entropy")
         return real_head(self, linear, x, labels, input_grad)
 
-    ops.gemm, nn.CrossEntropyLoss.enqueue_linear = gemm, head
+    def narrow(self, q_, xp, dy):
+        key = (self.in_channels, self.out_channels, self.kernel_size, self.padding, self.bias is not None,
+               tuple(xp.shape), tuple(dy.shape))
+        direct.setdefault(key, f"{where[0]} Conv2d._wgrad_narrow")
+        return real_narrow(self, q_, xp, dy)
+
+    ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = gemm, head, narrow
     try:
         for name, batch in steps:
             where[0] = f"{name} b{batch}"
             bts.netcl_step(name, batch, q, mode=mode)()
     finally:
-        ops.gemm, nn.CrossEntropyLoss.enqueue_linear = real_gemm, real_head
+        ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = real_gemm, real_head, real_narrow
     q.finish()
-    return [(label,) + key for key, label in gemms.items()], [(label,) + key for key, label in heads.items()]
+    return ([(label,) + key for key, label in gemms.items()], [(label,) + key for key, label in heads.items()],
+            [(label,) + key for key, label in direct.items()])
 
 
 def _replayable(q, fn):
@@ -189,7 +198,7 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS, mode="trainstep"):
     against the same arithmetic in numpy (bench_heads)."""
     rng = np.random.default_rng(0)
     cases = [(label, M, N, K, 1) + _plain_strides(M, N, K, lay) for label, M, N, K, lay in SQUARES]
-    gemms, heads = training_gemms(q, steps, mode)
+    gemms, heads, direct = training_gemms(q, steps, mode)
     cases += gemms
     rows = []
     for label, M, N, K, batch, sa, sb, sc in cases:
@@ -245,12 +254,63 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS, mode="trainstep"):
         print(f"{shape:18s} {r['label'][:38]:38s} {r['netcl_gflops']:10.1f} {r['replayed_gflops']:8.1f} "
               f"{r['numpy_gflops']:10.1f} {r['ratio']:11.3f} {r['replayed_ratio']:8.3f} {r['replayed_us']:11.1f} "
               f"{r['numpy_us']:8.1f} {r['rel_err']:8.1e}")
+    direct_rows = bench_direct(q, repeat, direct, rng)
     head_rows = bench_heads(q, repeat, heads, rng)
-    under = [r for r in rows + head_rows if r["replayed_ratio"] < 0.5]
+    under = [r for r in rows + direct_rows + head_rows if r["replayed_ratio"] < 0.5]
     print(f"an empty kernel's launch, in a stream: {floor:.1f} us; replayed under half of numpy: {len(under)} of "
-          f"{len(rows) + len(head_rows)} ({sum(r['numpy_us'] < 2 * floor for r in under)} of them with numpy under "
-          "two empty launches)")
-    return {"shapes": rows, "heads": head_rows, "empty_launch_us": floor, "mode": mode}
+          f"{len(rows) + len(direct_rows) + len(head_rows)} ({sum(r['numpy_us'] < 2 * floor for r in under)} of them "
+          "with numpy under two empty launches)")
+    return {"shapes": rows, "direct": direct_rows, "heads": head_rows, "empty_launch_us": floor, "mode": mode}
+
+
+def bench_direct(q, repeat, direct, rng):
+    """The weight gradients a step computes without a GEMM (Conv2d._wgrad_narrow: dW and db of a
+    first layer from dy and its padded input in one launch), replayed, against numpy's GEMM of the
+    same product (dy as (OC, N*P) times the im2col columns, both contiguous and made beforehand:
+    numpy is not charged for im2col or the bias's sums)."""
+    rows = []
+    for label, c, oc, k, p, bias, xp_shape, dy_shape in direct:
+        conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
+        xp = rng.standard_normal(xp_shape).astype(np.float32)
+        dy = rng.standard_normal(dy_shape).astype(np.float32)
+        xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
+        n, _, oh, ow = dy_shape
+
+        def grads():
+            conv.weight.grad = None
+            if bias:
+                conv.bias.grad = None
+            conv._wgrad_narrow(q, xt, dyt)
+        replay, launches = _replayable(q, grads)
+        cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, :oh, :ow]
+        cols = np.ascontiguousarray(cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * k * k, n * oh * ow))
+        dyr = np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
+        M, N, K = oc, c * k * k, n * oh * ow
+        reps = max(1, min(20, int(2e7 // (M * N * K))))
+
+        def run_np():
+            for _ in range(reps):
+                dyr @ cols.T
+
+        replay(1)
+        ref = dyr.astype(np.float64) @ cols.T.astype(np.float64)
+        err = float(np.max(np.abs(conv.weight.grad.to_host().reshape(M, N) - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        rounds = [[median_time(lambda: replay(reps), 3, min_seconds=0.05) / reps,
+                   median_time(run_np, 3, min_seconds=0.05) / reps] for _ in range(repeat)]
+        t_rep, t_np = (min(r[i] for r in rounds) for i in range(2))
+        flop = 2.0 * M * N * K
+        rows.append({"label": label, "M": M, "N": N, "K": K, "batch": 1, "layout": "NT", "launches": launches,
+                     "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6, "replayed_gflops": flop / t_rep / 1e9,
+                     "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep, "rel_err": err})
+    if rows:
+        print("\n== weight gradients without a GEMM (dW and db in one launch) vs numpy's GEMM of the same product ==")
+        print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
+              f"{'replayed us':>11s} {'numpy us':>8s} {'rel err':>8s}")
+    for r in rows:
+        print(f"{r['M']}x{r['N']}x{r['K']} NT".ljust(18) + f" {r['label'][:38]:38s} {r['replayed_gflops']:13.1f} "
+              f"{r['numpy_gflops']:10.1f} {r['replayed_ratio']:11.3f} {r['replayed_us']:11.1f} {r['numpy_us']:8.1f} "
+              f"{r['rel_err']:8.1e}")
+    return rows
 
 
 def bench_heads(q, repeat, heads, rng):

@@ -536,6 +536,169 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
     }
 }
 
+// The weight and bias gradients of a stride-1 undilated convolution with few weights per output
+// channel (Conv2d's "channels" mode, WC * KS * KS <= 27: a network's first layer on planes
+// narrower than 16) straight from dy (N, OC, OH, OW) and the forward's padded x (xp: N, WC, HP,
+// WP; HP >= OH + KS - 1, WP >= OW + KS - 1), where im2col_cpu, dy_rows_cpu, a GEMM and
+// sum_chunks_cpu ran four launches. Work-item (ob, chunk): blocks of WRO output channels ob *
+// WRO.., then every get_global_size(0)-th block after it (the last block repeats the last
+// channel, not stored), over the images [chunk * imgs, ...): WRO * (WC * KS * KS + 1)
+// accumulators of WV lanes (the last for the bias), WRO + WC * KS * KS vector loads per WRO * WC
+// * KS * KS multiply-adds. PAIR (rows of WH = WV / 2, an even OH): a vector holds two output rows,
+// dy's adjacent and x's two half rows joined, each half row of x loaded once for two taps; else
+// WNV vectors a row and WNT columns in scalars (every load stays inside its row). The
+// accumulators join running totals every `run` output rows (about 32 vectors a lane: no lane adds
+// a long sequential run). chunks == 1: gw (OC, WC*KS*KS) and, has_bias, gb (OC) written, or
+// added to where acc_w / acc_b; else the chunk's sums go to part[chunk][OC * WC*KS*KS] and
+// partb[chunk][OC] for sum_chunks_cpu.
+#ifndef WC
+#define WC 1
+#endif
+#ifndef WV
+#define WV 8
+#endif
+#ifndef WRO
+#define WRO 2
+#endif
+#ifndef WNV  // OW = WNV * WV + WNT: whole vectors a row, then scalars (fixed counts: no per-row loop tests)
+#define WNV 1
+#endif
+#ifndef WNT
+#define WNT 0
+#endif
+#ifndef PAIR  // 1: OW = WH = WV / 2 and OH even, a vector holds two output rows
+#define PAIR 0
+#define WH 4
+#endif
+#define WCK (WC * KS * KS)
+#define WVEC VCAT(float, WV)
+#define WHVEC VCAT(float, WH)
+typedef WHVEC __attribute__((aligned(4))) uwhvec;
+#define WHSUM VCAT(hsum, WV)
+typedef WVEC __attribute__((aligned(4))) uwvec;
+
+inline float hsum4(const float4 v) {
+    const float2 h2 = v.lo + v.hi;
+    return h2.x + h2.y;
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, const int OH, const int OW, const int imgs,
+                      const int run, __global const float *xp, __global const float *dy, __global float *gw,
+                      __global float *gb, const int has_bias, const int acc_w, const int acc_b, __global float *part,
+                      __global float *partb) {
+    const int chunk = get_global_id(1), n0 = chunk * imgs, n1 = min(N, n0 + imgs);
+    for (int o0 = get_global_id(0) * WRO; o0 < OC; o0 += get_global_size(0) * WRO) {
+        float tot[WRO][WCK + 1];
+        WVEC acc[WRO][WCK + 1];
+        float ts[WRO][WCK + 1];
+#pragma unroll
+        for (int i = 0; i < WRO; i++)
+#pragma unroll
+            for (int t = 0; t <= WCK; t++) tot[i][t] = 0.0f, acc[i][t] = 0.0f, ts[i][t] = 0.0f;
+        int rows = 0;
+        for (int n = n0; n < n1; n++) {
+            __global const float *g[WRO];
+#pragma unroll
+            for (int i = 0; i < WRO; i++) g[i] = dy + (n * OC + min(o0 + i, OC - 1)) * OH * OW;
+            __global const float *xr = xp + n * WC * HP * WP;
+#if PAIR
+            for (int y = 0; y < OH; y += 2, xr += 2 * WP) {
+                WVEC gv[WRO];
+#pragma unroll
+                for (int i = 0; i < WRO; i++) {
+                    gv[i] = *(__global const uwvec *)(g[i] + y * OW);
+                    acc[i][WCK] += gv[i];
+                }
+#pragma unroll
+                for (int c = 0; c < WC; c++)
+#pragma unroll
+                    for (int l = 0; l < KS; l++) {
+                        WHVEC h[KS + 1];
+#pragma unroll
+                        for (int j = 0; j <= KS; j++) h[j] = *(__global const uwhvec *)(xr + (c * HP + j) * WP + l);
+#pragma unroll
+                        for (int j = 0; j < KS; j++) {
+                            const WVEC xv = JOIN_HALVES(WV, h[j], h[j + 1]);
+#pragma unroll
+                            for (int i = 0; i < WRO; i++) acc[i][(c * KS + j) * KS + l] += gv[i] * xv;
+                        }
+                    }
+                rows += 2;
+                if (rows >= run || (n == n1 - 1 && y + 2 == OH)) {  // the run's sums join the totals
+                    rows = 0;
+#pragma unroll
+                    for (int i = 0; i < WRO; i++)
+#pragma unroll
+                        for (int t = 0; t <= WCK; t++) {
+                            tot[i][t] += WHSUM(acc[i][t]);
+                            acc[i][t] = 0.0f;
+                        }
+                }
+            }
+#else
+            for (int y = 0; y < OH; y++, xr += WP) {
+#pragma unroll
+                for (int v = 0; v < WNV; v++) {
+                    const int x = v * WV;
+                    WVEC gv[WRO];
+#pragma unroll
+                    for (int i = 0; i < WRO; i++) {
+                        gv[i] = *(__global const uwvec *)(g[i] + y * OW + x);
+                        acc[i][WCK] += gv[i];
+                    }
+#pragma unroll
+                    for (int t = 0; t < WCK; t++) {
+                        const int c = t / (KS * KS), j = t / KS % KS, l = t % KS;
+                        const WVEC xv = *(__global const uwvec *)(xr + (c * HP + j) * WP + l + x);
+#pragma unroll
+                        for (int i = 0; i < WRO; i++) acc[i][t] += gv[i] * xv;
+                    }
+                }
+#if WNT
+                for (int x = WNV * WV; x < OW; x++) {
+#pragma unroll
+                    for (int i = 0; i < WRO; i++) {
+                        const float gs = g[i][y * OW + x];
+                        ts[i][WCK] += gs;
+#pragma unroll
+                        for (int t = 0; t < WCK; t++) {
+                            const int c = t / (KS * KS), j = t / KS % KS, l = t % KS;
+                            ts[i][t] += gs * xr[(c * HP + j) * WP + l + x];
+                        }
+                    }
+                }
+#endif
+                if (++rows == run || (n == n1 - 1 && y == OH - 1)) {  // the run's sums join the totals
+                    rows = 0;
+#pragma unroll
+                    for (int i = 0; i < WRO; i++)
+#pragma unroll
+                        for (int t = 0; t <= WCK; t++) {
+                            tot[i][t] += WHSUM(acc[i][t]) + ts[i][t];
+                            acc[i][t] = 0.0f, ts[i][t] = 0.0f;
+                        }
+                }
+            }
+#endif
+        }
+#pragma unroll
+        for (int i = 0; i < WRO; i++) {
+            const int o = o0 + i;
+            if (o >= OC) break;
+            if (part) {
+#pragma unroll
+                for (int t = 0; t < WCK; t++) part[(chunk * OC + o) * WCK + t] = tot[i][t];
+                partb[chunk * OC + o] = tot[i][WCK];
+                continue;
+            }
+#pragma unroll
+            for (int t = 0; t < WCK; t++) gw[o * WCK + t] = acc_w ? gw[o * WCK + t] + tot[i][t] : tot[i][t];
+            if (has_bias) gb[o] = acc_b ? gb[o] + tot[i][WCK] : tot[i][WCK];
+        }
+    }
+}
+
 // col2im for CPUs: dx(n, c, ih, iw) = the sum of the dcols (C*k*k, N*OH*OW) entries that
 // read it (+ bias[c] when has_bias: ConvTranspose2d's forward is this gather). A work-item
 // gathers `rows` input rows of (N*C*H) into their place in dx, tap by tap in conv.cl's col2im_gpu

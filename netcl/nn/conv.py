@@ -87,6 +87,15 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
 # channel it takes (C * k * k): at 256 -> 512 channels on 8x8 planes (2304) its weight traffic
 # left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at 64 -> 64 it ran 250, they 100.
 _CORRC_TC, _CORRC_MAX_R = 8, 1152
+# wgrad_narrow_cpu: "channels" convolutions of stride 1 with up to 27 weights per output channel
+# (a first layer: 1 or 3 input channels, 3x3) take dW and db in one launch where im2col_cpu,
+# dy_rows_cpu, a GEMM and sum_chunks_cpu ran four (the digits CNN's conv1, replayed on PoCL, Zen 5:
+# 4.5-6.5 us against 13-19 at batch 8, 11-14 against 42-57 at batch 64). WRO output channels per
+# work-item keep WRO * (weights + 1) accumulators within _NARROW_ACC (the 32 AVX-512 registers
+# less the loads'); split over images past _NARROW_SPLIT multiply-adds where fewer than
+# _NARROW_ITEMS work-items per core would run; the accumulators join the totals every
+# _NARROW_RUN vectors a lane
+_NARROW_MAX_R, _NARROW_ACC, _NARROW_ITEMS, _NARROW_SPLIT, _NARROW_RUN = 27, 20, 2, 1 << 22, 32
 _ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 _CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
@@ -593,6 +602,9 @@ class Conv2d(Module):
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
+        if mode == "channels" and s == 1 and ckk <= _NARROW_MAX_R:
+            self._wgrad_narrow(q, cols, dy)
+            return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
         if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
             xp, cols = cols, ops.new(q, (ckk, n * P))  # (8-wide rows: im2col and the GEMM ran faster than wgrad2_cpu)
             rows, items = _cpu_rows(n * oh, ow)
@@ -609,10 +621,7 @@ class Conv2d(Module):
         if not need_dx:
             return None
         if mode == "channels" and s == 1:
-            pd, _, hd, wd = self._grad_planes(mode, ow)
-            dyb = ops.new(q, (n, oc, hd, wd))
-            _pad_planes(q, dy, dyb, pd, None, options)
-            return self._dx_of_planes(dyb, mode)
+            return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode)
         if phases is not None:
             return self._corrt2(dy, ops.new(q, (n, c, h, w)), phases)
         if mode == "channels":
@@ -631,6 +640,48 @@ class Conv2d(Module):
         dx = ops.new(q, (n, c, h, w))
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
+
+    def _padded_dy(self, q, dy, mode, ow):
+        """dy in the zero-bordered planes _dx_of_planes correlates with the flipped weights."""
+        pd, _, hd, wd = self._grad_planes(mode, ow)
+        dyb = ops.new(q, (dy.shape[0], dy.shape[1], hd, wd))
+        _pad_planes(q, dy, dyb, pd, None, _cpu_options(self.kernel_size))
+        return dyb
+
+    def _wgrad_narrow(self, q, xp, dy):
+        """dW and db of a "channels" convolution of stride 1 with few weights per output channel
+        in one wgrad_narrow_cpu launch from dy and the forward's padded x (no im2col columns, no
+        GEMM): rows of 4 or 8 two to a vector (PAIR), wider ones in vectors and a scalar tail;
+        split over images (partial sums, then sum_chunks_cpu) only where the output channels
+        alone leave the cores idle on a long sum."""
+        n, oc, oh, ow = dy.shape
+        ckk = self.weight.size // oc
+        ro = max(1, min(oc, _NARROW_ACC // (ckk + 1)))
+        blocks, want = -(-oc // ro), _NARROW_ITEMS * ops.compute_units(q)
+        items = min(blocks, want)  # a work-item takes every items-th block of output channels
+        chunks = 1
+        if blocks < want and n * oh * ow * ckk * oc >= _NARROW_SPLIT:
+            imgs = -(-n // min(n, -(-want // blocks)))
+            chunks = -(-n // imgs)
+        imgs = -(-n // chunks)
+        pair = ow in (4, 8) and oh % 2 == 0
+        vw = 2 * ow if pair else 16 if ow >= 16 else 8 if ow >= 8 else 4
+        shape = ("-DPAIR=1", f"-DWH={ow}") if pair else (f"-DWNV={ow // vw}", f"-DWNT={ow % vw}")
+        options = _cpu_options(self.kernel_size) + (f"-DWC={self.in_channels}", f"-DWV={vw}", f"-DWRO={ro}") + shape
+        gw, acc_w = ops.grad_target(self.weight)
+        gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
+        part, partb = (ops.new(q, (chunks, oc * ckk)), ops.new(q, (chunks, oc))) if chunks > 1 else (None, None)
+        run = max(1, _NARROW_RUN * vw // ow)  # rows per run: about _NARROW_RUN vectors a lane
+        ops.launch(q, _FAMILY, "wgrad_narrow_cpu", (items, chunks), (1, 1), n, xp.shape[2], xp.shape[3], oc, oh,
+                   ow, imgs, run, xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b), part, partb,
+                   options=options)
+        if chunks > 1:
+            ops.launch1d(q, _FAMILY, "sum_chunks_cpu", oc * ckk, oc * ckk, chunks, part, gw, int(acc_w))
+            if self.bias is not None:
+                ops.launch1d(q, _FAMILY, "sum_chunks_cpu", oc, oc, chunks, partb, gb, int(acc_b))
+        gw.mark_written()
+        if self.bias is not None:
+            gb.mark_written()
 
     def _backward_pointwise2(self, dy, need_dx, into):
         """_backward_cpu after a pw2_fwd_cpu forward: dW from pw2_wgrad_cpu's per-chunk sums (added
