@@ -5,10 +5,23 @@ import pytest
 from netcl import Tensor, models, nn
 
 
-def test_slice_keeps_the_mode():
+def test_slice_keeps_the_mode(queue, rng):
     model = models.cnn().eval()
     assert model[0:3].training is False
     assert models.cnn().train()[0:3].training is True
+    # a slice shares the layers and leaves each one's own mode alone (it once called train() on them)
+    model = models.cnn().train()
+    model[1].eval()  # a frozen BatchNorm2d: running statistics in a training model
+    part = model[0:4]
+    assert part.training is True and model[1].training is False and model[0].training is True
+    x = Tensor.from_host(queue, rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    assert np.array_equal(part(x).to_host(), model[3](model[2](model[1](model[0](x)))).to_host())
+    model.eval()
+    model[1].train()
+    assert model[0:4].training is False and model[1].training is True
+    ev = models.cnn().eval()
+    ev.to(queue)
+    assert ev[:]._fused is not None and np.array_equal(ev[:](x).to_host(), ev(x).to_host())  # fused too
 
 
 def test_failed_load_state_dict_changes_nothing():

@@ -62,8 +62,11 @@ class Sequential(LayerList):
     def __getitem__(self, i):
         if not isinstance(i, slice):
             return self.layers[i]
-        part = Sequential(*self.layers[i])  # shares the layers; keeps this model's mode
-        return part.train(self.training)
+        part = Sequential(*self.layers[i])  # shares the layers, each keeping its own mode (not train())
+        part.training = self.training
+        if not self.training:
+            part._try_fuse_layers()
+        return part
 
     def __len__(self):
         return len(self.layers)
