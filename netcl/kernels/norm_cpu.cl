@@ -198,6 +198,27 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
     run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)max(M - 1, 1);
 }
 
+// norm.cl's bn_bwd_finish for CPUs (the pooled backward's sums, between its two passes): channel
+// c's dbeta = sum(dz) and dgamma = sum(dz * xhat) from its parts (C, parts, 2), in 16 lanes as
+// bn_stats_finish_cpu adds, into the parameter gradients (added to where acc) and sums[c] = (db,
+// dg). One work-item per channel: the GPU kernel's work-groups of 64 and their barriers took
+// 30-40 us a launch on PoCL where this takes a few.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_bwd_finish_cpu(const int parts, __global const float *part, __global const float *var, const float eps,
+                       __global float *dgamma, __global float *dbeta, const int acc, __global float *sums) {
+    const int c = get_global_id(0);
+    __global const float *pc = part + 2 * c * parts;
+    float a[16], b[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) a[i] = b[i] = 0.0f;
+    for (int p = 0; p < parts; p++) a[p % 16] += pc[2 * p], b[p % 16] += pc[2 * p + 1];
+    const float db = sum16(a), dg = sum16(b) * rsqrt(var[c] + eps);
+    dgamma[c] = acc ? dgamma[c] + dg : dg;
+    dbeta[c] = acc ? dbeta[c] + db : db;
+    sums[2 * c] = db;
+    sums[2 * c + 1] = dg;
+}
+
 // dbeta = sum(dz), dgamma = sum(dz * xhat) of channel c from bn_bwd_part_cpu's parts (into the
 // parameter gradients, added where acc, by the work-item of the channel's first plane)
 inline void bn_channel_sums(const int c, const int first, __global const float *part, const int parts,

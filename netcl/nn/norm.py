@@ -110,8 +110,7 @@ class BatchNorm2d(Module):
                 if stats is not None:  # many parts: combined once, not per plane
                     self._finish_stats(stats, n * h * w, mean, var)
                 elif pool is not None:
-                    ops.launch(q, "norm", "bn_stats_finish", (c * 64,), (64,), n, h * w, length, parts, part, mean,
-                               var, self.running_mean, self.running_var, self.momentum)
+                    self._finish_stats((part, parts, length, False), n * h * w, mean, var)
                 if stats is not None or pool is not None:
                     stage2 = (ops.dummy(q), 0, 0, ops.dummy(q), ops.dummy(q), 0.0)
             else:  # GPUs: the statistics' second stage runs inside the element-wise pass (a launch less)
@@ -289,7 +288,7 @@ class BatchNorm2d(Module):
         part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
         ops.launch(q, "norm_cpu", "bn_pool_bwd_part_cpu", (parts, c), (1, 1), n, c, h, w, oh, ow, prow, x, dp, arg,
                    mean, var, self.weight, self.bias, self.eps, slope, part, options=options)
-        ops.launch(q, "norm", "bn_bwd_finish", (c * 64,), (64,), parts, part, var, self.eps, gw, gb, int(acc), sums)
+        ops.launch(q, "norm_cpu", "bn_bwd_finish_cpu", (c,), (1,), parts, part, var, self.eps, gw, gb, int(acc), sums)
         items, rows = _pool2_rows(q, g)
         ops.launch(q, "norm_cpu", "bn_pool_bwd_apply_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, dp, arg,
                    mean, var, self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
