@@ -220,6 +220,17 @@ class Optimizer:
         return self
 
 
+def _step(q, name, n, *args):
+    """Launch optim.cl's update `name` over n values: on CPUs its _cpu variant, a chunk of them per
+    work-item (a work-group per 64 values cost PoCL a dispatch each), the chunk its last argument
+    (the arguments before it keep their indices: ops.varies)."""
+    if ops.is_cpu(q):
+        chunk, items = ops.cpu_chunk(n)
+        ops.launch(q, "optim", name + "_cpu", (items,), (1,), *args, chunk)
+    else:
+        ops.launch1d(q, "optim", name, n, *args)
+
+
 class SGD(Optimizer):
     zero_new_slots = False
 
@@ -243,8 +254,8 @@ class SGD(Optimizer):
 
     def _launch(self, flat, off, n, first, i):
         buf = flat.slot["momentum_buffer"] if self.momentum else flat.grad
-        ops.launch1d(flat.q, "optim", "sgd_step", n, off, n, flat.param, flat.grad, buf, self.lr, self.momentum,
-                     self.dampening, self.weight_decay, int(self.nesterov), int(first))
+        _step(flat.q, "sgd_step", n, off, n, flat.param, flat.grad, buf, self.lr, self.momentum, self.dampening,
+              self.weight_decay, int(self.nesterov), int(first))
 
 
 class Adam(Optimizer):
@@ -273,6 +284,6 @@ class Adam(Optimizer):
     def _launch(self, flat, off, n, t, i):
         """Parameters from i on (flat offset off, n values) at step t."""
         b1, b2 = self.betas
-        ops.launch1d(flat.q, "optim", "adam_step", n, off, n, flat.param, flat.grad, flat.slot["exp_avg"],
-                     flat.slot["exp_avg_sq"], self.lr, b1, b2, self.eps, self.weight_decay, *self._corrections(t))
+        _step(flat.q, "adam_step", n, off, n, flat.param, flat.grad, flat.slot["exp_avg"], flat.slot["exp_avg_sq"],
+              self.lr, b1, b2, self.eps, self.weight_decay, *self._corrections(t))
         ops.varies((11, 12), lambda: self._corrections(self.state[i]["step"]))  # a replay's step count
