@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import assert_close
 
-from netcl import Tensor, nn
+from netcl import Tensor, nn, ops
 
 
 def run_netcl(q, layer, x, dy):
@@ -306,6 +306,17 @@ def test_adaptive_avg_pool_vs_torch(queue, rng, torch, record_error, name, shape
     x = rand(rng, *shape)
     dy = rand(rng, *layer.output_shape(shape))
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, getattr(torch.nn, name)(size), x, dy))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 5), (64, 64, 8, 8), (1, 1, 1, 1), (2, 3, 11)])
+def test_global_avg_pool_cpu_kernel_equals_the_general_one(queue, rng, monkeypatch, shape):
+    """Global average pooling's CPU forward (planes per work-item) adds each plane in the order the
+    general kernel does: the same values bit for bit."""
+    layer = (nn.AdaptiveAvgPool2d if len(shape) == 4 else nn.AdaptiveAvgPool1d)(1)
+    x = rand(rng, *shape)
+    y = layer(Tensor.from_host(queue, x)).to_host()
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    assert np.array_equal(y, layer(Tensor.from_host(queue, x)).to_host())
 
 
 def test_adaptive_avg_pool_checks_rank_and_size():

@@ -111,7 +111,12 @@ class _AdaptiveAvgPool(Module):
         q = self._on(x)
         g = self._geometry(x.shape)
         y = ops.new(q, self.output_shape(x.shape))
-        ops.launch1d(q, "pool", "adaptive_avgpool_fwd", y.size, *g, x, y)
+        nc, h, w, oh, ow = g
+        if oh * ow == 1 and ops.is_cpu(q):  # global average pooling: planes per work-item
+            planes = max(1, ops.cpu_chunk(x.size)[0] // (h * w))
+            ops.launch(q, "pool_cpu", "global_avgpool_fwd_cpu", (-(-nc // planes),), (1,), nc, planes, h * w, x, y)
+        else:
+            ops.launch1d(q, "pool", "adaptive_avgpool_fwd", y.size, *g, x, y)
         self._saved = (x.shape, g)
         return y.mark_written()
 
