@@ -612,3 +612,42 @@ def test_batchnorm_statistics_from_the_direct_conv(queue, rng, torch, record_err
         nn.Conv2d(channels, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
     check_conv_statistics(queue, rng, torch, record_error, monkeypatch, model, (3, 3, 8, 32), "corr_cpu",
                           "direct conv")
+
+
+@pytest.mark.parametrize("preset", ["weight", "bias"])
+@pytest.mark.parametrize("kind", ["plain", "channel", "pooled", "gpu", "layernorm"])
+def test_one_parameter_gradient_already_there(queue, rng, torch, monkeypatch, kind, preset):
+    """A BatchNorm2d (each backward path) or LayerNorm whose weight or bias alone already holds a
+    gradient: that one adds this pass's, the other gets exactly this pass's. (One accumulate flag for
+    both once added dbeta onto a recycled buffer's contents, or overwrote the bias's gradient.)"""
+    if kind == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    if kind == "layernorm":
+        model, ref, shape = nn.Sequential(nn.LayerNorm(6)), torch.nn.Sequential(torch.nn.LayerNorm(6)), (3, 5, 6)
+    else:
+        layers = [nn.BatchNorm2d(4), nn.ReLU()] + ([nn.MaxPool2d(2)] if kind == "pooled" else [])
+        model = nn.Sequential(*layers)
+        ref = torch.nn.Sequential(torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                  *([torch.nn.MaxPool2d(2)] if kind == "pooled" else []))
+        shape = (2, 4, 6, 6) if kind != "channel" else (1, 4, 3, 3)
+        if kind == "channel":  # the one-kernel-per-channel path: channels >= _CHANNEL_ITEMS per core
+            monkeypatch.setattr(norm, "_CHANNEL_ITEMS", 1)
+    model = model.to(queue).train()
+    layer = model.layers[0]
+    junk = [Tensor.from_host(queue, np.full(layer.weight.size, 1000.0, np.float32)) for _ in range(4)]
+    del junk  # (their buffers back in the pool: a gradient written without clearing would show them)
+    before = rng.standard_normal(layer.weight.shape).astype(np.float32)
+    (layer.weight if preset == "weight" else layer.bias).grad = Tensor.from_host(queue, before)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    model(Tensor.from_host(queue, x))
+    model.backward(Tensor.from_host(queue, dy))
+    ref = ref.double()
+    ref(torch.tensor(x, dtype=torch.float64)).backward(torch.tensor(dy, dtype=torch.float64))
+    gw, gb = ref[0].weight.grad.numpy(), ref[0].bias.grad.numpy()
+    if preset == "weight":
+        gw = gw + before
+    else:
+        gb = gb + before
+    np.testing.assert_allclose(layer.weight.grad.to_host(), gw, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.bias.grad.to_host(), gb, rtol=1e-5, atol=1e-5)

@@ -48,6 +48,18 @@ def _act_options(act):
     return () if act == Act.NONE else (f"-DACT_KIND={int(act)}", f"-DACT_OUT={int(act.saves_output)}")
 
 
+def _grad_pair(weight, bias):
+    """(dgamma, dbeta, accumulate) for the kernels that write both under one flag. Where only one of
+    them already holds a gradient (a user set it, or cleared the other), the other starts from zeros
+    and both accumulate: one flag for both had added dbeta onto a recycled buffer's contents, or
+    overwritten a bias gradient that was there."""
+    gw, acc_w = ops.grad_target(weight)
+    gb, acc_b = ops.grad_target(bias)
+    if acc_w != acc_b:
+        (gb if acc_w else gw).fill_(0.0)
+    return gw, gb, acc_w or acc_b
+
+
 class BatchNorm2d(Module):
     # x: (N, C, H, W) -> same; batch statistics in training, running statistics in eval
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
@@ -222,9 +234,7 @@ class BatchNorm2d(Module):
             raise ValueError("BatchNorm2d writes padded planes on CPUs only")
         _check_pad(pad, h, w)
         dx = ops.new(dy, dy.shape if pad is None else (n, c) + tuple(pad[2:]))
-        gw, acc_w = ops.grad_target(self.weight)
-        gb, acc_b = ops.grad_target(self.bias)
-        assert acc_w == acc_b
+        gw, gb, acc_w = _grad_pair(self.weight, self.bias)
         q = dy.queue
         length, parts = _parts(q, n * h * w)
         cpu = ops.is_cpu(q)
@@ -281,8 +291,7 @@ class BatchNorm2d(Module):
         nc, _, _, _, _, _, oh, ow = g
         q = dp.queue
         dx = ops.new(q, x.shape)
-        gw, acc = ops.grad_target(self.weight)
-        gb, _ = ops.grad_target(self.bias)
+        gw, gb, acc = _grad_pair(self.weight, self.bias)
         prow = max(1, PART_LEN["cpu"] // (2 * w))  # pooled rows per part: each two input rows
         parts = -(-n * oh // prow)
         part, sums = ops.new(q, (c, parts, 2)), ops.new(q, (c, 2))
@@ -343,9 +352,7 @@ class LayerNorm(Module):
         m = x.size // d
         dx = ops.new(dy, dy.shape)
         ops.launch(dy.queue, "norm", "ln_bwd_dx", (m * 64,), (64,), m, d, x, dy, self.weight, mean, rstd, dx)
-        gw, acc_w = ops.grad_target(self.weight)
-        gb, acc_b = ops.grad_target(self.bias)
-        assert acc_w == acc_b
+        gw, gb, acc_w = _grad_pair(self.weight, self.bias)
         ops.launch(dy.queue, "norm", "ln_bwd_params", (d * 64,), (64,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
         gw.mark_written()
         gb.mark_written()
