@@ -62,7 +62,7 @@ for n, inputs, classes in [(3, 1, 1), (2, 7, 3), (5, 33, 10), (1, 17, 16), (4, 2
     logits, pending, dx = nn.CrossEntropyLoss().enqueue_linear(lin, guarded(q, x), labels)
     assert np.allclose(logits.to_host(), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-5), (n, inputs, classes)
     pending.item()
-for n, c, oh, ow, oc in [(2, 1, 8, 8, 16), (2, 3, 4, 4, 5), (1, 1, 7, 8, 3), (1, 1, 5, 13, 4), (2, 1, 3, 17, 2)]:
+for n, c, oh, ow, oc in [(2, 1, 8, 8, 16), (2, 3, 4, 4, 5), (1, 1, 7, 8, 3), (1, 1, 5, 16, 4), (2, 1, 3, 4, 2)]:
     conv = nn.Conv2d(c, oc, 3, padding=1).to(q)  # wgrad_narrow_cpu on minimal planes: rows end at row ends
     xp = rng.standard_normal((n, c, oh + 2, ow + 2)).astype(np.float32)
     dy = rng.standard_normal((n, oc, oh, ow)).astype(np.float32)

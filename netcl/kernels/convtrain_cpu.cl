@@ -538,7 +538,7 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
 
 // The weight and bias gradients of a stride-1 undilated convolution with few weights per output
 // channel (Conv2d's "channels" mode, WC * KS * KS <= 27: a network's first layer on planes
-// narrower than 16) straight from dy (N, OC, OH, OW) and the forward's padded x (xp: N, WC, HP,
+// of rows of 4, 8 or 16 outputs) straight from dy (N, OC, OH, OW) and the forward's padded x (xp: N, WC, HP,
 // WP; HP >= OH + KS - 1, WP >= OW + KS - 1), where im2col_cpu, dy_rows_cpu, a GEMM and
 // sum_chunks_cpu ran four launches. Work-item (ob, chunk): blocks of WRO output channels ob *
 // WRO.., then every get_global_size(0)-th block after it (the last block repeats the last
@@ -546,8 +546,8 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
 // accumulators of WV lanes (the last for the bias), WRO + WC * KS * KS vector loads per WRO * WC
 // * KS * KS multiply-adds. PAIR (rows of WH = WV / 2, an even OH): a vector holds two output rows,
 // dy's adjacent and x's two half rows joined, each half row of x loaded once for two taps; else
-// WNV vectors a row and WNT columns in scalars (every load stays inside its row). The
-// accumulators join running totals every `run` output rows (about 32 vectors a lane: no lane adds
+// a row is one vector (OW = WV; with a scalar tail, rows of 9-15 ran slower than im2col and a
+// GEMM, so Conv2d does not send them here). The accumulators join running totals every `run` output rows (about 32 vectors a lane: no lane adds
 // a long sequential run). chunks == 1: gw (OC, WC*KS*KS) and, has_bias, gb (OC) written, or
 // added to where acc_w / acc_b; else the chunk's sums go to part[chunk][OC * WC*KS*KS] and
 // partb[chunk][OC] for sum_chunks_cpu.
@@ -559,12 +559,6 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
 #endif
 #ifndef WRO
 #define WRO 2
-#endif
-#ifndef WNV  // OW = WNV * WV + WNT: whole vectors a row, then scalars (fixed counts: no per-row loop tests)
-#define WNV 1
-#endif
-#ifndef WNT
-#define WNT 0
 #endif
 #ifndef PAIR  // 1: OW = WH = WV / 2 and OH even, a vector holds two output rows
 #define PAIR 0
@@ -591,11 +585,10 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
     for (int o0 = get_global_id(0) * WRO; o0 < OC; o0 += get_global_size(0) * WRO) {
         float tot[WRO][WCK + 1];
         WVEC acc[WRO][WCK + 1];
-        float ts[WRO][WCK + 1];
 #pragma unroll
         for (int i = 0; i < WRO; i++)
 #pragma unroll
-            for (int t = 0; t <= WCK; t++) tot[i][t] = 0.0f, acc[i][t] = 0.0f, ts[i][t] = 0.0f;
+            for (int t = 0; t <= WCK; t++) tot[i][t] = 0.0f, acc[i][t] = 0.0f;
         int rows = 0;
         for (int n = n0; n < n1; n++) {
             __global const float *g[WRO];
@@ -636,47 +629,29 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
                         }
                 }
             }
-#else
+#else  // a row one vector (OW = WV)
             for (int y = 0; y < OH; y++, xr += WP) {
+                WVEC gv[WRO];
 #pragma unroll
-                for (int v = 0; v < WNV; v++) {
-                    const int x = v * WV;
-                    WVEC gv[WRO];
-#pragma unroll
-                    for (int i = 0; i < WRO; i++) {
-                        gv[i] = *(__global const uwvec *)(g[i] + y * OW + x);
-                        acc[i][WCK] += gv[i];
-                    }
-#pragma unroll
-                    for (int t = 0; t < WCK; t++) {
-                        const int c = t / (KS * KS), j = t / KS % KS, l = t % KS;
-                        const WVEC xv = *(__global const uwvec *)(xr + (c * HP + j) * WP + l + x);
-#pragma unroll
-                        for (int i = 0; i < WRO; i++) acc[i][t] += gv[i] * xv;
-                    }
+                for (int i = 0; i < WRO; i++) {
+                    gv[i] = *(__global const uwvec *)(g[i] + y * OW);
+                    acc[i][WCK] += gv[i];
                 }
-#if WNT
-                for (int x = WNV * WV; x < OW; x++) {
 #pragma unroll
-                    for (int i = 0; i < WRO; i++) {
-                        const float gs = g[i][y * OW + x];
-                        ts[i][WCK] += gs;
+                for (int t = 0; t < WCK; t++) {
+                    const int c = t / (KS * KS), j = t / KS % KS, l = t % KS;
+                    const WVEC xv = *(__global const uwvec *)(xr + (c * HP + j) * WP + l);
 #pragma unroll
-                        for (int t = 0; t < WCK; t++) {
-                            const int c = t / (KS * KS), j = t / KS % KS, l = t % KS;
-                            ts[i][t] += gs * xr[(c * HP + j) * WP + l + x];
-                        }
-                    }
+                    for (int i = 0; i < WRO; i++) acc[i][t] += gv[i] * xv;
                 }
-#endif
                 if (++rows == run || (n == n1 - 1 && y == OH - 1)) {  // the run's sums join the totals
                     rows = 0;
 #pragma unroll
                     for (int i = 0; i < WRO; i++)
 #pragma unroll
                         for (int t = 0; t <= WCK; t++) {
-                            tot[i][t] += WHSUM(acc[i][t]) + ts[i][t];
-                            acc[i][t] = 0.0f, ts[i][t] = 0.0f;
+                            tot[i][t] += WHSUM(acc[i][t]);
+                            acc[i][t] = 0.0f;
                         }
                 }
             }

@@ -103,8 +103,12 @@ _CORRC_TC, _CORRC_MAX_R = 8, 1152
 # work-item keep WRO * (weights + 1) accumulators within _NARROW_ACC (the 32 AVX-512 registers
 # less the loads'); split over images past _NARROW_SPLIT multiply-adds where fewer than
 # _NARROW_ITEMS work-items per core would run; the accumulators join the totals every
-# _NARROW_RUN vectors a lane
+# _NARROW_RUN vectors a lane. Only rows of _NARROW_WIDTHS outputs (a vector, or two rows to one):
+# a review's sweep (1 or 3 input channels, 3x3 and 5x5, 16 or 64 outputs, batch 8 and 64) found
+# rows of 4 and 8 at 0.3-0.9x of the four launches' time, but rows of 12 at 0.28-1.34x and rows
+# of 9-15 with a scalar tail up to 4.9x slower (one output channel a work-item at 25-27 weights)
 _NARROW_MAX_R, _NARROW_ACC, _NARROW_ITEMS, _NARROW_SPLIT, _NARROW_RUN = 27, 20, 2, 1 << 22, 32
+_NARROW_WIDTHS = (4, 8, 16)
 _ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 _CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
@@ -611,7 +615,7 @@ class Conv2d(Module):
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
-        if mode == "channels" and s == 1 and ckk <= _NARROW_MAX_R:
+        if mode == "channels" and s == 1 and ckk <= _NARROW_MAX_R and ow in _NARROW_WIDTHS:
             self._wgrad_narrow(q, cols, dy)
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
         if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
@@ -660,7 +664,7 @@ class Conv2d(Module):
     def _wgrad_narrow(self, q, xp, dy):
         """dW and db of a "channels" convolution of stride 1 with few weights per output channel
         in one wgrad_narrow_cpu launch from dy and the forward's padded x (no im2col columns, no
-        GEMM): rows of 4 or 8 two to a vector (PAIR), wider ones in vectors and a scalar tail;
+        GEMM): rows of 4 or 8 two to a vector (PAIR) where their number is even, else a row a vector;
         split over images (partial sums, then sum_chunks_cpu) only where the output channels
         alone leave the cores idle on a long sum."""
         n, oc, oh, ow = dy.shape
@@ -674,9 +678,9 @@ class Conv2d(Module):
             chunks = -(-n // imgs)
         imgs = -(-n // chunks)
         pair = ow in (4, 8) and oh % 2 == 0
-        vw = 2 * ow if pair else 16 if ow >= 16 else 8 if ow >= 8 else 4
-        shape = ("-DPAIR=1", f"-DWH={ow}") if pair else (f"-DWNV={ow // vw}", f"-DWNT={ow % vw}")
-        options = _cpu_options(self.kernel_size) + (f"-DWC={self.in_channels}", f"-DWV={vw}", f"-DWRO={ro}") + shape
+        vw = 2 * ow if pair else ow  # a row one vector (_NARROW_WIDTHS)
+        options = _cpu_options(self.kernel_size) + (f"-DWC={self.in_channels}", f"-DWV={vw}", f"-DWRO={ro}") + (
+            ("-DPAIR=1", f"-DWH={ow}") if pair else ())
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
         part, partb = (ops.new(q, (chunks, oc * ckk)), ops.new(q, (chunks, oc))) if chunks > 1 else (None, None)
