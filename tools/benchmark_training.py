@@ -282,7 +282,10 @@ def bench_direct(q, repeat, direct, rng):
     """The weight gradients a step computes without a GEMM (Conv2d._wgrad_narrow: dW and db of a
     first layer from dy and its padded input in one launch), replayed, against numpy's GEMM of the
     same product (dy as (OC, N*P) times the im2col columns, both contiguous and made beforehand:
-    numpy is not charged for im2col or the bias's sums)."""
+    numpy is not charged for im2col or the bias's sums), and against the launches it replaced
+    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0)."""
+    from netcl.nn import conv as conv_module
+
     rows = []
     for label, c, oc, k, p, bias, xp_shape, dy_shape in direct:
         conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
@@ -297,6 +300,20 @@ def bench_direct(q, repeat, direct, rng):
                 conv.bias.grad = None
             conv._wgrad_narrow(q, xt, dyt)
         replay, launches = _replayable(q, grads)
+        # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
+        conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
+        real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
+        try:
+            def old_grads():
+                conv.weight.grad = None
+                if bias:
+                    conv.bias.grad = None
+                conv._backward_cpu(dyt, False)
+            replaced, replaced_launches = _replayable(q, old_grads)
+            replaced(1)
+            old_dw = conv.weight.grad.to_host()
+        finally:
+            conv_module._NARROW_MAX_R = real_max
         cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, :oh, :ow]
         cols = np.ascontiguousarray(cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * k * k, n * oh * ow))
         dyr = np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
@@ -310,20 +327,26 @@ def bench_direct(q, repeat, direct, rng):
         replay(1)
         ref = dyr.astype(np.float64) @ cols.T.astype(np.float64)
         err = float(np.max(np.abs(conv.weight.grad.to_host().reshape(M, N) - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        rounds = [[_settled(lambda: replay(reps)) / reps, _settled(run_np) / reps] for _ in range(repeat)]
-        t_rep, t_np = (min(r[i] for r in rounds) for i in range(2))
+        if bias:  # and the bias's: the row sums of dy
+            ref_b = dyr.astype(np.float64).sum(axis=1)
+            err = max(err, float(np.max(np.abs(conv.bias.grad.to_host() - ref_b)) / max(np.max(np.abs(ref_b)), 1e-30)))
+        err = max(err, float(np.max(np.abs(old_dw.reshape(M, N) - ref)) / max(np.max(np.abs(ref)), 1e-30)))
+        rounds = [[_settled(lambda: replay(reps)) / reps, _settled(run_np) / reps, _settled(lambda: replaced(reps)) / reps]
+                  for _ in range(repeat)]
+        t_rep, t_np, t_old = (min(r[i] for r in rounds) for i in range(3))
         flop = 2.0 * M * N * K
         rows.append({"label": label, "M": M, "N": N, "K": K, "batch": 1, "layout": "NT", "launches": launches,
                      "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6, "replayed_gflops": flop / t_rep / 1e9,
-                     "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep, "rel_err": err})
+                     "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep, "rel_err": err,
+                     "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches})
     if rows:
         print("\n== weight gradients without a GEMM (dW and db in one launch) vs numpy's GEMM of the same product ==")
         print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
-              f"{'replayed us':>11s} {'numpy us':>8s} {'rel err':>8s}")
+              f"{'replayed us':>11s} {'numpy us':>8s} {'replaced us (launches)':>22s} {'rel err':>8s}")
     for r in rows:
         print(f"{r['M']}x{r['N']}x{r['K']} NT".ljust(18) + f" {r['label'][:38]:38s} {r['replayed_gflops']:13.1f} "
               f"{r['numpy_gflops']:10.1f} {r['replayed_ratio']:11.3f} {r['replayed_us']:11.1f} {r['numpy_us']:8.1f} "
-              f"{r['rel_err']:8.1e}")
+              f"{r['replaced_us']:14.1f} ({r['replaced_launches']})     {r['rel_err']:8.1e}")
     return rows
 
 
@@ -455,7 +478,7 @@ def bench_layers(q, repeat, quick, torch):
             q.finish()
 
         t_f = _settled(fwd, repeat, min_seconds=0.1)
-        t_fb = median_time(fwd_bwd, repeat, min_seconds=0.1)
+        t_fb = _settled(fwd_bwd, repeat, min_seconds=0.1)
         row = {"group": group, "layer": name, "shape": list(shape), "fwd_ms": t_f * 1e3,
                "bwd_ms": (t_fb - t_f) * 1e3, "fwd_bwd_ms": t_fb * 1e3}
         twin = _torch_twin(layer, torch) if torch is not None else None
