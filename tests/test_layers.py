@@ -203,9 +203,12 @@ def test_gelu_approximate_is_checked():
             nn.GELU(approximate=bad)
 
 
-@pytest.mark.parametrize("shape", [(4, 7), (2, 5, 13), (1, 3, 4, 33), (3, 200), (2, 1)])
+@pytest.mark.parametrize("shape", [(4, 7), (2, 5, 13), (1, 3, 4, 33), (3, 200), (2, 1), (8, 64, 32)])
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_layernorm_vs_torch(queue, rng, torch, record_error, shape, mode):
+@pytest.mark.parametrize("cls", ["native", "gpu"])  # on a CPU: norm_cpu.cl's kernels, and norm.cl's forced
+def test_layernorm_vs_torch(queue, rng, torch, record_error, monkeypatch, shape, mode, cls):
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     d = shape[-1]
     layer = nn.LayerNorm(d, eps=1e-4).train(mode == "train")
     ref = torch.nn.LayerNorm(d, eps=1e-4)

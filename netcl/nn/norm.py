@@ -306,6 +306,12 @@ class BatchNorm2d(Module):
         return dx.mark_written()
 
 
+def _ln_rows(m, d):
+    """(rows per work-item, work-items) of norm_cpu.cl's LayerNorm kernels over m rows of d."""
+    rows = max(1, ops.cpu_chunk(m * d)[0] // d)
+    return rows, -(-m // rows)
+
+
 class LayerNorm(Module):
     # x: (..., D) -> same, normalised over the last dimension (biased variance), then * weight + bias
     def __init__(self, normalized_shape, eps=1e-5):
@@ -342,7 +348,13 @@ class LayerNorm(Module):
         d = self.normalized_shape
         m = x.size // d
         y, mean, rstd = ops.new(q, x.shape), ops.new(q, (m,)), ops.new(q, (m,))
-        ops.launch(q, "norm", "ln_fwd", (m * 64,), (64,), m, d, x, self.weight, self.bias, self.eps, y, mean, rstd)
+        if ops.is_cpu(q):  # rows per work-item (norm_cpu.cl): a work-group per row cost PoCL ~1.7 us a row
+            rows, items = _ln_rows(m, d)
+            ops.launch(q, "norm_cpu", "ln_fwd_cpu", (items,), (1,), m, d, rows, x, self.weight, self.bias, self.eps,
+                       y, mean, rstd)
+        else:
+            ops.launch(q, "norm", "ln_fwd", (m * 64,), (64,), m, d, x, self.weight, self.bias, self.eps, y, mean,
+                       rstd)
         self._saved = (x, mean.mark_written(), rstd.mark_written())
         return y.mark_written()
 
@@ -350,10 +362,15 @@ class LayerNorm(Module):
         x, mean, rstd = self._saved
         d = self.normalized_shape
         m = x.size // d
-        dx = ops.new(dy, dy.shape)
-        ops.launch(dy.queue, "norm", "ln_bwd_dx", (m * 64,), (64,), m, d, x, dy, self.weight, mean, rstd, dx)
+        dx, q = ops.new(dy, dy.shape), dy.queue
         gw, gb, acc_w = _grad_pair(self.weight, self.bias)
-        ops.launch(dy.queue, "norm", "ln_bwd_params", (d * 64,), (64,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
+        if ops.is_cpu(q):
+            rows, items = _ln_rows(m, d)
+            ops.launch(q, "norm_cpu", "ln_bwd_dx_cpu", (items,), (1,), m, d, rows, x, dy, self.weight, mean, rstd, dx)
+            ops.launch(q, "norm_cpu", "ln_bwd_params_cpu", (d,), (1,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
+        else:
+            ops.launch(q, "norm", "ln_bwd_dx", (m * 64,), (64,), m, d, x, dy, self.weight, mean, rstd, dx)
+            ops.launch(q, "norm", "ln_bwd_params", (d * 64,), (64,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()
