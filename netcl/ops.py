@@ -404,7 +404,10 @@ _SUM_CHUNK = 4096  # summands per first-stage work-group
 def sum_axis(x, I, J, si, sj, out, accumulate=False, off=0):
     """out[j] (+)= sum_i x[off + i*si + j*sj]"""
     q, options = x.queue, _gemm_config(x.queue)[1]
-    if config_class(q) == "gpu" and I >= _SUM_SPLIT:
+    if config_class(q) != "gpu":  # a work-item per output (norm_cpu.cl): no work-groups of 64 with barriers
+        launch(q, "norm_cpu", "sum_axis_cpu", (max(J, 1),), (1,), I, J, x, off, si, sj, out, int(accumulate))
+        return out.mark_written()
+    if I >= _SUM_SPLIT:
         chunks = _cdiv(I, _SUM_CHUNK)
         part = new(q, (J, chunks))
         launch(q, "gemm", "sum_axis_part", (J * chunks * 64,), (64,), I, J, x, off, si, sj, _SUM_CHUNK, chunks,

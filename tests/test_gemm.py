@@ -231,6 +231,25 @@ def test_sum_axis_two_stages(queue, rng, gpu_config, I, J, rows, accumulate):
     assert np.array_equal(results[0], results[1]), "sum_axis result changed between runs"
 
 
+@pytest.mark.parametrize("I,J,rows", [(20003, 5, True), (64, 96, False), (1, 3, False), (37, 1, True)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_sum_axis_cpu(queue, rng, I, J, rows, accumulate):
+    """sum_axis on the CPU classes (norm_cpu.cl's sum_axis_cpu, a work-item per output): contiguous
+    and strided summands after an offset, accumulating or not, the same bits on every run."""
+    if not ops.is_cpu(queue):
+        pytest.skip("the CPU classes' kernel")
+    off = 5
+    x = rng.standard_normal((J, I) if rows else (I, J)).astype(np.float32)
+    si, sj = (1, I) if rows else (J, 1)
+    X = Tensor.from_host(queue, np.concatenate([np.zeros(off, np.float32), x.ravel()]))
+    out0 = rng.standard_normal(J).astype(np.float32)
+    ref = x.astype(np.float64).sum(axis=1 if rows else 0) + (out0 if accumulate else 0.0)
+    results = [ops.sum_axis(X, I, J, si, sj, Tensor.from_host(queue, out0), accumulate=accumulate, off=off).to_host()
+               for _ in range(2)]
+    assert_close(results[0], ref, what=f"sum_axis I={I} J={J}")
+    assert np.array_equal(results[0], results[1])
+
+
 def test_whole_tiles_store_what_the_general_epilogue_stores(queue):
     """gemm_cpu stores whole tiles of a plain product without the epilogue's tests: rows in whole
     tiles (0-7) and in the partial one (8) hold the same bits, down to a sum of -0.0."""

@@ -646,3 +646,19 @@ void ln_bwd_params_cpu(const int M, const int D, __global const float *x, __glob
     dgamma[d] = acc ? dgamma[d] + dg : dg;
     dbeta[d] = acc ? dbeta[d] + db : db;
 }
+
+// ops.sum_axis for CPUs: out[j] (+)= sum_i X[off + i*si + j*sj] (a Linear's bias gradient, the
+// column sums of dy), a work-item per output, the terms in 16 lanes: gemm.cl's sum_axis runs a
+// work-group of 64 with barriers per output, about 2 us each on PoCL
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void sum_axis_cpu(const int I, const int J, __global const float *X, const int off, const int si, const int sj,
+                  __global float *out, const int accumulate) {
+    const int j = get_global_id(0);
+    __global const float *xj = X + off + (long)j * sj;
+    float a[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) a[i] = 0.0f;
+    for (int i = 0; i < I; i++) a[i % 16] += xj[(long)i * si];
+    const float s = sum16(a);
+    out[j] = accumulate ? out[j] + s : s;
+}
