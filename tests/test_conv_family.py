@@ -291,6 +291,8 @@ GPU_CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
     (1, 4, 12, 11, 6, 3, 2, 3, 3, 2, True),    # grouped, dilated, strided
     (2, 6, 5, 7, 8, 1, 1, 0, 1, 2, True),      # grouped 1x1
     (2, 3, 10, 11, 8, 1, 2, 0, 1, 1, False),   # 1x1 stride 2: col2im leaves pixels without taps
+    (2, 5, 9, 7, 5, 3, 1, 1, 1, 5, True),      # depthwise (conv.cl's dw_* kernels; CPUs run their _cpu variants)
+    (3, 3, 8, 9, 6, 3, 2, 1, 1, 3, True),      # depthwise, channel multiplier 2, stride 2
 ]
 
 

@@ -870,7 +870,10 @@ class Conv2d(Module):
         k, s, p, d = self._geometry()
         q, geometry = dy.queue, (n, c, h, w, oc // c, k, s, p, d, oh, ow)
         gw, acc = ops.grad_target(self.weight)
-        ops.launch(q, "conv", "dw_backward_weight", (oc * k * k * _RED,), (_RED,), *geometry, x, dy, gw, int(acc))
+        if ops.is_cpu(q):  # a work-item per weight (no work-group of 64 with a barrier per weight)
+            ops.launch(q, "conv", "dw_backward_weight_cpu", (oc * k * k,), (1,), *geometry, x, dy, gw, int(acc))
+        else:
+            ops.launch(q, "conv", "dw_backward_weight", (oc * k * k * _RED,), (_RED,), *geometry, x, dy, gw, int(acc))
         gw.mark_written()
         if self.bias is not None:
             _channel_sum(dy, self.bias)
