@@ -63,6 +63,41 @@ def varies(indices, fn):
         rec.vary(indices, fn)
 
 
+def softmax_fwd(q, outer, D, inner, x, y):
+    """y = softmax of x (outer, D, inner) over D: on CPUs a run of lines per work-item, contiguous
+    lines in vectors (norm_cpu.cl); elsewhere a work-item per line (norm.cl)."""
+    if is_cpu(q):
+        rows = max(1, cpu_chunk(outer * inner * 3 * D)[0] // (3 * D))
+        launch(q, "norm_cpu", "softmax_fwd_cpu", (-(-outer * inner // rows),), (1,), outer, D, inner, x, y,
+               outer * inner, rows)
+    else:
+        launch1d(q, "norm", "softmax_fwd", outer * inner, outer, D, inner, x, y)
+    return y.mark_written()
+
+
+def softmax_bwd(q, outer, D, inner, y, dy, dx, scale):
+    """dx = y * (dy - sum(dy * y)) * scale over D, as softmax_fwd runs its lines."""
+    if is_cpu(q):
+        rows = max(1, cpu_chunk(outer * inner * 2 * D)[0] // (2 * D))
+        launch(q, "norm_cpu", "softmax_bwd_cpu", (-(-outer * inner // rows),), (1,), outer, D, inner, y, dy, dx,
+               float(scale), outer * inner, rows)
+    else:
+        launch1d(q, "norm", "softmax_bwd", outer * inner, outer, D, inner, y, dy, dx, float(scale))
+    return dx.mark_written()
+
+
+def launch_rows(queue, family, name, n, rows_of, length, *args, options=()):
+    """Enqueue kernel `name` over n elements, on CPUs as its `name`_cpu variant over their rows_of
+    rows (about `length` floats each), a run of rows per work-item (the row count and the run its
+    last two arguments): per-element index arithmetic cost PoCL more than the moves, and a
+    work-group per 64 elements a dispatch each. Elsewhere one work-item per element (launch1d)."""
+    if is_cpu(queue):
+        rows = max(1, cpu_chunk(rows_of * max(length, 1))[0] // max(length, 1))
+        return launch(queue, family, name + "_cpu", (max(1, -(-rows_of // rows)),), (1,), *args, rows_of, rows,
+                      options=options)
+    return launch1d(queue, family, name, n, *args, options=options)
+
+
 def launch1d(queue, family, name, n, *args, options=()):
     return launch(queue, family, name, (max(n, 1),), (_LOCAL,), *args, options=options)
 

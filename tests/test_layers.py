@@ -261,7 +261,10 @@ class _TorchTranspose:
                                          ((3, 5, 7), 2, 2), ((1, 7, 5), 1, 2), ((2, 1, 5), 1, 2),
                                          ((3, 4, 1, 6), 1, 3), ((1, 9, 64), 2, 1)])
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_transpose_vs_torch(queue, rng, torch, record_error, shape, d0, d1, mode):
+@pytest.mark.parametrize("cls", ["native", "gpu"])  # on a CPU: its rows kernel, and the GPU class's
+def test_transpose_vs_torch(queue, rng, torch, record_error, monkeypatch, shape, d0, d1, mode, cls):
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     layer = nn.Transpose(d0, d1).train(mode == "train")
     x = rand(rng, *shape)
     dy = rand(rng, *layer.output_shape(shape))
@@ -382,15 +385,21 @@ def test_maxpool_ties_nan_inf_vs_torch(queue, rng, torch, monkeypatch, cls):
 
 
 @pytest.mark.parametrize("shape,dim", [((4, 10), 1), ((3, 7), -1), ((2, 3, 4, 5), 1), ((2, 3, 4, 5), -1),
-                                       ((2, 3, 4, 5), 2), ((1, 1000), 1)])
-def test_softmax_vs_torch(queue, rng, torch, record_error, shape, dim):
+                                       ((2, 3, 4, 5), 2), ((1, 1000), 1), ((3, 2, 16), -1), ((2, 37), 1)])
+@pytest.mark.parametrize("cls", ["native", "gpu"])  # on a CPU: lines in vectors where contiguous, and the GPU class's
+def test_softmax_vs_torch(queue, rng, torch, record_error, monkeypatch, shape, dim, cls):
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     x = rand(rng, *shape) * 4
     dy = rand(rng, *shape)
     compare(record_error, run_netcl(queue, nn.Softmax(dim), x, dy), run_torch(torch, torch.nn.Softmax(dim), x, dy))
 
 
 @pytest.mark.parametrize("n,L,e,h", [(2, 5, 8, 2), (1, 7, 12, 3), (3, 4, 16, 4), (2, 9, 6, 1)])
-def test_multihead_attention_vs_torch(queue, rng, torch, record_error, n, L, e, h):
+@pytest.mark.parametrize("cls", ["native", "gpu"])  # on a CPU: the heads' row copies, and the GPU class's
+def test_multihead_attention_vs_torch(queue, rng, torch, record_error, monkeypatch, n, L, e, h, cls):
+    if cls == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     layer = nn.MultiheadAttention(e, h)
     ref = torch.nn.MultiheadAttention(e, h, batch_first=True)
     assert set(layer.state_dict()) == set(ref.state_dict())  # same names: torch checkpoints load as they are

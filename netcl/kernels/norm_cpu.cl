@@ -662,3 +662,87 @@ void sum_axis_cpu(const int I, const int J, __global const float *X, const int o
     const float s = sum16(a);
     out[j] = accumulate ? out[j] + s : s;
 }
+
+// Softmax over the middle axis of (outer, D, inner) on CPUs: a run of `rows` lines per work-item
+// (norm.cl's softmax_fwd/bwd take a work-item a line); a contiguous line (inner 1, D >= 16) in
+// float16 vectors: its max, exp (on vectors) and sums in lanes, then a scalar tail
+inline float hmax16(const float16 v) {
+    const float8 a = fmax(v.lo, v.hi);
+    const float4 b = fmax(a.lo, a.hi);
+    const float2 c = fmax(b.lo, b.hi);
+    return fmax(c.x, c.y);
+}
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void softmax_fwd_cpu(const int outer, const int D, const int inner, __global const float *x, __global float *y,
+                     const int total, const int rows) {
+    const int g1 = min(total, (int)(get_global_id(0) + 1) * rows);
+    for (int g = get_global_id(0) * rows; g < g1; g++) {
+        const long base = (long)(g / inner) * D * inner + g % inner;
+        if (inner == 1 && D >= 16) {
+            __global const float *xr = x + base;
+            __global float *yr = y + base;
+            float16 mv = -INFINITY;
+            int d = 0;
+            for (; d + 16 <= D; d += 16) mv = fmax(mv, *(__global const ufloat16 *)(xr + d));
+            float m = hmax16(mv);
+            for (; d < D; d++) m = fmax(m, xr[d]);
+            float16 sv = 0.0f;
+            for (d = 0; d + 16 <= D; d += 16) {
+                const float16 e = exp(*(__global const ufloat16 *)(xr + d) - m);
+                *(__global ufloat16 *)(yr + d) = e;
+                sv += e;
+            }
+            float s = hsum16(sv);
+            for (; d < D; d++) {
+                const float e = exp(xr[d] - m);
+                yr[d] = e;
+                s += e;
+            }
+            const float r = 1.0f / s;
+            for (d = 0; d + 16 <= D; d += 16) *(__global ufloat16 *)(yr + d) = *(__global ufloat16 *)(yr + d) * r;
+            for (; d < D; d++) yr[d] *= r;
+            continue;
+        }
+        float m = -INFINITY;
+        for (int d = 0; d < D; d++) m = fmax(m, x[base + d * inner]);
+        float s = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float e = exp(x[base + d * inner] - m);
+            y[base + d * inner] = e;
+            s += e;
+        }
+        const float r = 1.0f / s;
+        for (int d = 0; d < D; d++) y[base + d * inner] *= r;
+    }
+}
+
+// dx = y * (dy - sum(dy * y)) * scale, lines as softmax_fwd_cpu
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void softmax_bwd_cpu(const int outer, const int D, const int inner, __global const float *y,
+                     __global const float *dy, __global float *dx, const float scale, const int total,
+                     const int rows) {
+    const int g1 = min(total, (int)(get_global_id(0) + 1) * rows);
+    for (int g = get_global_id(0) * rows; g < g1; g++) {
+        const long base = (long)(g / inner) * D * inner + g % inner;
+        if (inner == 1 && D >= 16) {
+            __global const float *yr = y + base, *gr = dy + base;
+            __global float *o = dx + base;
+            float16 sv = 0.0f;
+            int d = 0;
+            for (; d + 16 <= D; d += 16) sv += *(__global const ufloat16 *)(gr + d) * *(__global const ufloat16 *)(yr + d);
+            float s = hsum16(sv);
+            for (; d < D; d++) s += gr[d] * yr[d];
+            for (d = 0; d + 16 <= D; d += 16)
+                *(__global ufloat16 *)(o + d) = *(__global const ufloat16 *)(yr + d) * (*(__global const ufloat16 *)(gr + d) - s) * scale;
+            for (; d < D; d++) o[d] = yr[d] * (gr[d] - s) * scale;
+            continue;
+        }
+        float s = 0.0f;
+        for (int d = 0; d < D; d++) s += dy[base + d * inner] * y[base + d * inner];
+        for (int d = 0; d < D; d++) {
+            const long i = base + d * inner;
+            dx[i] = y[i] * (dy[i] - s) * scale;
+        }
+    }
+}

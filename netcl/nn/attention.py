@@ -48,12 +48,12 @@ class MultiheadAttention(Module):
     def _heads(self, src, rw, off, n, L):
         h, d = self.num_heads, self.embed_dim // self.num_heads
         out = ops.new(src, (n * h, L, d))
-        ops.launch1d(src.queue, "attention", "split_heads", out.size, n, L, h, d, src, rw, off, out)
+        ops.launch_rows(src.queue, "attention", "split_heads", out.size, n * h * L, d, n, L, h, d, src, rw, off, out)
         return out.mark_written()
 
     def _merge(self, src, dst, rw, off, n, L):
         h, d = self.num_heads, self.embed_dim // self.num_heads
-        ops.launch1d(src.queue, "attention", "merge_heads", src.size, n, L, h, d, src, rw, off, dst)
+        ops.launch_rows(src.queue, "attention", "merge_heads", src.size, n * h * L, d, n, L, h, d, src, rw, off, dst)
         return dst.mark_written()
 
     def forward(self, x):
@@ -67,8 +67,7 @@ class MultiheadAttention(Module):
         S = ops.gemm(L, L, d, Q, (d, 1, L * d), K, (1, d, L * d), ops.new(q, (n * h, L, L)), (L, 1, L * L),
                      alpha=1.0 / math.sqrt(d), batch=n * h)
         P = ops.new(q, S.shape)
-        ops.launch1d(q, "norm", "softmax_fwd", n * h * L, n * h * L, L, 1, S, P)
-        P.mark_written()
+        ops.softmax_fwd(q, n * h * L, L, 1, S, P)
         O = ops.gemm(L, d, L, P, (L, 1, L * L), V, (d, 1, L * d), ops.new(q, (n * h, L, d)), (d, 1, L * d),
                      batch=n * h)
         Ocat = self._merge(O, ops.new(q, (n * L, e)), e, 0, n, L)
@@ -90,8 +89,7 @@ class MultiheadAttention(Module):
         dP = ops.gemm(L, L, d, dO, (d, 1, L * d), V, (1, d, L * d), ops.new(q, (B, L, L)), (L, 1, L * L), batch=B)
         dV = ops.gemm(L, d, L, P, (1, L, L * L), dO, (d, 1, L * d), ops.new(q, (B, L, d)), (d, 1, L * d), batch=B)
         dS = ops.new(q, (B, L, L))
-        ops.launch1d(q, "norm", "softmax_bwd", B * L, B * L, L, 1, P, dP, dS, 1.0 / math.sqrt(d))
-        dS.mark_written()
+        ops.softmax_bwd(q, B * L, L, 1, P, dP, dS, 1.0 / math.sqrt(d))
         dQ = ops.gemm(L, d, L, dS, (L, 1, L * L), K, (d, 1, L * d), ops.new(q, (B, L, d)), (d, 1, L * d), batch=B)
         dK = ops.gemm(L, d, L, dS, (1, L, L * L), Q, (d, 1, L * d), ops.new(q, (B, L, d)), (d, 1, L * d), batch=B)
         dqkv = ops.new(q, (n * L, 3 * e))

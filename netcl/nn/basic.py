@@ -92,7 +92,8 @@ class Transpose(Module):
         if split is None:
             return x.reshape(self.output_shape(x.shape))
         y = ops.new(q, self.output_shape(x.shape))
-        ops.launch1d(q, "shape", "transpose", y.size, y.size, *split, x, y)
+        d0, _, _, c = split
+        ops.launch_rows(q, "shape", "transpose", y.size, y.size // (d0 * c), d0 * c, y.size, *split, x, y)
         return y.mark_written()
 
     def backward(self, dy):
@@ -101,7 +102,8 @@ class Transpose(Module):
             return dy.reshape(self._shape)
         d0, b, d1, c = split
         dx = ops.new(dy, self._shape)
-        ops.launch1d(dy.queue, "shape", "transpose", dx.size, dx.size, d1, b, d0, c, dy, dx)
+        ops.launch_rows(dy.queue, "shape", "transpose", dx.size, dx.size // (d1 * c), d1 * c, dx.size, d1, b, d0, c,
+                        dy, dx)
         return dx.mark_written()
 
 
