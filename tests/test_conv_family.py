@@ -35,6 +35,10 @@ CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
     (2, 6, 5, 7, 8, 1, 1, 0, 1, 2, True),      # grouped 1x1
     (2, 3, 2, 3, 6, 3, 2, 2, 2, 3, True),      # depthwise, dilated taps wider than the image
     (1, 2, 10, 7, 6, 5, 3, 2, 1, 2, True),     # depthwise, multiplier 3, stride 3
+    (3, 3, 8, 9, 6, 3, 1, 1, 1, 3, True),      # depthwise stride 1 on CPUs: dw_fwd_cpu's 8-wide rows, multiplier 2
+    (2, 4, 6, 20, 4, 5, 1, 2, 1, 4, False),    # depthwise 5x5: a 16-wide vector and a partial one a row
+    (1, 3, 5, 4, 3, 3, 1, 0, 1, 3, True),      # depthwise, no padding: rows of 2 in a 4-wide vector
+    (2, 16, 16, 16, 16, 3, 1, 1, 1, 16, True),  # depthwise as in mobilenetv2_tiny: whole 16-wide rows
 ]
 
 

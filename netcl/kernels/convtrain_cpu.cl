@@ -1074,3 +1074,124 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
             *(__global ufloat16 *)(e + 16 + W) = INTERLEAVE8(tot[m][i][2].hi, tot[m][i][3].hi);
         }
 }
+
+// A depthwise convolution's forward of stride 1 on CPUs (Conv2d._depthwise_cpu): output plane po
+// = (n, o), o = c * M + m, from input plane (n, c) given as zero-bordered planes xp (N, C, HP, WP;
+// x at (p, p), HP >= OH + KS - 1, WP >= OW rounded up to DWV, plus KS - 1), so that whole vectors
+// of DWV outputs need no bounds checks; its KS * KS weights broadcast from registers, the taps
+// added in conv.cl's dw_forward order (kh, kw), the bias after. `planes` planes per work-item.
+// (dw_forward's one work-item per row, a bounds test per tap, ran 0.8 GFLOP/s here.)
+#ifndef DWV
+#define DWV 16
+#endif
+#define DVEC VCAT(float, DWV)
+typedef DVEC __attribute__((aligned(4))) udvec;
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void dw_fwd_cpu(const int NO, const int planes, const int C, const int M, const int OH, const int OW, const int HP,
+                const int WP, __global const float *xp, __global const float *w, __global const float *bias,
+                const int has_bias, __global float *y) {
+    const int p1 = min(NO, (int)get_global_id(0) * planes + planes);
+    for (int po = get_global_id(0) * planes; po < p1; po++) {
+        const int n = po / (C * M), o = po - n * C * M;
+        __global const float *src = xp + ((long)n * C + o / M) * HP * WP;
+        float wk[KS * KS];
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) wk[t] = w[o * KS * KS + t];
+        const float b = has_bias ? bias[o] : 0.0f;
+        __global float *dst = y + (long)po * OH * OW;
+        for (int oh = 0; oh < OH; oh++) {
+            for (int ow = 0; ow < OW; ow += DWV) {
+                DVEC acc = 0.0f;
+#pragma unroll
+                for (int kh = 0; kh < KS; kh++)
+#pragma unroll
+                    for (int kw = 0; kw < KS; kw++)
+                        acc = fma(*(__global const udvec *)(src + (oh + kh) * WP + ow + kw), (DVEC)(wk[kh * KS + kw]), acc);
+                if (has_bias) acc += b;
+                if (ow + DWV <= OW) {
+                    *(__global udvec *)(dst + oh * OW + ow) = acc;
+                } else {
+                    float t[DWV];
+                    *(udvec *)t = acc;
+                    for (int i = 0; i < OW - ow; i++) dst[oh * OW + ow + i] = t[i];
+                }
+            }
+        }
+    }
+}
+
+// Its data gradient (stride 1, padding <= KS - 1): dx plane (n, c) = the sum over m of the
+// correlation of dy plane (n, c * M + m), zero-bordered by KS - 1 - p (dyp: N, C * M, HP, WP; HP >=
+// H + KS - 1, WP >= W rounded up to DWV, plus KS - 1), with that channel's flipped weights: conv.cl's
+// dw_backward_data without its bounds and stride tests. `planes` planes per work-item.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void dw_bwd_data_cpu(const int NC, const int planes, const int C, const int M, const int H, const int W,
+                     const int HP, const int WP, __global const float *dyp, __global const float *w,
+                     __global float *dx) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int pc = get_global_id(0) * planes; pc < p1; pc++) {
+        const int n = pc / C, c = pc - n * C;
+        __global float *dst = dx + (long)pc * H * W;
+        for (int ih = 0; ih < H; ih++) {
+            for (int iw = 0; iw < W; iw += DWV) {
+                DVEC acc = 0.0f;
+                for (int m = 0; m < M; m++) {
+                    const int o = c * M + m;
+                    __global const float *src = dyp + ((long)n * C * M + o) * HP * WP;
+                    __global const float *wk = w + o * KS * KS;
+#pragma unroll
+                    for (int kh = 0; kh < KS; kh++)
+#pragma unroll
+                        for (int kw = 0; kw < KS; kw++)
+                            acc = fma(*(__global const udvec *)(src + (ih + kh) * WP + iw + kw),
+                                      (DVEC)(wk[(KS - 1 - kh) * KS + KS - 1 - kw]), acc);
+                }
+                if (iw + DWV <= W) {
+                    *(__global udvec *)(dst + ih * W + iw) = acc;
+                } else {
+                    float t[DWV];
+                    *(udvec *)t = acc;
+                    for (int i = 0; i < W - iw; i++) dst[ih * W + iw + i] = t[i];
+                }
+            }
+        }
+    }
+}
+
+// Its weight gradient (stride 1): dW[o][kh][kw] (+)= sum over (n, oh, ow) of dy[n][o][oh][ow] *
+// x[n][o / M][oh + kh - p][ow + kw - p], from dy in planes whose rows are padded with zeros to
+// whole vectors (dyq: N, C * M, OH, WQ) and x bordered as dw_fwd_cpu reads it (xp). A work-item per
+// output channel: KS * KS accumulators of DWV lanes, one dy load per KS * KS multiply-adds, added
+// into running totals after every image (no lane adds a long sequential run).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void dw_bwd_weight_cpu(const int N, const int CM, const int M, const int OH, const int OW, const int WQ,
+                       const int HP, const int WP, __global const float *xp, __global const float *dyq,
+                       __global float *gw, const int accumulate) {
+    const int o = get_global_id(0);
+    if (o >= CM) return;
+    float tot[KS * KS];
+#pragma unroll
+    for (int t = 0; t < KS * KS; t++) tot[t] = 0.0f;
+    for (int n = 0; n < N; n++) {
+        __global const float *src = xp + ((long)n * (CM / M) + o / M) * HP * WP;
+        __global const float *g = dyq + ((long)n * CM + o) * OH * WQ;
+        DVEC acc[KS * KS];
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) acc[t] = 0.0f;
+        for (int oh = 0; oh < OH; oh++)
+            for (int ow = 0; ow < OW; ow += DWV) {
+                const DVEC gv = *(__global const udvec *)(g + oh * WQ + ow);
+#pragma unroll
+                for (int kh = 0; kh < KS; kh++)
+#pragma unroll
+                    for (int kw = 0; kw < KS; kw++)
+                        acc[kh * KS + kw] = fma(gv, *(__global const udvec *)(src + (oh + kh) * WP + ow + kw),
+                                                acc[kh * KS + kw]);
+            }
+#pragma unroll
+        for (int t = 0; t < KS * KS; t++) tot[t] += VCAT(hsum, DWV)(acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < KS * KS; t++) gw[o * KS * KS + t] = accumulate ? gw[o * KS * KS + t] + tot[t] : tot[t];
+}

@@ -516,8 +516,18 @@ class Conv2d(Module):
         y = ops.new(q, (n, oc, oh, ow))
         if self._depthwise():
             has_bias = self.bias is not None
-            ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x, self.weight,
-                         self.bias if has_bias else ops.dummy(q), int(has_bias), y)
+            bias = self.bias if has_bias else ops.dummy(q)
+            if ops.is_cpu(q) and s == 1 and d == 1:  # whole vectors of a row on zero-bordered planes
+                vw = 16 if ow >= 16 else 8 if ow >= 8 else 4
+                xp = ops.new(q, (n, c, oh + k - 1, -(-ow // vw) * vw + k - 1))
+                _pad_planes(q, x, xp, p, None, _cpu_options(k))
+                planes, items = _cpu_rows(n * oc, oh * ow * k * k)
+                ops.launch(q, _FAMILY, "dw_fwd_cpu", (items,), (1,), n * oc, planes, c, oc // c, oh, ow, xp.shape[2],
+                           xp.shape[3], xp, self.weight, bias, int(has_bias), y,
+                           options=_cpu_options(k) + (f"-DDWV={vw}",))
+            else:
+                ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x,
+                             self.weight, bias, int(has_bias), y)
             self._saved = x
             return y.mark_written()
         pw = self._pointwise2(q, x.shape)
@@ -870,7 +880,15 @@ class Conv2d(Module):
         k, s, p, d = self._geometry()
         q, geometry = dy.queue, (n, c, h, w, oc // c, k, s, p, d, oh, ow)
         gw, acc = ops.grad_target(self.weight)
-        if ops.is_cpu(q):  # a work-item per weight (no work-group of 64 with a barrier per weight)
+        if ops.is_cpu(q) and s == 1 and d == 1:  # x bordered and dy's rows whole vectors: no bounds tests
+            vw = 16 if ow >= 16 else 8 if ow >= 8 else 4
+            wq = -(-ow // vw) * vw
+            xp, dyq = ops.new(q, (n, c, oh + k - 1, wq + k - 1)), ops.new(q, (n, oc, oh, wq))
+            _pad_planes(q, x, xp, p, None, _cpu_options(k))
+            _pad_planes(q, dy, dyq, 0, None, _cpu_options(k))
+            ops.launch(q, _FAMILY, "dw_bwd_weight_cpu", (oc,), (1,), n, oc, oc // c, oh, ow, wq, xp.shape[2],
+                       xp.shape[3], xp, dyq, gw, int(acc), options=_cpu_options(k) + (f"-DDWV={vw}",))
+        elif ops.is_cpu(q):  # a work-item per weight (no work-group of 64 with a barrier per weight)
             ops.launch(q, "conv", "dw_backward_weight_cpu", (oc * k * k,), (1,), *geometry, x, dy, gw, int(acc))
         else:
             ops.launch(q, "conv", "dw_backward_weight", (oc * k * k * _RED,), (_RED,), *geometry, x, dy, gw, int(acc))
@@ -880,7 +898,15 @@ class Conv2d(Module):
         if not need_dx:
             return None
         dx = ops.new(q, x.shape)
-        ops.launch1d(q, "conv", "dw_backward_data", n * c * h, *geometry, dy, self.weight, dx)
+        if ops.is_cpu(q) and s == 1 and d == 1 and p <= k - 1:  # the flipped correlation of bordered dy, in vectors
+            vw = 16 if w >= 16 else 8 if w >= 8 else 4
+            dyp = ops.new(q, (n, oc, h + k - 1, -(-w // vw) * vw + k - 1))
+            _pad_planes(q, dy, dyp, k - 1 - p, None, _cpu_options(k))
+            planes, items = _cpu_rows(n * c, h * w * k * k * (oc // c))
+            ops.launch(q, _FAMILY, "dw_bwd_data_cpu", (items,), (1,), n * c, planes, c, oc // c, h, w, dyp.shape[2],
+                       dyp.shape[3], dyp, self.weight, dx, options=_cpu_options(k) + (f"-DDWV={vw}",))
+        else:
+            ops.launch1d(q, "conv", "dw_backward_data", n * c * h, *geometry, dy, self.weight, dx)
         return dx.mark_written()
 
 
