@@ -564,17 +564,13 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
 #define PAIR 0
 #define WH 4
 #endif
+#define RSTEP (PAIR ? 2 : 1)
 #define WCK (WC * KS * KS)
 #define WVEC VCAT(float, WV)
 #define WHVEC VCAT(float, WH)
 typedef WHVEC __attribute__((aligned(4))) uwhvec;
 #define WHSUM VCAT(hsum, WV)
 typedef WVEC __attribute__((aligned(4))) uwvec;
-
-inline float hsum4(const float4 v) {
-    const float2 h2 = v.lo + v.hi;
-    return h2.x + h2.y;
-}
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, const int OH, const int OW, const int imgs,
@@ -595,14 +591,14 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
 #pragma unroll
             for (int i = 0; i < WRO; i++) g[i] = dy + (n * OC + min(o0 + i, OC - 1)) * OH * OW;
             __global const float *xr = xp + n * WC * HP * WP;
-#if PAIR
-            for (int y = 0; y < OH; y += 2, xr += 2 * WP) {
+            for (int y = 0; y < OH; y += RSTEP, xr += RSTEP * WP) {  // a vector: RSTEP rows of dy
                 WVEC gv[WRO];
 #pragma unroll
                 for (int i = 0; i < WRO; i++) {
                     gv[i] = *(__global const uwvec *)(g[i] + y * OW);
                     acc[i][WCK] += gv[i];
                 }
+#if PAIR
 #pragma unroll
                 for (int c = 0; c < WC; c++)
 #pragma unroll
@@ -617,26 +613,7 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
                             for (int i = 0; i < WRO; i++) acc[i][(c * KS + j) * KS + l] += gv[i] * xv;
                         }
                     }
-                rows += 2;
-                if (rows >= run || (n == n1 - 1 && y + 2 == OH)) {  // the run's sums join the totals
-                    rows = 0;
-#pragma unroll
-                    for (int i = 0; i < WRO; i++)
-#pragma unroll
-                        for (int t = 0; t <= WCK; t++) {
-                            tot[i][t] += WHSUM(acc[i][t]);
-                            acc[i][t] = 0.0f;
-                        }
-                }
-            }
-#else  // a row one vector (OW = WV)
-            for (int y = 0; y < OH; y++, xr += WP) {
-                WVEC gv[WRO];
-#pragma unroll
-                for (int i = 0; i < WRO; i++) {
-                    gv[i] = *(__global const uwvec *)(g[i] + y * OW);
-                    acc[i][WCK] += gv[i];
-                }
+#else
 #pragma unroll
                 for (int t = 0; t < WCK; t++) {
                     const int c = t / (KS * KS), j = t / KS % KS, l = t % KS;
@@ -644,7 +621,9 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
 #pragma unroll
                     for (int i = 0; i < WRO; i++) acc[i][t] += gv[i] * xv;
                 }
-                if (++rows == run || (n == n1 - 1 && y == OH - 1)) {  // the run's sums join the totals
+#endif
+                rows += RSTEP;
+                if (rows >= run || (n == n1 - 1 && y + RSTEP >= OH)) {  // the run's sums join the totals
                     rows = 0;
 #pragma unroll
                     for (int i = 0; i < WRO; i++)
@@ -655,7 +634,6 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
                         }
                 }
             }
-#endif
         }
 #pragma unroll
         for (int i = 0; i < WRO; i++) {

@@ -35,6 +35,11 @@ typedef int4 __attribute__((aligned(4))) uint4v;
 
 #define INTERLEAVE4(e, o) __builtin_shufflevector((float4)(e), (float4)(o), 0, 4, 1, 5, 2, 6, 3, 7)
 
+inline float hsum4(const float4 v) {
+    const float2 h2 = v.lo + v.hi;
+    return h2.x + h2.y;
+}
+
 inline float hsum8(const float8 v) {
     const float4 h4 = v.lo + v.hi;
     const float2 h2 = h4.lo + h4.hi;
