@@ -517,6 +517,7 @@ class Conv2d(Module):
         if self._depthwise():
             has_bias = self.bias is not None
             bias = self.bias if has_bias else ops.dummy(q)
+            xp = None
             if ops.is_cpu(q) and s == 1 and d == 1:  # whole vectors of a row on zero-bordered planes
                 vw = 16 if ow >= 16 else 8 if ow >= 8 else 4
                 xp = ops.new(q, (n, c, oh + k - 1, -(-ow // vw) * vw + k - 1))
@@ -528,7 +529,7 @@ class Conv2d(Module):
             else:
                 ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x,
                              self.weight, bias, int(has_bias), y)
-            self._saved = x
+            self._saved = (x, xp)  # xp: the bordered planes dw_bwd_weight_cpu reads too
             return y.mark_written()
         pw = self._pointwise2(q, x.shape)
         if pw is not None:
@@ -874,17 +875,16 @@ class Conv2d(Module):
             gb.mark_written()
 
     def _backward_depthwise(self, dy, need_dx):
-        x = self._saved
+        x, xp = self._saved
         n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, geometry = dy.queue, (n, c, h, w, oc // c, k, s, p, d, oh, ow)
         gw, acc = ops.grad_target(self.weight)
-        if ops.is_cpu(q) and s == 1 and d == 1:  # x bordered and dy's rows whole vectors: no bounds tests
+        if xp is not None:  # (a CPU forward of stride 1) x bordered and dy's rows whole vectors: no bounds tests
             vw = 16 if ow >= 16 else 8 if ow >= 8 else 4
             wq = -(-ow // vw) * vw
-            xp, dyq = ops.new(q, (n, c, oh + k - 1, wq + k - 1)), ops.new(q, (n, oc, oh, wq))
-            _pad_planes(q, x, xp, p, None, _cpu_options(k))
+            dyq = ops.new(q, (n, oc, oh, wq))  # (xp: the forward's, the same vector width and border)
             _pad_planes(q, dy, dyq, 0, None, _cpu_options(k))
             ops.launch(q, _FAMILY, "dw_bwd_weight_cpu", (oc,), (1,), n, oc, oc // c, oh, ow, wq, xp.shape[2],
                        xp.shape[3], xp, dyq, gw, int(acc), options=_cpu_options(k) + (f"-DDWV={vw}",))
