@@ -8,6 +8,7 @@
 // activation after it.
 #include "act.h"
 #include "bn_act.h"
+#include "softmax.h"
 #define RED 64
 
 float group_sum(__local float *part, float v) {
@@ -244,32 +245,14 @@ __kernel void bn_bwd_apply(const int N, const int C, const int HW, __global cons
 __kernel void softmax_fwd(const int outer, const int D, const int inner, __global const float *x,
                           __global float *y) {
     const int g = get_global_id(0);
-    if (g >= outer * inner) return;
-    const int base = (g / inner) * D * inner + g % inner;
-    float m = -INFINITY;
-    for (int d = 0; d < D; d++) m = fmax(m, x[base + d * inner]);
-    float s = 0.0f;
-    for (int d = 0; d < D; d++) {
-        const float e = exp(x[base + d * inner] - m);
-        y[base + d * inner] = e;
-        s += e;
-    }
-    const float r = 1.0f / s;
-    for (int d = 0; d < D; d++) y[base + d * inner] *= r;
+    if (g < outer * inner) softmax_fwd_line((g / inner) * D * inner + g % inner, D, inner, x, y);
 }
 
 // dx = y * (dy - sum(dy * y)) * scale
 __kernel void softmax_bwd(const int outer, const int D, const int inner, __global const float *y,
                           __global const float *dy, __global float *dx, const float scale) {
     const int g = get_global_id(0);
-    if (g >= outer * inner) return;
-    const int base = (g / inner) * D * inner + g % inner;
-    float s = 0.0f;
-    for (int d = 0; d < D; d++) s += dy[base + d * inner] * y[base + d * inner];
-    for (int d = 0; d < D; d++) {
-        const int o = base + d * inner;
-        dx[o] = y[o] * (dy[o] - s) * scale;
-    }
+    if (g < outer * inner) softmax_bwd_line((g / inner) * D * inner + g % inner, D, inner, y, dy, dx, scale);
 }
 
 // LayerNorm over the last axis of (M, D): one work-group of RED work-items per row (two passes,

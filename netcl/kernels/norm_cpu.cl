@@ -9,6 +9,7 @@
 #include "bn_act.h"
 
 #include "vec_cpu.h"
+#include "softmax.h"
 
 // Sums run in float16 accumulators (VW lanes), flushed into a second set every FLUSH vectors:
 // no lane adds more than about FLUSH + values / (16 * FLUSH) terms in a row (the rounding of a
@@ -665,7 +666,8 @@ void sum_axis_cpu(const int I, const int J, __global const float *X, const int o
 
 // Softmax over the middle axis of (outer, D, inner) on CPUs: a run of `rows` lines per work-item
 // (norm.cl's softmax_fwd/bwd take a work-item a line); a contiguous line (inner 1, D >= 16) in
-// float16 vectors: its max, exp (on vectors) and sums in lanes, then a scalar tail
+// float16 vectors: its max, exp (on vectors) and sums in lanes, then a scalar tail; other lines as
+// norm.cl's (softmax.h)
 inline float hmax16(const float16 v) {
     const float8 a = fmax(v.lo, v.hi);
     const float4 b = fmax(a.lo, a.hi);
@@ -678,7 +680,7 @@ void softmax_fwd_cpu(const int outer, const int D, const int inner, __global con
                      const int total, const int rows) {
     const int g1 = min(total, (int)(get_global_id(0) + 1) * rows);
     for (int g = get_global_id(0) * rows; g < g1; g++) {
-        const long base = (long)(g / inner) * D * inner + g % inner;
+        const int base = (g / inner) * D * inner + g % inner;
         if (inner == 1 && D >= 16) {
             __global const float *xr = x + base;
             __global float *yr = y + base;
@@ -702,18 +704,9 @@ void softmax_fwd_cpu(const int outer, const int D, const int inner, __global con
             const float r = 1.0f / s;
             for (d = 0; d + 16 <= D; d += 16) *(__global ufloat16 *)(yr + d) = *(__global ufloat16 *)(yr + d) * r;
             for (; d < D; d++) yr[d] *= r;
-            continue;
+        } else {
+            softmax_fwd_line(base, D, inner, x, y);
         }
-        float m = -INFINITY;
-        for (int d = 0; d < D; d++) m = fmax(m, x[base + d * inner]);
-        float s = 0.0f;
-        for (int d = 0; d < D; d++) {
-            const float e = exp(x[base + d * inner] - m);
-            y[base + d * inner] = e;
-            s += e;
-        }
-        const float r = 1.0f / s;
-        for (int d = 0; d < D; d++) y[base + d * inner] *= r;
     }
 }
 
@@ -724,7 +717,7 @@ void softmax_bwd_cpu(const int outer, const int D, const int inner, __global con
                      const int rows) {
     const int g1 = min(total, (int)(get_global_id(0) + 1) * rows);
     for (int g = get_global_id(0) * rows; g < g1; g++) {
-        const long base = (long)(g / inner) * D * inner + g % inner;
+        const int base = (g / inner) * D * inner + g % inner;
         if (inner == 1 && D >= 16) {
             __global const float *yr = y + base, *gr = dy + base;
             __global float *o = dx + base;
@@ -736,13 +729,8 @@ void softmax_bwd_cpu(const int outer, const int D, const int inner, __global con
             for (d = 0; d + 16 <= D; d += 16)
                 *(__global ufloat16 *)(o + d) = *(__global const ufloat16 *)(yr + d) * (*(__global const ufloat16 *)(gr + d) - s) * scale;
             for (; d < D; d++) o[d] = yr[d] * (gr[d] - s) * scale;
-            continue;
-        }
-        float s = 0.0f;
-        for (int d = 0; d < D; d++) s += dy[base + d * inner] * y[base + d * inner];
-        for (int d = 0; d < D; d++) {
-            const long i = base + d * inner;
-            dx[i] = y[i] * (dy[i] - s) * scale;
+        } else {
+            softmax_bwd_line(base, D, inner, y, dy, dx, scale);
         }
     }
 }
