@@ -210,6 +210,20 @@ def test_gpu_training_shapes(queue, rng, gpu_config, M, N, K):
     assert np.array_equal(first, again), "split-K result changed between runs"
 
 
+def _check_sum_axis(queue, rng, I, J, rows, accumulate, off):
+    """sum_axis over x (J rows of I, or I rows of J) after `off` floats, into out (accumulating or
+    not): against float64 numpy, and the same bits on a second run."""
+    x = rng.standard_normal((J, I) if rows else (I, J)).astype(np.float32)
+    si, sj = (1, I) if rows else (J, 1)
+    X = Tensor.from_host(queue, np.concatenate([np.zeros(off, np.float32), x.ravel()]))
+    out0 = rng.standard_normal(J).astype(np.float32)
+    ref = x.astype(np.float64).sum(axis=1 if rows else 0) + (out0 if accumulate else 0.0)
+    results = [ops.sum_axis(X, I, J, si, sj, Tensor.from_host(queue, out0), accumulate=accumulate, off=off).to_host()
+               for _ in range(2)]
+    assert_close(results[0], ref, what=f"sum_axis I={I} J={J}")
+    assert np.array_equal(results[0], results[1]), "sum_axis result changed between runs"
+
+
 @pytest.mark.parametrize("I,J,rows", [(16384, 3, True), (21011, 2, True), (20003, 5, False), (16383, 2, True)])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_sum_axis_two_stages(queue, rng, gpu_config, I, J, rows, accumulate):
@@ -217,18 +231,7 @@ def test_sum_axis_two_stages(queue, rng, gpu_config, I, J, rows, accumulate):
     chunk; each output's summands contiguous as conv's bias gradients or strided as Linear's),
     one stage below; after an offset, accumulating or not; the same bits on every run."""
     assert ops._SUM_SPLIT == 16384 and ops._SUM_CHUNK == 4096
-    off = 7
-    x = rng.standard_normal((J, I) if rows else (I, J)).astype(np.float32)
-    si, sj = (1, I) if rows else (J, 1)
-    X = Tensor.from_host(queue, np.concatenate([np.zeros(off, np.float32), x.ravel()]))
-    out0 = rng.standard_normal(J).astype(np.float32)
-    ref = x.astype(np.float64).sum(axis=1 if rows else 0) + (out0 if accumulate else 0.0)
-    results = []
-    for _ in range(2):
-        out = Tensor.from_host(queue, out0)
-        results.append(ops.sum_axis(X, I, J, si, sj, out, accumulate=accumulate, off=off).to_host())
-    assert_close(results[0], ref, what=f"sum_axis I={I} J={J}")
-    assert np.array_equal(results[0], results[1]), "sum_axis result changed between runs"
+    _check_sum_axis(queue, rng, I, J, rows, accumulate, off=7)
 
 
 @pytest.mark.parametrize("I,J,rows", [(20003, 5, True), (64, 96, False), (1, 3, False), (37, 1, True)])
@@ -238,16 +241,7 @@ def test_sum_axis_cpu(queue, rng, I, J, rows, accumulate):
     and strided summands after an offset, accumulating or not, the same bits on every run."""
     if not ops.is_cpu(queue):
         pytest.skip("the CPU classes' kernel")
-    off = 5
-    x = rng.standard_normal((J, I) if rows else (I, J)).astype(np.float32)
-    si, sj = (1, I) if rows else (J, 1)
-    X = Tensor.from_host(queue, np.concatenate([np.zeros(off, np.float32), x.ravel()]))
-    out0 = rng.standard_normal(J).astype(np.float32)
-    ref = x.astype(np.float64).sum(axis=1 if rows else 0) + (out0 if accumulate else 0.0)
-    results = [ops.sum_axis(X, I, J, si, sj, Tensor.from_host(queue, out0), accumulate=accumulate, off=off).to_host()
-               for _ in range(2)]
-    assert_close(results[0], ref, what=f"sum_axis I={I} J={J}")
-    assert np.array_equal(results[0], results[1])
+    _check_sum_axis(queue, rng, I, J, rows, accumulate, off=5)
 
 
 def test_whole_tiles_store_what_the_general_epilogue_stores(queue):
