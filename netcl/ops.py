@@ -67,9 +67,8 @@ def softmax_fwd(q, outer, D, inner, x, y):
     """y = softmax of x (outer, D, inner) over D: on CPUs a run of lines per work-item, contiguous
     lines in vectors (norm_cpu.cl); elsewhere a work-item per line (norm.cl)."""
     if is_cpu(q):
-        rows = max(1, cpu_chunk(outer * inner * 3 * D)[0] // (3 * D))
-        launch(q, "norm_cpu", "softmax_fwd_cpu", (-(-outer * inner // rows),), (1,), outer, D, inner, x, y,
-               outer * inner, rows)
+        rows, items = cpu_rows(outer * inner, 3 * D)
+        launch(q, "norm_cpu", "softmax_fwd_cpu", (items,), (1,), outer, D, inner, x, y, outer * inner, rows)
     else:
         launch1d(q, "norm", "softmax_fwd", outer * inner, outer, D, inner, x, y)
     return y.mark_written()
@@ -78,9 +77,9 @@ def softmax_fwd(q, outer, D, inner, x, y):
 def softmax_bwd(q, outer, D, inner, y, dy, dx, scale):
     """dx = y * (dy - sum(dy * y)) * scale over D, as softmax_fwd runs its lines."""
     if is_cpu(q):
-        rows = max(1, cpu_chunk(outer * inner * 2 * D)[0] // (2 * D))
-        launch(q, "norm_cpu", "softmax_bwd_cpu", (-(-outer * inner // rows),), (1,), outer, D, inner, y, dy, dx,
-               float(scale), outer * inner, rows)
+        rows, items = cpu_rows(outer * inner, 2 * D)
+        launch(q, "norm_cpu", "softmax_bwd_cpu", (items,), (1,), outer, D, inner, y, dy, dx, float(scale),
+               outer * inner, rows)
     else:
         launch1d(q, "norm", "softmax_bwd", outer * inner, outer, D, inner, y, dy, dx, float(scale))
     return dx.mark_written()
@@ -92,9 +91,8 @@ def launch_rows(queue, family, name, n, rows_of, length, *args, options=()):
     last two arguments): per-element index arithmetic cost PoCL more than the moves, and a
     work-group per 64 elements a dispatch each. Elsewhere one work-item per element (launch1d)."""
     if is_cpu(queue):
-        rows = max(1, cpu_chunk(rows_of * max(length, 1))[0] // max(length, 1))
-        return launch(queue, family, name + "_cpu", (max(1, -(-rows_of // rows)),), (1,), *args, rows_of, rows,
-                      options=options)
+        rows, items = cpu_rows(rows_of, length)
+        return launch(queue, family, name + "_cpu", (items,), (1,), *args, rows_of, rows, options=options)
     return launch1d(queue, family, name, n, *args, options=options)
 
 
@@ -169,6 +167,14 @@ def cpu_chunk(n):
     chunk = min(_CPU_CHUNK_MAX, max(_CPU_CHUNK_MIN, -(-n // _CPU_CHUNKS)))
     chunk = -(-chunk // 16) * 16
     return chunk, max(1, -(-n // chunk))
+
+
+def cpu_rows(nrows, length):
+    """(rows per work-item, work-items) of a CPU kernel over nrows rows (planes, lines) of about
+    `length` floats of work each: cpu_chunk's sizes in whole rows."""
+    length = max(length, 1)
+    rows = max(1, cpu_chunk(nrows * length)[0] // length)
+    return rows, max(1, -(-nrows // rows))
 
 
 def act_fwd_cpu(act, x, slope=0.0, out=None):

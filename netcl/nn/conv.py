@@ -35,7 +35,7 @@ def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
     elif d == 1:
         xp = ops.new(q, (n, c, max(s * (oh - 1) + k, h + p), max(s * (ow - 1) + k, w + p)))
         _pad_planes(q, x, xp, p, None, _cpu_options(k))
-        rows, items = _cpu_rows(n * oh, ow)
+        rows, items = ops.cpu_rows(n * oh, ow)
         ops.launch(q, _FAMILY, "im2col_cpu", (c * k * k, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s,
                    n * oh, rows, xp, cols, options=_cpu_options(k))
     else:
@@ -52,7 +52,7 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
         ops.launch(q, "conv", "col2im_gpu", (out.size,), (_GPU_LOCAL,), n, c, h, w, k, s, p, d, oh, ow, dcols,
                    bias_arg, int(has_bias), out)
     else:
-        rows, items = _cpu_rows(n * c * h, w)
+        rows, items = ops.cpu_rows(n * c * h, w)
         ops.launch(q, _FAMILY, "col2im_cpu", (items,), (1,), n * c * h, rows, c, h, w, k, s, p, d, oh, ow,
                    dcols, bias_arg, int(has_bias), out, options=_cpu_options(k))
     out.mark_written()
@@ -265,21 +265,20 @@ def _corrt_cpu(q, dy, w, dx, stride, padding):
     dx.mark_written()
 
 
+def _row_vector(width):
+    """The float vector width for rows of `width` outputs (the depthwise CPU kernels' DWV)."""
+    return 16 if width >= 16 else 8 if width >= 8 else 4
+
+
 def _pad_planes(q, src, dst, border, sums, options):
     """dst (N, C, HP, WP) = src (N, C, H, W) at row and column `border` of zero planes (and the
     planes' sums into `sums` unless None)."""
     n, c, h, w = src.shape
     _, _, hp, wp = dst.shape
-    planes, items = _cpu_rows(n * c, hp * wp)
+    planes, items = ops.cpu_rows(n * c, hp * wp)
     ops.launch(q, _FAMILY, "pad_planes_cpu", (items,), (1,), n * c, planes, h, w, hp, wp, border, border,
                src, dst, sums, options=options)
     dst.mark_written()
-
-
-def _cpu_rows(nrows, length):
-    """(rows per work-item, work-items) of a CPU kernel over nrows rows of `length` floats."""
-    rows = max(1, ops.cpu_chunk(nrows * length)[0] // length)
-    return rows, -(-nrows // rows)
 
 
 def _image_chunks(n, floats, items, vectors):
@@ -519,10 +518,10 @@ class Conv2d(Module):
             bias = self.bias if has_bias else ops.dummy(q)
             xp = None
             if ops.is_cpu(q) and s == 1 and d == 1:  # whole vectors of a row on zero-bordered planes
-                vw = 16 if ow >= 16 else 8 if ow >= 8 else 4
+                vw = _row_vector(ow)
                 xp = ops.new(q, (n, c, oh + k - 1, -(-ow // vw) * vw + k - 1))
                 _pad_planes(q, x, xp, p, None, _cpu_options(k))
-                planes, items = _cpu_rows(n * oc, oh * ow * k * k)
+                planes, items = ops.cpu_rows(n * oc, oh * ow * k * k)
                 ops.launch(q, _FAMILY, "dw_fwd_cpu", (items,), (1,), n * oc, planes, c, oc // c, oh, ow, xp.shape[2],
                            xp.shape[3], xp, self.weight, bias, int(has_bias), y,
                            options=_cpu_options(k) + (f"-DDWV={vw}",))
@@ -631,12 +630,12 @@ class Conv2d(Module):
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
         if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
             xp, cols = cols, ops.new(q, (ckk, n * P))  # (8-wide rows: im2col and the GEMM ran faster than wgrad2_cpu)
-            rows, items = _cpu_rows(n * oh, ow)
+            rows, items = ops.cpu_rows(n * oh, ow)
             ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
                        rows, xp, cols, options=_cpu_options(k) + (("-DUNPAD=1",) if phases else ()))
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
-        rows, items = _cpu_rows(n * oc, P)
+        rows, items = ops.cpu_rows(n * oc, P)
         ops.launch(q, _FAMILY, "dy_rows_cpu", (items,), (1,), n * oc, rows, oc, P, NP, dy, dyp, sums,
                    options=options)
         gw, acc = ops.grad_target(self.weight)
@@ -657,7 +656,7 @@ class Conv2d(Module):
             return ops.gemm(c, P, oc, self.weight, (1, c, 0), dy, (P, 1, oc * P), dx, (P, 1, c * P), batch=n)
         dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
         if into is not None:  # backward_into: a 1x1 convolution's columns added into `into`
-            rows, items = _cpu_rows(n * c * oh, ow)
+            rows, items = ops.cpu_rows(n * c * oh, ow)
             ops.launch(q, _FAMILY, "col2im_1x1_add_cpu", (items,), (1,), n * c * oh, rows, c, h, w, oh, ow, s,
                        dcols, into, options=options)
             return into
@@ -882,7 +881,7 @@ class Conv2d(Module):
         q, geometry = dy.queue, (n, c, h, w, oc // c, k, s, p, d, oh, ow)
         gw, acc = ops.grad_target(self.weight)
         if xp is not None:  # (a CPU forward of stride 1) x bordered and dy's rows whole vectors: no bounds tests
-            vw = 16 if ow >= 16 else 8 if ow >= 8 else 4
+            vw = _row_vector(ow)
             wq = -(-ow // vw) * vw
             dyq = ops.new(q, (n, oc, oh, wq))  # (xp: the forward's, the same vector width and border)
             _pad_planes(q, dy, dyq, 0, None, _cpu_options(k))
@@ -899,10 +898,10 @@ class Conv2d(Module):
             return None
         dx = ops.new(q, x.shape)
         if ops.is_cpu(q) and s == 1 and d == 1 and p <= k - 1:  # the flipped correlation of bordered dy, in vectors
-            vw = 16 if w >= 16 else 8 if w >= 8 else 4
+            vw = _row_vector(w)
             dyp = ops.new(q, (n, oc, h + k - 1, -(-w // vw) * vw + k - 1))
             _pad_planes(q, dy, dyp, k - 1 - p, None, _cpu_options(k))
-            planes, items = _cpu_rows(n * c, h * w * k * k * (oc // c))
+            planes, items = ops.cpu_rows(n * c, h * w * k * k * (oc // c))
             ops.launch(q, _FAMILY, "dw_bwd_data_cpu", (items,), (1,), n * c, planes, c, oc // c, h, w, dyp.shape[2],
                        dyp.shape[3], dyp, self.weight, dx, options=_cpu_options(k) + (f"-DDWV={vw}",))
         else:

@@ -23,13 +23,6 @@ def _parts(q, m):
     return length, -(-m // length)
 
 
-def _planes_per_item(planes, length):
-    """(planes per work-item, work-items) of the padded element-wise passes over `planes` planes
-    of `length` floats (ops.cpu_chunk's sizes, in whole planes)."""
-    per = max(1, ops.cpu_chunk(planes * length)[0] // length)
-    return per, -(-planes // per)
-
-
 def _check_pad(pad, h, w):
     """ValueError unless padded planes pad = (top, left, HP, WP) hold an h x w plane (or pad is None)."""
     if pad is not None and (pad[0] + h > pad[2] or pad[1] + w > pad[3]):
@@ -149,7 +142,7 @@ class BatchNorm2d(Module):
                        self.weight, self.bias, self.eps, slope, y, arg, options=options)
             pool._saved = (x.shape, g, arg)
         elif pad is not None:
-            planes, items = _planes_per_item(n * c, pad[2] * pad[3])
+            planes, items = ops.cpu_rows(n * c, pad[2] * pad[3])
             ops.launch(q, "norm_cpu", "bn_apply_pad_cpu", (items,), (1,), n * c, planes, c, h, w, pad[2], pad[3],
                        pad[0], pad[1], x, mean, var, self.weight, self.bias, self.eps, slope, y, *stage2,
                        options=options)
@@ -252,7 +245,7 @@ class BatchNorm2d(Module):
                        self.weight, self.bias, self.eps, slope, part, options=options)
             stage2 = (part, parts, gw, gb, int(acc_w), dx, int(training))
             if pad is not None:
-                planes, items = _planes_per_item(n * c, pad[2] * pad[3])
+                planes, items = ops.cpu_rows(n * c, pad[2] * pad[3])
                 ops.launch(q, "norm_cpu", "bn_bwd_apply_pad_cpu", (items,), (1,), n * c, planes, c, h, w, pad[2],
                            pad[3], pad[0], pad[1], x, dy, mean, var, self.weight, self.bias, self.eps, slope, *stage2,
                            options=options)
@@ -306,12 +299,6 @@ class BatchNorm2d(Module):
         return dx.mark_written()
 
 
-def _ln_rows(m, d):
-    """(rows per work-item, work-items) of norm_cpu.cl's LayerNorm kernels over m rows of d."""
-    rows = max(1, ops.cpu_chunk(m * d)[0] // d)
-    return rows, -(-m // rows)
-
-
 class LayerNorm(Module):
     # x: (..., D) -> same, normalised over the last dimension (biased variance), then * weight + bias
     def __init__(self, normalized_shape, eps=1e-5):
@@ -349,7 +336,7 @@ class LayerNorm(Module):
         m = x.size // d
         y, mean, rstd = ops.new(q, x.shape), ops.new(q, (m,)), ops.new(q, (m,))
         if ops.is_cpu(q):  # rows per work-item (norm_cpu.cl): a work-group per row cost PoCL ~1.7 us a row
-            rows, items = _ln_rows(m, d)
+            rows, items = ops.cpu_rows(m, d)
             ops.launch(q, "norm_cpu", "ln_fwd_cpu", (items,), (1,), m, d, rows, x, self.weight, self.bias, self.eps,
                        y, mean, rstd)
         else:
@@ -365,7 +352,7 @@ class LayerNorm(Module):
         dx, q = ops.new(dy, dy.shape), dy.queue
         gw, gb, acc_w = _grad_pair(self.weight, self.bias)
         if ops.is_cpu(q):
-            rows, items = _ln_rows(m, d)
+            rows, items = ops.cpu_rows(m, d)
             ops.launch(q, "norm_cpu", "ln_bwd_dx_cpu", (items,), (1,), m, d, rows, x, dy, self.weight, mean, rstd, dx)
             ops.launch(q, "norm_cpu", "ln_bwd_params_cpu", (d,), (1,), m, d, x, dy, mean, rstd, gw, gb, int(acc_w))
         else:

@@ -34,8 +34,8 @@ def _pool2_rows(q, g):
     nc, _, _, k, s, p, oh, ow = g
     if (k, s, p) != (2, 2, 0) or not ops.is_cpu(q):
         return None
-    rows = max(1, ops.cpu_chunk(nc * oh * ow)[0] // ow)
-    return -(-nc * oh // rows), rows
+    rows, items = ops.cpu_rows(nc * oh, ow)
+    return items, rows
 
 
 class MaxPool2d(_Pool2d):
@@ -113,8 +113,8 @@ class _AdaptiveAvgPool(Module):
         y = ops.new(q, self.output_shape(x.shape))
         nc, h, w, oh, ow = g
         if oh * ow == 1 and ops.is_cpu(q):  # global average pooling: planes per work-item
-            planes = max(1, ops.cpu_chunk(x.size)[0] // (h * w))
-            ops.launch(q, "pool_cpu", "global_avgpool_fwd_cpu", (-(-nc // planes),), (1,), nc, planes, h * w, x, y)
+            planes, items = ops.cpu_rows(nc, h * w)
+            ops.launch(q, "pool_cpu", "global_avgpool_fwd_cpu", (items,), (1,), nc, planes, h * w, x, y)
         else:
             ops.launch1d(q, "pool", "adaptive_avgpool_fwd", y.size, *g, x, y)
         self._saved = (x.shape, g)
@@ -125,8 +125,8 @@ class _AdaptiveAvgPool(Module):
         q, dx = dy.queue, ops.new(dy, shape)
         nc, h, w, oh, ow = g
         if oh * ow == 1 and ops.is_cpu(q):  # global average pooling: a broadcast in vectors
-            planes = max(1, ops.cpu_chunk(dx.size)[0] // (h * w))
-            ops.launch(q, "pool_cpu", "global_avgpool_bwd_cpu", (-(-nc // planes),), (1,), nc, planes, h * w, dy, dx)
+            planes, items = ops.cpu_rows(nc, h * w)
+            ops.launch(q, "pool_cpu", "global_avgpool_bwd_cpu", (items,), (1,), nc, planes, h * w, dy, dx)
         else:
             ops.launch1d(q, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
         return dx.mark_written()
