@@ -347,6 +347,12 @@ _CPU_DOT_ITEM_WORK = 16384  # fewest multiply-adds a dot-product work-item takes
 # of a short K go several to one (32 x 144 x 128 ran 288 work-items of 2048: the kernel 25-27 us;
 # 40 of 16384: 12.6; 16 of 65536: 19, the cores' shares uneven; PoCL, Zen 5, profiled events)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
+_CPU_THIN_K = 8  # most k for gemm_cpu_thin (B's k vectors held in registers; a detection head's 5 channels)
+_CPU_THIN_VECS = 4  # most column vectors: on wider rows of C gemm_cpu was faster (27 x 32768 x 4: 117 us
+# against 204; 64 x 1024 x 8 over 8: 106 against 216), on these gemm_cpu_thin as fast or faster (512 x
+# 16 x 5 over 8: 11.1-11.7 against 13.9-17.3; 128 x 48 x 8 over 2: 5.7-6.2 against 7.2-9.0; 1024 x 64 x
+# 3 over 4: 22-27 against 27; PoCL, Zen 5, replayed launches, two runs)
+_CPU_THIN_WORK = 4096  # fewest elements of C a gemm_cpu_thin work-item writes (10 x 64 x 3: one work-item)
 # gemm_cpu_dot's blocks are DM x DN (_CPU_GEMM); 3 columns where DN's would repeat many (_dot_blocks):
 # kernel times (PoCL, Zen 5) in 4 x 3 blocks against 4 x 4: 16 x 9 x 4096 9.1 us against 10.2, 32 x 9
 # x 65536 198 against 209; but 16 x 27 x 65536 508 against 469, 64 x 27 x 4096 87 against 75 (fewer
@@ -403,9 +409,14 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
 
 
 def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets):
-    """gemm() on a CPU: gemm_cpu (any layout) or, for A and B both contiguous along k with few
-    rows, gemm_cpu_dot; split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks
-    of C alone leave the cores idle or K is long."""
+    """gemm() on a CPU: gemm_cpu (any layout); for A and B both contiguous along k with few
+    rows, gemm_cpu_dot; C = A B with a short K into short rows, gemm_cpu_thin (_gemm_cpu_thin).
+    Split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks of C alone leave the
+    cores idle or K is long."""
+    if (0 < K <= _CPU_THIN_K and N <= _CPU_THIN_VECS * _CPU_GEMM[cls]["VW"] and sb[1] == 1 and sc[1] == 1
+            and alpha == 1.0 and beta == 0.0 and bias_mode == 0):
+        _gemm_cpu_thin(q, cls, M, N, K, A, sa, B, sb, C, sc, batch, offsets)
+        return
     dot = sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS and K >= _CPU_DOT_KMIN
     key = (q.context, cls, M, N, K, batch, dot)
     plan = _cpu_plans.get(key)
@@ -420,6 +431,22 @@ def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode
     if chunks > 1:
         _enqueue(q, reduce, (_cdiv(batch * M * N, _LOCAL) * _LOCAL,), (_LOCAL,),
                  (M, N, chunks, P, C, offsets[2], *sc, float(alpha), float(beta), bias, bias_mode, batch * M * N))
+
+
+def _gemm_cpu_thin(q, cls, M, N, K, A, sa, B, sb, C, sc, batch, offsets):
+    """C = A B for a short K into rows of C of at most _CPU_THIN_VECS vectors, B and C contiguous
+    along n (gemm_cpu_thin): work-items over the batch, then blocks of rows: about _CPU_ITEMS per
+    compute unit, each writing at least _CPU_THIN_WORK elements."""
+    key = (q.context, cls, "thin", M, N, K, batch)
+    plan = _cpu_plans.get(key)
+    if plan is None:
+        want = max(1, min(_CPU_ITEMS * compute_units(q), batch * M * N // _CPU_THIN_WORK))
+        mstep = _cdiv(M, max(1, min(_cdiv(want, batch), M)))
+        ks = kernels(q, "gemm_cpu", tuple(f"-D{k}={v}" for k, v in _CPU_GEMM[cls].items()) + (f"-DTK={K}",))
+        plan = _cpu_plans[key] = (ks["gemm_cpu_thin"], (_cdiv(M, mstep), mstep), batch * _cdiv(M, mstep))
+    k, grid, total = plan
+    _enqueue(q, k, (total,), (1,), (M, N, A, offsets[0], *sa, B, offsets[1], sb[0], sb[2], C, offsets[2], sc[0],
+                                    sc[2], *grid, total))
 
 
 def matmul(a, b, trans_a=False, trans_b=False, out=None, beta=0.0, bias=None, bias_mode=0):

@@ -1,4 +1,4 @@
-"""Kernels that load whole vectors past a row's last column (gemm_cpu's narrow B panels,
+"""Kernels that load whole vectors past a row's last column (gemm_cpu's narrow B panels, gemm_cpu_thin's,
 head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks, wgrad_narrow_cpu's rows) never read past their operand: each
 operand ends exactly before a page the process may not read (PoCL's CPU device uses a
 CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one float too far is a segfault. The
@@ -43,10 +43,13 @@ rng = np.random.default_rng(0)
 for config in ("cpu", "cpu16"):
     ops._config_class = {q.device.int_ptr: config}
     ops._cpu_plans.clear()
-    for M, N, K in [(5, 1, 7), (9, 3, 40), (19, 10, 300), (4, 15, 5), (8, 10, 1)]:  # narrow panels, B rows
-        a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
-        got = ops.matmul(guarded(q, a), guarded(q, b)).to_host()
-        assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4), (config, M, N, K)
+    for thin_k in (8, 0):  # K <= 8: gemm_cpu_thin's tail vectors, then gemm_cpu's narrow panels for all
+        ops._CPU_THIN_K = thin_k
+        for M, N, K in [(5, 1, 7), (9, 3, 40), (19, 10, 300), (4, 15, 5), (8, 10, 1), (70, 21, 3)]:  # B rows
+            a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+            got = ops.matmul(guarded(q, a), guarded(q, b)).to_host()
+            assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4), (config, M, N, K)
+    ops._CPU_THIN_K = 8
     for M, N, K in [(32, 150, 128), (13, 21, 71)]:  # dot blocks, grouped along n, both operands k-rows
         a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
         got = ops.matmul(guarded(q, a), guarded(q, b), trans_b=True).to_host()

@@ -1,5 +1,5 @@
 """ops.gemm against numpy on every kernel path: for GPUs gemm_tile in every operand layout, with
-and without split-K; for CPUs gemm_cpu (packed B panels, K blocks, split-K) and gemm_cpu_dot;
+and without split-K; for CPUs gemm_cpu (packed B panels, K blocks, split-K), gemm_cpu_dot and gemm_cpu_thin;
 transposes, sizes that are not multiples of any block, tails, batches with offsets, both bias
 modes, beta, alpha."""
 import numpy as np
@@ -131,6 +131,33 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
     if path == "dot_grouped":
         mblocks, nblocks, nper = plan[1][:3]
         assert 1 < nper < nblocks and nblocks % nper, "blocks along n in groups, the last one short"
+
+
+# gemm_cpu_thin (K <= ops._CPU_THIN_K, rows of C of a few vectors, B and C contiguous along n, C = A
+# B): (batch, M, N, K, A contiguous along k, blocks of rows). A detection head's data gradient
+# (512 x 16 x 5 over 8 images), tails of a vector of columns (N = 3, 21, 30), one image's rows over
+# both cores, a work-item an image for little work, K = 1 and 8.
+_THIN_CASES = [(8, 512, 16, 5, False, 2), (3, 70, 21, 1, True, 1), (1, 300, 30, 8, False, 2),
+               (2, 130, 3, 3, True, 1), (1, 5, 32, 7, False, 1)]
+
+
+@pytest.mark.parametrize("config", ["cpu", "cpu16"])
+@pytest.mark.parametrize("case", _THIN_CASES)
+def test_cpu_gemm_thin(queue, rng, monkeypatch, config, case):
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: config})
+    monkeypatch.setattr(ops, "compute_units", lambda q: 2)
+    monkeypatch.setattr(ops, "_cpu_plans", {})
+    batch, M, N, K, a_kmajor, mblocks = case
+    _check_gemm(queue, rng, batch, M, N, K, a_kmajor, "kn", 0, 0.0, f"{config} thin", 1.0)
+    kernel, (mgroups, mstep), items = ops._cpu_plans[(queue.context, config, "thin", M, N, K, batch)]
+    assert kernel.function_name == "gemm_cpu_thin" and (mgroups - 1) * mstep < M <= mgroups * mstep
+    assert (mgroups, items) == (mblocks, batch * mblocks)
+    # alpha, beta, a bias or a B strided along n: gemm_cpu's epilogue and panels
+    for b_layout, bias_mode, beta, alpha in [("kn", 1, 0.0, 1.0), ("kn", 2, 0.0, 1.0), ("kn", 0, 0.5, 1.0),
+                                             ("kn", 0, 0.0, 0.75), ("strided", 0, 0.0, 1.0)]:
+        ops._cpu_plans.clear()
+        _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} not thin", alpha)
+        assert [key[2] for key in ops._cpu_plans] == [M], f"{b_layout} {bias_mode} {beta} {alpha}: not gemm_cpu"
 
 
 def test_dot_block_width():
