@@ -651,3 +651,63 @@ def test_one_parameter_gradient_already_there(queue, rng, torch, monkeypatch, ki
         gb = gb + before
     np.testing.assert_allclose(layer.weight.grad.to_host(), gw, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(layer.bias.grad.to_host(), gb, rtol=1e-5, atol=1e-5)
+
+
+# (input shape, kernel size, activation, bias, BatchNorm frozen): a first layer's weights over rows of
+# 8, the digits CNN's (1 channel, 3x3, batch 8), 27 and 25 weights an output channel, planes of 2
+# rows (one pooled row), an activation differentiated through its output, running statistics
+POOL_WGRAD_CASES = [((8, 1, 8, 8), 3, "ReLU", True, False), ((2, 3, 6, 8), 3, "LeakyReLU", False, False),
+                    ((2, 1, 4, 8), 5, "Tanh", True, False), ((3, 2, 2, 8), 3, "ReLU", True, False),
+                    ((4, 1, 8, 8), 3, "ReLU", True, True)]
+
+
+@pytest.mark.parametrize("case", POOL_WGRAD_CASES)
+def test_first_conv_weight_gradient_in_the_pooled_pass(queue, rng, torch, record_error, monkeypatch, case):
+    """A backward without an input gradient (a training step's) whose first Conv2d feeds a
+    BatchNorm2d + activation + MaxPool2d(2) on rows of 8: the conv's dW and db come from the
+    BatchNorm's last pass (bn_pool_bwd_wgrad_cpu; the conv's dy is never stored), equal to float64
+    PyTorch's and to the unfused layers', in one launch fewer; gradients that accumulate (a second
+    backward without zero_grad) add."""
+    if not ops.is_cpu(queue):
+        pytest.skip("the CPU kernels' pooled passes")
+    shape, k, act, bias, frozen = case
+    cls, kw, _ = ACTS[act]
+    model = randomize(nn.Sequential(nn.Conv2d(shape[1], 6, k, padding=k // 2, bias=bias), nn.BatchNorm2d(6),
+                                    cls(**kw), nn.MaxPool2d(2), nn.Conv2d(6, 4, 3, padding=1)), rng).to(queue).train()
+    if frozen:
+        model.layers[1].eval()
+    ref = torch_twin(torch, model, act)
+    if frozen:
+        ref[1].eval()
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    state = {name: v.copy() for name, v in model.state_dict().items()}
+    grads, kernels = {}, {}
+    for fuse in (True, False):
+        monkeypatch.setattr(sequential, "TRAIN_FUSE", fuse)
+        model.load_state_dict(state)
+        model.zero_grad()
+        names = []
+        enqueue = ops._enqueue
+        monkeypatch.setattr(ops, "_enqueue", lambda q, kern, *a: (names.append(kern.function_name), enqueue(q, kern, *a))[1])
+        for _ in range(2):  # the second adds to the first's gradients
+            model(Tensor.from_host(queue, x))
+            assert model.backward(Tensor.from_host(queue, dy), input_grad=False) is None
+        monkeypatch.setattr(ops, "_enqueue", enqueue)
+        grads[fuse] = {name: p.grad.to_host() for name, p in model.named_parameters()}
+        kernels[fuse] = names
+    assert "bn_pool_bwd_wgrad_cpu" in kernels[True] and "bn_pool_bwd_wgrad_cpu" not in kernels[False]
+    assert not {"wgrad_narrow_cpu", "bn_pool_bwd_apply_cpu"} & set(kernels[True]), \
+        "the fused steps ran the conv's own weight gradient or stored its dy"
+    xt = torch.tensor(x, dtype=torch.float64)
+    for _ in range(2):
+        ref(xt).backward(torch.tensor(dy, dtype=torch.float64))
+    ref_grads = dict(ref.named_parameters())
+    errs = []
+    for name, g in grads[True].items():
+        r = ref_grads[name].grad.numpy()
+        scale = max(float(np.abs(ref_grads["0.weight"].grad.numpy()).max()), 1e-30) if name == "0.bias" else None
+        # the conv's bias gradient: about 0 before a BatchNorm (float32 noise of dW's scale)
+        errs.append(assert_close(g, r, 1e-5, 1e-6 * scale if scale else 1e-6, what=f"fused {name}"))
+        assert_close(g, grads[False][name], 1e-5, 1e-6 * scale if scale else 1e-6, what=f"fused vs unfused {name}")
+    record_error(0.0, max(errs))

@@ -112,16 +112,19 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     """(gemms, heads, direct) that one training step of each (model, batch) runs: gemms [(label, M,
     N, K, batch, sa, sb, sc)] every distinct GEMM (shape and strides), logged from ops.gemm; heads
     [(label, rows, inputs, classes)] the classifier heads run as one kernel (CrossEntropyLoss.
-    enqueue_linear); direct [(label, conv, xp shape, dy shape)] the weight gradients that
-    Conv2d._wgrad_narrow computes without a GEMM (a GEMM of M = out channels, N = weights per output
-    channel, K = batch x output positions). mode "trainstep": the step as a netcl.TrainStep runs it
-    (its first call, eager: the replays run the same launches), "loop": as layer calls. Labels name
-    the first model, batch and layer method to run each."""
+    enqueue_linear); direct [(label, kind, conv, xp shape, dy shape)] the weight gradients computed
+    without a GEMM (a GEMM of M = out channels, N = weights per output channel, K = batch x output
+    positions): kind "narrow" by Conv2d._wgrad_narrow, "pooled" inside the backward pass of the
+    BatchNorm2d (+ activation + MaxPool2d) after the conv (BatchNorm2d._conv_grads_pooled). mode
+    "trainstep": the step as a netcl.TrainStep runs it (its first call, eager: the replays run the
+    same launches), "loop": as layer calls. Labels name the first model, batch and layer method to
+    run each."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import benchmark_training_step as bts
 
     gemms, heads, direct, where = {}, {}, {}, [None]
     real_gemm, real_head, real_narrow = ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow
+    real_pooled = nn.BatchNorm2d._conv_grads_pooled
 
     def gemm(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
         gemms.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
@@ -131,19 +134,28 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
         heads.setdefault((x.shape[0], linear.in_features, linear.out_features), f"{where[0]} Linear + cross-entropy")
         return real_head(self, linear, x, labels, input_grad)
 
+    def conv_key(kind, conv, xp_shape, dy_shape):
+        return (kind, conv.in_channels, conv.out_channels, conv.kernel_size, conv.padding, conv.bias is not None,
+                tuple(xp_shape), tuple(dy_shape))
+
     def narrow(self, q_, xp, dy):
-        key = (self.in_channels, self.out_channels, self.kernel_size, self.padding, self.bias is not None,
-               tuple(xp.shape), tuple(dy.shape))
-        direct.setdefault(key, f"{where[0]} Conv2d._wgrad_narrow")
+        direct.setdefault(conv_key("narrow", self, xp.shape, dy.shape), f"{where[0]} Conv2d._wgrad_narrow")
         return real_narrow(self, q_, xp, dy)
 
+    def pooled(self, conv, fused, dp, arg, sums):
+        direct.setdefault(conv_key("pooled", conv, fused[1].shape, self._saved[0].shape),
+                          f"{where[0]} BatchNorm2d pass + Conv2d dW")
+        return real_pooled(self, conv, fused, dp, arg, sums)
+
     ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = gemm, head, narrow
+    nn.BatchNorm2d._conv_grads_pooled = pooled
     try:
         for name, batch in steps:
             where[0] = f"{name} b{batch}"
             bts.netcl_step(name, batch, q, mode=mode)()
     finally:
         ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = real_gemm, real_head, real_narrow
+        nn.BatchNorm2d._conv_grads_pooled = real_pooled
     q.finish()
     return ([(label,) + key for key, label in gemms.items()], [(label,) + key for key, label in heads.items()],
             [(label,) + key for key, label in direct.items()])
@@ -278,76 +290,158 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS, mode="trainstep"):
     return {"shapes": rows, "direct": direct_rows, "heads": head_rows, "empty_launch_us": floor, "mode": mode}
 
 
+def _cols(xp, k, oh, ow):
+    """The im2col columns (C*k*k, N*OH*OW) of a padded input, contiguous."""
+    n, c = xp.shape[:2]
+    cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, :oh, :ow]
+    return np.ascontiguousarray(cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * k * k, n * oh * ow))
+
+
+def _wgrad_err(conv, dyr, cols, extra=()):
+    """Relative error of conv's dW (and db) against float64 dyr @ cols^T (and dyr's row sums); and
+    of each dW in extra."""
+    ref = dyr.astype(np.float64) @ cols.T.astype(np.float64)
+    scale = max(np.max(np.abs(ref)), 1e-30)
+    errs = [np.max(np.abs(g.reshape(ref.shape) - ref)) / scale for g in (conv.weight.grad.to_host(),) + tuple(extra)]
+    if conv.bias is not None:  # the row sums of dy (about 0 before a BatchNorm: dW's scale)
+        errs.append(np.max(np.abs(conv.bias.grad.to_host() - dyr.astype(np.float64).sum(axis=1))) / scale)
+    return float(max(errs))
+
+
 def bench_direct(q, repeat, direct, rng):
-    """The weight gradients a step computes without a GEMM (Conv2d._wgrad_narrow: dW and db of a
-    first layer from dy and its padded input in one launch), replayed, against numpy's GEMM of the
-    same product (dy as (OC, N*P) times the im2col columns, both contiguous and made beforehand:
-    numpy is not charged for im2col or the bias's sums), and against the launches it replaced
-    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0)."""
-    from netcl.nn import conv as conv_module
-
-    rows = []
-    for label, c, oc, k, p, bias, xp_shape, dy_shape in direct:
-        conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
-        xp = rng.standard_normal(xp_shape).astype(np.float32)
-        dy = rng.standard_normal(dy_shape).astype(np.float32)
-        xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
-        n, _, oh, ow = dy_shape
-
-        def grads():
-            conv.weight.grad = None
-            if bias:
-                conv.bias.grad = None
-            conv._wgrad_narrow(q, xt, dyt)
-        replay, launches = _replayable(q, grads)
-        # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
-        conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
-        real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
-        try:
-            def old_grads():
-                conv.weight.grad = None
-                if bias:
-                    conv.bias.grad = None
-                conv._backward_cpu(dyt, False)
-            replaced, replaced_launches = _replayable(q, old_grads)
-            replaced(1)
-            old_dw = conv.weight.grad.to_host()
-        finally:
-            conv_module._NARROW_MAX_R = real_max
-        cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, :oh, :ow]
-        cols = np.ascontiguousarray(cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * k * k, n * oh * ow))
-        dyr = np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
-        M, N, K = oc, c * k * k, n * oh * ow
-        reps = max(1, min(20, int(2e7 // (M * N * K))))
-
-        def run_np():
-            for _ in range(reps):
-                dyr @ cols.T
-
-        replay(1)
-        ref = dyr.astype(np.float64) @ cols.T.astype(np.float64)
-        err = float(np.max(np.abs(conv.weight.grad.to_host().reshape(M, N) - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        if bias:  # and the bias's: the row sums of dy
-            ref_b = dyr.astype(np.float64).sum(axis=1)
-            err = max(err, float(np.max(np.abs(conv.bias.grad.to_host() - ref_b)) / max(np.max(np.abs(ref_b)), 1e-30)))
-        err = max(err, float(np.max(np.abs(old_dw.reshape(M, N) - ref)) / max(np.max(np.abs(ref)), 1e-30)))
-        rounds = [[_settled(lambda: replay(reps)) / reps, _settled(run_np) / reps, _settled(lambda: replaced(reps)) / reps]
-                  for _ in range(repeat)]
-        t_rep, t_np, t_old = (min(r[i] for r in rounds) for i in range(3))
-        flop = 2.0 * M * N * K
-        rows.append({"label": label, "M": M, "N": N, "K": K, "batch": 1, "layout": "NT", "launches": launches,
-                     "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6, "replayed_gflops": flop / t_rep / 1e9,
-                     "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep, "rel_err": err,
-                     "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches})
-    if rows:
+    """The weight gradients a step computes without a GEMM, against numpy's GEMM of the same
+    product (dy as (OC, N*P) times the im2col columns, both contiguous and made beforehand: numpy
+    is not charged for im2col or the bias's sums). "narrow" (Conv2d._wgrad_narrow: dW and db of a
+    first layer from dy and its padded input in one launch) replayed, and the launches it replaced
+    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0). "pooled" (dW and
+    db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the conv, instead of its
+    dy): its cost is that pass's replayed time less the same pass writing dy (the unfused step's),
+    under 0.1 us counted as 0.1; the replaced launches are that pass and _wgrad_narrow."""
+    rows = [_bench_pooled(q, repeat, entry, rng) if entry[1] == "pooled" else _bench_narrow(q, repeat, entry, rng)
+            for entry in direct]
+    narrow, pooled = [r for r in rows if r["kind"] == "narrow"], [r for r in rows if r["kind"] == "pooled"]
+    if narrow:
         print("\n== weight gradients without a GEMM (dW and db in one launch) vs numpy's GEMM of the same product ==")
         print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
               f"{'replayed us':>11s} {'numpy us':>8s} {'replaced us (launches)':>22s} {'rel err':>8s}")
-    for r in rows:
+    for r in narrow:
         print(f"{r['M']}x{r['N']}x{r['K']} NT".ljust(18) + f" {r['label'][:38]:38s} {r['replayed_gflops']:13.1f} "
               f"{r['numpy_gflops']:10.1f} {r['replayed_ratio']:11.3f} {r['replayed_us']:11.1f} {r['numpy_us']:8.1f} "
               f"{r['replaced_us']:14.1f} ({r['replaced_launches']})     {r['rel_err']:8.1e}")
+    if pooled:
+        print("\n== weight gradients inside the BatchNorm2d's backward pass (its dy never stored) vs numpy's GEMM ==")
+        print(f"{'shape':18s} {'first run by':38s} {'pass+dW us':>10s} {'pass+dy us':>10s} {'cost us':>8s} "
+              f"{'numpy us':>8s} {'numpy/cost':>10s} {'replaced us (launches)':>22s} {'rel err':>8s}")
+    for r in pooled:
+        ratio = f"{r['replayed_ratio']:10.2f}" if r["cost_us"] > 0.1 else f"{'free':>10s}"
+        print(f"{r['M']}x{r['N']}x{r['K']} NT".ljust(18) + f" {r['label'][:38]:38s} {r['pass_us']:10.1f} "
+              f"{r['plain_pass_us']:10.1f} {r['cost_us']:8.1f} {r['numpy_us']:8.1f} {ratio} "
+              f"{r['replaced_us']:14.1f} ({r['replaced_launches']})     {r['rel_err']:8.1e}")
     return rows
+
+
+def _bench_narrow(q, repeat, entry, rng):
+    from netcl.nn import conv as conv_module
+
+    label, _, c, oc, k, p, bias, xp_shape, dy_shape = entry
+    conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
+    xp = rng.standard_normal(xp_shape).astype(np.float32)
+    dy = rng.standard_normal(dy_shape).astype(np.float32)
+    xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
+    n, _, oh, ow = dy_shape
+
+    def grads():
+        conv.weight.grad = None
+        if bias:
+            conv.bias.grad = None
+        conv._wgrad_narrow(q, xt, dyt)
+    replay, launches = _replayable(q, grads)
+    # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
+    conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
+    real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
+    try:
+        def old_grads():
+            conv.weight.grad = None
+            if bias:
+                conv.bias.grad = None
+            conv._backward_cpu(dyt, False)
+        replaced, replaced_launches = _replayable(q, old_grads)
+        replaced(1)
+        old_dw = conv.weight.grad.to_host()
+    finally:
+        conv_module._NARROW_MAX_R = real_max
+    cols, dyr = _cols(xp, k, oh, ow), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
+    M, N, K = oc, c * k * k, n * oh * ow
+    reps = max(1, min(20, int(2e7 // (M * N * K))))
+
+    def run_np():
+        for _ in range(reps):
+            dyr @ cols.T
+
+    replay(1)
+    err = _wgrad_err(conv, dyr, cols, (old_dw,))
+    rounds = [[_settled(lambda: replay(reps)) / reps, _settled(run_np) / reps, _settled(lambda: replaced(reps)) / reps]
+              for _ in range(repeat)]
+    t_rep, t_np, t_old = (min(r[i] for r in rounds) for i in range(3))
+    flop = 2.0 * M * N * K
+    return {"label": label, "kind": "narrow", "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
+            "launches": launches, "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6,
+            "replayed_gflops": flop / t_rep / 1e9, "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep,
+            "rel_err": err, "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches}
+
+
+def _bench_pooled(q, repeat, entry, rng):
+    label, _, c, oc, k, p, bias, xp_shape, dy_shape = entry
+    n, _, oh, ow = dy_shape
+    model = nn.Sequential(nn.Conv2d(c, oc, k, padding=p, bias=bias), nn.BatchNorm2d(oc), nn.ReLU(),
+                          nn.MaxPool2d(2)).to(q).train()
+    conv, bn, pool = model.layers[0], model.layers[1], model.layers[3]
+    x = rng.standard_normal((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p)).astype(np.float32)
+    model(Tensor.from_host(q, x))
+    dp = Tensor.from_host(q, rng.standard_normal(pool.output_shape(dy_shape)).astype(np.float32))
+    if conv.pool_wgrad(q, dy_shape) is None or 3 not in model._pooled:
+        raise RuntimeError(f"{label}: the pass does not take this conv's weight gradient here")
+
+    def fused():
+        conv.weight.grad = conv.bias.grad = None
+        bn.weight.grad = bn.bias.grad = None
+        bn.backward(dp, pool=pool, wgrad=conv)
+    replay, launches = _replayable(q, fused)
+    out = []
+
+    def plain():
+        bn.weight.grad = bn.bias.grad = None
+        out[:] = [bn.backward(dp, pool=pool)]
+    replay_plain, _ = _replayable(q, plain)
+    replay_plain(1)
+    dyt = out[0]
+
+    def unfused():
+        plain()
+        conv.weight.grad = conv.bias.grad = None
+        conv._wgrad_narrow(q, conv._saved[2], dyt)
+    replaced, replaced_launches = _replayable(q, unfused)
+    replaced(1)
+    old_dw = conv.weight.grad.to_host()
+    replay(1)
+    xp, dy = conv._saved[2].to_host(), dyt.to_host()
+    cols, dyr = _cols(xp, k, oh, ow), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
+    err = _wgrad_err(conv, dyr, cols, (old_dw,))
+    M, N, K = oc, c * k * k, n * oh * ow
+    reps = max(1, min(20, int(2e7 // (M * N * K))))
+
+    def run_np():
+        for _ in range(reps):
+            dyr @ cols.T
+
+    rounds = [[_settled(lambda: fn(reps)) / reps for fn in (replay, replay_plain, lambda r: run_np(), replaced)]
+              for _ in range(repeat)]
+    t_pass, t_plain, t_np, t_old = (min(r[i] for r in rounds) for i in range(4))
+    cost = t_pass - t_plain
+    return {"label": label, "kind": "pooled", "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
+            "launches": launches, "pass_us": t_pass * 1e6, "plain_pass_us": t_plain * 1e6, "cost_us": cost * 1e6,
+            "replayed_us": max(cost, 1e-7) * 1e6, "numpy_us": t_np * 1e6, "replayed_ratio": t_np / max(cost, 1e-7),
+            "rel_err": err, "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches}
 
 
 def bench_heads(q, repeat, heads, rng):

@@ -578,6 +578,70 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
     }
 }
 
+// Stage 3 with the weight gradient of the convolution before the BatchNorm instead of dx, where
+// that convolution needs no data gradient (a training step's first layer) and has few weights per
+// output channel (Conv2d's "channels" mode, stride 1: FW_T = FW_C * FW_K * FW_K <= 27 taps over
+// its padded input xp (N, FW_C, HP, WP)), on rows of 8 (narrower than the "rows" mode's) and an
+// even H (every element in a window). The convolution's dy, this pass's dx, is made two rows at a time in registers and
+// never stored; dW and db are summed as wgrad_narrow_cpu sums them, a vector accumulator per tap,
+// joined into running totals every 32 pooled rows (of any images). A work-item per channel c
+// and every get_global_size(0)-th after it: no partial sums, no second launch. gw (C, FW_T) and,
+// has_bias, gb (C) are written, or added to where acc_w / acc_b.
+#ifdef FW_C
+#define FW_T (FW_C * FW_K * FW_K)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void bn_pool_bwd_wgrad_cpu(const int N, const int C, const int H, __global const float *x, __global const float *dp,
+                           __global const int *arg, __global const float *mean, __global const float *var,
+                           __global const float *gamma, __global const float *beta, const float eps,
+                           const float slope, __global const float *sums, const int batch_stats,
+                           __global const float *xp, const int HP, const int WP, __global float *gw,
+                           __global float *gb, const int has_bias, const int acc_w, const int acc_b) {
+    const int W = 8, OH = H / 2, OW = 4;
+    const float inv_m = 1.0f / (float)(N * H * W);
+    for (int c = get_global_id(0); c < C; c += get_global_size(0)) {
+        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
+        const float k1 = batch_stats ? sums[2 * c] * inv_m : 0.0f;
+        const float k2 = batch_stats ? sums[2 * c + 1] * inv * inv_m : 0.0f;
+        float tot[FW_T + 1];
+        float8 acc[FW_T + 1];
+#pragma unroll
+        for (int t = 0; t <= FW_T; t++) tot[t] = 0.0f, acc[t] = 0.0f;
+        int rows = 0;
+        for (int n = 0; n < N; n++) {
+            __global const float *xr = x + (n * C + c) * H * W, *dpr = dp + (n * C + c) * OH * OW;
+            __global const int *ar = arg + (n * C + c) * OH * OW;
+            __global const float *xpn = xp + n * FW_C * HP * WP;
+            for (int oh = 0; oh < OH; oh++) {
+                const int top = 2 * oh * W;
+                float8 gt, gbt;
+                POOL_G4(dpr + oh * OW, ar + oh * OW, top, W, 0, gt, gbt);
+                const float8 xt = *(__global const ufloat8 *)(xr + top), xb = *(__global const ufloat8 *)(xr + top + W);
+                const float8 dt = BN_DX(xt, gt), db = BN_DX(xb, gbt);  // the convolution's dy, rows 2 oh, 2 oh + 1
+                acc[FW_T] += dt + db;
+#pragma unroll
+                for (int t = 0; t < FW_T; t++) {
+                    const int ci = t / (FW_K * FW_K), j = t / FW_K % FW_K, l = t % FW_K;
+                    __global const float *s = xpn + (ci * HP + 2 * oh + j) * WP + l;
+                    acc[t] += dt * *(__global const ufloat8 *)s;
+                    acc[t] += db * *(__global const ufloat8 *)(s + WP);
+                }
+                if (++rows == 32 || (n == N - 1 && oh == OH - 1)) {  // the run's sums join the totals
+                    rows = 0;
+#pragma unroll
+                    for (int t = 0; t <= FW_T; t++) {
+                        tot[t] += hsum8(acc[t]);
+                        acc[t] = 0.0f;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < FW_T; t++) gw[c * FW_T + t] = acc_w ? gw[c * FW_T + t] + tot[t] : tot[t];
+        if (has_bias) gb[c] = acc_b ? gb[c] + tot[FW_T] : tot[FW_T];
+    }
+}
+#endif
+
 // LayerNorm over rows of D for CPUs: norm.cl's ln_* kernels run a work-group of 64 per row (or
 // column) with barriers between their sums, which PoCL dispatched at about 1.7 us a row (a
 // (8, 64, 32) input's forward took 875 us). Here a work-item takes `rows` rows, each row's sums in

@@ -706,6 +706,23 @@ class Conv2d(Module):
         if self.bias is not None:
             gb.mark_written()
 
+    def pool_wgrad(self, q, dy_shape):
+        """(kernel options, the forward's padded input) with which a BatchNorm2d after this conv,
+        its forward fused with a 2x2 MaxPool2d, computes this conv's weight and bias gradients in
+        its own backward pass instead of dx (norm_cpu.cl's bn_pool_bwd_wgrad_cpu; Sequential, when
+        this conv needs no data gradient): after a stride-1 "channels" forward on a CPU, groups 1,
+        at most _NARROW_MAX_R weights per output channel, dy (of dy_shape) in rows of 8 and an even
+        number of rows. None otherwise."""
+        saved = getattr(self, "_saved", None)
+        if not (isinstance(saved, tuple) and len(saved) == 3 and saved[1] == "channels" and ops.is_cpu(q)):
+            return None
+        (_, c, _, _), _, xp = saved
+        k, s, _, d = self._geometry()
+        _, oc, oh, ow = dy_shape
+        if (s, d, self.groups) != (1, 1, 1) or c * k * k > _NARROW_MAX_R or ow != 8 or oh % 2:
+            return None
+        return (f"-DFW_C={c}", f"-DFW_K={k}"), xp
+
     def _backward_pointwise2(self, dy, need_dx, into):
         """_backward_cpu after a pw2_fwd_cpu forward: dW from pw2_wgrad_cpu's per-chunk sums (added
         in order), dx from pw2_dgrad_cpu, added into `into` where given."""

@@ -212,15 +212,19 @@ class BatchNorm2d(Module):
             for t in (mean, var, self.running_mean, self.running_var):
                 t.mark_written()
 
-    def backward(self, dy, pool=None, pad=None):
+    def backward(self, dy, pool=None, pad=None, wgrad=None):
         """dx from dy; with `pool`, the MaxPool2d its forward ran (forward(pool=...)): dy is then the
-        pool's output gradient, routed through the pool's argmax inside both passes. With `pad`
+        pool's output gradient, routed through the pool's argmax inside both passes. With `pool` and
+        `wgrad`, the Conv2d before this layer whose pool_wgrad() applies: its weight and bias
+        gradients instead of dx, which is never stored (returns None). With `pad`
         (top, left, HP, WP), on a CPU, dx goes into zero-bordered planes (N, C, HP, WP) at row
         top, column left: the padded output gradient of the convolution before it
         (Conv2d.padded_grad, then backward_padded)."""
         x, mean, var, training, code, slope = self._saved  # eval mode (frozen statistics) differentiates as torch does
         if pool is not None:
-            return self._backward_pooled(dy, pool)
+            return self._backward_pooled(dy, pool, wgrad)
+        if wgrad is not None:
+            raise ValueError("BatchNorm2d.backward(wgrad=...) needs the pool its forward ran (pool=...)")
         options = _act_options(code)
         n, c, h, w = x.shape
         if pad is not None and not ops.is_cpu(dy.queue):
@@ -272,9 +276,10 @@ class BatchNorm2d(Module):
         gb.mark_written()
         return dx.mark_written()
 
-    def _backward_pooled(self, dp, pool):
+    def _backward_pooled(self, dp, pool, conv=None):
         """backward() through the fused pool (norm_cpu.cl's bn_pool_bwd_* kernels): its gradient
-        per input is made where needed, never stored."""
+        per input is made where needed, never stored. With `conv`, that conv's dW and db in the last
+        pass (bn_pool_bwd_wgrad_cpu) instead of dx."""
         x, mean, var, training, code, slope = self._saved
         shape, g, arg = pool._saved
         if shape != x.shape or dp.shape != pool.output_shape(shape):
@@ -283,7 +288,10 @@ class BatchNorm2d(Module):
         n, c, h, w = x.shape
         nc, _, _, _, _, _, oh, ow = g
         q = dp.queue
-        dx = ops.new(q, x.shape)
+        fused = conv.pool_wgrad(q, x.shape) if conv is not None else None
+        if conv is not None and fused is None:
+            raise ValueError(f"BatchNorm2d.backward(wgrad=...): {conv} cannot take its gradients here "
+                             f"(Conv2d.pool_wgrad: input {x.shape})")
         gw, gb, acc = _grad_pair(self.weight, self.bias)
         prow = max(1, PART_LEN["cpu"] // (2 * w))  # pooled rows per part: each two input rows
         parts = -(-n * oh // prow)
@@ -291,12 +299,32 @@ class BatchNorm2d(Module):
         ops.launch(q, "norm_cpu", "bn_pool_bwd_part_cpu", (parts, c), (1, 1), n, c, h, w, oh, ow, prow, x, dp, arg,
                    mean, var, self.weight, self.bias, self.eps, slope, part, options=options)
         ops.launch(q, "norm_cpu", "bn_bwd_finish_cpu", (c,), (1,), parts, part, var, self.eps, gw, gb, int(acc), sums)
+        gw.mark_written()
+        gb.mark_written()
+        if fused is not None:
+            self._conv_grads_pooled(conv, fused, dp, arg, sums)
+            return None
+        dx = ops.new(q, x.shape)
         items, rows = _pool2_rows(q, g)
         ops.launch(q, "norm_cpu", "bn_pool_bwd_apply_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, dp, arg,
                    mean, var, self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
-        gw.mark_written()
-        gb.mark_written()
         return dx.mark_written()
+
+    def _conv_grads_pooled(self, conv, fused, dp, arg, sums):
+        """_backward_pooled's last pass as conv's dW and db (bn_pool_bwd_wgrad_cpu): a work-item per
+        channel, every _CHANNEL_ITEMS * compute units-th after it."""
+        x, mean, var, training, code, slope = self._saved
+        (conv_options, xp), q = fused, dp.queue
+        n, c, h, _ = x.shape
+        gw, acc_w = ops.grad_target(conv.weight)
+        gb, acc_b = ops.grad_target(conv.bias) if conv.bias is not None else (ops.dummy(q), False)
+        ops.launch(q, "norm_cpu", "bn_pool_bwd_wgrad_cpu", (min(c, _CHANNEL_ITEMS * ops.compute_units(q)),), (1,),
+                   n, c, h, x, dp, arg, mean, var, self.weight, self.bias, self.eps, slope, sums, int(training), xp,
+                   xp.shape[2], xp.shape[3], gw, gb, int(conv.bias is not None), int(acc_w), int(acc_b),
+                   options=_act_options(code) + conv_options)
+        gw.mark_written()
+        if conv.bias is not None:
+            gb.mark_written()
 
 
 class LayerNorm(Module):
