@@ -39,6 +39,9 @@ CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
     (2, 4, 6, 20, 4, 5, 1, 2, 1, 4, False),    # depthwise 5x5: a 16-wide vector and a partial one a row
     (1, 3, 5, 4, 3, 3, 1, 0, 1, 3, True),      # depthwise, no padding: rows of 2 in a 4-wide vector
     (2, 16, 16, 16, 16, 3, 1, 1, 1, 16, True),  # depthwise as in mobilenetv2_tiny: whole 16-wide rows
+    (2, 16, 16, 16, 16, 3, 2, 1, 1, 16, True),  # depthwise stride 2 as in mobilenetv2_tiny: rows of 8 (EVEN_LOAD)
+    (1, 4, 9, 38, 8, 5, 2, 2, 1, 4, False),    # depthwise 5x5 stride 2, multiplier 2: a 16-wide vector and a partial one
+    (2, 3, 7, 5, 3, 3, 2, 0, 1, 3, True),      # depthwise stride 2, no padding, odd planes: rows of 2 in a 4-wide vector
 ]
 
 

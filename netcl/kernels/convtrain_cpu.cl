@@ -1053,17 +1053,26 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
         }
 }
 
-// A depthwise convolution's forward of stride 1 on CPUs (Conv2d._depthwise_cpu): output plane po
-// = (n, o), o = c * M + m, from input plane (n, c) given as zero-bordered planes xp (N, C, HP, WP;
-// x at (p, p), HP >= OH + KS - 1, WP >= OW rounded up to DWV, plus KS - 1), so that whole vectors
-// of DWV outputs need no bounds checks; its KS * KS weights broadcast from registers, the taps
-// added in conv.cl's dw_forward order (kh, kw), the bias after. `planes` planes per work-item.
-// (dw_forward's one work-item per row, a bounds test per tap, ran 0.8 GFLOP/s here.)
+// A depthwise convolution's forward of stride DWS = 1 or 2 on CPUs (Conv2d._forward_other): output
+// plane po = (n, o), o = c * M + m, from input plane (n, c) given as zero-bordered planes xp (N, C,
+// HP, WP; x at (p, p), HP >= DWS * (OH - 1) + KS, WP >= DWS * (OW rounded up to DWV, less 1) + KS),
+// so that whole vectors of DWV outputs need no bounds checks; its KS * KS weights broadcast from
+// registers, the taps added in conv.cl's dw_forward order (kh, kw), the bias after. `planes`
+// planes per work-item. Stride 2 loads a tap's inputs as the even elements of two vectors
+// (EVEN_LOAD). (dw_forward's one work-item per row, a bounds test per tap, ran 0.8 GFLOP/s here.)
 #ifndef DWV
 #define DWV 16
 #endif
+#ifndef DWS
+#define DWS 1
+#endif
 #define DVEC VCAT(float, DWV)
 typedef DVEC __attribute__((aligned(4))) udvec;
+#if DWS == 2
+#define DW_XLOAD(p) EVEN_LOAD(udvec, DWV, p)
+#else
+#define DW_XLOAD(p) (*(__global const udvec *)(p))
+#endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void dw_fwd_cpu(const int NO, const int planes, const int C, const int M, const int OH, const int OW, const int HP,
@@ -1085,7 +1094,7 @@ void dw_fwd_cpu(const int NO, const int planes, const int C, const int M, const 
                 for (int kh = 0; kh < KS; kh++)
 #pragma unroll
                     for (int kw = 0; kw < KS; kw++)
-                        acc = fma(*(__global const udvec *)(src + (oh + kh) * WP + ow + kw), (DVEC)(wk[kh * KS + kw]), acc);
+                        acc = fma(DW_XLOAD(src + (DWS * oh + kh) * WP + DWS * ow + kw), (DVEC)(wk[kh * KS + kw]), acc);
                 if (has_bias) acc += b;
                 if (ow + DWV <= OW) {
                     *(__global udvec *)(dst + oh * OW + ow) = acc;
@@ -1137,8 +1146,8 @@ void dw_bwd_data_cpu(const int NC, const int planes, const int C, const int M, c
     }
 }
 
-// Its weight gradient (stride 1): dW[o][kh][kw] (+)= sum over (n, oh, ow) of dy[n][o][oh][ow] *
-// x[n][o / M][oh + kh - p][ow + kw - p], from dy in planes whose rows are padded with zeros to
+// Its weight gradient (stride DWS): dW[o][kh][kw] (+)= sum over (n, oh, ow) of dy[n][o][oh][ow] *
+// x[n][o / M][DWS * oh + kh - p][DWS * ow + kw - p], from dy in planes whose rows are padded with zeros to
 // whole vectors (dyq: N, C * M, OH, WQ) and x bordered as dw_fwd_cpu reads it (xp). A work-item per
 // output channel: KS * KS accumulators of DWV lanes, one dy load per KS * KS multiply-adds, added
 // into running totals after every image (no lane adds a long sequential run).
@@ -1164,7 +1173,7 @@ void dw_bwd_weight_cpu(const int N, const int CM, const int M, const int OH, con
                 for (int kh = 0; kh < KS; kh++)
 #pragma unroll
                     for (int kw = 0; kw < KS; kw++)
-                        acc[kh * KS + kw] = fma(gv, *(__global const udvec *)(src + (oh + kh) * WP + ow + kw),
+                        acc[kh * KS + kw] = fma(gv, DW_XLOAD(src + (DWS * oh + kh) * WP + DWS * ow + kw),
                                                 acc[kh * KS + kw]);
             }
 #pragma unroll

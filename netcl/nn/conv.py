@@ -517,14 +517,15 @@ class Conv2d(Module):
             has_bias = self.bias is not None
             bias = self.bias if has_bias else ops.dummy(q)
             xp = None
-            if ops.is_cpu(q) and s == 1 and d == 1:  # whole vectors of a row on zero-bordered planes
+            if ops.is_cpu(q) and s in (1, 2) and d == 1:  # whole vectors of a row on zero-bordered planes
                 vw = _row_vector(ow)
-                xp = ops.new(q, (n, c, oh + k - 1, -(-ow // vw) * vw + k - 1))
+                owq = -(-ow // vw) * vw
+                xp = ops.new(q, (n, c, max(s * (oh - 1) + k, h + p), max(s * (owq - 1) + k, w + p)))
                 _pad_planes(q, x, xp, p, None, _cpu_options(k))
                 planes, items = ops.cpu_rows(n * oc, oh * ow * k * k)
                 ops.launch(q, _FAMILY, "dw_fwd_cpu", (items,), (1,), n * oc, planes, c, oc // c, oh, ow, xp.shape[2],
                            xp.shape[3], xp, self.weight, bias, int(has_bias), y,
-                           options=_cpu_options(k) + (f"-DDWV={vw}",))
+                           options=_cpu_options(k) + (f"-DDWV={vw}", f"-DDWS={s}"))
             else:
                 ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x,
                              self.weight, bias, int(has_bias), y)
@@ -897,13 +898,13 @@ class Conv2d(Module):
         k, s, p, d = self._geometry()
         q, geometry = dy.queue, (n, c, h, w, oc // c, k, s, p, d, oh, ow)
         gw, acc = ops.grad_target(self.weight)
-        if xp is not None:  # (a CPU forward of stride 1) x bordered and dy's rows whole vectors: no bounds tests
+        if xp is not None:  # (a CPU forward of stride 1 or 2) x bordered and dy's rows whole vectors: no bounds tests
             vw = _row_vector(ow)
             wq = -(-ow // vw) * vw
             dyq = ops.new(q, (n, oc, oh, wq))  # (xp: the forward's, the same vector width and border)
             _pad_planes(q, dy, dyq, 0, None, _cpu_options(k))
             ops.launch(q, _FAMILY, "dw_bwd_weight_cpu", (oc,), (1,), n, oc, oc // c, oh, ow, wq, xp.shape[2],
-                       xp.shape[3], xp, dyq, gw, int(acc), options=_cpu_options(k) + (f"-DDWV={vw}",))
+                       xp.shape[3], xp, dyq, gw, int(acc), options=_cpu_options(k) + (f"-DDWV={vw}", f"-DDWS={s}"))
         elif ops.is_cpu(q):  # a work-item per weight (no work-group of 64 with a barrier per weight)
             ops.launch(q, "conv", "dw_backward_weight_cpu", (oc * k * k,), (1,), *geometry, x, dy, gw, int(acc))
         else:
