@@ -1146,6 +1146,65 @@ void dw_bwd_data_cpu(const int NC, const int planes, const int C, const int M, c
     }
 }
 
+// Its data gradient at stride 2 (padding <= KS - 1): dx[n][c][ih][2t + e] = the sum over m, kh, kw
+// of w[o][kh][kw] * dy[n][o][(ih + p - kh) / 2][t + (e + p - kw) / 2] (o = c * M + m) where both
+// divisions are exact: per dx row, the taps of the row's parity; per lane parity e, the taps of
+// column parity e + p, each one DWV-wide load of a dy row shifted by (e + p - kw) / 2. dy comes as
+// zero-bordered planes dyb (N, C * M, HB, WB; dy at (B, B), B = (KS - p) / 2, zero rows and columns
+// past it as far as any lane reads), so no tap tests bounds. The two parities' sums (DWV = 4 or 8
+// lanes each: built for those only) interleave into 2 * DWV columns of dx. `planes` planes per
+// work-item.
+#if DWV == 8 || DWV == 4
+#if DWV == 8
+#define DW_INTERLEAVE(a, b) INTERLEAVE8(a, b)
+#define DW_OUT float16
+#define DW_UOUT ufloat16
+#else
+#define DW_INTERLEAVE(a, b) INTERLEAVE4(a, b)
+#define DW_OUT float8
+#define DW_UOUT ufloat8
+#endif
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void dw_bwd_data_s2_cpu(const int NC, const int planes, const int C, const int M, const int H, const int W,
+                        const int p, const int HB, const int WB, __global const float *dyb, __global const float *w,
+                        __global float *dx) {
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes), B = (KS - p) / 2;
+    for (int pc = get_global_id(0) * planes; pc < p1; pc++) {
+        const int n = pc / C, c = pc - n * C;
+        __global float *dst = dx + (long)pc * H * W;
+        for (int ih = 0; ih < H; ih++) {
+            for (int t0 = 0; 2 * t0 < W; t0 += DWV) {
+                DVEC acc[2] = {0.0f, 0.0f};
+                for (int m = 0; m < M; m++) {
+                    const int o = c * M + m;
+                    __global const float *src = dyb + ((long)n * C * M + o) * HB * WB + B + t0;
+                    __global const float *wk = w + o * KS * KS;
+#pragma unroll
+                    for (int kh = 0; kh < KS; kh++) {
+                        if ((ih + p - kh) & 1) continue;
+                        __global const float *row = src + (B + (ih + p - kh) / 2) * WB;
+#pragma unroll
+                        for (int kw = 0; kw < KS; kw++) {
+                            const int e = (kw + p) & 1;  // the lanes (columns 2t + e) this tap reaches
+                            acc[e] = fma(*(__global const udvec *)(row + (e + p - kw) / 2), (DVEC)(wk[kh * KS + kw]),
+                                         acc[e]);
+                        }
+                    }
+                }
+                const DW_OUT v = DW_INTERLEAVE(acc[0], acc[1]);
+                if (2 * t0 + 2 * DWV <= W) {
+                    *(__global DW_UOUT *)(dst + ih * W + 2 * t0) = v;
+                } else {
+                    float t[2 * DWV];
+                    *(DW_OUT *)t = v;
+                    for (int i = 0; i < W - 2 * t0; i++) dst[ih * W + 2 * t0 + i] = t[i];
+                }
+            }
+        }
+    }
+}
+#endif
+
 // Its weight gradient (stride DWS): dW[o][kh][kw] (+)= sum over (n, oh, ow) of dy[n][o][oh][ow] *
 // x[n][o / M][DWS * oh + kh - p][DWS * ow + kw - p], from dy in planes whose rows are padded with zeros to
 // whole vectors (dyq: N, C * M, OH, WQ) and x bordered as dw_fwd_cpu reads it (xp). A work-item per
