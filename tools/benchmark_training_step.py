@@ -42,6 +42,8 @@ MODELS = {  # name -> (per-sample input shape, loss, number of classes or None)
     "cnn": ((3, 32, 32), "ce", 10),
     "digits": ((1, 8, 8), "ce", 10),
     "resnet8": ((3, 32, 32), "ce", 10),
+    "mobilenetv2_tiny": ((3, 32, 32), "ce", 10),
+    "unet_tiny": ((3, 64, 64), "mse", None),
 }
 
 
