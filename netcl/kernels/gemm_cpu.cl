@@ -287,7 +287,24 @@ void gemm_cpu_thin(const int M, const int N,
                 bv[k] = *(const uvec *)t;
             }
         }
-        for (int m = m_lo; m < m_hi; m++) {
+        int m = m_lo;
+        if (sam == 1 && nl == VW) {  // A contiguous along m (W^T): VW rows' k-th values in one load, then
+            // broadcast from its lanes (per-row scalar loads kept their k offsets on the stack: 8.2 -> 5.5 us)
+            for (; m + VW <= m_hi; m += VW) {
+                VEC av[TK];
+#pragma unroll
+                for (int k = 0; k < TK; k++) av[k] = *(__global const uvec *)(A + m + k * sak);
+                __global float *c = C + m * scm + n0;
+#pragma unroll
+                for (int r = 0; r < VW; r++) {
+                    VEC acc = av[0][r] * bv[0];
+#pragma unroll
+                    for (int k = 1; k < TK; k++) acc += av[k][r] * bv[k];
+                    *(__global uvec *)(c + r * scm) = acc;
+                }
+            }
+        }
+        for (; m < m_hi; m++) {
             __global const float *a = A + m * sam;
             VEC acc = a[0] * bv[0];
 #pragma unroll
