@@ -23,13 +23,16 @@ def main(argv=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(args.tables), figsize=(6 * len(args.tables), 4.5), squeeze=False)
-    for ax, spec in zip(axes[0], args.tables):
+    tables = []
+    for spec in args.tables:
         path, _, title = spec.partition(":")
         with open(path) as f:
-            rows = json.load(f)
+            tables.append((path, title, json.load(f)))
+    # one colour per model in every panel (the panels may hold different models)
+    colours = {m: f"C{i}" for i, m in enumerate(sorted({r["model"] for _, _, rows in tables for r in rows}))}
+    fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 6.5), squeeze=False)
+    for ax, (path, title, rows) in zip(axes[0], tables):
         models = sorted({r["model"] for r in rows})
-        colours = {m: f"C{i}" for i, m in enumerate(models)}
         for m in models:
             mine = sorted((r for r in rows if r["model"] == m), key=lambda r: r["batch"])
             for key, (line, marker, who) in STYLES.items():
@@ -38,7 +41,7 @@ def main(argv=None):
                     ax.plot(*zip(*pts), line, marker=marker, color=colours[m], label=f"{m}, {who}")
         ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="ms per training step", title=title or path)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: the data stay clear
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
