@@ -3,6 +3,7 @@
 real tasks (the digits; the digits' foreground masks) to the figures the README quotes."""
 import numpy as np
 import pytest
+from conftest import assert_close
 
 import netcl
 from netcl import Tensor, models
@@ -51,3 +52,26 @@ def test_unet_segments_the_noisy_digits(queue, record_note):
     _, hist = recipes.train_segmentation(models.build("unet_tiny"), queue, data, progress=False)
     record_note(f"unet_tiny: test IoU {hist['test_iou'][-1]:.4f} (threshold baseline {baseline:.4f})")
     assert hist["test_iou"][-1] >= baseline + 0.1
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_pytorch_twin_computes_the_model(name, queue, rng):
+    """The benchmarks' PyTorch peer (netcl.apps.bench.torch_layer: the same layers and weights in
+    torch.nn, Linear weights transposed to (out, in), MultiheadAttention's copied as they are) gives
+    the model's output in eval and in train mode (batch statistics) within float32 noise, so the
+    training and inference tables time the same model on both sides."""
+    torch = pytest.importorskip("torch")
+    from netcl.apps.bench import torch_layer
+
+    model = models.build(name).to(queue)
+    twin = torch_layer(torch, model)
+    assert twin is not None, f"{name}: a layer has no PyTorch twin"
+    twin = twin.double()
+    x = rng.standard_normal((1 if name == "detector26" else 3,) + models.MODELS[name].input_shape).astype(np.float32)
+    for mode in ("eval", "train"):
+        getattr(model, mode)()
+        getattr(twin, mode)()
+        got = model(Tensor.from_host(queue, x)).to_host()
+        with torch.no_grad():
+            ref = twin(torch.tensor(x, dtype=torch.float64)).numpy()
+        assert_close(got, ref, 1e-5, 1e-6, what=f"{name} {mode}")

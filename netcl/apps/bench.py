@@ -174,7 +174,23 @@ def _torch_blocks(torch):
 
         def forward(self, x):
             return torch.cat([b(x) for b in self.branches], self.dim)
-    return Residual, Concat
+
+    class Transpose(torch.nn.Module):
+        def __init__(self, dim0, dim1):
+            super().__init__()
+            self.dim0, self.dim1 = dim0, dim1
+
+        def forward(self, x):
+            return x.transpose(self.dim0, self.dim1)
+
+    class SelfAttention(torch.nn.Module):  # netcl's MultiheadAttention: self-attention on (N, L, E)
+        def __init__(self, embed_dim, num_heads):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+    return Residual, Concat, Transpose, SelfAttention
 
 
 def torch_layer(torch, m):
@@ -219,6 +235,22 @@ def torch_layer(torch, m):
         return tnn.AdaptiveAvgPool2d(m.output_size)
     elif isinstance(m, nn.Upsample) and m.mode == "nearest":
         return tnn.Upsample(scale_factor=m.scale_factor, mode="nearest")
+    elif isinstance(m, nn.AdaptiveAvgPool1d):
+        return tnn.AdaptiveAvgPool1d(m.output_size)
+    elif isinstance(m, nn.GELU):
+        return tnn.GELU(approximate=m.approximate)
+    elif isinstance(m, nn.Transpose):
+        return _torch_blocks(torch)[2](m.dim0, m.dim1)
+    elif isinstance(m, nn.LayerNorm):
+        t = tnn.LayerNorm(m.normalized_shape, eps=m.eps)
+    elif isinstance(m, nn.MultiheadAttention):  # netcl keeps PyTorch's names and (out, in) layouts: copied as they are
+        t = _torch_blocks(torch)[3](m.embed_dim, m.num_heads)
+        for name, p in m.named_parameters():
+            target = t.attn.get_parameter(name)
+            if tuple(target.shape) != tuple(p.shape):
+                raise ValueError(f"MultiheadAttention {name}: netcl {p.shape} against torch {tuple(target.shape)}")
+            target.data[:] = torch.from_numpy(p.to_host())
+        return t
     else:
         make = {"ReLU": tnn.ReLU, "ReLU6": tnn.ReLU6, "Sigmoid": tnn.Sigmoid, "Tanh": tnn.Tanh, "SiLU": tnn.SiLU,
                 "Hardswish": tnn.Hardswish, "Identity": tnn.Identity}.get(type(m).__name__)
