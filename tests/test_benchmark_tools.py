@@ -104,3 +104,13 @@ def test_direct_weight_gradient_rows(queue, capsys, monkeypatch):
     assert all(r["rel_err"] < 1e-5 and r["numpy_us"] > 0 and r["replayed_us"] > 0 for r in rows)
     out = capsys.readouterr().out
     assert "dW and db in one launch" in out and "inside the BatchNorm2d's backward pass" in out
+
+
+def test_step_benchmark_models_take_their_registered_input():
+    """The training-step benchmark's per-sample input shapes are netcl.models' own (a model added
+    there with another shape fails its first layer)."""
+    from netcl import models
+
+    for name, (shape, _, _) in bts.MODELS.items():
+        if name in models.MODELS:
+            assert shape == models.MODELS[name].input_shape, name

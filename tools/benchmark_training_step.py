@@ -44,7 +44,7 @@ MODELS = {  # name -> (per-sample input shape, loss, number of classes or None)
     "resnet8": ((3, 32, 32), "ce", 10),
     "mobilenetv2_tiny": ((3, 32, 32), "ce", 10),
     "unet_tiny": ((3, 64, 64), "mse", None),
-    "vit_tiny": ((3, 32, 32), "ce", 10),
+    "vit_tiny": ((1, 8, 8), "ce", 10),
 }
 
 
