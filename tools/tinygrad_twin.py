@@ -1,8 +1,9 @@
 """A netcl model rebuilt in tinygrad with the same weights: the training-step peer of
 tools/benchmark_training_step.py (tinygrad 0.14; pick its OpenCL backend with DEV=CL, as the
 training-speed issue does). Covers the layers of the training table's models: Sequential,
-Residual, Conv2d, BatchNorm2d, Linear, the pools, Flatten, Dropout, ReLU, LeakyReLU, Sigmoid,
-Tanh. netcl's Linear stores (in, out), tinygrad's (out, in) like PyTorch's: transposed here."""
+Residual, Concat, Conv2d (groups too), BatchNorm2d, Linear, the pools, nearest Upsample by an
+integer factor, Flatten, Dropout, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, Identity (so also
+mobilenetv2_tiny and unet_tiny; not vit_tiny: no MultiheadAttention). netcl's Linear stores (in, out), tinygrad's (out, in) like PyTorch's: transposed here."""
 import numpy as np
 
 
@@ -46,6 +47,13 @@ def twin(layer):
         body = twin(layer.body)
         short = twin(layer.shortcut) if layer.shortcut is not None else (lambda x: x, [])
         return (lambda x: body[0](x) + short[0](x)), body[1] + short[1]
+    if kind == "Concat":
+        branches = [twin(b) for b in layer.branches.layers]
+        return ((lambda x: Tensor.cat(*[f(x) for f, _ in branches], dim=layer.dim)),
+                [p for _, ps in branches for p in ps])
+    if kind == "Upsample" and layer.mode == "nearest" and float(layer.scale_factor).is_integer():
+        f = int(layer.scale_factor)
+        return (lambda x: x.repeat_interleave(f, dim=2).repeat_interleave(f, dim=3)), []
     if kind == "Conv2d":
         conv = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, stride=layer.stride,
                          padding=layer.padding, dilation=layer.dilation, groups=layer.groups,
@@ -77,7 +85,8 @@ def twin(layer):
     if kind == "Dropout":
         return (lambda x: x.dropout(layer.p)), []
     acts = {"ReLU": lambda x: x.relu(), "Sigmoid": lambda x: x.sigmoid(), "Tanh": lambda x: x.tanh(),
-            "LeakyReLU": lambda x: x.leaky_relu(getattr(layer, "slope", 0.01))}
+            "LeakyReLU": lambda x: x.leaky_relu(getattr(layer, "slope", 0.01)), "ReLU6": lambda x: x.relu6(),
+            "Identity": lambda x: x}
     if kind in acts:
         return acts[kind], []
     raise NotImplementedError(f"no tinygrad twin for {kind}")
