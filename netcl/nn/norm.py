@@ -215,8 +215,8 @@ class BatchNorm2d(Module):
     def backward(self, dy, pool=None, pad=None, wgrad=None):
         """dx from dy; with `pool`, the MaxPool2d its forward ran (forward(pool=...)): dy is then the
         pool's output gradient, routed through the pool's argmax inside both passes. With `pool` and
-        `wgrad`, the Conv2d before this layer whose pool_wgrad() applies: its weight and bias
-        gradients instead of dx, which is never stored (returns None). With `pad`
+        `wgrad`, the Conv2d before this layer: where its pool_wgrad() applies, its weight and bias
+        gradients instead of dx, which is never stored (returns None); else dx as without it. With `pad`
         (top, left, HP, WP), on a CPU, dx goes into zero-bordered planes (N, C, HP, WP) at row
         top, column left: the padded output gradient of the convolution before it
         (Conv2d.padded_grad, then backward_padded)."""
@@ -278,8 +278,8 @@ class BatchNorm2d(Module):
 
     def _backward_pooled(self, dp, pool, conv=None):
         """backward() through the fused pool (norm_cpu.cl's bn_pool_bwd_* kernels): its gradient
-        per input is made where needed, never stored. With `conv`, that conv's dW and db in the last
-        pass (bn_pool_bwd_wgrad_cpu) instead of dx."""
+        per input is made where needed, never stored. With `conv` (whose pool_wgrad() applies),
+        that conv's dW and db in the last pass (bn_pool_bwd_wgrad_cpu) instead of dx."""
         x, mean, var, training, code, slope = self._saved
         shape, g, arg = pool._saved
         if shape != x.shape or dp.shape != pool.output_shape(shape):
@@ -289,9 +289,6 @@ class BatchNorm2d(Module):
         nc, _, _, _, _, _, oh, ow = g
         q = dp.queue
         fused = conv.pool_wgrad(q, x.shape) if conv is not None else None
-        if conv is not None and fused is None:
-            raise ValueError(f"BatchNorm2d.backward(wgrad=...): {conv} cannot take its gradients here "
-                             f"(Conv2d.pool_wgrad: input {x.shape})")
         gw, gb, acc = _grad_pair(self.weight, self.bias)
         prow = max(1, PART_LEN["cpu"] // (2 * w))  # pooled rows per part: each two input rows
         parts = -(-n * oh // prow)

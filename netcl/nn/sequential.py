@@ -229,9 +229,8 @@ class Sequential(LayerList):
                 pool = layer
                 continue
             if pool is not None:  # (and the conv before it needs no data gradient: its dW and db in that pass)
-                conv = self._pool_wgrad(i, first, input_grad, dy)
-                dy, pool = layer.backward(dy, pool=pool, wgrad=conv), None
-                done = i - 1 if conv is not None else done
+                dy, pool = layer.backward(dy, pool=pool, wgrad=self._pool_wgrad(i, first, input_grad)), None
+                done = i - 1 if dy is None else done
             elif i == first and not input_grad:
                 layer.backward_params(dy)
             elif i == 0 and into is not None and hasattr(layer, "backward_into"):
@@ -266,17 +265,16 @@ class Sequential(LayerList):
             return None
         return conv.padded_grad(dy.queue, dy.shape)
 
-    def _pool_wgrad(self, i, first, input_grad, dy):
+    def _pool_wgrad(self, i, first, input_grad):
         """The Conv2d at i - 1 where it is the first layer of a backward without an input gradient
-        (a training step's) and layer i, a BatchNorm2d whose forward ran a pool, can compute its
-        weight gradients instead of its dy (Conv2d.pool_wgrad); else None."""
+        (a training step's) and layer i a BatchNorm2d whose forward ran a pool: that layer's pass
+        takes its weight gradients where Conv2d.pool_wgrad applies (then it returns None); else None."""
         if not (TRAIN_FUSE and not input_grad and i - 1 == first and type(self.layers[i]) is BatchNorm2d):
             return None
         conv = self.layers[i - 1]
         if type(conv) is not Conv2d or i - 1 in self._skipped or i - 1 in self._pooled:
             return None
-        x = self.layers[i]._saved[0]
-        return conv if conv.pool_wgrad(dy.queue, x.shape) is not None else None
+        return conv
 
     def _replay_eval(self, x):
         """The layers' forward on x in eval mode (every module's flag set and restored directly:
