@@ -530,6 +530,13 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
     part[2 * (c * parts + pi) + 1] = hsum16(g16 + rg16) + hsum8(g8) + tg;
 }
 
+// The constants BN_DX reads for channel c in the pooled passes after stage 2 (sums: the channel's
+// finished sum(dz) and sum(dz * (x - mean)); inv_m = 1 / values per channel in scope)
+#define BN_POOL_DX_CONSTANTS(c)                                                                              \
+    const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];     \
+    const float k1 = batch_stats ? sums[2 * (c)] * inv_m : 0.0f;                                             \
+    const float k2 = batch_stats ? sums[2 * (c) + 1] * inv * inv_m : 0.0f
+
 // Stage 3: dx as bn_bwd_apply_cpu's, for `rows` pooled rows (of N * C * OH) per work-item.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const int H, const int W, const int OH,
@@ -541,9 +548,7 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
     const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W, c = nc % C;
-        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
-        const float k1 = batch_stats ? sums[2 * c] * inv_m : 0.0f;
-        const float k2 = batch_stats ? sums[2 * c + 1] * inv * inv_m : 0.0f;
+        BN_POOL_DX_CONSTANTS(c);
         __global const float *xp = x + nc * H * W + top, *dpr = dp + r * OW;
         __global const int *ar = arg + r * OW;
         __global float *dxp = dx + nc * H * W + top;
@@ -582,11 +587,11 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
 // that convolution needs no data gradient (a training step's first layer) and has few weights per
 // output channel (Conv2d's "channels" mode, stride 1: FW_T = FW_C * FW_K * FW_K <= 27 taps over
 // its padded input xp (N, FW_C, HP, WP)), on rows of 8 (narrower than the "rows" mode's) and an
-// even H (every element in a window). The convolution's dy, this pass's dx, is made two rows at a time in registers and
-// never stored; dW and db are summed as wgrad_narrow_cpu sums them, a vector accumulator per tap,
-// joined into running totals every 32 pooled rows (of any images). A work-item per channel c
-// and every get_global_size(0)-th after it: no partial sums, no second launch. gw (C, FW_T) and,
-// has_bias, gb (C) are written, or added to where acc_w / acc_b.
+// even H (every element in a window). The convolution's dy, this pass's dx, is made two rows at a
+// time in registers and never stored; dW and db are summed as wgrad_narrow_cpu sums them, a vector
+// accumulator per tap, joined into running totals every 32 pooled rows (of any images). A
+// work-item per channel c and every get_global_size(0)-th after it: no partial sums, no second
+// launch. gw (C, FW_T) and, has_bias, gb (C) are written, or added to where acc_w / acc_b.
 #ifdef FW_C
 #define FW_T (FW_C * FW_K * FW_K)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
@@ -599,9 +604,7 @@ void bn_pool_bwd_wgrad_cpu(const int N, const int C, const int H, __global const
     const int W = 8, OH = H / 2, OW = 4;
     const float inv_m = 1.0f / (float)(N * H * W);
     for (int c = get_global_id(0); c < C; c += get_global_size(0)) {
-        const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
-        const float k1 = batch_stats ? sums[2 * c] * inv_m : 0.0f;
-        const float k2 = batch_stats ? sums[2 * c + 1] * inv * inv_m : 0.0f;
+        BN_POOL_DX_CONSTANTS(c);
         float tot[FW_T + 1];
         float8 acc[FW_T + 1];
 #pragma unroll
