@@ -923,8 +923,9 @@ class Conv2d(Module):
             ops.launch(q, _FAMILY, "dw_bwd_data_cpu", (items,), (1,), n * c, planes, c, oc // c, h, w, dyp.shape[2],
                        dyp.shape[3], dyp, self.weight, dx, options=_cpu_options(k) + (f"-DDWV={vw}",))
         elif ops.is_cpu(q) and s == 2 and d == 1 and p <= k - 1:  # each dx row's taps by parity, in vectors
-            vw = 8 if -(-w // 2) >= 8 else 4
-            border, tq = (k - p) // 2, -(-(-(-w // 2)) // vw) * vw  # dx's column pairs in whole vectors
+            pairs = -(-w // 2)  # dx's column pairs: a vector of each parity's sums covers 2 * vw columns
+            vw = min(8, _row_vector(pairs))
+            border, tq = (k - p) // 2, -(-pairs // vw) * vw
             dyb = ops.new(q, (n, oc, border + max(oh, (h - 1 + p) // 2 + 1), border + max(ow, tq + (p + 1) // 2)))
             _pad_planes(q, dy, dyb, border, None, _cpu_options(k))
             planes, items = ops.cpu_rows(n * c, h * w * k * k * (oc // c) // 4)
