@@ -297,6 +297,26 @@ def _cols(xp, k, oh, ow):
     return np.ascontiguousarray(cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * k * k, n * oh * ow))
 
 
+def _numpy_wgrad(xp, dy, k):
+    """numpy's side of a weight gradient: ((M, N, K), reps, run) where run() computes dyr @ cols^T
+    reps times on operands made beforehand, and (cols, dyr) for the error."""
+    n, oc, oh, ow = dy.shape
+    cols, dyr = _cols(xp, k, oh, ow), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
+    M, N, K = oc, cols.shape[0], n * oh * ow
+    reps = max(1, min(20, int(2e7 // (M * N * K))))
+
+    def run():
+        for _ in range(reps):
+            dyr @ cols.T
+    return (M, N, K), reps, run, cols, dyr
+
+
+def _best_rounds(fns, repeat):
+    """Each function's best settled time over `repeat` alternating rounds."""
+    rounds = [[_settled(fn) for fn in fns] for _ in range(repeat)]
+    return [min(r[i] for r in rounds) for i in range(len(fns))]
+
+
 def _wgrad_err(conv, dyr, cols, extra=()):
     """Relative error of conv's dW (and db) against float64 dyr @ cols^T (and dyr's row sums); and
     of each dW in extra."""
@@ -348,7 +368,7 @@ def _bench_narrow(q, repeat, entry, rng):
     xp = rng.standard_normal(xp_shape).astype(np.float32)
     dy = rng.standard_normal(dy_shape).astype(np.float32)
     xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
-    n, _, oh, ow = dy_shape
+    n = dy_shape[0]
 
     def grads():
         conv.weight.grad = None
@@ -370,19 +390,11 @@ def _bench_narrow(q, repeat, entry, rng):
         old_dw = conv.weight.grad.to_host()
     finally:
         conv_module._NARROW_MAX_R = real_max
-    cols, dyr = _cols(xp, k, oh, ow), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
-    M, N, K = oc, c * k * k, n * oh * ow
-    reps = max(1, min(20, int(2e7 // (M * N * K))))
-
-    def run_np():
-        for _ in range(reps):
-            dyr @ cols.T
-
+    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k)
     replay(1)
     err = _wgrad_err(conv, dyr, cols, (old_dw,))
-    rounds = [[_settled(lambda: replay(reps)) / reps, _settled(run_np) / reps, _settled(lambda: replaced(reps)) / reps]
-              for _ in range(repeat)]
-    t_rep, t_np, t_old = (min(r[i] for r in rounds) for i in range(3))
+    t_rep, t_np, t_old = (t / reps for t in _best_rounds((lambda: replay(reps), run_np, lambda: replaced(reps)),
+                                                         repeat))
     flop = 2.0 * M * N * K
     return {"label": label, "kind": "narrow", "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
             "launches": launches, "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6,
@@ -392,7 +404,7 @@ def _bench_narrow(q, repeat, entry, rng):
 
 def _bench_pooled(q, repeat, entry, rng):
     label, _, c, oc, k, p, bias, xp_shape, dy_shape = entry
-    n, _, oh, ow = dy_shape
+    n = dy_shape[0]
     model = nn.Sequential(nn.Conv2d(c, oc, k, padding=p, bias=bias), nn.BatchNorm2d(oc), nn.ReLU(),
                           nn.MaxPool2d(2)).to(q).train()
     conv, bn, pool = model.layers[0], model.layers[1], model.layers[3]
@@ -424,19 +436,10 @@ def _bench_pooled(q, repeat, entry, rng):
     replaced(1)
     old_dw = conv.weight.grad.to_host()
     replay(1)
-    xp, dy = conv._saved[2].to_host(), dyt.to_host()
-    cols, dyr = _cols(xp, k, oh, ow), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
+    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(conv._saved[2].to_host(), dyt.to_host(), k)
     err = _wgrad_err(conv, dyr, cols, (old_dw,))
-    M, N, K = oc, c * k * k, n * oh * ow
-    reps = max(1, min(20, int(2e7 // (M * N * K))))
-
-    def run_np():
-        for _ in range(reps):
-            dyr @ cols.T
-
-    rounds = [[_settled(lambda: fn(reps)) / reps for fn in (replay, replay_plain, lambda r: run_np(), replaced)]
-              for _ in range(repeat)]
-    t_pass, t_plain, t_np, t_old = (min(r[i] for r in rounds) for i in range(4))
+    t_pass, t_plain, t_np, t_old = (t / reps for t in _best_rounds(
+        (lambda: replay(reps), lambda: replay_plain(reps), run_np, lambda: replaced(reps)), repeat))
     cost = t_pass - t_plain
     return {"label": label, "kind": "pooled", "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
             "launches": launches, "pass_us": t_pass * 1e6, "plain_pass_us": t_plain * 1e6, "cost_us": cost * 1e6,
