@@ -1,9 +1,10 @@
 """A netcl model rebuilt in tinygrad with the same weights: the training-step peer of
 tools/benchmark_training_step.py (tinygrad 0.14; pick its OpenCL backend with DEV=CL, as the
 training-speed issue does). Covers the layers of the training table's models: Sequential,
-Residual, Concat, Conv2d (groups too), BatchNorm2d, Linear, the pools, nearest Upsample by an
-integer factor, Flatten, Dropout, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, Identity (so also
-mobilenetv2_tiny and unet_tiny; not vit_tiny: no MultiheadAttention). netcl's Linear stores (in, out), tinygrad's (out, in) like PyTorch's: transposed here."""
+Residual, Concat, Conv2d (groups too), BatchNorm2d, Linear, the pools, nearest Upsample, Flatten,
+Dropout, ReLU, ReLU6, LeakyReLU, Sigmoid, Tanh, Identity (so also mobilenetv2_tiny and unet_tiny;
+not vit_tiny: no MultiheadAttention). netcl's Linear stores (in, out), tinygrad's (out, in) like
+PyTorch's: transposed here."""
 import numpy as np
 
 
@@ -51,8 +52,8 @@ def twin(layer):
         branches = [twin(b) for b in layer.branches.layers]
         return ((lambda x: Tensor.cat(*[f(x) for f, _ in branches], dim=layer.dim)),
                 [p for _, ps in branches for p in ps])
-    if kind == "Upsample" and layer.mode == "nearest" and float(layer.scale_factor).is_integer():
-        f = int(layer.scale_factor)
+    if kind == "Upsample" and layer.mode == "nearest":  # (netcl's scale factors are integers)
+        f = layer.scale_factor
         return (lambda x: x.repeat_interleave(f, dim=2).repeat_interleave(f, dim=3)), []
     if kind == "Conv2d":
         conv = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, stride=layer.stride,
