@@ -23,6 +23,12 @@ _RED = 64  # work-group size of the reductions in conv.cl (RED)
 _GPU_LOCAL = 256  # work-group size of im2col_gpu and col2im_gpu
 
 
+def _bordered_extent(h, w, k, s, p, oh, ow):
+    """(HP, WP) of zero-bordered planes holding an (h, w) input at (p, p) from which a k-tap read
+    of stride s for oh x ow outputs (ow rounded up as its reader's vectors need) stays inside."""
+    return max(s * (oh - 1) + k, h + p), max(s * (ow - 1) + k, w + p)
+
+
 def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
     """cols (c*k*k, n*oh*ow) from x (n, c, h, w): on GPUs one work-item per element of cols
     (coalesced); on CPUs, undilated, x copied into zero-bordered planes and im2col_cpu's rows of
@@ -33,7 +39,7 @@ def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
     if ops.config_class(q) == "gpu":
         ops.launch(q, "conv", "im2col_gpu", (cols.size,), (_GPU_LOCAL,), *args)
     elif d == 1:
-        xp = ops.new(q, (n, c, max(s * (oh - 1) + k, h + p), max(s * (ow - 1) + k, w + p)))
+        xp = ops.new(q, (n, c) + _bordered_extent(h, w, k, s, p, oh, ow))
         _pad_planes(q, x, xp, p, None, _cpu_options(k))
         rows, items = ops.cpu_rows(n * oh, ow)
         ops.launch(q, _FAMILY, "im2col_cpu", (c * k * k, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s,
@@ -445,8 +451,7 @@ class Conv2d(Module):
         if mode == "rows":
             hp, wp = -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1
         else:
-            tc = _CORRC_TC
-            hp, wp = max(s * (oh - 1) + k, shape[2] + p), max(s * (-(-ow // tc) * tc - 1) + k, shape[3] + p)
+            hp, wp = _bordered_extent(shape[2], shape[3], k, s, p, oh, -(-ow // _CORRC_TC) * _CORRC_TC)
         return p, p, hp, wp
 
     def forward(self, x, stats=False):
@@ -519,8 +524,7 @@ class Conv2d(Module):
             xp = None
             if ops.is_cpu(q) and s in (1, 2) and d == 1:  # whole vectors of a row on zero-bordered planes
                 vw = _row_vector(ow)
-                owq = -(-ow // vw) * vw
-                xp = ops.new(q, (n, c, max(s * (oh - 1) + k, h + p), max(s * (owq - 1) + k, w + p)))
+                xp = ops.new(q, (n, c) + _bordered_extent(h, w, k, s, p, oh, -(-ow // vw) * vw))
                 _pad_planes(q, x, xp, p, None, _cpu_options(k))
                 planes, items = ops.cpu_rows(n * oc, oh * ow * k * k)
                 ops.launch(q, _FAMILY, "dw_fwd_cpu", (items,), (1,), n * oc, planes, c, oc // c, oh, ow, xp.shape[2],
