@@ -347,6 +347,12 @@ _CPU_DOT_ITEM_WORK = 16384  # fewest multiply-adds a dot-product work-item takes
 # of a short K go several to one (32 x 144 x 128 ran 288 work-items of 2048: the kernel 25-27 us;
 # 40 of 16384: 12.6; 16 of 65536: 19, the cores' shares uneven; PoCL, Zen 5, profiled events)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
+# gemm_cpu_nt (cpu16) in place of the dot kernel for 16 or more rows and a short K: 32 x 144 x 128
+# (the digits CNN's conv2 weight gradient at batch 8) 12-15 us against 17-19, replayed (the dot kernel
+# reduces each of its 4608 sums across lanes); at K = 512 they tie (32 x 144 x 512: 37 us each), past
+# it the transposing kernel's 16 rows of A and B a stride K apart conflict in L1 (32 x 144 x 1024: 90
+# against 62) and each chunk's sum of K / 8 terms grows its error (PoCL, Zen 5)
+_CPU_NT_MIN_ROWS, _CPU_NT_MAX_K = 16, 256
 _CPU_THIN_K = 8  # most k for gemm_cpu_thin (B's k vectors held in registers; a detection head's 5 channels)
 _CPU_THIN_VECS = 4  # most column vectors: on wider rows of C gemm_cpu was faster (27 x 32768 x 4: 117 us
 # against 204; 64 x 1024 x 8 over 8: 106 against 216), on these gemm_cpu_thin as fast or faster (512 x
@@ -374,9 +380,12 @@ def _dot_blocks(cfg, N):
 
 
 def _cpu_plan(q, cls, M, N, K, batch, dot):
-    """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM."""
+    """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM; dot
+    "dot" (gemm_cpu_dot), "nt" (gemm_cpu_nt) or None (gemm_cpu)."""
     cfg = _CPU_GEMM[cls]
-    if dot:
+    if dot == "nt":
+        cfg = dict(cfg, DM=16, DN=16)  # its blocks (gemm_cpu.cl's NTB)
+    elif dot:
         cfg = _dot_blocks(cfg, N)
     elif N <= cfg["VW"]:  # one vector of columns (a classifier's 10): half the 2-vector tile's multiply-adds
         cfg = dict(cfg, NV=1)
@@ -404,20 +413,23 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
         kchunk = max(1, _cdiv(_cdiv(K, chunks), KC)) * KC  # whole K blocks per chunk
         grid = (nblocks, mgroups, per_item * MR)
     chunks = max(1, _cdiv(K, kchunk))  # one with K == 0: C = beta * C + bias
-    return (ks["gemm_cpu_dot" if dot else "gemm_cpu"], grid + (kchunk, chunks), items * chunks, chunks,
+    return (ks[f"gemm_cpu_{dot}" if dot else "gemm_cpu"], grid + (kchunk, chunks), items * chunks, chunks,
             ks["gemm_cpu_reduce"])
 
 
 def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets):
     """gemm() on a CPU: gemm_cpu (any layout); for A and B both contiguous along k with few
-    rows, gemm_cpu_dot; C = A B with a short K into short rows, gemm_cpu_thin (_gemm_cpu_thin).
+    rows, gemm_cpu_dot, or with 16 rows or more and a short K on AVX-512, gemm_cpu_nt; C = A B
+    with a short K into short rows, gemm_cpu_thin (_gemm_cpu_thin).
     Split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks of C alone leave the
     cores idle or K is long."""
     if (0 < K <= _CPU_THIN_K and N <= _CPU_THIN_VECS * _CPU_GEMM[cls]["VW"] and sb[1] == 1 and sc[1] == 1
             and alpha == 1.0 and beta == 0.0 and bias_mode == 0):
         _gemm_cpu_thin(q, cls, M, N, K, A, sa, B, sb, C, sc, batch, offsets)
         return
-    dot = sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS and K >= _CPU_DOT_KMIN
+    dot = None
+    if sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS and K >= _CPU_DOT_KMIN:
+        dot = "nt" if cls == "cpu16" and M >= _CPU_NT_MIN_ROWS and K <= _CPU_NT_MAX_K else "dot"
     key = (q.context, cls, M, N, K, batch, dot)
     plan = _cpu_plans.get(key)
     if plan is None:

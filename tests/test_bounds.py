@@ -1,8 +1,8 @@
 """Kernels that load whole vectors past a row's last column (gemm_cpu's narrow B panels, gemm_cpu_thin's,
-head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks, wgrad_narrow_cpu's rows) never read past their operand: each
-operand ends exactly before a page the process may not read (PoCL's CPU device uses a
-CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one float too far is a segfault. The
-cases run in a child process, whose crash is this test's failure."""
+head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks, gemm_cpu_nt's tails, wgrad_narrow_cpu's rows) never
+read past their operand: each operand ends exactly before a page the process may not read (PoCL's CPU device
+uses a CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one float too far is a segfault. The cases run
+in a child process, whose crash is this test's failure."""
 import os
 import subprocess
 import sys
@@ -50,7 +50,8 @@ for config in ("cpu", "cpu16"):
             got = ops.matmul(guarded(q, a), guarded(q, b)).to_host()
             assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4), (config, M, N, K)
     ops._CPU_THIN_K = 8
-    for M, N, K in [(32, 150, 128), (13, 21, 71)]:  # dot blocks, grouped along n, both operands k-rows
+    # both operands k-rows: dot blocks, grouped along n; cpu16's gemm_cpu_nt (rows, columns and k in tails)
+    for M, N, K in [(10, 150, 128), (13, 21, 71), (32, 150, 128), (45, 21, 203)]:
         a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
         got = ops.matmul(guarded(q, a), guarded(q, b), trans_b=True).to_host()
         assert np.allclose(got, a.astype(np.float64) @ b.T, rtol=1e-4, atol=1e-4), (config, M, N, K)

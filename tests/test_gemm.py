@@ -26,13 +26,14 @@ def test_matmul_layouts(queue, rng, M, N, K, ta, tb):
 
 
 def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, what, alpha=0.75):
-    """ops.gemm batched, with offsets into every buffer, a C whose rows are padded and alpha (by
-    default != 1), against float64 numpy. a_kmajor: A stored (M, K) (contiguous along k), else (K, M).
-    b_layout: "kn" stored (K, N), "nk" stored (N, K), "strided" n-stride 2 over a (K, 2N) buffer."""
+    """ops.gemm batched, with offsets into every buffer, a C whose rows and batch entries (two rows
+    after each) are padded and alpha (by default != 1), against float64 numpy. a_kmajor: A stored
+    (M, K) (contiguous along k), else (K, M). b_layout: "kn" stored (K, N), "nk" stored (N, K),
+    "strided" n-stride 2 over a (K, 2N) buffer."""
     offa, offb, offc, ldc = 5, 7, 3, N + 4
     a = rng.standard_normal((batch, M, K)).astype(np.float32)
     b = rng.standard_normal((batch, K, N)).astype(np.float32)
-    c0 = rng.standard_normal((batch, M, ldc)).astype(np.float32)
+    c0 = rng.standard_normal((batch, M + 2, ldc)).astype(np.float32)
     bias = rng.standard_normal(N if bias_mode == 1 else M).astype(np.float32)
     if a_kmajor:
         abuf, sa = a, (K, 1, M * K)
@@ -49,7 +50,7 @@ def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta,
     A = Tensor.from_host(queue, np.concatenate([np.zeros(offa, np.float32), abuf.ravel()]))
     B = Tensor.from_host(queue, np.concatenate([np.zeros(offb, np.float32), bbuf.ravel()]))
     C = Tensor.from_host(queue, np.concatenate([np.zeros(offc, np.float32), c0.ravel()]))
-    ops.gemm(M, N, K, A, sa, B, sb, C, (ldc, 1, M * ldc), alpha=alpha, beta=beta,
+    ops.gemm(M, N, K, A, sa, B, sb, C, (ldc, 1, (M + 2) * ldc), alpha=alpha, beta=beta,
              bias=Tensor.from_host(queue, bias) if bias_mode else None, bias_mode=bias_mode, batch=batch,
              offsets=(offa, offb, offc))
     ref = c0.astype(np.float64).copy()
@@ -58,10 +59,11 @@ def _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta,
         full += bias[None, None, :]
     elif bias_mode == 2:
         full += bias[None, :, None]
-    ref[:, :, :N] = full + beta * ref[:, :, :N]
-    got = C.to_host()[offc:].reshape(batch, M, ldc)
+    ref[:, :M, :N] = full + beta * ref[:, :M, :N]
+    got = C.to_host()[offc:].reshape(batch, M + 2, ldc)
     assert_close(got, ref, what=f"{what} bias_mode={bias_mode} beta={beta}")
     assert np.array_equal(got[:, :, N:], c0[:, :, N:]), "wrote past the n tail into C's row padding"
+    assert np.array_equal(got[:, M:], c0[:, M:]), "wrote past the m tail into the rows after a batch entry"
 
 
 # (case, batch, M, N, K, A contiguous along k, B layout) for the "gpu" class's gemm_tile (gemm.cl):
@@ -92,6 +94,9 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # but for the last rows (ops: k_wide), over batches with offsets, one vector of columns on cpu16;
 # "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient);
 # "dot_grouped": a short K, so a work-item takes several blocks along n (the last group fewer).
+# gemm_cpu_nt (cpu16; the "cpu" class runs the dot kernel there): whole 16 x 16 blocks (stored as
+# rows where the product is plain), tails of rows, columns and k (45 x 28 x 203: last blocks of 13
+# rows and 12 columns, more than half a block, and 25 chunks of 8 k, 3 left), one block.
 _CPU_PATHS = {
     "narrow": (2, 19, 10, 300, False, "kn", "gemm_cpu", 1),
     "narrow_3": (2, 7, 3, 40, True, "kn", "gemm_cpu", 1),
@@ -108,7 +113,10 @@ _CPU_PATHS = {
     "dot_vectors": (2, 7, 10, 211, True, "nk", "gemm_cpu_dot", 1),
     "dot_long_k": (2, 5, 6, 9000, True, "nk", "gemm_cpu_dot", 3),
     "dot_n9": (2, 6, 9, 300, True, "nk", "gemm_cpu_dot", 1),
-    "dot_grouped": (2, 32, 150, 128, True, "nk", "gemm_cpu_dot", 1),
+    "dot_grouped": (2, 10, 150, 128, True, "nk", "gemm_cpu_dot", 1),
+    "nt": (2, 32, 144, 128, True, "nk", "gemm_cpu_nt", 1),
+    "nt_tails": (3, 45, 28, 203, True, "nk", "gemm_cpu_nt", 1),
+    "nt_one_block": (1, 16, 16, 64, True, "nk", "gemm_cpu_nt", 1),
     "outer_k0": (2, 5, 7, 0, False, "kn", "gemm_cpu", 1),
     "k0_b_transposed": (2, 5, 7, 0, True, "nk", "gemm_cpu", 1),
 }
@@ -126,7 +134,10 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
             _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} {path}")
         # alpha 1, no beta: gemm_cpu's plain epilogue (whole tiles stored without tests)
         _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, 0.0, f"{config} {path} alpha 1", 1.0)
-    plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, kernel == "gemm_cpu_dot")]
+    if kernel == "gemm_cpu_nt" and config == "cpu":  # the transposing kernel is cpu16's (16-wide vectors)
+        kernel = "gemm_cpu_dot"
+    dot = {"gemm_cpu_dot": "dot", "gemm_cpu_nt": "nt"}.get(kernel)
+    plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, dot)]
     assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"
     if path == "dot_grouped":
         mblocks, nblocks, nper = plan[1][:3]

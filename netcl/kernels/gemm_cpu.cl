@@ -254,6 +254,134 @@ void gemm_cpu_dot(const int M, const int N, const int K,
     }
 }
 
+#if VW == 16
+// Transposing kernel for the same layout (A and B contiguous along k) with 16 rows or more and
+// a short K (cpu16): a work-item computes nper 16 x 16 blocks of C along n, the block's 16 rows
+// of A one vector (lanes m), 16 accumulators (columns), no sums across lanes. Per 8 k it loads
+// the 16 rows' 8 floats (8 vectors, rows v and v + 8 in each), transposes them in registers (3
+// stages of 8 two-source shuffles, each swapping a bit of the vector index with a bit of the lane
+// index) into 8 vectors of A's columns, and multiplies each by 16 scalars of B (broadcast
+// operands), each column's 8 products summed before they join its accumulator (sums of K / 8
+// terms): 16 loads and 32 shuffles per 128 vector multiply-adds, where gemm_cpu_dot reduces every
+// one of its DM * DN accumulators across lanes (at K = 128 about as many operations as its
+// multiply-adds). A plain product's whole block is transposed back (4 stages of 16) and stored
+// as 16 row vectors; other blocks, sums and epilogues element by element.
+#define NTB 16
+typedef float8 __attribute__((aligned(4))) ufloat8_nt;
+typedef float16 __attribute__((aligned(4))) ufloat16_nt;
+// One stage of a 16 x 16 transpose: vectors v and v + S of x (bit S of v clear) to y[v] (the
+// lanes of both with bit S clear) and y[v + S] (those with it set), interleaved by that bit
+#define NT_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define NT_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#define NT_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define NT_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define NT_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define NT_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define NT_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define NT_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define NT_SWAP(x, y, v, S, LO, HI)                                  \
+    do {                                                             \
+        y[v] = __builtin_shufflevector(x[v], x[(v) + (S)], LO);      \
+        y[(v) + (S)] = __builtin_shufflevector(x[v], x[(v) + (S)], HI); \
+    } while (0)
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void gemm_cpu_nt(const int M, const int N, const int K,
+                 __global const float *A, const int a_off, const int sam, const int sab,
+                 __global const float *B, const int b_off, const int sbn, const int sbb,
+                 __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                 const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                 const int mblocks, const int nblocks, const int nper, const int kchunk, const int chunks,
+                 __global float *P, const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    const int ngroups = (nblocks + nper - 1) / nper;
+    const int per_chunk = mblocks * ngroups, per_batch = per_chunk * chunks;
+    const int b = gid / per_batch, r0 = gid - b * per_batch;
+    const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;
+    const int m0 = (r % mblocks) * 16, nb_end = MIN(nblocks, (r / mblocks + 1) * nper);
+    const int k0 = ch * kchunk, k1 = MIN(K, k0 + kchunk);
+    __global const float *ap[16];  // rows past M or N repeat the last one (not stored)
+#pragma unroll
+    for (int i = 0; i < 16; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
+    for (int nb = (r / mblocks) * nper; nb < nb_end; nb++) {
+        const int n0 = nb * NTB;
+        __global const float *bp[NTB];
+#pragma unroll
+        for (int j = 0; j < NTB; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
+        float16 acc[NTB];
+#pragma unroll
+        for (int j = 0; j < NTB; j++) acc[j] = (float16)(0.0f);
+        int k = k0;
+        for (; k + 8 <= k1; k += 8) {
+            float16 p[8], t[8];
+#pragma unroll
+            for (int v = 0; v < 8; v++)  // lanes 0-7: row v's k..k+7, lanes 8-15: row v + 8's
+                p[v] = __builtin_shufflevector(*(__global const ufloat8_nt *)(ap[v] + k),
+                                               *(__global const ufloat8_nt *)(ap[v + 8] + k),
+                                               0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma unroll
+            for (int v = 0; v < 8; v += 2) NT_SWAP(p, t, v, 1, NT_LO1, NT_HI1);
+#pragma unroll
+            for (int v = 0; v < 8; v += (v & 1) ? 3 : 1) NT_SWAP(t, p, v, 2, NT_LO2, NT_HI2);  // v = 0, 1, 4, 5
+#pragma unroll
+            for (int v = 0; v < 4; v++) NT_SWAP(p, t, v, 4, NT_LO4, NT_HI4);  // t[kk] lane i = A(m0 + i, k + kk)
+#pragma unroll
+            for (int j = 0; j < NTB; j++) {  // each chunk's 8 products summed first: a sum of K / 8 terms
+                float16 part = t[0] * bp[j][k];
+#pragma unroll
+                for (int kk = 1; kk < 8; kk++) part += t[kk] * bp[j][k + kk];
+                acc[j] += part;
+            }
+        }
+        for (; k < k1; k++) {  // the tail: A's column k gathered
+            float col[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) col[i] = ap[i][k];
+            const float16 a = *(float16 *)col;
+#pragma unroll
+            for (int j = 0; j < NTB; j++) acc[j] += a * bp[j][k];
+        }
+        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + 16 <= M &&
+            n0 + 16 <= N) {  // a plain product's whole block: transposed back (4 stages), rows stored
+            float16 u[16];
+#pragma unroll
+            for (int v = 0; v < 16; v += 2) NT_SWAP(acc, u, v, 1, NT_LO1, NT_HI1);
+#pragma unroll
+            for (int v = 0; v < 16; v += (v & 1) ? 3 : 1) NT_SWAP(u, acc, v, 2, NT_LO2, NT_HI2);
+#pragma unroll
+            for (int v = 0; v < 16; v += (v & 3) == 3 ? 5 : 1) NT_SWAP(acc, u, v, 4, NT_LO4, NT_HI4);
+#pragma unroll
+            for (int v = 0; v < 8; v++) NT_SWAP(u, acc, v, 8, NT_LO8, NT_HI8);
+            __global float *c = C + c_off + b * scb + m0 * scm + n0;
+#pragma unroll
+            for (int i = 0; i < 16; i++) *(__global ufloat16_nt *)(c + i * scm) = acc[i];
+            continue;
+        }
+        for (int j = 0; j < NTB; j++) {
+            const int n = n0 + j;
+            if (n >= N) break;
+            float s[16];
+            *(float16 *)s = acc[j];
+            for (int i = 0; i < 16; i++) {
+                const int m = m0 + i;
+                if (m >= M) break;
+                if (chunks > 1) {
+                    P[((b * chunks + ch) * M + m) * N + n] = s[i];
+                    continue;
+                }
+                float y = alpha * s[i];
+                if (bias_mode == 1) y += bias[n];
+                else if (bias_mode == 2) y += bias[m];
+                const int c = c_off + b * scb + m * scm + n * scn;
+                if (beta != 0.0f) y += beta * C[c];
+                C[c] = y;
+            }
+        }
+    }
+}
+#endif
+
 // Short-K GEMM (TK = K <= 8, compiled in: a 1x1 convolution's data gradient from a detection
 // head's 5 output channels, W^T dy per image), B and C contiguous along n, C = A B (no alpha, beta
 // or bias), rows of C of a few vectors: a work-item owns a block of rows of one batch entry; per VW
