@@ -36,15 +36,17 @@ bt_spec.loader.exec_module(bt)
 def test_training_gemms_logs_every_gemm_of_a_step(queue, monkeypatch):
     """The GEMM benchmark's training shapes come from a step's own calls: the digits CNN at batch 4
     as layer calls runs its Linear's three (forward, weight and input gradients) and its second
-    conv's weight gradient, each named with its layer; on a CPU its first conv's weight gradient is
-    computed in its BatchNorm's pooled backward pass ("pooled", logged with its geometry), without
-    the training fusions by one direct kernel ("narrow"), and, as a TrainStep, the Linear and the
-    loss are one kernel too. What it wraps is itself again afterwards."""
+    conv's weight gradient (on an AVX-512 class CPU one direct kernel, "oc16"), each named with its
+    layer; on a CPU its first conv's weight gradient is computed in its BatchNorm's pooled backward
+    pass ("pooled", logged with its geometry), without the training fusions by one direct kernel
+    ("narrow"), and, as a TrainStep, the Linear and the loss are one kernel too. What it wraps is
+    itself again afterwards."""
     from netcl import nn, ops
     from netcl.nn import sequential
 
     def wrapped():
-        return ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow, nn.BatchNorm2d._conv_grads_pooled
+        return (ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow,
+                nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16)
 
     real = wrapped()
     gemms, heads, direct = bt.training_gemms(queue, [("digits", 4)], mode="loop")
@@ -52,9 +54,11 @@ def test_training_gemms_logs_every_gemm_of_a_step(queue, monkeypatch):
     shapes = {(label.split(" ", 2)[2], M, N, K, batch, bt._layout(sa, sb)) for label, M, N, K, batch, sa, sb, sc in gemms}
     linear = {("Linear.forward", 4, 10, 128, 1, "NN"), ("Linear._param_grads", 128, 10, 4, 1, "TN"),
               ("Linear.backward", 4, 128, 10, 1, "NT")}
-    convs = {("Conv2d._backward_cpu", 32, 144, 64, 1, "NT")}
+    oc16 = ops.config_class(queue) == "cpu16"
+    convs = set() if oc16 else {("Conv2d._backward_cpu", 32, 144, 64, 1, "NT")}
     geometry = (1, 16, 3, 1, True, (4, 1, 10, 10), (4, 16, 8, 8))
-    first = [("digits b4 BatchNorm2d pass + Conv2d dW", "pooled") + geometry]
+    first = [("digits b4 Conv2d._wgrad_oc16", "oc16", 16, 32, 3, 1, True, (4, 16, 6, 10), (4, 32, 4, 4))] * oc16
+    first += [("digits b4 BatchNorm2d pass + Conv2d dW", "pooled") + geometry]
     if ops.is_cpu(queue):
         assert shapes == convs | linear and direct == first, (shapes, direct)
     else:  # (a GPU's convolutions run GEMMs of their own)
@@ -67,7 +71,8 @@ def test_training_gemms_logs_every_gemm_of_a_step(queue, monkeypatch):
         assert linear <= shapes and heads == [] and direct == [], shapes
     monkeypatch.setattr(sequential, "TRAIN_FUSE", False)
     direct = bt.training_gemms(queue, [("digits", 4)])[2]
-    assert direct == ([("digits b4 Conv2d._wgrad_narrow", "narrow") + geometry] if ops.is_cpu(queue) else [])
+    narrow = [("digits b4 Conv2d._wgrad_narrow", "narrow") + geometry]
+    assert direct == (first[:-1] + narrow if ops.is_cpu(queue) else [])
 
 
 def test_gemm_benchmark_rows(queue, capsys, monkeypatch):
@@ -78,29 +83,36 @@ def test_gemm_benchmark_rows(queue, capsys, monkeypatch):
     monkeypatch.setattr(bt, "_SETTLE", 0.0)  # (the pause between timed sides: rows, not timings, here)
     res = bt.bench_gemm(queue, 1, True, steps=[("digits", 2)])
     shapes = [r for r in res["shapes"] if r["label"] != "square"]
-    cpu = int(ops.is_cpu(queue))
-    assert (len(shapes) == 1 if cpu else len(shapes) >= 3) and len(res["heads"]) == len(res["direct"]) == cpu
+    cpu, oc16 = int(ops.is_cpu(queue)), int(ops.config_class(queue) == "cpu16")
+    assert (len(shapes) == 1 - oc16 if cpu else len(shapes) >= 3) and len(res["heads"]) == cpu
+    assert len(res["direct"]) == cpu + oc16
     assert all(r["rel_err"] < 1e-5 for r in res["shapes"] + res["heads"] + res["direct"])
     assert all(r[k] > 0 for r in res["shapes"] for k in ("netcl_us", "replayed_us", "numpy_us"))
     assert all(r[k] > 0 for r in res["heads"] + res["direct"] for k in ("replayed_us", "numpy_us"))
-    assert [(r["M"], r["N"], r["K"], r["kind"]) for r in res["direct"]] == [(16, 9, 128, "pooled")] * cpu
-    assert all(r["replaced_us"] > 0 and r["replaced_launches"] == 4 and r["launches"] == 3 for r in res["direct"])
-    assert all(r["pass_us"] > 0 and r["plain_pass_us"] > 0 for r in res["direct"])
+    assert [(r["M"], r["N"], r["K"], r["kind"]) for r in res["direct"]] == (
+        [(32, 144, 32, "oc16")] * oc16 + [(16, 9, 128, "pooled")] * cpu)
+    assert all(r["replaced_us"] > 0 and r["replaced_launches"] == 4
+               and r["launches"] == (3 if r["kind"] == "pooled" else 1) for r in res["direct"])
+    assert all(r["pass_us"] > 0 and r["plain_pass_us"] > 0 for r in res["direct"] if r["kind"] == "pooled")
     assert res["empty_launch_us"] > 0 and "an empty kernel's launch" in capsys.readouterr().out
 
 
 def test_direct_weight_gradient_rows(queue, capsys, monkeypatch):
-    """bench_direct on both kinds: _wgrad_narrow's launch and the BatchNorm pass that takes dW,
-    each against the launches it replaced, the results equal to float64 numpy's product."""
+    """bench_direct on every kind: _wgrad_narrow's launch, _wgrad_oc16's (AVX-512 class) and the
+    BatchNorm pass that takes dW, each against the launches it replaced, the results equal to
+    float64 numpy's product."""
     from netcl import ops
 
     if not ops.is_cpu(queue):
         pytest.skip("CPU kernels")
     monkeypatch.setattr(bt, "_SETTLE", 0.0)
     geometry = (1, 16, 3, 1, True, (2, 1, 10, 10), (2, 16, 8, 8))
-    rows = bt.bench_direct(queue, 1, [("a", "narrow") + geometry, ("b", "pooled") + geometry],
-                           np.random.default_rng(0))
-    assert [(r["kind"], r["launches"], r["replaced_launches"]) for r in rows] == [("narrow", 1, 4), ("pooled", 3, 4)]
+    oc16 = ops.config_class(queue) == "cpu16"
+    entries = [("a", "narrow") + geometry, ("b", "pooled") + geometry]
+    entries += [("c", "oc16", 16, 32, 3, 1, True, (2, 16, 6, 6), (2, 32, 4, 4))] * oc16
+    rows = bt.bench_direct(queue, 1, entries, np.random.default_rng(0))
+    assert [(r["kind"], r["launches"], r["replaced_launches"]) for r in rows] == (
+        [("narrow", 1, 4), ("pooled", 3, 4)] + [("oc16", 1, 4)] * oc16)
     assert all(r["rel_err"] < 1e-5 and r["numpy_us"] > 0 and r["replayed_us"] > 0 for r in rows)
     out = capsys.readouterr().out
     assert "dW and db in one launch" in out and "inside the BatchNorm2d's backward pass" in out

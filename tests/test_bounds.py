@@ -1,8 +1,8 @@
 """Kernels that load whole vectors past a row's last column (gemm_cpu's narrow B panels, gemm_cpu_thin's,
-head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks, gemm_cpu_nt's tails, wgrad_narrow_cpu's rows) never
-read past their operand: each operand ends exactly before a page the process may not read (PoCL's CPU device
-uses a CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one float too far is a segfault. The cases run
-in a child process, whose crash is this test's failure."""
+head_cpu.cl's rows of W, gemm_cpu_dot's grouped blocks, gemm_cpu_nt's tails, wgrad_narrow_cpu's rows,
+wgrad_oc16_cpu's blocks) never read or write past their operand: each operand ends exactly before a page the
+process may not touch (PoCL's CPU device uses a CL_MEM_USE_HOST_PTR buffer as the host memory itself), so one
+float too far is a segfault. The cases run in a child process, whose crash is this test's failure."""
 import os
 import subprocess
 import sys
@@ -74,6 +74,18 @@ for n, c, oh, ow, oc in [(2, 1, 8, 8, 16), (2, 3, 4, 4, 5), (1, 1, 7, 8, 3), (1,
     cols = np.lib.stride_tricks.sliding_window_view(xp.astype(np.float64), (3, 3), axis=(2, 3))
     ref = np.einsum("noyx,ncyxjl->ocjl", dy, cols).reshape(oc, -1)
     assert np.allclose(conv.weight.grad.to_host().reshape(oc, -1), ref, rtol=1e-4, atol=1e-4), (n, c, oh, ow)
+if ops.config_class(q) == "cpu16":  # wgrad_oc16_cpu: blocks of output channels and taps past both ends
+    for n, c, oh, ow, oc in [(2, 5, 4, 8, 28), (1, 16, 4, 4, 32), (1, 3, 4, 4, 20)]:
+        conv = nn.Conv2d(c, oc, 3, padding=1).to(q)
+        xp = rng.standard_normal((n, c, oh + 2, ow + 2)).astype(np.float32)
+        dy = rng.standard_normal((n, oc, oh, ow)).astype(np.float32)
+        conv.weight.grad = guarded(q, np.zeros(conv.weight.shape, np.float32))  # added to: read and written
+        conv.bias.grad = guarded(q, np.zeros(oc, np.float32))
+        conv._wgrad_oc16(q, guarded(q, xp), guarded(q, dy))
+        cols = np.lib.stride_tricks.sliding_window_view(xp.astype(np.float64), (3, 3), axis=(2, 3))
+        ref = np.einsum("noyx,ncyxjl->ocjl", dy, cols).reshape(oc, -1)
+        assert np.allclose(conv.weight.grad.to_host().reshape(oc, -1), ref, rtol=1e-4, atol=1e-4), (n, c, oh, ow)
+        assert np.allclose(conv.bias.grad.to_host(), dy.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-4)
 q.finish()
 print("ok")
 '''

@@ -137,6 +137,38 @@ def test_conv2d_narrow_wgrad_vs_torch(queue, rng, torch, record_error, monkeypat
         assert_close(second[name], 2 * first[name], what=name)
 
 
+OC16_WGRAD_CASES = [  # N, C, H, W, K, k, padding, bias: "channels" stride 1 past 27 weights, 16k outputs a plane
+    (8, 16, 4, 4, 32, 3, 1, True),    # the digits CNN's conv2: whole 16 x 16 blocks, stored as rows
+    (3, 5, 4, 8, 20, 3, 1, True),     # 45 weights (a block of 13) and 20 output channels (one of 4)
+    (2, 4, 4, 8, 17, 3, 1, False),    # rows of 8, 36 weights; 17 output channels
+    (2, 2, 8, 8, 16, 5, 2, True),     # 5x5, padding 2, 50 weights
+    (2, 4, 6, 10, 16, 3, 0, True),    # no padding: 4 x 8 outputs from 10-wide input rows
+]
+
+
+@pytest.mark.parametrize("n,c,h,w,k,ks,p,bias", OC16_WGRAD_CASES)
+def test_conv2d_oc16_wgrad_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, ks, p, bias):
+    """wgrad_oc16_cpu (dW and db in one launch, output channels in the lanes, no im2col) against
+    float64 PyTorch on AVX-512 class devices, gradients accumulated over two backward passes;
+    planes that are not 16k outputs keep im2col and the GEMM."""
+    calls = []
+    real = nn.Conv2d._wgrad_oc16
+    monkeypatch.setattr(nn.Conv2d, "_wgrad_oc16", lambda self, *a: calls.append(a) or real(self, *a))
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, 1, p, 1, 1, bias)
+    assert len(calls) == (ops.config_class(queue) == "cpu16")
+    layer = nn.Conv2d(c, k, ks, padding=p, bias=bias)
+    x = rand(rng, n, c, h, w)
+    dy = rand(rng, *layer.output_shape(x.shape))
+    first = run_netcl(queue, layer, x, dy)[2]
+    second = run_netcl(queue, layer, x, dy)[2]
+    for name in first:
+        assert_close(second[name], 2 * first[name], what=name)
+    calls.clear()
+    other = nn.Conv2d(c, k, ks, padding=p)  # 12 outputs a plane
+    run_netcl(queue, other, rand(rng, 1, c, 3 + ks - 1 - 2 * p, 4 + ks - 1 - 2 * p), rand(rng, 1, k, 3, 4))
+    assert calls == []
+
+
 STRIDE2_PLANE_CASES = [  # N, C, H, W, K, k, padding, bias: stride 2, 16 output positions per vector
     (2, 5, 32, 32, 7, 1, 0, True),     # 1x1 (pw2_*), rows of 16, output channels past a block of 8
     (1, 4, 16, 64, 9, 1, 0, False),    # 1x1, two vectors a row

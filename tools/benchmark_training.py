@@ -114,8 +114,9 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     [(label, rows, inputs, classes)] the classifier heads run as one kernel (CrossEntropyLoss.
     enqueue_linear); direct [(label, kind, conv, xp shape, dy shape)] the weight gradients computed
     without a GEMM (a GEMM of M = out channels, N = weights per output channel, K = batch x output
-    positions): kind "narrow" by Conv2d._wgrad_narrow, "pooled" inside the backward pass of the
-    BatchNorm2d (+ activation + MaxPool2d) after the conv (BatchNorm2d._conv_grads_pooled). mode
+    positions): kind "narrow" by Conv2d._wgrad_narrow, "oc16" by Conv2d._wgrad_oc16, "pooled"
+    inside the backward pass of the BatchNorm2d (+ activation + MaxPool2d) after the conv
+    (BatchNorm2d._conv_grads_pooled). mode
     "trainstep": the step as a netcl.TrainStep runs it (its first call, eager: the replays run the
     same launches), "loop": as layer calls. Labels name the first model, batch and layer method to
     run each."""
@@ -124,7 +125,7 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
 
     gemms, heads, direct, where = {}, {}, {}, [None]
     real_gemm, real_head, real_narrow = ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow
-    real_pooled = nn.BatchNorm2d._conv_grads_pooled
+    real_pooled, real_oc16 = nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16
 
     def gemm(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
         gemms.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
@@ -142,20 +143,24 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
         direct.setdefault(conv_key("narrow", self, xp.shape, dy.shape), f"{where[0]} Conv2d._wgrad_narrow")
         return real_narrow(self, q_, xp, dy)
 
+    def oc16(self, q_, xp, dy):
+        direct.setdefault(conv_key("oc16", self, xp.shape, dy.shape), f"{where[0]} Conv2d._wgrad_oc16")
+        return real_oc16(self, q_, xp, dy)
+
     def pooled(self, conv, fused, dp, arg, sums):
         direct.setdefault(conv_key("pooled", conv, fused[1].shape, self._saved[0].shape),
                           f"{where[0]} BatchNorm2d pass + Conv2d dW")
         return real_pooled(self, conv, fused, dp, arg, sums)
 
     ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = gemm, head, narrow
-    nn.BatchNorm2d._conv_grads_pooled = pooled
+    nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16 = pooled, oc16
     try:
         for name, batch in steps:
             where[0] = f"{name} b{batch}"
             bts.netcl_step(name, batch, q, mode=mode)()
     finally:
         ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = real_gemm, real_head, real_narrow
-        nn.BatchNorm2d._conv_grads_pooled = real_pooled
+        nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16 = real_pooled, real_oc16
     q.finish()
     return ([(label,) + key for key, label in gemms.items()], [(label,) + key for key, label in heads.items()],
             [(label,) + key for key, label in direct.items()])
@@ -332,14 +337,16 @@ def bench_direct(q, repeat, direct, rng):
     """The weight gradients a step computes without a GEMM, against numpy's GEMM of the same
     product (dy as (OC, N*P) times the im2col columns, both contiguous and made beforehand: numpy
     is not charged for im2col or the bias's sums). "narrow" (Conv2d._wgrad_narrow: dW and db of a
-    first layer from dy and its padded input in one launch) replayed, and the launches it replaced
-    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0). "pooled" (dW and
+    first layer from dy and its padded input in one launch) and "oc16" (Conv2d._wgrad_oc16, likewise
+    for more weights, 16 output channels in the lanes) replayed, and the launches they replaced
+    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0, conv._OC16_WIDTHS =
+    ()). "pooled" (dW and
     db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the conv, instead of its
     dy): its cost is that pass's replayed time less the same pass writing dy (the unfused step's),
     under 0.1 us counted as 0.1; the replaced launches are that pass and _wgrad_narrow."""
     rows = [_bench_pooled(q, repeat, entry, rng) if entry[1] == "pooled" else _bench_narrow(q, repeat, entry, rng)
             for entry in direct]
-    narrow, pooled = [r for r in rows if r["kind"] == "narrow"], [r for r in rows if r["kind"] == "pooled"]
+    narrow, pooled = [r for r in rows if r["kind"] != "pooled"], [r for r in rows if r["kind"] == "pooled"]
     if narrow:
         print("\n== weight gradients without a GEMM (dW and db in one launch) vs numpy's GEMM of the same product ==")
         print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
@@ -370,15 +377,18 @@ def _bench_narrow(q, repeat, entry, rng):
     xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
     n = dy_shape[0]
 
+    kind = entry[1]
+
     def grads():
         conv.weight.grad = None
         if bias:
             conv.bias.grad = None
-        conv._wgrad_narrow(q, xt, dyt)
+        (conv._wgrad_oc16 if kind == "oc16" else conv._wgrad_narrow)(q, xt, dyt)
     replay, launches = _replayable(q, grads)
     # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
     conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
     real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
+    real_widths, conv_module._OC16_WIDTHS = conv_module._OC16_WIDTHS, ()
     try:
         def old_grads():
             conv.weight.grad = None
@@ -389,14 +399,14 @@ def _bench_narrow(q, repeat, entry, rng):
         replaced(1)
         old_dw = conv.weight.grad.to_host()
     finally:
-        conv_module._NARROW_MAX_R = real_max
+        conv_module._NARROW_MAX_R, conv_module._OC16_WIDTHS = real_max, real_widths
     (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k)
     replay(1)
     err = _wgrad_err(conv, dyr, cols, (old_dw,))
     t_rep, t_np, t_old = (t / reps for t in _best_rounds((lambda: replay(reps), run_np, lambda: replaced(reps)),
                                                          repeat))
     flop = 2.0 * M * N * K
-    return {"label": label, "kind": "narrow", "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
+    return {"label": label, "kind": kind, "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
             "launches": launches, "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6,
             "replayed_gflops": flop / t_rep / 1e9, "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep,
             "rel_err": err, "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches}

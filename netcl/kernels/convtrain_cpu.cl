@@ -1241,3 +1241,90 @@ void dw_bwd_weight_cpu(const int N, const int CM, const int M, const int OH, con
 #pragma unroll
     for (int t = 0; t < KS * KS; t++) gw[o * KS * KS + t] = accumulate ? gw[o * KS * KS + t] + tot[t] : tot[t];
 }
+
+// The weight and bias gradients of a stride-1 undilated convolution on planes of 16k outputs in
+// rows of OW = 4 or 8 (Conv2d's "channels" mode past wgrad_narrow_cpu's 27 weights per output
+// channel) straight from dy (N, OC, P = OH * OW) and the forward's padded x (N, C, HP, XW), output
+// channels in the lanes: no im2col columns, no GEMM. Work-item block b: 16 output channels (o0 =
+// (b / tgroups) * 16; past OC the last repeats, not stored) x 16 taps t = (c, j, l) of C * KS * KS
+// (t0 = (b % tgroups) * 16; past the last likewise), then every get_global_size(0)-th block.
+// Per image and 16 positions it loads the 16 channels' dy (16 vectors), transposes them in
+// registers (TRANSPOSE16: 16 vectors of the 16 channels, one per position) and multiplies each by
+// the 16 taps' inputs at that position (broadcast scalars of x): 64 shuffles per 256 multiply-adds.
+// Each tap's 16 products are summed before they join its accumulator (sums of N * P / 16 terms).
+// The blocks of taps from 0 also sum dy (the bias gradient). gw (OC, C * KS * KS) and gb (OC)
+// written, or added to where acc_w / acc_b: whole blocks transposed back and stored as rows.
+#ifndef XW
+#define XW 6
+#endif
+#ifndef OW16
+#define OW16 4
+#endif
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+void wgrad_oc16_cpu(const int N, const int C, const int HP, const int OC, const int P, const int tgroups,
+                    __global const float *xp, __global const float *dy, __global float *gw, __global float *gb,
+                    const int has_bias, const int acc_w, const int acc_b) {
+    const int T = C * KS * KS;
+    for (int b = get_global_id(0); b < (OC + 15) / 16 * tgroups; b += get_global_size(0)) {
+        const int o0 = b / tgroups * 16, t0 = b % tgroups * 16;
+        int off[16];  // each tap's offset in an image's padded planes
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            const int tt = min(t0 + t, T - 1), c = tt / (KS * KS), j = tt / KS % KS, l = tt % KS;
+            off[t] = (c * HP + j) * XW + l;
+        }
+        float16 acc[16], accb = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 16; t++) acc[t] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            __global const float *xn = xp + n * C * HP * XW;
+            __global const float *dn = dy + n * OC * P;
+            for (int p0 = 0; p0 < P; p0 += 16) {
+                float16 d[16], u[16];
+#pragma unroll
+                for (int i = 0; i < 16; i++) d[i] = *(__global const ufloat16 *)(dn + min(o0 + i, OC - 1) * P + p0);
+                TRANSPOSE16(d, u);  // d[p]: lane i = dy(o0 + i, p0 + p)
+                if (t0 == 0) {
+                    float16 part = d[0];
+#pragma unroll
+                    for (int p = 1; p < 16; p++) part += d[p];
+                    accb += part;
+                }
+                __global const float *xr = xn + p0 / OW16 * XW;  // the chunk's first output row
+                float16 part[16];
+#pragma unroll
+                for (int t = 0; t < 16; t++) part[t] = d[0] * xr[off[t]];
+#pragma unroll
+                for (int p = 1; p < 16; p++)
+#pragma unroll
+                    for (int t = 0; t < 16; t++) part[t] += d[p] * xr[off[t] + p / OW16 * XW + p % OW16];
+#pragma unroll
+                for (int t = 0; t < 16; t++) acc[t] += part[t];
+            }
+        }
+        if (o0 + 16 <= OC && t0 + 16 <= T) {  // a whole block: rows of 16 taps
+            float16 u[16];
+            TRANSPOSE16(acc, u);
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                __global float *g = gw + (o0 + i) * T + t0;
+                *(__global ufloat16 *)g = acc_w ? *(__global const ufloat16 *)g + acc[i] : acc[i];
+            }
+        } else {
+            for (int t = 0; t < 16 && t0 + t < T; t++) {
+                float s[16];
+                *(float16 *)s = acc[t];
+                for (int i = 0; i < 16 && o0 + i < OC; i++) {
+                    __global float *g = gw + (o0 + i) * T + t0 + t;
+                    *g = acc_w ? *g + s[i] : s[i];
+                }
+            }
+        }
+        if (has_bias && t0 == 0) {
+            float s[16];
+            *(float16 *)s = accb;
+            for (int i = 0; i < 16 && o0 + i < OC; i++) gb[o0 + i] = acc_b ? gb[o0 + i] + s[i] : s[i];
+        }
+    }
+}

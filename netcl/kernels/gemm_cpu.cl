@@ -24,6 +24,7 @@
 #define NR (NV * VW)
 typedef VEC __attribute__((aligned(4))) uvec;  // unaligned vector access
 #define MIN(a, b) ((a) < (b) ? (a) : (b))  // integer min() is an out-of-line call too
+#include "vec_cpu.h"
 
 // min_vector_width: clang marks a function whose signature has no wide vector as preferring
 // 256-bit vectors, and LLVM then splits every float16 into two ymm halves (32 accumulators
@@ -267,23 +268,6 @@ void gemm_cpu_dot(const int M, const int N, const int K,
 // multiply-adds). A plain product's whole block is transposed back (4 stages of 16) and stored
 // as 16 row vectors; other blocks, sums and epilogues element by element.
 #define NTB 16
-typedef float8 __attribute__((aligned(4))) ufloat8_nt;
-typedef float16 __attribute__((aligned(4))) ufloat16_nt;
-// One stage of a 16 x 16 transpose: vectors v and v + S of x (bit S of v clear) to y[v] (the
-// lanes of both with bit S clear) and y[v + S] (those with it set), interleaved by that bit
-#define NT_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
-#define NT_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
-#define NT_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
-#define NT_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
-#define NT_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
-#define NT_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
-#define NT_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
-#define NT_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
-#define NT_SWAP(x, y, v, S, LO, HI)                                  \
-    do {                                                             \
-        y[v] = __builtin_shufflevector(x[v], x[(v) + (S)], LO);      \
-        y[(v) + (S)] = __builtin_shufflevector(x[v], x[(v) + (S)], HI); \
-    } while (0)
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void gemm_cpu_nt(const int M, const int N, const int K,
@@ -317,15 +301,15 @@ void gemm_cpu_nt(const int M, const int N, const int K,
             float16 p[8], t[8];
 #pragma unroll
             for (int v = 0; v < 8; v++)  // lanes 0-7: row v's k..k+7, lanes 8-15: row v + 8's
-                p[v] = __builtin_shufflevector(*(__global const ufloat8_nt *)(ap[v] + k),
-                                               *(__global const ufloat8_nt *)(ap[v + 8] + k),
+                p[v] = __builtin_shufflevector(*(__global const ufloat8 *)(ap[v] + k),
+                                               *(__global const ufloat8 *)(ap[v + 8] + k),
                                                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #pragma unroll
-            for (int v = 0; v < 8; v += 2) NT_SWAP(p, t, v, 1, NT_LO1, NT_HI1);
+            for (int v = 0; v < 8; v += 2) TR16_SWAP(p, t, v, 1, TR16_LO1, TR16_HI1);
 #pragma unroll
-            for (int v = 0; v < 8; v += (v & 1) ? 3 : 1) NT_SWAP(t, p, v, 2, NT_LO2, NT_HI2);  // v = 0, 1, 4, 5
+            for (int v = 0; v < 8; v += (v & 1) ? 3 : 1) TR16_SWAP(t, p, v, 2, TR16_LO2, TR16_HI2);  // v = 0, 1, 4, 5
 #pragma unroll
-            for (int v = 0; v < 4; v++) NT_SWAP(p, t, v, 4, NT_LO4, NT_HI4);  // t[kk] lane i = A(m0 + i, k + kk)
+            for (int v = 0; v < 4; v++) TR16_SWAP(p, t, v, 4, TR16_LO4, TR16_HI4);  // t[kk] lane i = A(m0 + i, k + kk)
 #pragma unroll
             for (int j = 0; j < NTB; j++) {  // each chunk's 8 products summed first: a sum of K / 8 terms
                 float16 part = t[0] * bp[j][k];
@@ -345,17 +329,10 @@ void gemm_cpu_nt(const int M, const int N, const int K,
         if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + 16 <= M &&
             n0 + 16 <= N) {  // a plain product's whole block: transposed back (4 stages), rows stored
             float16 u[16];
-#pragma unroll
-            for (int v = 0; v < 16; v += 2) NT_SWAP(acc, u, v, 1, NT_LO1, NT_HI1);
-#pragma unroll
-            for (int v = 0; v < 16; v += (v & 1) ? 3 : 1) NT_SWAP(u, acc, v, 2, NT_LO2, NT_HI2);
-#pragma unroll
-            for (int v = 0; v < 16; v += (v & 3) == 3 ? 5 : 1) NT_SWAP(acc, u, v, 4, NT_LO4, NT_HI4);
-#pragma unroll
-            for (int v = 0; v < 8; v++) NT_SWAP(u, acc, v, 8, NT_LO8, NT_HI8);
+            TRANSPOSE16(acc, u);
             __global float *c = C + c_off + b * scb + m0 * scm + n0;
 #pragma unroll
-            for (int i = 0; i < 16; i++) *(__global ufloat16_nt *)(c + i * scm) = acc[i];
+            for (int i = 0; i < 16; i++) *(__global ufloat16 *)(c + i * scm) = acc[i];
             continue;
         }
         for (int j = 0; j < NTB; j++) {

@@ -70,4 +70,35 @@ inline float8 hsum16x8(const float16 a[8]) {
     return __builtin_shufflevector(d, d, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(d, d, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+// TR16_SWAP(x, y, v, S, LO, HI), one stage of a transpose of 16 float16 (a bit of the vector index
+// swapped with the same bit of the lane index): vectors v and v + S of x (bit S of v clear) to
+// y[v] (the lanes of both whose bit S is clear) and y[v + S] (those where it is set), interleaved
+// by that bit; LO and HI are TR16_LO<S> and TR16_HI<S>. Four stages (S = 1, 2, 4, 8) transpose
+// 16 x 16; three (1, 2, 4) turn 8 vectors holding rows v and v + 8 of a 16 x 8 block into its
+// 8 columns.
+#define TR16_LO1 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define TR16_HI1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#define TR16_LO2 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define TR16_HI2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define TR16_LO4 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define TR16_HI4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define TR16_LO8 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define TR16_HI8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define TR16_SWAP(x, y, v, S, LO, HI)                                  \
+    do {                                                               \
+        y[v] = __builtin_shufflevector(x[v], x[(v) + (S)], LO);        \
+        y[(v) + (S)] = __builtin_shufflevector(x[v], x[(v) + (S)], HI); \
+    } while (0)
+
+// a[16] transposed in place through tmp[16] (lane i of a[j] becomes lane j of a[i])
+#define TRANSPOSE16(a, tmp)                                                                        \
+    do {                                                                                           \
+        _Pragma("unroll") for (int v_ = 0; v_ < 16; v_ += 2) TR16_SWAP(a, tmp, v_, 1, TR16_LO1, TR16_HI1); \
+        _Pragma("unroll") for (int v_ = 0; v_ < 16; v_ += (v_ & 1) ? 3 : 1)                        \
+            TR16_SWAP(tmp, a, v_, 2, TR16_LO2, TR16_HI2);                                          \
+        _Pragma("unroll") for (int v_ = 0; v_ < 16; v_ += (v_ & 3) == 3 ? 5 : 1)                   \
+            TR16_SWAP(a, tmp, v_, 4, TR16_LO4, TR16_HI4);                                          \
+        _Pragma("unroll") for (int v_ = 0; v_ < 8; v_++) TR16_SWAP(tmp, a, v_, 8, TR16_LO8, TR16_HI8); \
+    } while (0)
+
 #endif

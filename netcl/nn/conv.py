@@ -115,6 +115,12 @@ _CORRC_TC, _CORRC_MAX_R = 8, 1152
 # of 9-15 with a scalar tail up to 4.9x slower (one output channel a work-item at 25-27 weights)
 _NARROW_MAX_R, _NARROW_ACC, _NARROW_ITEMS, _NARROW_SPLIT, _NARROW_RUN = 27, 20, 2, 1 << 22, 32
 _NARROW_WIDTHS = (4, 8, 16)
+# wgrad_oc16_cpu (AVX-512 class): "channels" convolutions of stride 1 past _NARROW_MAX_R weights
+# per output channel, on planes of 16k outputs in rows of _OC16_WIDTHS, take dW and db in one launch
+# (16 output channels in the lanes) where im2col_cpu, dy_rows_cpu, a GEMM and the bias's sums ran
+# four: the digits CNN's conv2 (16 -> 32, 4x4) at batch 8 in 15-17 us against 40-55, replayed;
+# _OC16_ITEMS work-items per compute unit (PoCL, Zen 5)
+_OC16_WIDTHS, _OC16_ITEMS = (4, 8), 4
 _ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 _CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
@@ -633,6 +639,9 @@ class Conv2d(Module):
         if mode == "channels" and s == 1 and ckk <= _NARROW_MAX_R and ow in _NARROW_WIDTHS:
             self._wgrad_narrow(q, cols, dy)
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
+        if mode == "channels" and s == 1 and self._oc16(q, dy.shape):
+            self._wgrad_oc16(q, cols, dy)
+            return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
         if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
             xp, cols = cols, ops.new(q, (ckk, n * P))  # (8-wide rows: im2col and the GEMM ran faster than wgrad2_cpu)
             rows, items = ops.cpu_rows(n * oh, ow)
@@ -707,6 +716,31 @@ class Conv2d(Module):
             ops.launch1d(q, _FAMILY, "sum_chunks_cpu", oc * ckk, oc * ckk, chunks, part, gw, int(acc_w))
             if self.bias is not None:
                 ops.launch1d(q, _FAMILY, "sum_chunks_cpu", oc, oc, chunks, partb, gb, int(acc_b))
+        gw.mark_written()
+        if self.bias is not None:
+            gb.mark_written()
+
+    def _oc16(self, q, dy_shape):
+        """Whether wgrad_oc16_cpu takes this conv's weight gradient for dy of dy_shape (after a
+        stride-1 "channels" forward, groups 1: _backward_cpu): an AVX-512 class device, undilated,
+        planes of 16k outputs in rows of _OC16_WIDTHS."""
+        _, _, oh, ow = dy_shape
+        return (ops.config_class(q) == "cpu16" and self.dilation == 1 and ow in _OC16_WIDTHS
+                and oh * ow % 16 == 0)
+
+    def _wgrad_oc16(self, q, xp, dy):
+        """dW and db in one wgrad_oc16_cpu launch from dy and the forward's padded x (no im2col
+        columns, no GEMM, no separate bias sums): blocks of 16 output channels x 16 weights, about
+        _OC16_ITEMS work-items per compute unit."""
+        n, oc, oh, ow = dy.shape
+        taps = self.in_channels * self.kernel_size ** 2
+        tgroups = -(-taps // 16)
+        items = min(-(-oc // 16) * tgroups, _OC16_ITEMS * ops.compute_units(q))
+        options = _cpu_options(self.kernel_size) + (f"-DXW={xp.shape[3]}", f"-DOW16={ow}")
+        gw, acc_w = ops.grad_target(self.weight)
+        gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
+        ops.launch(q, _FAMILY, "wgrad_oc16_cpu", (items,), (1,), n, self.in_channels, xp.shape[2], oc, oh * ow,
+                   tgroups, xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b), options=options)
         gw.mark_written()
         if self.bias is not None:
             gb.mark_written()
