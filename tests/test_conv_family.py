@@ -45,6 +45,14 @@ CONV_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, groups, bias
 ]
 
 
+def assert_accumulates(queue, layer, x, dy):
+    """A second backward pass adds the same parameter gradients again (gradients accumulate)."""
+    first = run_netcl(queue, layer, x, dy)[2]
+    second = run_netcl(queue, layer, x, dy)[2]
+    for name in first:
+        assert_close(second[name], 2 * first[name], what=name)
+
+
 @pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,g,bias", CONV_CASES)
 def test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, s, p, d, g, bias):
     layer = nn.Conv2d(c, k, ks, stride=s, padding=p, dilation=d, groups=g, bias=bias)
@@ -88,10 +96,7 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
     layer = nn.Conv2d(c, k, ks, stride=s, padding=p, dilation=d, bias=bias)
     x = rand(rng, n, c, h, w)
     dy = rand(rng, *layer.output_shape(x.shape))
-    first = run_netcl(queue, layer, x, dy)[2]
-    second = run_netcl(queue, layer, x, dy)[2]
-    for name in first:
-        assert_close(second[name], 2 * first[name], what=name)
+    assert_accumulates(queue, layer, x, dy)
 
 
 NARROW_WGRAD_CASES = [  # N, C, H, W, K, k, padding, bias: "channels" stride 1, <= 27 weights an output channel
@@ -131,10 +136,7 @@ def test_conv2d_narrow_wgrad_vs_torch(queue, rng, torch, record_error, monkeypat
         run_netcl(queue, other, rand(rng, 1, c, h, wide), rand(rng, *other.output_shape((1, c, h, wide))))
         assert calls == [] or other.output_shape((1, c, h, wide))[3] in conv_module._NARROW_WIDTHS
     dy = rand(rng, *layer.output_shape(x.shape))
-    first = run_netcl(queue, layer, x, dy)[2]
-    second = run_netcl(queue, layer, x, dy)[2]
-    for name in first:
-        assert_close(second[name], 2 * first[name], what=name)
+    assert_accumulates(queue, layer, x, dy)
 
 
 OC16_WGRAD_CASES = [  # N, C, H, W, K, k, padding, bias: "channels" stride 1 past 27 weights, 16k outputs a plane
@@ -159,10 +161,7 @@ def test_conv2d_oc16_wgrad_vs_torch(queue, rng, torch, record_error, monkeypatch
     layer = nn.Conv2d(c, k, ks, padding=p, bias=bias)
     x = rand(rng, n, c, h, w)
     dy = rand(rng, *layer.output_shape(x.shape))
-    first = run_netcl(queue, layer, x, dy)[2]
-    second = run_netcl(queue, layer, x, dy)[2]
-    for name in first:
-        assert_close(second[name], 2 * first[name], what=name)
+    assert_accumulates(queue, layer, x, dy)
     calls.clear()
     other = nn.Conv2d(c, k, ks, padding=p)  # 12 outputs a plane
     run_netcl(queue, other, rand(rng, 1, c, 3 + ks - 1 - 2 * p, 4 + ks - 1 - 2 * p), rand(rng, 1, k, 3, 4))
@@ -244,10 +243,7 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
     assert len(wgrads) == (ops.is_cpu(queue) and c % 4 == 0 and k % 4 == 0)
     assert all(g[0] == rows for g in launches) and (launches or not wgrads)
     x, dy = rand(rng, n, c, h, w), rand(rng, n, k, h, w)
-    first = run_netcl(queue, layer, x, dy)[2]
-    second = run_netcl(queue, layer, x, dy)[2]  # gradients accumulate over backward passes
-    for name in first:
-        assert_close(second[name], 2 * first[name], what=name)
+    assert_accumulates(queue, layer, x, dy)
     monkeypatch.setenv("NETCL_CPU_WINOT", "0")
     assert layer._winot(queue, (n, c, h, w)) is None
 
@@ -353,10 +349,7 @@ def test_parameter_gradients_accumulate(queue, rng, make):
     layer = make()
     x = rand(rng, 2, 4, 6, 5)
     dy = rand(rng, *layer.output_shape(x.shape))
-    first = run_netcl(queue, layer, x, dy)[2]
-    second = run_netcl(queue, layer, x, dy)[2]
-    for k in first:
-        assert_close(second[k], 2 * first[k], what=k)
+    assert_accumulates(queue, layer, x, dy)
 
 
 def test_torch_init_bounds():
