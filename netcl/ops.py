@@ -383,16 +383,16 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
     """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM; dot
     "dot" (gemm_cpu_dot), "nt" (gemm_cpu_nt) or None (gemm_cpu)."""
     cfg = _CPU_GEMM[cls]
-    if dot == "nt":
-        cfg = dict(cfg, DM=16, DN=16)  # its blocks (gemm_cpu.cl's NTB)
-    elif dot:
+    if dot == "dot":
         cfg = _dot_blocks(cfg, N)
-    elif N <= cfg["VW"]:  # one vector of columns (a classifier's 10): half the 2-vector tile's multiply-adds
+    elif not dot and N <= cfg["VW"]:  # one vector of columns (a classifier's 10): half the multiply-adds
         cfg = dict(cfg, NV=1)
     ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
     want = _CPU_ITEMS * compute_units(q)
     split = batch * M * N * K >= _CPU_SPLIT_WORK
     if dot:
+        if dot == "nt":  # its blocks are 16 x 16 (gemm_cpu.cl's NTB), built with the class's own options
+            cfg = dict(cfg, DM=16, DN=16)
         mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
         items = batch * mblocks * nblocks
         chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)

@@ -183,6 +183,35 @@ inline float hsum(VEC v) {
     return h2.x + h2.y;
 }
 
+// A work-item's place in gemm_cpu_dot's and gemm_cpu_nt's grid (ops._cpu_plan; gid < total): batch
+// entry b, K chunk ch, the first row m0 of its block of BM rows, its blocks along n [nb0, nb_end)
+// and its k [k0, k1)
+#define DOT_ITEM(BM)                                                                                   \
+    const int ngroups = (nblocks + nper - 1) / nper; /* a work-item's blocks: nper along n */         \
+    const int per_chunk = mblocks * ngroups, per_batch = per_chunk * chunks;                          \
+    const int b = gid / per_batch, r0 = gid - b * per_batch;                                          \
+    const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;                                           \
+    const int m0 = (r % mblocks) * (BM), nb0 = (r / mblocks) * nper, nb_end = MIN(nblocks, nb0 + nper); \
+    const int k0 = ch * kchunk, k1 = MIN(K, k0 + kchunk)
+
+// Their store of the sum s of C(m, n) of batch entry b: split-K's raw chunk sum into P, else
+// alpha, the bias and beta * C applied
+inline void dot_store(const float s, const int b, const int ch, const int m, const int n, const int M, const int N,
+                      __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                      const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                      const int chunks, __global float *P) {
+    if (chunks > 1) {
+        P[((b * chunks + ch) * M + m) * N + n] = s;
+        return;
+    }
+    float y = alpha * s;
+    if (bias_mode == 1) y += bias[n];
+    else if (bias_mode == 2) y += bias[m];
+    const int c = c_off + b * scb + m * scm + n * scn;
+    if (beta != 0.0f) y += beta * C[c];
+    C[c] = y;
+}
+
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(8 * 4 * VW)))
 void gemm_cpu_dot(const int M, const int N, const int K,
                   __global const float *A, const int a_off, const int sam, const int sab,
@@ -193,16 +222,11 @@ void gemm_cpu_dot(const int M, const int N, const int K,
                   __global float *P, const int total) {
     const int gid = get_global_id(0);
     if (gid >= total) return;
-    const int ngroups = (nblocks + nper - 1) / nper;  // a work-item's blocks: nper along n (short k: fewer dispatches)
-    const int per_chunk = mblocks * ngroups, per_batch = per_chunk * chunks;
-    const int b = gid / per_batch, r0 = gid - b * per_batch;
-    const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;
-    const int m0 = (r % mblocks) * DM, nb_end = MIN(nblocks, (r / mblocks + 1) * nper);
-    const int k0 = ch * kchunk, k1 = MIN(K, k0 + kchunk);
+    DOT_ITEM(DM);  // (more than one block along n: a short k, fewer dispatches)
     __global const float *ap[DM];  // rows past M or N repeat the last one (not stored)
 #pragma unroll
     for (int i = 0; i < DM; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
-    for (int nb = (r / mblocks) * nper; nb < nb_end; nb++) {
+    for (int nb = nb0; nb < nb_end; nb++) {
         const int n0 = nb * DN;
         __global const float *bp[DN];
 #pragma unroll
@@ -234,24 +258,10 @@ void gemm_cpu_dot(const int M, const int N, const int K,
             for (int i = 0; i < DM; i++)
 #pragma unroll
                 for (int j = 0; j < DN; j++) s[i][j] += ap[i][k] * bp[j][k];
-        for (int i = 0; i < DM; i++) {
-            const int m = m0 + i;
-            if (m >= M) break;
-            for (int j = 0; j < DN; j++) {
-                const int n = n0 + j;
-                if (n >= N) break;
-                if (chunks > 1) {
-                    P[((b * chunks + ch) * M + m) * N + n] = s[i][j];
-                    continue;
-                }
-                float y = alpha * s[i][j];
-                if (bias_mode == 1) y += bias[n];
-                else if (bias_mode == 2) y += bias[m];
-                const int c = c_off + b * scb + m * scm + n * scn;
-                if (beta != 0.0f) y += beta * C[c];
-                C[c] = y;
-            }
-        }
+        for (int i = 0; i < DM && m0 + i < M; i++)
+            for (int j = 0; j < DN && n0 + j < N; j++)
+                dot_store(s[i][j], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
+                          chunks, P);
     }
 }
 
@@ -279,16 +289,11 @@ void gemm_cpu_nt(const int M, const int N, const int K,
                  __global float *P, const int total) {
     const int gid = get_global_id(0);
     if (gid >= total) return;
-    const int ngroups = (nblocks + nper - 1) / nper;
-    const int per_chunk = mblocks * ngroups, per_batch = per_chunk * chunks;
-    const int b = gid / per_batch, r0 = gid - b * per_batch;
-    const int ch = r0 / per_chunk, r = r0 - ch * per_chunk;
-    const int m0 = (r % mblocks) * 16, nb_end = MIN(nblocks, (r / mblocks + 1) * nper);
-    const int k0 = ch * kchunk, k1 = MIN(K, k0 + kchunk);
+    DOT_ITEM(16);
     __global const float *ap[16];  // rows past M or N repeat the last one (not stored)
 #pragma unroll
     for (int i = 0; i < 16; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
-    for (int nb = (r / mblocks) * nper; nb < nb_end; nb++) {
+    for (int nb = nb0; nb < nb_end; nb++) {
         const int n0 = nb * NTB;
         __global const float *bp[NTB];
 #pragma unroll
@@ -335,25 +340,12 @@ void gemm_cpu_nt(const int M, const int N, const int K,
             for (int i = 0; i < 16; i++) *(__global ufloat16 *)(c + i * scm) = acc[i];
             continue;
         }
-        for (int j = 0; j < NTB; j++) {
-            const int n = n0 + j;
-            if (n >= N) break;
+        for (int j = 0; j < NTB && n0 + j < N; j++) {
             float s[16];
             *(float16 *)s = acc[j];
-            for (int i = 0; i < 16; i++) {
-                const int m = m0 + i;
-                if (m >= M) break;
-                if (chunks > 1) {
-                    P[((b * chunks + ch) * M + m) * N + n] = s[i];
-                    continue;
-                }
-                float y = alpha * s[i];
-                if (bias_mode == 1) y += bias[n];
-                else if (bias_mode == 2) y += bias[m];
-                const int c = c_off + b * scb + m * scm + n * scn;
-                if (beta != 0.0f) y += beta * C[c];
-                C[c] = y;
-            }
+            for (int i = 0; i < 16 && m0 + i < M; i++)
+                dot_store(s[i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
+                          chunks, P);
         }
     }
 }
