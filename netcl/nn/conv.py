@@ -636,11 +636,9 @@ class Conv2d(Module):
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
-        if mode == "channels" and s == 1 and ckk <= _NARROW_MAX_R and ow in _NARROW_WIDTHS:
-            self._wgrad_narrow(q, cols, dy)
-            return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
-        if mode == "channels" and s == 1 and self._oc16(q, dy.shape):
-            self._wgrad_oc16(q, cols, dy)
+        direct = self._direct_wgrad(q, dy.shape) if mode == "channels" and s == 1 else None
+        if direct is not None:  # dW and db in one launch from dy and the forward's padded x
+            direct(q, cols, dy)
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
         if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
             xp, cols = cols, ops.new(q, (ckk, n * P))  # (8-wide rows: im2col and the GEMM ran faster than wgrad2_cpu)
@@ -720,13 +718,18 @@ class Conv2d(Module):
         if self.bias is not None:
             gb.mark_written()
 
-    def _oc16(self, q, dy_shape):
-        """Whether wgrad_oc16_cpu takes this conv's weight gradient for dy of dy_shape (after a
-        stride-1 "channels" forward, groups 1: _backward_cpu): an AVX-512 class device, undilated,
-        planes of 16k outputs in rows of _OC16_WIDTHS."""
+    def _direct_wgrad(self, q, dy_shape):
+        """The method taking this conv's dW and db straight from dy (of dy_shape) and the forward's
+        padded x after a stride-1 "channels" forward (groups 1: _backward_cpu), or None (im2col and a
+        GEMM): _wgrad_narrow for at most _NARROW_MAX_R weights per output channel on rows of
+        _NARROW_WIDTHS; _wgrad_oc16 for more on an AVX-512 class device, undilated, planes of 16k
+        outputs in rows of _OC16_WIDTHS."""
         _, _, oh, ow = dy_shape
-        return (ops.config_class(q) == "cpu16" and self.dilation == 1 and ow in _OC16_WIDTHS
-                and oh * ow % 16 == 0)
+        if self.weight.size // self.out_channels <= _NARROW_MAX_R:
+            return self._wgrad_narrow if ow in _NARROW_WIDTHS else None
+        if ops.config_class(q) == "cpu16" and self.dilation == 1 and ow in _OC16_WIDTHS and oh * ow % 16 == 0:
+            return self._wgrad_oc16
+        return None
 
     def _wgrad_oc16(self, q, xp, dy):
         """dW and db in one wgrad_oc16_cpu launch from dy and the forward's padded x (no im2col
