@@ -116,10 +116,9 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     without a GEMM (a GEMM of M = out channels, N = weights per output channel, K = batch x output
     positions): kind "narrow" by Conv2d._wgrad_narrow, "oc16" by Conv2d._wgrad_oc16, "pooled"
     inside the backward pass of the BatchNorm2d (+ activation + MaxPool2d) after the conv
-    (BatchNorm2d._conv_grads_pooled). mode
-    "trainstep": the step as a netcl.TrainStep runs it (its first call, eager: the replays run the
-    same launches), "loop": as layer calls. Labels name the first model, batch and layer method to
-    run each."""
+    (BatchNorm2d._conv_grads_pooled). mode "trainstep": the step as a netcl.TrainStep runs it (its
+    first call, eager: the replays run the same launches), "loop": as layer calls. Labels name the
+    first model, batch and layer method to run each."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import benchmark_training_step as bts
 
@@ -339,19 +338,19 @@ def bench_direct(q, repeat, direct, rng):
     is not charged for im2col or the bias's sums). "narrow" (Conv2d._wgrad_narrow: dW and db of a
     first layer from dy and its padded input in one launch) and "oc16" (Conv2d._wgrad_oc16, likewise
     for more weights, 16 output channels in the lanes) replayed, and the launches they replaced
-    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0, conv._OC16_WIDTHS =
-    ()). "pooled" (dW and
-    db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the conv, instead of its
-    dy): its cost is that pass's replayed time less the same pass writing dy (the unfused step's),
-    under 0.1 us counted as 0.1; the replaced launches are that pass and _wgrad_narrow."""
+    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0, conv._OC16_WIDTHS
+    = ()). "pooled" (dW and db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the
+    conv, instead of its dy): its cost is that pass's replayed time less the same pass writing dy
+    (the unfused step's), under 0.1 us counted as 0.1; the replaced launches are that pass and
+    _wgrad_narrow."""
     rows = [_bench_pooled(q, repeat, entry, rng) if entry[1] == "pooled" else _bench_narrow(q, repeat, entry, rng)
             for entry in direct]
-    narrow, pooled = [r for r in rows if r["kind"] != "pooled"], [r for r in rows if r["kind"] == "pooled"]
-    if narrow:
+    one_launch, pooled = [r for r in rows if r["kind"] != "pooled"], [r for r in rows if r["kind"] == "pooled"]
+    if one_launch:
         print("\n== weight gradients without a GEMM (dW and db in one launch) vs numpy's GEMM of the same product ==")
         print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
               f"{'replayed us':>11s} {'numpy us':>8s} {'replaced us (launches)':>22s} {'rel err':>8s}")
-    for r in narrow:
+    for r in one_launch:
         print(f"{r['M']}x{r['N']}x{r['K']} NT".ljust(18) + f" {r['label'][:38]:38s} {r['replayed_gflops']:13.1f} "
               f"{r['numpy_gflops']:10.1f} {r['replayed_ratio']:11.3f} {r['replayed_us']:11.1f} {r['numpy_us']:8.1f} "
               f"{r['replaced_us']:14.1f} ({r['replaced_launches']})     {r['rel_err']:8.1e}")
@@ -370,20 +369,18 @@ def bench_direct(q, repeat, direct, rng):
 def _bench_narrow(q, repeat, entry, rng):
     from netcl.nn import conv as conv_module
 
-    label, _, c, oc, k, p, bias, xp_shape, dy_shape = entry
+    label, kind, c, oc, k, p, bias, xp_shape, dy_shape = entry
     conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
     xp = rng.standard_normal(xp_shape).astype(np.float32)
     dy = rng.standard_normal(dy_shape).astype(np.float32)
     xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
-    n = dy_shape[0]
-
-    kind = entry[1]
+    n, direct = dy_shape[0], conv._direct_wgrad(q, dy_shape)  # (the method the step ran)
 
     def grads():
         conv.weight.grad = None
         if bias:
             conv.bias.grad = None
-        (conv._wgrad_oc16 if kind == "oc16" else conv._wgrad_narrow)(q, xt, dyt)
+        direct(q, xt, dyt)
     replay, launches = _replayable(q, grads)
     # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
     conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
