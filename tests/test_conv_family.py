@@ -99,6 +99,23 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
     assert_accumulates(queue, layer, x, dy)
 
 
+@pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,bias", [CPU_PATH_CASES[i] for i in (0, 2, 8, 9, 14)])
+def test_conv2d_other_cpu_class_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, ks, s, p, d,
+                                         bias):
+    """The direct kernels' register blocks of the other CPU class (conv._CPU_BLOCKS: AVX-512's on an
+    AVX2 device, AVX2's on an AVX-512 one; corr_cpu, wgrad_cpu, corrc_cpu, corrt_cpu), so that both
+    are checked on every machine."""
+    from netcl import ops
+
+    native = ops.config_class(queue)
+    if native == "gpu":
+        pytest.skip("the CPU classes' kernels (local size 1) on a GPU device")
+    other = "cpu" if native == "cpu16" else "cpu16"
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: other})
+    test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch, "native", n, c, h, w, k, ks, s, p, d,
+                                   bias)
+
+
 NARROW_WGRAD_CASES = [  # N, C, H, W, K, k, padding, bias: "channels" stride 1, <= 27 weights an output channel
     (8, 1, 8, 8, 16, 3, 1, True),    # the digits CNN's first conv: rows of one 8-wide vector
     (2, 3, 8, 8, 5, 3, 1, True),     # 27 weights: one output channel a work-item

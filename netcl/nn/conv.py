@@ -64,18 +64,32 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     out.mark_written()
 
 
-# convtrain_cpu.cl's direct kernels: corr_cpu's block of RM channels (8, or 4 for fewer than 8)
-# x 2 rows x 16 columns per work-item (8 x 2 ran 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4;
-# 8 x 3 spilled); wgrad_cpu's RO output channels per kernel size (RO * k * k float16
-# accumulators: 27 and 25 of the 32 AVX-512 registers; 3x3 with 2 output channels ran 10-40%
-# slower, with 4 the accumulators spilled). Rows narrower than 16 would be mostly padding in
-# their vectors: the GEMMs and col2im are faster there.
+# convtrain_cpu.cl's direct kernels, per CPU device class (ops.config_class; _CPU_BLOCKS):
+# corr_cpu's block of RM channels (8, or 4 for fewer than 8) x 2 rows x 16 columns per work-item;
+# wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators); corrc_cpu's
+# TC output positions (x 32 channels). On AVX-512 (32 zmm registers, "cpu16") corr_cpu's 8 x 2 ran
+# 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4 (8 x 3 spilled); wgrad_cpu's 3 output channels at 3x3
+# (27 accumulators) ran 10-40% faster than 2 (with 4 they spilled). On AVX2 (16 ymm registers, a
+# float16 takes two: "cpu") those blocks spill: resnet8's step at batch 64 (PoCL 3.0, Zen 3)
+# spent 136 ms in its kernels with them, 61-71 ms with RM 2, RO 1 and TC 3, 63-77 with TC 4 (RM 4,
+# RO 1, TC 4: 89; RM 1, TC 2: 73; RO 2: 92). TC 4 it is: its padded planes stay those of TC 8 on
+# rows of 8k (conv_winot reads them too: a border of exactly 1), and 8 and 16 columns keep the
+# batch statistics in corrc_cpu. Rows narrower than 16 would be mostly padding in their vectors:
+# the GEMMs and col2im are faster there.
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
+_CPU_BLOCKS = {"cpu16": {"RM": 8, "RO": _WGRAD_RO, "TC": 8}, "cpu": {"RM": 2, "RO": {3: 1, 5: 1}, "TC": 4}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
-def _cpu_options(k, flip=0, rm=8):
-    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={_CORR_RR}", f"-DRO={_WGRAD_RO.get(k, 1)}", f"-DFLIP={flip}")
+def _blocks(q):
+    """The queue's device class's _CPU_BLOCKS (AVX2's for a CPU class without its own row)."""
+    return _CPU_BLOCKS.get(ops.config_class(q), _CPU_BLOCKS["cpu"])
+
+
+def _cpu_options(k, flip=0, rm=8, ro=None):
+    """convtrain_cpu.cl's build options (ro None: _WGRAD_RO's, which only wgrad_cpu reads)."""
+    ro = _WGRAD_RO.get(k, 1) if ro is None else ro
+    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={_CORR_RR}", f"-DRO={ro}", f"-DFLIP={flip}")
 
 
 def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
@@ -86,7 +100,7 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     per part, True: a part's channels together); else None."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
-    k, rm = math.isqrt(w.size // (co * ci)), 8 if co >= 8 else 4
+    k, rm = math.isqrt(w.size // (co * ci)), min(_blocks(q)["RM"], 8 if co >= 8 else 4)
     cb, has_bias = -(-co // rm), bias is not None
     stats = stats and ow % 16 == 0 and oh % _CORR_RR == 0
     parts = n * (oh // _CORR_RR) * (ow // 16)
@@ -98,10 +112,10 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     return (part.mark_written(), parts, 16 * _CORR_RR, True) if stats else None
 
 
-# corrc_cpu's output positions per work-item (x 32 channels), and the most weights per output
-# channel it takes (C * k * k): at 256 -> 512 channels on 8x8 planes (2304) its weight traffic
-# left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at 64 -> 64 it ran 250, they 100.
-_CORRC_TC, _CORRC_MAX_R = 8, 1152
+# the most weights per output channel corrc_cpu takes (C * k * k): at 256 -> 512 channels on 8x8
+# planes (2304) its weight traffic left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at
+# 64 -> 64 it ran 250, they 100 (AVX-512).
+_CORRC_MAX_R = 1152
 # wgrad_narrow_cpu: "channels" convolutions of stride 1 with up to 27 weights per output channel
 # (a first layer: 1 or 3 input channels, 3x3) take dW and db in one launch where im2col_cpu,
 # dy_rows_cpu, a GEMM and sum_chunks_cpu ran four (the digits CNN's conv1, replayed on PoCL, Zen 5:
@@ -135,16 +149,17 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
-    options = _cpu_options(k) + (f"-DTC={_CORRC_TC}",) + (("-DUNPAD=1",) if unpad else ())
+    tc = _blocks(q)["TC"]
+    options = _cpu_options(k) + (f"-DTC={tc}",) + (("-DUNPAD=1",) if unpad else ())
     wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
-    xt, has_bias = -(-ow // _CORRC_TC), bias is not None
-    stats = stats and ow % _CORRC_TC == 0
+    xt, has_bias = -(-ow // tc), bias is not None
+    stats = stats and ow % tc == 0
     part = ops.new(q, (n * oh * xt, co, 2)) if stats else None  # a part's channels together
     ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
                inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats),
                part if stats else out, options=options)
     out.mark_written()
-    return (part.mark_written(), n * oh * xt, _CORRC_TC, True) if stats else None
+    return (part.mark_written(), n * oh * xt, tc, True) if stats else None
 
 
 def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
@@ -264,7 +279,7 @@ def _corrt_cpu(q, dy, w, dx, stride, padding):
     # up to 16 channels: one float16 of them per work-item and twice the positions (two would
     # leave half their lanes zero: resnet8's 16-channel stride-2 gradient ran at ~80 GFLOP/s)
     cv = 1 if c <= 16 else 2
-    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _CORRC_TC * (3 - cv), -(-c // (16 * cv)) * 16 * cv
+    k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _blocks(q)["TC"] * (3 - cv), -(-c // (16 * cv)) * 16 * cv
     options, border = _cpu_options(k) + (f"-DTC={tc}", f"-DCV={cv}"), -(-(k - 1) // s)
     dyb = ops.new(q, (n, oc, max(-(-(h + padding) // s), oh) + 2 * border + 1,
                       max(-(-(w_ + padding) // s), ow) + tc + 2 * border + 1))
@@ -457,7 +472,8 @@ class Conv2d(Module):
         if mode == "rows":
             hp, wp = -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1
         else:
-            hp, wp = _bordered_extent(shape[2], shape[3], k, s, p, oh, -(-ow // _CORRC_TC) * _CORRC_TC)
+            tc = _blocks(q)["TC"]
+            hp, wp = _bordered_extent(shape[2], shape[3], k, s, p, oh, -(-ow // tc) * tc)
         return p, p, hp, wp
 
     def forward(self, x, stats=False):
@@ -678,7 +694,7 @@ class Conv2d(Module):
 
     def _padded_dy(self, q, dy, mode, ow):
         """dy in the zero-bordered planes _dx_of_planes correlates with the flipped weights."""
-        pd, _, hd, wd = self._grad_planes(mode, ow)
+        pd, _, hd, wd = self._grad_planes(q, mode, ow)
         dyb = ops.new(q, (dy.shape[0], dy.shape[1], hd, wd))
         _pad_planes(q, dy, dyb, pd, None, _cpu_options(self.kernel_size))
         return dyb
@@ -846,17 +862,18 @@ class Conv2d(Module):
             return None
         mode, xp = saved[1:]
         if mode == "rows" or self.stride == 1 and self._winot_wgrad_layout(q, dy_shape, xp):
-            return self._grad_planes(mode, dy_shape[3])
+            return self._grad_planes(q, mode, dy_shape[3])
         return None
 
-    def _grad_planes(self, mode, ow):
+    def _grad_planes(self, q, mode, ow):
         """(top, left, HD, WD): the zero-bordered planes of dy (output width ow) that the stride-1
         data-gradient correlations read after a "rows" or "channels" forward (dy at k - 1 - p)."""
         (_, _, h, w), k, p = self._saved[0], self.kernel_size, self.padding
         pd = k - 1 - p
         if mode == "rows":
             return pd, pd, -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + -(-ow // 16) * 16)
-        return pd, pd, h + k - 1, max(-(-w // _CORRC_TC) * _CORRC_TC + k - 1, pd + ow)
+        tc = _blocks(q)["TC"]
+        return pd, pd, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)
 
     def _dx_of_planes(self, dyp, mode, into=None):
         """dx after a stride-1 "rows" or "channels" forward from dy's zero-bordered planes dyp: the
@@ -908,7 +925,7 @@ class Conv2d(Module):
         if wino:
             _winot_wgrad(q, xp, dyp, gw, acc, wino, border=pd)
         else:  # "rows": wgrad_cpu
-            hx, wx, ro = xp.shape[2], xp.shape[3], _WGRAD_RO[k]
+            hx, wx, ro = xp.shape[2], xp.shape[3], _blocks(q)["RO"][k]
             # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
             # the work-items (channels x output blocks x chunks) are enough for every core
             ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
@@ -917,7 +934,7 @@ class Conv2d(Module):
             chunks = -(-n * oh // rows)
             part = ops.new(q, (chunks, oc, c * k * k))
             ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
-                       rows, dyp, xp, part, options=options)
+                       rows, dyp, xp, part, options=_cpu_options(k, ro=ro))
             ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
             gw.mark_written()
         if sums is not None:
