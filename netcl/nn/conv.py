@@ -74,10 +74,13 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # spent 136 ms in its kernels with them, 61-71 ms with RM 2, RO 1 and TC 3, 63-77 with TC 4 (RM 4,
 # RO 1, TC 4: 89; RM 1, TC 2: 73; RO 2: 92). TC 4 it is: its padded planes stay those of TC 8 on
 # rows of 8k (conv_winot reads them too: a border of exactly 1), and 8 and 16 columns keep the
-# batch statistics in corrc_cpu. Rows narrower than 16 would be mostly padding in their vectors:
+# batch statistics in corrc_cpu. Then corr_cpu's RM x RR (best of 2-3 rounds, corr_cpu's ms in
+# detector26 at batch 8 / resnet8 at batch 64): 4 x 1 89.9 / 17.2, 2 x 2 106.5 / 20.7, 6 x 1 - /
+# 21.1, 3 x 2 123.5 / -, 2 x 1 144.0 / -, 1 x 2 137.1 / -. Rows narrower than 16 would be mostly padding in their vectors:
 # the GEMMs and col2im are faster there.
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
-_CPU_BLOCKS = {"cpu16": {"RM": 8, "RO": _WGRAD_RO, "TC": 8}, "cpu": {"RM": 2, "RO": {3: 1, 5: 1}, "TC": 4}}
+_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8},
+               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
@@ -86,10 +89,11 @@ def _blocks(q):
     return _CPU_BLOCKS.get(ops.config_class(q), _CPU_BLOCKS["cpu"])
 
 
-def _cpu_options(k, flip=0, rm=8, ro=None):
-    """convtrain_cpu.cl's build options (ro None: _WGRAD_RO's, which only wgrad_cpu reads)."""
+def _cpu_options(k, flip=0, rm=8, ro=None, rr=_CORR_RR):
+    """convtrain_cpu.cl's build options (ro None: _WGRAD_RO's; only wgrad_cpu reads RO, only
+    corr_cpu RM and RR)."""
     ro = _WGRAD_RO.get(k, 1) if ro is None else ro
-    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={_CORR_RR}", f"-DRO={ro}", f"-DFLIP={flip}")
+    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={rr}", f"-DRO={ro}", f"-DFLIP={flip}")
 
 
 def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
@@ -100,16 +104,17 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     per part, True: a part's channels together); else None."""
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
-    k, rm = math.isqrt(w.size // (co * ci)), min(_blocks(q)["RM"], 8 if co >= 8 else 4)
+    blocks = _blocks(q)
+    k, rm, rr = math.isqrt(w.size // (co * ci)), min(blocks["RM"], 8 if co >= 8 else 4), blocks["RR"]
     cb, has_bias = -(-co // rm), bias is not None
-    stats = stats and ow % 16 == 0 and oh % _CORR_RR == 0
-    parts = n * (oh // _CORR_RR) * (ow // 16)
+    stats = stats and ow % 16 == 0 and oh % rr == 0
+    parts = n * (oh // rr) * (ow // 16)
     part = ops.new(q, (parts, co, 2)) if stats else None  # a part's channels together
-    ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // _CORR_RR), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
+    ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // rr), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
                inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats), part if stats else out,
-               options=_cpu_options(k, flip, rm))
+               options=_cpu_options(k, flip, rm, rr=rr))
     out.mark_written()
-    return (part.mark_written(), parts, 16 * _CORR_RR, True) if stats else None
+    return (part.mark_written(), parts, 16 * rr, True) if stats else None
 
 
 # the most weights per output channel corrc_cpu takes (C * k * k): at 256 -> 512 channels on 8x8
@@ -470,7 +475,8 @@ class Conv2d(Module):
         _, _, oh, ow = self.output_shape(shape)
         k, s, p, _ = self._geometry()
         if mode == "rows":
-            hp, wp = -(-oh // _CORR_RR) * _CORR_RR + k - 1, -(-ow // 16) * 16 + k - 1
+            rr = _blocks(q)["RR"]
+            hp, wp = -(-oh // rr) * rr + k - 1, -(-ow // 16) * 16 + k - 1
         else:
             tc = _blocks(q)["TC"]
             hp, wp = _bordered_extent(shape[2], shape[3], k, s, p, oh, -(-ow // tc) * tc)
@@ -871,7 +877,8 @@ class Conv2d(Module):
         (_, _, h, w), k, p = self._saved[0], self.kernel_size, self.padding
         pd = k - 1 - p
         if mode == "rows":
-            return pd, pd, -(-h // _CORR_RR) * _CORR_RR + k - 1, max(-(-w // 16) * 16 + k - 1, pd + -(-ow // 16) * 16)
+            rr = _blocks(q)["RR"]
+            return pd, pd, -(-h // rr) * rr + k - 1, max(-(-w // 16) * 16 + k - 1, pd + -(-ow // 16) * 16)
         tc = _blocks(q)["TC"]
         return pd, pd, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)
 
