@@ -65,7 +65,7 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 
 
 # convtrain_cpu.cl's direct kernels, per CPU device class (ops.config_class; _CPU_BLOCKS):
-# corr_cpu's block of RM channels (8, or 4 for fewer than 8) x 2 rows x 16 columns per work-item;
+# corr_cpu's block of RM channels (at most 4 for fewer than 8) x RR rows x 16 columns per work-item;
 # wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators); corrc_cpu's
 # TC output positions (x 32 channels). On AVX-512 (32 zmm registers, "cpu16") corr_cpu's 8 x 2 ran
 # 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4 (8 x 3 spilled); wgrad_cpu's 3 output channels at 3x3
@@ -76,8 +76,8 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # rows of 8k (conv_winot reads them too: a border of exactly 1), and 8 and 16 columns keep the
 # batch statistics in corrc_cpu. Then corr_cpu's RM x RR (best of 2-3 rounds, corr_cpu's ms in
 # detector26 at batch 8 / resnet8 at batch 64): 4 x 1 89.9 / 17.2, 2 x 2 106.5 / 20.7, 6 x 1 - /
-# 21.1, 3 x 2 123.5 / -, 2 x 1 144.0 / -, 1 x 2 137.1 / -. Rows narrower than 16 would be mostly padding in their vectors:
-# the GEMMs and col2im are faster there.
+# 21.1, 3 x 2 123.5 / -, 2 x 1 144.0 / -, 1 x 2 137.1 / -. Rows narrower than 16 would be mostly
+# padding in their vectors: the GEMMs and col2im are faster there.
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8},
                "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4}}
