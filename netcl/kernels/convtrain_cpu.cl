@@ -141,14 +141,28 @@ void pad_planes_cpu(const int NC, const int planes, const int H, const int W, co
 // Work-item (c, ob, chunk): RO output channels ob*RO.. (the last block repeats the last one)
 // and input channel c over the rows [chunk * rows, ...) of the N*OH output rows: RO * KS * KS
 // float16 accumulators, RO + KS * KS vector loads per KS * KS * RO multiply-adds. Writes the
-// chunk's partial sums to part[chunk][o][c][kh][kw]; sum_chunks_cpu adds the chunks.
+// chunk's partial sums to part[chunk][o][c][kh][kw]; sum_chunks_cpu adds the chunks. WGV 8 (AVX2:
+// 16 ymm registers, where 9 float16 accumulators spill): float8 vectors, 8 columns a step (the
+// rows of dy are zero past OW to a multiple of 16, so whole float8 read zeros too).
+#ifndef WGV
+#define WGV 16
+#endif
+#if WGV == 8
+typedef float8 wgvec;
+typedef ufloat8 uwgvec;
+#define WG_HSUM hsum8
+#else
+typedef float16 wgvec;
+typedef ufloat16 uwgvec;
+#define WG_HSUM hsum16
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int OW, const int HD, const int WD, const int pd,
                const int HX, const int WX, const int rows, __global const float *dyp, __global const float *xp,
                __global float *part) {
     const int c = get_global_id(0), o0 = get_global_id(1) * RO, chunk = get_global_id(2);
     const int r0 = chunk * rows, r1 = min(N * OH, r0 + rows);
-    float16 acc[RO][KS * KS];
+    wgvec acc[RO][KS * KS];
 #pragma unroll
     for (int i = 0; i < RO; i++)
 #pragma unroll
@@ -160,15 +174,15 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
         for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + min(o0 + i, OC - 1)) * HD + pd + y0) * WD + pd;
         __global const float *xr = xp + ((n * C + c) * HX + y0) * WX;
         for (int y = y0; y < y1; y++, xr += WX) {
-            for (int x0 = 0; x0 < OW; x0 += 16) {
-                float16 gv[RO];
+            for (int x0 = 0; x0 < OW; x0 += WGV) {
+                wgvec gv[RO];
 #pragma unroll
-                for (int i = 0; i < RO; i++) gv[i] = *(__global const ufloat16 *)(g[i] + x0);
+                for (int i = 0; i < RO; i++) gv[i] = *(__global const uwgvec *)(g[i] + x0);
 #pragma unroll
                 for (int kh = 0; kh < KS; kh++)
 #pragma unroll
                     for (int kw = 0; kw < KS; kw++) {
-                        const float16 xv = *(__global const ufloat16 *)(xr + kh * WX + kw + x0);
+                        const wgvec xv = *(__global const uwgvec *)(xr + kh * WX + kw + x0);
 #pragma unroll
                         for (int i = 0; i < RO; i++) acc[i][kh * KS + kw] += gv[i] * xv;
                     }
@@ -183,7 +197,7 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
         if (o0 + i >= OC) break;
         __global float *dst = part + ((chunk * OC + o0 + i) * C + c) * KS * KS;
 #pragma unroll
-        for (int t = 0; t < KS * KS; t++) dst[t] = hsum16(acc[i][t]);
+        for (int t = 0; t < KS * KS; t++) dst[t] = WG_HSUM(acc[i][t]);
     }
 }
 

@@ -77,10 +77,13 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # batch statistics in corrc_cpu. Then corr_cpu's RM x RR (best of 2-3 rounds, corr_cpu's ms in
 # detector26 at batch 8 / resnet8 at batch 64): 4 x 1 89.9 / 17.2, 2 x 2 106.5 / 20.7, 6 x 1 - /
 # 21.1, 3 x 2 123.5 / -, 2 x 1 144.0 / -, 1 x 2 137.1 / -. Rows narrower than 16 would be mostly
-# padding in their vectors: the GEMMs and col2im are faster there.
+# padding in their vectors: the GEMMs and col2im are faster there. wgrad_cpu's vectors (WGV): float8
+# on AVX2 (9 accumulators in 9 ymm registers, where float16's took 18): its share of detector26's
+# step at batch 8 66-75 against 83-92 ms, of resnet8's at batch 64 12.7-19.8 against 15.8-16.8
+# (medians 13.9 and 16.6; alternated, 2 and 3 rounds).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
-_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8},
-               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4}}
+_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "WGV": 16},
+               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "WGV": 8}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
@@ -932,7 +935,9 @@ class Conv2d(Module):
         if wino:
             _winot_wgrad(q, xp, dyp, gw, acc, wino, border=pd)
         else:  # "rows": wgrad_cpu
-            hx, wx, ro = xp.shape[2], xp.shape[3], _blocks(q)["RO"][k]
+            blocks = _blocks(q)
+            hx, wx, ro = xp.shape[2], xp.shape[3], blocks["RO"][k]
+            wgv = (f"-DWGV={blocks['WGV']}",) if blocks["WGV"] != 16 else ()  # 16: the kernel's default
             # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
             # the work-items (channels x output blocks x chunks) are enough for every core
             ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
@@ -941,7 +946,7 @@ class Conv2d(Module):
             chunks = -(-n * oh // rows)
             part = ops.new(q, (chunks, oc, c * k * k))
             ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
-                       rows, dyp, xp, part, options=_cpu_options(k, ro=ro))
+                       rows, dyp, xp, part, options=_cpu_options(k, ro=ro) + wgv)
             ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
             gw.mark_written()
         if sums is not None:
