@@ -140,9 +140,9 @@ void pad_planes_cpu(const int NC, const int planes, const int H, const int W, co
 // vectors of 16 columns read zeros beyond OW) and x (xp: N, C, HX, WX with x at (p, p)).
 // Work-item (c, ob, chunk): RO output channels ob*RO.. (the last block repeats the last one)
 // and input channel c over the rows [chunk * rows, ...) of the N*OH output rows: RO * KS * KS
-// float16 accumulators, RO + KS * KS vector loads per KS * KS * RO multiply-adds. Writes the
-// chunk's partial sums to part[chunk][o][c][kh][kw]; sum_chunks_cpu adds the chunks. WGV 8 (AVX2:
-// 16 ymm registers, where 9 float16 accumulators spill): float8 vectors, 8 columns a step (the
+// accumulators of WGV floats, RO + KS * KS vector loads per KS * KS * RO multiply-adds. Writes the
+// chunk's partial sums to part[chunk][o][c][kh][kw]; sum_chunks_cpu adds the chunks. WGV 16 by
+// default; 8 on AVX2 (16 ymm registers, where 9 float16 accumulators spill): 8 columns a step (the
 // rows of dy are zero past OW to a multiple of 16, so whole float8 read zeros too).
 #ifndef WGV
 #define WGV 16
