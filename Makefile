@@ -39,7 +39,8 @@ $(TSTAMP): $(STAMP)
 proto: gen/onnx_pb2.py
 
 # an OpenCL device that builds kernels: PoCL 3.0 from PyPI (LLVM 14) builds none on a CPU its LLVM
-# does not know (AMD Zen 5: "unknown target CPU 'generic'"); there Debian's PoCL goes beside it, and
+# does not know (AMD Zen 5: "unknown target CPU 'generic'") and aborts on float16 fma on a Zen 4
+# (the check's probe runs in a child process); there Debian's PoCL goes beside it, and
 # netcl selects the PoCL that builds (netcl/runtime/device.py)
 $(OSTAMP): $(STAMP) gen/onnx_pb2.py
 	@$(BIN)/netcl devices --check >/dev/null 2>&1 || $(MAKE) --no-print-directory system-pocl

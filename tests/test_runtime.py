@@ -113,6 +113,51 @@ def test_probe_and_the_unknown_cpu_hint(queue):
     assert program._hint("error: use of undeclared identifier") == ""
 
 
+def test_probe_runs_in_a_child_and_keeps_its_verdict_on_disk(queue, monkeypatch, tmp_path):
+    """The probe (float16 fma, fmax, exp) runs in a child process, where an LLVM abort cannot take
+    netcl's process down; its verdict is read back from the cache folder, not probed again."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(device_module, "_probed", {})
+    children = []
+    real = device_module._probe_in_child
+    monkeypatch.setattr(device_module, "_probe_in_child", lambda d: children.append(d) or real(d))
+    assert device_module.compile_error(queue.device) is None and len(children) == 1
+    path = device_module.probe_path(queue.device)
+    assert open(path).read() == "ok"
+    monkeypatch.setattr(device_module, "_probed", {})
+    assert device_module.compile_error(queue.device) is None and len(children) == 1  # from disk
+    # a failed verdict (as PyPI's PoCL 3.0 on a Zen 4 gives) is reported with what to do about it
+    with open(path, "w") as f:
+        f.write("error\nthe probe kernels (float16 fma, fmax, exp) failed in a child process (killed by SIGABRT)")
+    monkeypatch.setattr(device_module, "_probed", {})
+    err = device_module.compile_error(queue.device)
+    assert "killed by SIGABRT" in err and "pocl-opencl-icd" in program._hint(err)
+
+
+def test_probe_child_that_cannot_find_the_device_leaves_it_to_a_build_here(queue):
+    class Platform:
+        name, version = "no such platform", "0"
+
+    class Device:
+        name, platform = "no such device", Platform()
+
+    assert device_module._probe_in_child(Device()) == ""  # "": the in-process build decides
+    assert device_module._build_here(queue.device) is None
+
+
+def test_a_kernel_missing_from_its_program_is_a_compile_error(queue, monkeypatch):
+    class Empty:
+        def all_kernels(self):
+            return []
+
+    import netcl.runtime as rt
+
+    monkeypatch.setattr(rt, "build", lambda *a, **k: Empty())
+    ks = rt.kernels(queue, "act_cpu", ("-DNETCL_TEST_EMPTY=1",))
+    with pytest.raises(CompileError, match="no kernel 'act_fwd_cpu' in act_cpu.cl built with -DNETCL_TEST_EMPTY=1"):
+        ks["act_fwd_cpu"]
+
+
 def test_failed_build_raises_compile_error_with_log(queue):
     src = "__kernel void broken(__global float *x) { x[0] = undeclared_thing; }"
     with pytest.raises(CompileError) as e:
@@ -200,7 +245,8 @@ def test_a_damaged_cache_entry_is_rebuilt_and_rewritten_never_loaded(queue, tmp_
         assert program._read_entry(entry) == rewritten[program._ENTRY.size:], name  # whole again
     got = child()
     assert (got["damaged"], got["compiled"], got["disk"]) == (0, 0, 1)
-    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no temporary files left
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith("probe-")]  # (device probes' verdicts)
+    assert left == [entry.name]  # no temporary files left
 
 
 def test_tensor_round_trip(queue):

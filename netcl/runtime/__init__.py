@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 
+from netcl.errors import CompileError
 from netcl.runtime import program
 from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, select_device, serial_bound
 from netcl.runtime.program import build, kernel_source
@@ -112,6 +113,17 @@ def arg_dtypes(source):
     return out
 
 
+class _Kernels(dict):
+    """kernels()' answer: a missing name is a CompileError that says where it was looked for (PoCL
+    3.0 on a Zen 4 "builds" programs without their kernels: see netcl.runtime.device)."""
+
+    what = ""
+
+    def __missing__(self, name):
+        raise CompileError(f"no kernel {name!r} in {self.what}: the compiler dropped it, or a -D option "
+                           "leaves it out; `netcl devices --check` tests the device")
+
+
 def kernels(queue, family, options=()):
     """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached). Their
     scalar argument types are declared from the source, so set_args packs them without inspecting
@@ -122,7 +134,9 @@ def kernels(queue, family, options=()):
         source = kernel_source(family)
         prog = build(queue.context, source, options)
         dtypes = arg_dtypes(source)
-        ks = _kernels[key] = {k.function_name: k for k in prog.all_kernels()}
+        ks = _Kernels({k.function_name: k for k in prog.all_kernels()})
+        ks.what = f"{family}.cl built with {' '.join(options) or 'no options'} on {queue.device.name.strip()}"
+        _kernels[key] = ks
         for name, k in ks.items():
             k.set_scalar_arg_dtypes(dtypes[name])
             _arg_types[k.int_ptr] = (k, dtypes[name])

@@ -12,11 +12,12 @@ NETCL_CPU_SERIAL=0 leaves POCL_DEVICES alone (and predict() on the pthread devic
 
 A device that cannot compile: PoCL 3.0 from PyPI (pocl-binary-distribution, LLVM 14) names a CPU
 its LLVM does not know (AMD Zen 5, family 26, say) "generic", which its compiler then refuses
-("unknown target CPU 'generic'"), so no kernel builds. Where the candidates (by type, by default,
-or by a name several match) sit on more than one platform (a second PoCL beside it, such as
-Debian's pocl-opencl-icd, which `make` installs where the first cannot build), netcl tries a
-one-line kernel on each in turn (compile_error) and takes the first that builds; `netcl devices
---check` tries every device."""
+("unknown target CPU 'generic'"), so no kernel builds; on an AMD Zen 4 it builds, but aborts at
+the first float16 fma (see _PROBE). Where the candidates (by type, by default, or by a name several
+match) sit on more than one platform (a second PoCL beside it, such as Debian's pocl-opencl-icd,
+which `make` installs where the first fails), netcl probes each in turn (compile_error: float16
+kernels built and run in a child process, the verdict kept on disk) and takes the first that
+passes; `netcl devices --check` probes every device."""
 import os
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named 
 SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _probed = {}  # device (int_ptr) -> None where a one-line kernel builds on it, else the error's text
 _asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
+# (holding the value netcl gave it, if it did: the probe's child process lists the same devices)
 
 
 def serial_bound(value=None):
@@ -82,30 +84,149 @@ def _ask_pocl_for_serial():
         except ValueError:  # predict() reports it; the device list does not depend on it
             on = True
         if "POCL_DEVICES" not in os.environ and on:
-            os.environ["POCL_DEVICES"] = "pthread basic"
+            os.environ["POCL_DEVICES"] = _asked[0] = "pthread basic"
             return True
     return False
 
 
-_PROBE = "__kernel void netcl_probe(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+# The probe: kernels built AND run, in a child process, on what netcl's CPU kernels lean on (float16
+# vectors through the builtin library's fma, fmax and exp). PoCL 3.0 from PyPI (LLVM 14) on an AMD
+# Zen 4 (family 25, model 0x11) compiles for "znver3" (no AVX-512) yet links its AVX-512 builtin
+# library: a one-line kernel builds and runs, but LLVM aborts the whole process ("LLVM ERROR: Cannot
+# select ... fma") at the first launch of such a kernel, so only another process can see it fail.
+# Its verdict is kept on disk per device, PoCL and CPU (probe_path).
+_PROBE = """
+__kernel void netcl_probe(__global float *a) { a[get_global_id(0)] *= 2.0f; }
+__kernel void netcl_probe16(__global float16 *a) {
+    int i = get_global_id(0);
+    a[i] = fmax(fma(a[i], a[i + 2], a[i + 4]), exp(a[i + 6]) - 1.0f);
+}
+"""
+_PROBE_CHILD = """
+import sys, warnings
+import numpy as np
+import pyopencl as cl
+warnings.simplefilter("ignore")
+pname, pversion, dname, source = sys.argv[1:5]
+dev = next((d for p in cl.get_platforms() if p.name == pname and p.version == pversion
+            for d in p.get_devices() if d.name == dname), None)
+if dev is None:
+    print("netcl-probe: device not found"); sys.exit(0)
+ctx = cl.Context([dev]); q = cl.CommandQueue(ctx)
+try:
+    prog = cl.Program(ctx, source).build()
+except cl.Error as e:
+    print(str(e), file=sys.stderr); sys.exit(1)
+if "netcl_probe16" not in [k.function_name for k in prog.all_kernels()]:
+    print("error: the program built without its float16 kernel (the compiler dropped it)", file=sys.stderr)
+    sys.exit(1)
+a = np.linspace(-1.0, 1.0, 16 * 8, dtype=np.float32)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+prog.netcl_probe16(q, (2,), None, buf)
+out = np.empty_like(a); cl.enqueue_copy(q, out, buf); q.finish()
+v = a.reshape(8, 16).astype(np.float64)
+want = np.maximum(v[0:2] * v[2:4] + v[4:6], np.exp(v[6:8]) - 1.0)
+if not np.allclose(out.reshape(8, 16)[:2], want, rtol=1e-5, atol=1e-6):
+    print("error: float16 fma/fmax/exp gave wrong values", file=sys.stderr); sys.exit(1)
+print("netcl-probe: ok")
+"""
+_PROBE_TIMEOUT_S = 300
+
+
+def probe_path(device):
+    """Where the probe's verdict on `device` is kept: in netcl's kernel cache, keyed by the probe,
+    the device, its driver and platform, and the CPU (a home folder that moves to another machine
+    probes again)."""
+    import hashlib
+    import platform
+
+    from netcl.runtime.program import cache_dir
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:  # the first processor's identity and flags
+            cpu = "".join(ln for ln in f.read().split("\n\n")[0].splitlines(True)
+                          if ln.split(":")[0].strip() in ("vendor_id", "cpu family", "model", "flags"))
+    except OSError:
+        cpu = platform.processor()
+    ident = "\0".join([_PROBE, _PROBE_CHILD, device.name, device.version, device.driver_version,
+                       device.platform.name, device.platform.version, platform.machine(), cpu])
+    return os.path.join(cache_dir(), "probe-" + hashlib.sha256(ident.encode()).hexdigest()[:40] + ".txt")
+
+
+def _probe_in_child(device):
+    """None where the probe builds and runs right on `device` in a child process, else the error's
+    text (the child's own words, an LLVM abort's included); "" where the child could not look."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if _asked and _asked[0] is not True:  # this process asked PoCL for its serial device: so does the child
+        env["POCL_DEVICES"] = _asked[0]
+    argv = [sys.executable, "-c", _PROBE_CHILD, device.platform.name, device.platform.version, device.name, _PROBE]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return f"the probe kernel did not finish within {_PROBE_TIMEOUT_S} s"
+    except OSError:
+        return ""  # no interpreter to start (an embedded Python): the in-process build decides
+    if r.returncode == 0:
+        return None if "netcl-probe: ok" in r.stdout else ""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "generated." not in ln]
+    said = [ln for ln in lines if "error" in ln.lower()] or lines[-3:]
+    if r.returncode > 0:
+        how = f"exit status {r.returncode}"
+    else:
+        import signal
+
+        try:
+            how = f"killed by {signal.Signals(-r.returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-r.returncode}"
+    return "\n".join([f"the probe kernels (float16 fma, fmax, exp) failed in a child process ({how})"] + said[:20])
 
 
 def compile_error(device):
-    """None where a one-line kernel builds on `device` (a pyopencl.Device), else the build error's
-    text. Built once per device and process (PoCL keeps the binary in its own cache as well)."""
+    """None where netcl's probe kernels build and run right on `device` (a pyopencl.Device), else the
+    error's text. Probed in a child process (see _PROBE) once per device, its verdict kept on disk;
+    where no child can run, a one-line kernel built in this process decides."""
     key = device.int_ptr
     if key not in _probed:
-        import warnings
-
-        cl = _cl()
+        path, verdict = probe_path(device), None
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", cl.CompilerWarning)
-                cl.Program(cl.Context([device]), _PROBE).build()
-            _probed[key] = None
-        except cl.Error as e:
-            _probed[key] = str(e).strip() or type(e).__name__
+            with open(path) as f:
+                verdict = f.read()
+        except OSError:
+            pass
+        if verdict is None:
+            err = _probe_in_child(device)
+            if err == "":
+                err = _build_here(device)
+            else:
+                from netcl.io.atomic import AtomicFile
+
+                try:
+                    with AtomicFile(path, "cache the device probe") as f:
+                        f.write(("ok" if err is None else "error\n" + err).encode())
+                except OSError:
+                    pass  # the verdict is an optimisation only
+            verdict = "ok" if err is None else "error\n" + err
+        _probed[key] = None if verdict == "ok" else verdict.partition("\n")[2] or "the probe failed"
     return _probed[key]
+
+
+def _build_here(device):
+    """None where a one-line kernel builds on `device` in this process, else the error's text."""
+    import warnings
+
+    cl = _cl()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            cl.Program(cl.Context([device]), _PROBE.split("\n")[1]).build()
+    except cl.Error as e:
+        return str(e).strip() or type(e).__name__
+    return None
 
 
 def is_serial(device):

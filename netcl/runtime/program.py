@@ -51,9 +51,18 @@ _UNKNOWN_CPU_HINT = (
     "pocl-opencl-icd`, which netcl then selects; `netcl devices --check` shows which devices build)")
 
 
+_PROBE_HINT = (
+    " (this PoCL cannot compile netcl's float16 vector code for this CPU: PoCL 3.0 from PyPI, LLVM 14, "
+    "on an AMD Zen 4 compiles for Zen 3 but links AVX-512 builtins, and LLVM aborts. Install a newer "
+    "PoCL beside it, e.g. Debian's `apt-get install pocl-opencl-icd` (`make system-pocl`), which netcl "
+    "then selects; `netcl devices --check` shows which devices build)")
+
+
 def _hint(log):
     """What to do about a build failure whose cause is the installation, not the kernel."""
-    return _UNKNOWN_CPU_HINT if "unknown target CPU" in log else ""
+    if "unknown target CPU" in log:
+        return _UNKNOWN_CPU_HINT
+    return _PROBE_HINT if "the probe kernels" in log else ""
 
 
 def build(context, source, options=()):
