@@ -18,10 +18,17 @@ match) sit on more than one platform (a second PoCL beside it, such as Debian's 
 which `make` installs where the first fails), netcl probes each in turn (compile_error: float16
 kernels built and run in a child process, the verdict kept on disk) and takes the first that
 passes; `netcl devices --check` probes every device."""
+import hashlib
 import os
+import platform
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from netcl.errors import NoDeviceError
+from netcl.io.atomic import AtomicFile
+from netcl.runtime.program import cache_dir
 
 _INSTALL_HINT = (
     "netcl needs an OpenCL platform. On a plain CPU machine install PoCL: "
@@ -137,11 +144,6 @@ def probe_path(device):
     """Where the probe's verdict on `device` is kept: in netcl's kernel cache, keyed by the probe,
     the device, its driver and platform, and the CPU (a home folder that moves to another machine
     probes again)."""
-    import hashlib
-    import platform
-
-    from netcl.runtime.program import cache_dir
-
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:  # the first processor's identity and flags
@@ -157,9 +159,6 @@ def probe_path(device):
 def _probe_in_child(device):
     """None where the probe builds and runs right on `device` in a child process, else the error's
     text (the child's own words, an LLVM abort's included); "" where the child could not look."""
-    import subprocess
-    import sys
-
     env = dict(os.environ)
     if _asked and _asked[0] is not True:  # this process asked PoCL for its serial device: so does the child
         env["POCL_DEVICES"] = _asked[0]
@@ -177,8 +176,6 @@ def _probe_in_child(device):
     if r.returncode > 0:
         how = f"exit status {r.returncode}"
     else:
-        import signal
-
         try:
             how = f"killed by {signal.Signals(-r.returncode).name}"
         except ValueError:
@@ -203,8 +200,6 @@ def compile_error(device):
             if err == "":
                 err = _build_here(device)
             else:
-                from netcl.io.atomic import AtomicFile
-
                 try:
                     with AtomicFile(path, "cache the device probe") as f:
                         f.write(("ok" if err is None else "error\n" + err).encode())
