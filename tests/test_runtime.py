@@ -67,8 +67,8 @@ def test_no_platform_raises_no_device_error_with_install_hint(monkeypatch):
 
 
 class _FakePlatform:
-    def __init__(self, ptr, name="Portable Computing Language"):
-        self.int_ptr, self.name, self.vendor = ptr, name, "The pocl project"
+    def __init__(self, ptr, name="Portable Computing Language", vendor="The pocl project"):
+        self.int_ptr, self.name, self.vendor, self.version = ptr, name, vendor, f"OpenCL 3.0 {name} {ptr}"
 
 
 class _FakeDevice:
@@ -81,8 +81,9 @@ class _FakeDevice:
 
 def test_selection_takes_the_first_platform_whose_device_builds(monkeypatch):
     """Two PoCLs (PyPI's 3.0 beside Debian's 3.1, as `make` installs on a CPU LLVM 14 does not
-    know): by type, by default or by a name both match, the first device whose one-line kernel
-    builds; with one platform, or none building, no change (the first, whose build error then shows)."""
+    know): by type, by default or by a name both match, the first device that passes netcl's
+    probe; where the one chosen (alone, or none passing) fails it, a NoDeviceError that
+    says what to install, but select_device(probe=False) chooses as before (the first)."""
     p1, p2 = _FakePlatform(1), _FakePlatform(2)
     old, new = _FakeDevice(11, p1, "pthread-AMD EPYC", "CPU"), _FakeDevice(21, p2, "pthread-skylake-avx512-AMD EPYC", "CPU")
     serial = _FakeDevice(22, p2, "basic-skylake-avx512-AMD EPYC", "CPU")
@@ -98,13 +99,23 @@ def test_selection_takes_the_first_platform_whose_device_builds(monkeypatch):
     monkeypatch.setattr(device_module, "compile_error", fake_error)
     for spec in (None, "cpu", "PTHREAD"):
         assert select_device(spec) is new, spec
-    assert select_device("basic") is serial  # one match: no probe
-    assert select_device("pthread-AMD") is old
+    assert select_device("basic") is serial  # one match
+    # named alone, a PoCL CPU device whose kernels would abort the process is refused, saying why
+    with pytest.raises(NoDeviceError, match="pthread-AMD EPYC .*cannot run netcl's kernels.*pocl-opencl-icd"):
+        select_device("pthread-AMD")
+    assert select_device("pthread-AMD", probe=False) is old  # `netcl devices --check` lists it all the same
     broken.add(21)
-    assert select_device() is old  # none builds: the first
+    with pytest.raises(NoDeviceError, match="unknown target CPU"):
+        select_device()  # none passes
+    assert select_device(probe=False) is old  # the first
     monkeypatch.setattr(device_module, "_all_devices", lambda: [(p1, old)])
+    broken.clear()
     probed.clear()
-    assert select_device() is old and probed == []  # one platform: nothing probed
+    assert select_device() is old and probed == [11]  # one platform: its PoCL CPU device probed too
+    gpu = _FakeDevice(31, _FakePlatform(3, "NVIDIA CUDA", "NVIDIA Corporation"), "NVIDIA H200", "GPU")
+    monkeypatch.setattr(device_module, "_all_devices", lambda: [(gpu.platform, gpu), (p1, old)])
+    probed.clear()
+    assert select_device() is gpu and probed == []  # other drivers' devices are not probed
 
 
 def test_probe_and_the_unknown_cpu_hint(queue):

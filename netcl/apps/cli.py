@@ -28,7 +28,7 @@ def _load_model(path):
 
 # -- commands ----------------------------------------------------------------------------
 def cmd_devices(args):
-    chosen = select_device()
+    chosen = select_device(probe=False)  # listed even where it fails the probe (--check says so)
     bad = False
     for d, (_, dev) in zip(netcl.devices(), _all_devices()):
         note = ""

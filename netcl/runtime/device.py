@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from netcl.errors import NoDeviceError
 from netcl.io.atomic import AtomicFile
-from netcl.runtime.program import cache_dir
+from netcl.runtime.program import _hint, cache_dir
 
 _INSTALL_HINT = (
     "netcl needs an OpenCL platform. On a plain CPU machine install PoCL: "
@@ -268,8 +268,17 @@ def devices():
     return [DeviceInfo(p.name.strip(), d.name.strip(), _type_name(d), i) for i, (p, d) in enumerate(_all_devices())]
 
 
-def select_device(spec=None):
-    """The pyopencl.Device chosen by `spec` (default: $NETCL_DEVICE, else first GPU, else first CPU)."""
+def is_pocl_cpu(device):
+    """Whether `device` is a CPU device of a PoCL platform (whose compiler the probe checks)."""
+    p = device.platform
+    return _type_name(device) == "cpu" and ("pocl" in p.vendor.lower() or "portable computing language" in p.name.lower())
+
+
+def select_device(spec=None, probe=True):
+    """The pyopencl.Device chosen by `spec` (default: $NETCL_DEVICE, else first GPU, else first CPU).
+    A PoCL CPU device that fails netcl's probe (compile_error) is a NoDeviceError saying what to
+    install, where its kernels would abort the process (probe=False: chosen all the same, as
+    `netcl devices --check` lists them)."""
     spec = (spec if spec is not None else os.environ.get("NETCL_DEVICE", "")).strip()
     pairs = _all_devices()
     if spec and spec.lower() not in ("gpu", "cpu"):
@@ -290,4 +299,11 @@ def select_device(spec=None):
         found = ", ".join(f"{d.name.strip()} ({p.name.strip()})" for p, d in pairs)
         raise NoDeviceError(f"NETCL_DEVICE={spec!r} matches no OpenCL device; expected 'gpu', 'cpu' or a "
                             f"substring of one of: {found}")
-    return hits[0]
+    chosen = hits[0]
+    if probe and is_pocl_cpu(chosen):
+        err = compile_error(chosen)
+        if err is not None:
+            from_hint = _hint(err) or " (`netcl devices --check` probes every device)"
+            raise NoDeviceError(f"the OpenCL device {chosen.name.strip()} ({chosen.platform.version.strip()}) "
+                                f"cannot run netcl's kernels: {err.splitlines()[0]}{from_hint}")
+    return chosen
