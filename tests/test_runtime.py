@@ -156,6 +156,16 @@ def test_probe_child_that_cannot_find_the_device_leaves_it_to_a_build_here(queue
     assert device_module._build_here(queue.device) is None
 
 
+def test_probe_child_without_pyopencl_is_no_verdict(queue, monkeypatch, tmp_path):
+    """An interpreter that cannot import pyopencl (an embedded Python's sys.executable) says
+    nothing of the device: "" (the in-process build decides), never a failed probe."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -I "$@"\n')  # no site-packages: no numpy
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    assert device_module._probe_in_child(queue.device) == ""
+
+
 def test_a_kernel_missing_from_its_program_is_a_compile_error(queue, monkeypatch):
     class Empty:
         def all_kernels(self):

@@ -111,8 +111,11 @@ __kernel void netcl_probe16(__global float16 *a) {
 """
 _PROBE_CHILD = """
 import sys, warnings
-import numpy as np
-import pyopencl as cl
+try:
+    import numpy as np
+    import pyopencl as cl
+except ImportError:  # another interpreter than the caller's (an embedded Python): the caller decides
+    print("netcl-probe: cannot look"); sys.exit(0)
 warnings.simplefilter("ignore")
 pname, pversion, dname, source = sys.argv[1:5]
 dev = next((d for p in cl.get_platforms() if p.name == pname and p.version == pversion
