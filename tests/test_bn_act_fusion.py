@@ -653,6 +653,27 @@ def test_one_parameter_gradient_already_there(queue, rng, torch, monkeypatch, ki
     np.testing.assert_allclose(layer.bias.grad.to_host(), gb, rtol=1e-5, atol=1e-5)
 
 
+def fused_and_unfused(queue, model, x, dy, monkeypatch, steps, input_grad):
+    """{fuse: ({name: gradient}, dx or None, the kernels launched)} of `steps` backward passes
+    (their gradients added) from the model's state as it is, with training fusion on and off."""
+    state = {name: v.copy() for name, v in model.state_dict().items()}
+    out = {}
+    for fuse in (True, False):
+        monkeypatch.setattr(sequential, "TRAIN_FUSE", fuse)
+        model.load_state_dict(state)
+        model.zero_grad()
+        names = []
+        enqueue = ops._enqueue
+        monkeypatch.setattr(ops, "_enqueue", lambda q, kern, *a: (names.append(kern.function_name), enqueue(q, kern, *a))[1])
+        for _ in range(steps):
+            model(Tensor.from_host(queue, x))
+            dx = model.backward(Tensor.from_host(queue, dy), input_grad=input_grad)
+        monkeypatch.setattr(ops, "_enqueue", enqueue)
+        out[fuse] = ({name: p.grad.to_host() for name, p in model.named_parameters()},
+                     dx.to_host() if dx is not None else None, names)
+    return out
+
+
 # (input shape, kernel size, activation, bias, BatchNorm frozen): a first layer's weights over rows of
 # 8, the digits CNN's (1 channel, 3x3, batch 8), 27 and 25 weights an output channel, planes of 2
 # rows (one pooled row), an activation differentiated through its output, running statistics
@@ -681,21 +702,10 @@ def test_first_conv_weight_gradient_in_the_pooled_pass(queue, rng, torch, record
         ref[1].eval()
     x = rng.standard_normal(shape).astype(np.float32)
     dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
-    state = {name: v.copy() for name, v in model.state_dict().items()}
-    grads, kernels = {}, {}
-    for fuse in (True, False):
-        monkeypatch.setattr(sequential, "TRAIN_FUSE", fuse)
-        model.load_state_dict(state)
-        model.zero_grad()
-        names = []
-        enqueue = ops._enqueue
-        monkeypatch.setattr(ops, "_enqueue", lambda q, kern, *a: (names.append(kern.function_name), enqueue(q, kern, *a))[1])
-        for _ in range(2):  # the second adds to the first's gradients
-            model(Tensor.from_host(queue, x))
-            assert model.backward(Tensor.from_host(queue, dy), input_grad=False) is None
-        monkeypatch.setattr(ops, "_enqueue", enqueue)
-        grads[fuse] = {name: p.grad.to_host() for name, p in model.named_parameters()}
-        kernels[fuse] = names
+    runs = fused_and_unfused(queue, model, x, dy, monkeypatch, 2, False)  # the second adds to the first's
+    grads = {fuse: r[0] for fuse, r in runs.items()}
+    kernels = {fuse: r[2] for fuse, r in runs.items()}
+    assert runs[True][1] is None and runs[False][1] is None
     assert "bn_pool_bwd_wgrad_cpu" in kernels[True] and "bn_pool_bwd_wgrad_cpu" not in kernels[False]
     assert not {"wgrad_narrow_cpu", "bn_pool_bwd_apply_cpu"} & set(kernels[True]), \
         "the fused steps ran the conv's own weight gradient or stored its dy"
@@ -710,4 +720,51 @@ def test_first_conv_weight_gradient_in_the_pooled_pass(queue, rng, torch, record
         # the conv's bias gradient: about 0 before a BatchNorm (float32 noise of dW's scale)
         errs.append(assert_close(g, r, 1e-5, 1e-6 * scale if scale else 1e-6, what=f"fused {name}"))
         assert_close(g, grads[False][name], 1e-5, 1e-6 * scale if scale else 1e-6, what=f"fused vs unfused {name}")
+    record_error(0.0, max(errs))
+
+
+# input shape -> launches of bn_pool_bwd_apply_pad_cpu a backward: the pooled BatchNorm2d passes
+# that write the zero-bordered output gradient of the conv before them (Conv2d.padded_grad: a "rows"
+# conv, 16 wide or more, or a stride-1 "channels" one with winot_wgrad); odd sizes leave a row and a
+# column no window covers
+POOLED_PADDED_GRADS = {(2, 3, 16, 40): 2, (1, 3, 17, 35): 2, (2, 3, 6, 10): 0}
+
+
+@pytest.mark.parametrize("shape", list(POOLED_PADDED_GRADS))
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_pooled_batchnorm_writes_the_conv_planes(queue, rng, torch, record_error, monkeypatch, shape, input_grad):
+    """BatchNorm2d + activation + MaxPool2d(2) after a conv whose backward reads its output gradient
+    as zero-bordered planes: the pooled pass writes those planes and their sums per plane (the
+    conv's bias gradient) where the conv copied them (pad_planes_cpu), equal to the unfused layers
+    and float64 PyTorch, with input gradient or without (a training step: the first conv too)."""
+    if not ops.is_cpu(queue):
+        pytest.skip("the CPU kernels' pooled passes")
+    model = randomize(nn.Sequential(  # the first BatchNorm frozen: the biased conv's bias gradient is not 0
+        nn.Conv2d(3, 8, 3, padding=1, bias=True), nn.BatchNorm2d(8), nn.LeakyReLU(0.1), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1, bias=True), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 4, 1, bias=True)), rng).to(queue).train()
+    model.layers[1].eval()
+    ref = torch_twin(torch, model, "ReLU")
+    ref[1].eval()
+    x = (rng.standard_normal(shape) * 2 + 0.3).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(shape)).astype(np.float32)
+    got = fused_and_unfused(queue, model, x, dy, monkeypatch, 1, input_grad)
+    kernels = {fuse: r[2] for fuse, r in got.items()}
+    assert kernels[True].count("bn_pool_bwd_apply_pad_cpu") == POOLED_PADDED_GRADS[shape]
+    assert "bn_pool_bwd_apply_pad_cpu" not in kernels[False]
+    # each plane write saves the conv's copy of its dy
+    assert kernels[False].count("pad_planes_cpu") - kernels[True].count("pad_planes_cpu") >= POOLED_PADDED_GRADS[shape]
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=input_grad)
+    ref(xt).backward(torch.tensor(dy, dtype=torch.float64))
+    errs = []
+    grads = dict(ref.named_parameters())
+    for name, p in grads.items():
+        # a conv's bias gradient before a BatchNorm in training: about 0 (float32 noise of its dW's scale)
+        w = name[:-len("bias")] + "weight"
+        scale = float(np.abs(grads[w].grad.numpy()).max()) if name.endswith("bias") and grads[w].dim() == 4 else 1.0
+        errs.append(assert_close(got[True][0][name], p.grad.numpy(), 1e-5, 1e-6 * scale, what=f"fused {name}"))
+        assert_close(got[True][0][name], got[False][0][name], 2e-6, 1e-7 * scale, what=f"fused vs unfused {name}")
+    if input_grad:
+        errs.append(assert_close(got[True][1], xt.grad.numpy(), 1e-5, 1e-6, what="fused dx"))
+        assert_close(got[True][1], got[False][1], 2e-6, 1e-7, what="fused vs unfused dx")
     record_error(0.0, max(errs))

@@ -537,6 +537,51 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
     const float k1 = batch_stats ? sums[2 * (c)] * inv_m : 0.0f;                                             \
     const float k2 = batch_stats ? sums[2 * (c) + 1] * inv * inv_m : 0.0f
 
+// dx of pooled row oh's inputs (its two rows, then those no window covers) from xp (the row's first
+// input, rows W apart) into dxp (rows WS apart); where SUM (a constant), their sum added to s16 and
+// t. top: the first input's index in its plane, as the pool's argmax counts.
+#define POOL_DX_ROW(xp, dpr, ar, top, oh, dxp, WS, SUM, s16, t)                                            \
+    do {                                                                                               \
+        int ow_ = 0;                                                                                   \
+        for (; ow_ + 8 <= OW; ow_ += 8) {                                                              \
+            float16 gt_, gb_;                                                                          \
+            POOL_G(dpr, ar, top, W, ow_, gt_, gb_);                                                    \
+            const float16 xt_ = *(__global const ufloat16 *)((xp) + 2 * ow_);                          \
+            const float16 xb_ = *(__global const ufloat16 *)((xp) + W + 2 * ow_);                      \
+            const float16 dt_ = BN_DX(xt_, gt_), db_ = BN_DX(xb_, gb_);                                \
+            *(__global ufloat16 *)((dxp) + 2 * ow_) = dt_;                                             \
+            *(__global ufloat16 *)((dxp) + (WS) + 2 * ow_) = db_;                                      \
+            if (SUM) s16 += dt_ + db_;                                                                 \
+        }                                                                                              \
+        if (ow_ + 4 <= OW) {                                                                           \
+            float8 gt_, gb_;                                                                           \
+            POOL_G4(dpr, ar, top, W, ow_, gt_, gb_);                                                   \
+            const float8 xt_ = *(__global const ufloat8 *)((xp) + 2 * ow_);                            \
+            const float8 xb_ = *(__global const ufloat8 *)((xp) + W + 2 * ow_);                        \
+            const float8 dt_ = BN_DX(xt_, gt_), db_ = BN_DX(xb_, gb_);                                 \
+            *(__global ufloat8 *)((dxp) + 2 * ow_) = dt_;                                              \
+            *(__global ufloat8 *)((dxp) + (WS) + 2 * ow_) = db_;                                       \
+            if (SUM) t += hsum8(dt_ + db_);                                                            \
+            ow_ += 4;                                                                                  \
+        }                                                                                              \
+        for (; ow_ < OW; ow_++) { /* one window at a time */                                           \
+            float2 gt_, gb_;                                                                           \
+            POOL_G1(dpr, ar, top, W, ow_, gt_, gb_);                                                   \
+            const float2 xt_ = *(__global const ufloat2 *)((xp) + 2 * ow_);                            \
+            const float2 xb_ = *(__global const ufloat2 *)((xp) + W + 2 * ow_);                        \
+            const float2 dt_ = BN_DX(xt_, gt_), db_ = BN_DX(xb_, gb_);                                 \
+            *(__global ufloat2 *)((dxp) + 2 * ow_) = dt_;                                              \
+            *(__global ufloat2 *)((dxp) + (WS) + 2 * ow_) = db_;                                       \
+            if (SUM) t += dt_.x + dt_.y + db_.x + db_.y;                                               \
+        }                                                                                              \
+        for (int e_ = 0; e_ < UNCOVERED_N(W, H, oh, OH); e_++) {                                       \
+            const int at_ = UNCOVERED_AT(e_, W);                                                       \
+            const float xv_ = (xp)[at_], d_ = BN_DX(xv_, 0.0f);                                        \
+            (dxp)[(at_ / W) * (WS) + at_ % W] = d_;                                                    \
+            if (SUM) t += d_;                                                                          \
+        }                                                                                              \
+    } while (0)
+
 // Stage 3: dx as bn_bwd_apply_cpu's, for `rows` pooled rows (of N * C * OH) per work-item.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const int H, const int W, const int OH,
@@ -549,37 +594,46 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W, c = nc % C;
         BN_POOL_DX_CONSTANTS(c);
-        __global const float *xp = x + nc * H * W + top, *dpr = dp + r * OW;
-        __global const int *ar = arg + r * OW;
-        __global float *dxp = dx + nc * H * W + top;
-        int ow = 0;
-        for (; ow + 8 <= OW; ow += 8) {
-            float16 gt, gb;
-            POOL_G(dpr, ar, top, W, ow, gt, gb);
-            const float16 xt = *(__global const ufloat16 *)(xp + 2 * ow), xb = *(__global const ufloat16 *)(xp + W + 2 * ow);
-            *(__global ufloat16 *)(dxp + 2 * ow) = BN_DX(xt, gt);
-            *(__global ufloat16 *)(dxp + W + 2 * ow) = BN_DX(xb, gb);
+        float16 s16 = 0.0f;  // (not summed: SUM 0)
+        float t = 0.0f;
+        POOL_DX_ROW(x + nc * H * W + top, dp + r * OW, arg + r * OW, top, oh, dx + nc * H * W + top, W, 0, s16, t);
+    }
+}
+
+// Stage 3 into the zero-bordered planes (NC, HP, WP) of the convolution before the BatchNorm, its
+// output gradient at row ptop, column pleft (Conv2d.padded_grad: no copy into them after), `planes`
+// planes per work-item; where has_psum, psum[plane] = the plane's sum (the convolution's bias
+// gradient per image, as pad_planes_cpu sums: float16 lanes, a pooled row's added at a time).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_pool_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int H, const int W, const int OH,
+                               const int OW, const int HP, const int WP, const int ptop, const int pleft,
+                               __global const float *x, __global const float *dp, __global const int *arg,
+                               __global const float *mean, __global const float *var, __global const float *gamma,
+                               __global const float *beta, const float eps, const float slope,
+                               __global const float *sums, __global float *dx, const int batch_stats,
+                               __global float *psum, const int has_psum) {
+    const float inv_m = 1.0f / (float)(NC / C * H * W);
+    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
+        const int c = pl % C;
+        BN_POOL_DX_CONSTANTS(c);
+        __global float *d = dx + pl * HP * WP;
+        zero_span(d, ptop * WP);
+        for (int h = 0; h < H; h++) {  // the side borders of every row
+            zero_span(d + (ptop + h) * WP, pleft);
+            zero_span(d + (ptop + h) * WP + pleft + W, WP - pleft - W);
         }
-        if (ow + 4 <= OW) {
-            float8 gt, gb;
-            POOL_G4(dpr, ar, top, W, ow, gt, gb);
-            const float8 xt = *(__global const ufloat8 *)(xp + 2 * ow), xb = *(__global const ufloat8 *)(xp + W + 2 * ow);
-            *(__global ufloat8 *)(dxp + 2 * ow) = BN_DX(xt, gt);
-            *(__global ufloat8 *)(dxp + W + 2 * ow) = BN_DX(xb, gb);
-            ow += 4;
+        zero_span(d + (ptop + H) * WP, (HP - ptop - H) * WP);
+        float16 s16 = 0.0f;
+        float t = 0.0f;
+        for (int oh = 0; oh < OH; oh++) {
+            const int r = pl * OH + oh, top = 2 * oh * W;
+            float16 r16 = 0.0f;
+            POOL_DX_ROW(x + pl * H * W + top, dp + r * OW, arg + r * OW, top, oh, d + (ptop + 2 * oh) * WP + pleft,
+                        WP, 1, r16, t);
+            s16 += r16;
         }
-        for (; ow < OW; ow++) {  // one window at a time
-            float2 gt, gb;
-            POOL_G1(dpr, ar, top, W, ow, gt, gb);
-            const float2 xt = *(__global const ufloat2 *)(xp + 2 * ow), xb = *(__global const ufloat2 *)(xp + W + 2 * ow);
-            *(__global ufloat2 *)(dxp + 2 * ow) = BN_DX(xt, gt);
-            *(__global ufloat2 *)(dxp + W + 2 * ow) = BN_DX(xb, gb);
-        }
-        for (int e = 0; e < UNCOVERED_N(W, H, oh, OH); e++) {
-            const int at = UNCOVERED_AT(e, W);
-            const float xv = xp[at];
-            dxp[at] = BN_DX(xv, 0.0f);
-        }
+        if (has_psum) psum[pl] = hsum16(s16) + t;
     }
 }
 

@@ -914,18 +914,18 @@ class Conv2d(Module):
                              f"backward reads its output gradient {shape} from")
         return self._backward_padded(None, dyp, need_dx, shape, geometry)
 
-    def _backward_padded(self, dy, dyp, need_dx, dy_shape, geometry, into=None):
+    def _backward_padded(self, dy, dyp, need_dx, dy_shape, geometry, into=None, sums=None):
         """The CPU backward that reads dy only as its zero-bordered planes dyp (made here from dy
         where not given): dW = winot_wgrad's (Winograd's adjoint) or wgrad_cpu's correlation of
         them with the forward's padded x (wgrad_cpu: partial sums per chunk of rows, then added in
         order); dx = conv_winot's, corr_cpu's or corrc_cpu's correlation of them with the flipped
-        weights (added into `into` where given, and that returned)."""
+        weights (added into `into` where given, and that returned). `sums` (N * K), where the
+        writer of dyp gave them: dy's sum per plane, whence the bias gradient (else its own pass)."""
         (n, c, h, w), mode, xp = self._saved
         k, _, _, _ = self._geometry()
         q, options = (dyp if dy is None else dy).queue, _cpu_options(k)
         _, oc, oh, ow = dy_shape
         pd, _, hd, wd = geometry
-        sums = None
         if dyp is None:
             dyp = ops.new(q, (n, oc, hd, wd))
             sums = ops.new(q, (n * oc,)) if self.bias is not None else None  # the bias gradient's, on the way

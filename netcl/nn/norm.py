@@ -218,11 +218,11 @@ class BatchNorm2d(Module):
         `wgrad`, the Conv2d before this layer: where its pool_wgrad() applies, its weight and bias
         gradients instead of dx, which is never stored (returns None); else dx as without it. With `pad`
         (top, left, HP, WP), on a CPU, dx goes into zero-bordered planes (N, C, HP, WP) at row
-        top, column left: the padded output gradient of the convolution before it
+        top, column left (with a pool too): the padded output gradient of the convolution before it
         (Conv2d.padded_grad, then backward_padded)."""
         x, mean, var, training, code, slope = self._saved  # eval mode (frozen statistics) differentiates as torch does
         if pool is not None:
-            return self._backward_pooled(dy, pool, wgrad)
+            return self._backward_pooled(dy, pool, wgrad, pad)
         if wgrad is not None:
             raise ValueError("BatchNorm2d.backward(wgrad=...) needs the pool its forward ran (pool=...)")
         options = _act_options(code)
@@ -276,10 +276,13 @@ class BatchNorm2d(Module):
         gb.mark_written()
         return dx.mark_written()
 
-    def _backward_pooled(self, dp, pool, conv=None):
+    def _backward_pooled(self, dp, pool, conv=None, pad=None, psum=None):
         """backward() through the fused pool (norm_cpu.cl's bn_pool_bwd_* kernels): its gradient
         per input is made where needed, never stored. With `conv` (whose pool_wgrad() applies),
-        that conv's dW and db in the last pass (bn_pool_bwd_wgrad_cpu) instead of dx."""
+        that conv's dW and db in the last pass (bn_pool_bwd_wgrad_cpu) instead of dx. With `pad`
+        (top, left, HP, WP), dx goes into zero-bordered planes (N, C, HP, WP), as backward(pad=...)
+        writes them (bn_pool_bwd_apply_pad_cpu), and psum (N * C), where given, gets each plane's
+        sum: the bias gradient per image of the conv whose output gradient dx is."""
         x, mean, var, training, code, slope = self._saved
         shape, g, arg = pool._saved
         if shape != x.shape or dp.shape != pool.output_shape(shape):
@@ -301,6 +304,18 @@ class BatchNorm2d(Module):
         if fused is not None:
             self._conv_grads_pooled(conv, fused, dp, arg, sums)
             return None
+        if pad is not None:
+            _check_pad(pad, h, w)
+            top, left, hp, wp = pad
+            dx = ops.new(q, (n, c, hp, wp))
+            planes, items = ops.cpu_rows(nc, hp * wp)
+            ops.launch(q, "norm_cpu", "bn_pool_bwd_apply_pad_cpu", (items,), (1,), nc, planes, c, h, w, oh, ow, hp, wp,
+                       top, left, x, dp, arg, mean, var, self.weight, self.bias, self.eps, slope, sums, dx,
+                       int(training), psum if psum is not None else ops.dummy(q), int(psum is not None),
+                       options=options)
+            if psum is not None:
+                psum.mark_written()
+            return dx.mark_written()
         dx = ops.new(q, x.shape)
         items, rows = _pool2_rows(q, g)
         ops.launch(q, "norm_cpu", "bn_pool_bwd_apply_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, dp, arg,

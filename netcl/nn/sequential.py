@@ -229,24 +229,40 @@ class Sequential(LayerList):
                 pool = layer
                 continue
             if pool is not None:  # (and the conv before it needs no data gradient: its dW and db in that pass)
-                dy, pool = layer.backward(dy, pool=pool, wgrad=self._pool_wgrad(i, first, input_grad)), None
+                wconv, shape = self._pool_wgrad(i, first, input_grad), layer._saved[0].shape
+                if (wconv is None or wconv.pool_wgrad(dy.queue, shape) is None) and (
+                        pad := self._padded_grad(i, first, dy.queue, shape)) is not None:
+                    done = i - 1  # dx into the conv's zero-bordered dy, with its sums per plane
+                    sums = ops.new(dy.queue, (shape[0] * shape[1],)) if self.layers[done].bias is not None else None
+                    dyp, pool = layer._backward_pooled(dy, pool, pad=pad, psum=sums), None
+                    dy, into = self._conv_from_planes(done, dyp, shape, pad, sums, first, input_grad, into)
+                    continue
+                dy, pool = layer.backward(dy, pool=pool, wgrad=wconv), None
                 done = i - 1 if dy is None else done
             elif i == first and not input_grad:
                 layer.backward_params(dy)
             elif i == 0 and into is not None and hasattr(layer, "backward_into"):
                 dy, into = layer.backward_into(dy, into), None
-            elif (pad := self._padded_grad(i, first, dy)) is not None:  # the conv's zero-bordered dy, written here
-                conv, done = self.layers[i - 1], i - 1
-                dyp = layer.backward(dy, pad=pad)  # the geometry padded_grad gave: no second check
-                adds = done == 0 and into is not None and input_grad  # the first layer: its dx added into `into`
-                dy = conv._backward_padded(None, dyp, input_grad or done > first, dy.shape, pad, into if adds else None)
-                into = None if adds else into
+            elif (pad := self._padded_grad(i, first, dy.queue, dy.shape)) is not None:  # the conv's zero-bordered dy
+                done = i - 1
+                dy, into = self._conv_from_planes(done, layer.backward(dy, pad=pad), dy.shape, pad, None, first,
+                                                  input_grad, into)
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
         if into is not None and input_grad:  # the first layer gave its gradient: the sum here
             dy = ops.add(into, dy, out=into)
         return dy if input_grad else None
+
+    def _conv_from_planes(self, j, dyp, shape, pad, sums, first, input_grad, into):
+        """(dy before conv j, into) after conv j's backward from the zero-bordered planes dyp of its
+        output gradient (of `shape`) that the BatchNorm2d after it wrote (sums: their sums per
+        plane, or None); conv j's dx added into `into` where it is the first layer and `into` is
+        given (then `into` comes back None)."""
+        adds = j == 0 and into is not None and input_grad  # the first layer: its dx added into `into`
+        dy = self.layers[j]._backward_padded(None, dyp, input_grad or j > first, shape, pad, into if adds else None,
+                                             sums=sums)
+        return dy, None if adds else into
 
     def backward_params(self, dy):
         self.backward(dy, input_grad=False)
@@ -255,15 +271,16 @@ class Sequential(LayerList):
         """acc += backward(dy) (a Residual's shortcut into its body's gradient); returns acc."""
         return self.backward(dy, into=acc)
 
-    def _padded_grad(self, i, first, dy):
-        """Conv2d.padded_grad of layer i - 1 where layer i is a BatchNorm2d that its forward ran on
-        its own (no pool) and i - 1 a CPU Conv2d that runs in this backward; else None."""
-        if not (TRAIN_FUSE and i - 1 >= first and type(self.layers[i]) is BatchNorm2d and ops.is_cpu(dy.queue)):
+    def _padded_grad(self, i, first, q, shape):
+        """Conv2d.padded_grad of layer i - 1 for its output gradient of `shape` where layer i is a
+        BatchNorm2d (its forward with a pool or without) and i - 1 a CPU Conv2d that runs in this
+        backward; else None."""
+        if not (TRAIN_FUSE and i - 1 >= first and type(self.layers[i]) is BatchNorm2d and ops.is_cpu(q)):
             return None
         conv = self.layers[i - 1]
         if type(conv) is not Conv2d or i - 1 in self._skipped or i - 1 in self._pooled:
             return None
-        return conv.padded_grad(dy.queue, dy.shape)
+        return conv.padded_grad(q, shape)
 
     def _pool_wgrad(self, i, first, input_grad):
         """The Conv2d at i - 1 where it is the first layer of a backward without an input gradient
