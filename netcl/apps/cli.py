@@ -138,7 +138,8 @@ def build_parser():
 
     p = sub.add_parser("devices", help="list OpenCL devices and the one netcl selects")
     p.add_argument("--check", action="store_true",
-                   help="build a one-line kernel on each device; exit 3 if the selected one cannot")
+                   help="build and run netcl's probe kernels (float16 fma, fmax, exp; in a child process, "
+                        "the verdict cached) on each device; exit 3 if the selected one fails")
     p.set_defaults(fn=cmd_devices)
 
     p = sub.add_parser("train", help="train the digits CNN recipe and save a .netcl model")

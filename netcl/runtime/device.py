@@ -59,7 +59,7 @@ def _cl():
 
 SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named by driver (PoCL 3; 5+)
 SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
-_probed = {}  # device (int_ptr) -> None where a one-line kernel builds on it, else the error's text
+_probed = {}  # device (int_ptr) -> None where it passes the probe (compile_error), else the error's text
 _asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
 # (holding the value netcl gave it, if it did: the probe's child process lists the same devices)
 
