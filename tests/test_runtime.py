@@ -137,12 +137,24 @@ def test_probe_runs_in_a_child_and_keeps_its_verdict_on_disk(queue, monkeypatch,
     assert open(path).read() == "ok"
     monkeypatch.setattr(device_module, "_probed", {})
     assert device_module.compile_error(queue.device) is None and len(children) == 1  # from disk
+    with open(path, "w") as f:  # a damaged verdict is probed again (and rewritten), never taken as one
+        f.write("o")
+    monkeypatch.setattr(device_module, "_probed", {})
+    assert device_module.compile_error(queue.device) is None and len(children) == 2
+    assert open(path).read() == "ok"
     # a failed verdict (as PyPI's PoCL 3.0 on a Zen 4 gives) is reported with what to do about it
     with open(path, "w") as f:
         f.write("error\nthe probe kernels (float16 fma, fmax, exp) failed in a child process (killed by SIGABRT)")
     monkeypatch.setattr(device_module, "_probed", {})
     err = device_module.compile_error(queue.device)
     assert "killed by SIGABRT" in err and "pocl-opencl-icd" in program._hint(err)
+
+
+def test_probe_without_a_cache_folder_still_probes(queue, monkeypatch, tmp_path):
+    (tmp_path / "a_file").write_text("")  # the cache folder cannot be made under a file
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
+    monkeypatch.setattr(device_module, "_probed", {})
+    assert device_module.compile_error(queue.device) is None
 
 
 def test_probe_child_that_cannot_find_the_device_leaves_it_to_a_build_here(queue):

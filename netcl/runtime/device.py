@@ -188,21 +188,21 @@ def _probe_in_child(device):
 
 def compile_error(device):
     """None where netcl's probe kernels build and run right on `device` (a pyopencl.Device), else the
-    error's text. Probed in a child process (see _PROBE) once per device, its verdict kept on disk;
-    where no child can run, a one-line kernel built in this process decides."""
+    error's text. Probed in a child process (see _PROBE) once per device, its verdict kept on disk
+    (a verdict file that is neither is probed again; no cache folder, no keeping); where no child
+    can run, a one-line kernel built in this process decides."""
     key = device.int_ptr
     if key not in _probed:
-        path, verdict = probe_path(device), None
         try:
-            with open(path) as f:
-                verdict = f.read()
-        except OSError:
-            pass
+            path = probe_path(device)
+        except OSError:  # no cache folder to be made (a read-only home): probed, not kept
+            path = None
+        verdict = _read_verdict(path) if path else None
         if verdict is None:
             err = _probe_in_child(device)
             if err == "":
                 err = _build_here(device)
-            else:
+            elif path:
                 try:
                     with AtomicFile(path, "cache the device probe") as f:
                         f.write(("ok" if err is None else "error\n" + err).encode())
@@ -211,6 +211,16 @@ def compile_error(device):
             verdict = "ok" if err is None else "error\n" + err
         _probed[key] = None if verdict == "ok" else verdict.partition("\n")[2] or "the probe failed"
     return _probed[key]
+
+
+def _read_verdict(path):
+    """The probe's verdict kept at `path` ("ok" or "error\n<text>"), or None: not there, or damaged."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text == "ok" or text.startswith("error\n") else None
 
 
 def _build_here(device):
