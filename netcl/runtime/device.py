@@ -61,7 +61,8 @@ SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named 
 SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _probed = {}  # device (int_ptr) -> None where it passes the probe (compile_error), else the error's text
 _asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
-# (holding the value netcl gave it, if it did: the probe's child process lists the same devices)
+_SERIAL_DEVICES = "pthread basic"  # POCL_DEVICES as netcl sets it
+_set_by_netcl = []  # holds True where netcl set it (the probe's child process then sets it too)
 
 
 def serial_bound(value=None):
@@ -91,7 +92,8 @@ def _ask_pocl_for_serial():
         except ValueError:  # predict() reports it; the device list does not depend on it
             on = True
         if "POCL_DEVICES" not in os.environ and on:
-            os.environ["POCL_DEVICES"] = _asked[0] = "pthread basic"
+            os.environ["POCL_DEVICES"] = _SERIAL_DEVICES
+            _set_by_netcl.append(True)
             return True
     return False
 
@@ -102,8 +104,8 @@ def _ask_pocl_for_serial():
 # library: a one-line kernel builds and runs, but LLVM aborts the whole process ("LLVM ERROR: Cannot
 # select ... fma") at the first launch of such a kernel, so only another process can see it fail.
 # Its verdict is kept on disk per device, PoCL and CPU (probe_path).
-_PROBE = """
-__kernel void netcl_probe(__global float *a) { a[get_global_id(0)] *= 2.0f; }
+_PROBE_LINE = "__kernel void netcl_probe(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+_PROBE = _PROBE_LINE + """
 __kernel void netcl_probe16(__global float16 *a) {
     int i = get_global_id(0);
     a[i] = fmax(fma(a[i], a[i + 2], a[i + 4]), exp(a[i + 6]) - 1.0f);
@@ -163,8 +165,8 @@ def _probe_in_child(device):
     """None where the probe builds and runs right on `device` in a child process, else the error's
     text (the child's own words, an LLVM abort's included); "" where the child could not look."""
     env = dict(os.environ)
-    if _asked and _asked[0] is not True:  # this process asked PoCL for its serial device: so does the child
-        env["POCL_DEVICES"] = _asked[0]
+    if _set_by_netcl:  # this process asked PoCL for its serial device: so does the child, to list the same
+        env["POCL_DEVICES"] = _SERIAL_DEVICES
     argv = [sys.executable, "-c", _PROBE_CHILD, device.platform.name, device.platform.version, device.name, _PROBE]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, env=env)
@@ -231,7 +233,7 @@ def _build_here(device):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", cl.CompilerWarning)
-            cl.Program(cl.Context([device]), _PROBE.split("\n")[1]).build()
+            cl.Program(cl.Context([device]), _PROBE_LINE).build()
     except cl.Error as e:
         return str(e).strip() or type(e).__name__
     return None
@@ -239,8 +241,12 @@ def _build_here(device):
 
 def is_serial(device):
     """Whether `device` (a pyopencl.Device) is PoCL's serial CPU device (see the module's doc)."""
-    return device.name.strip().startswith(SERIAL_PREFIXES) and "pocl" in device.platform.name.lower() + \
-        device.platform.vendor.lower()
+    return device.name.strip().startswith(SERIAL_PREFIXES) and _is_pocl(device.platform)
+
+
+def _is_pocl(p):
+    """Whether platform `p` (a pyopencl.Platform) is PoCL's (its vendor is "The pocl project")."""
+    return "pocl" in p.name.lower() + p.vendor.lower()
 
 
 def _all_devices():
@@ -283,8 +289,7 @@ def devices():
 
 def is_pocl_cpu(device):
     """Whether `device` is a CPU device of a PoCL platform (whose compiler the probe checks)."""
-    p = device.platform
-    return _type_name(device) == "cpu" and ("pocl" in p.vendor.lower() or "portable computing language" in p.name.lower())
+    return _type_name(device) == "cpu" and _is_pocl(device.platform)
 
 
 def select_device(spec=None, probe=True):
