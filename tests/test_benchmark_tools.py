@@ -126,3 +126,22 @@ def test_step_benchmark_models_take_their_registered_input():
     for name, (shape, _, _) in bts.MODELS.items():
         if name in models.MODELS:
             assert shape == models.MODELS[name].input_shape, name
+
+
+WE_PATH = os.path.join(os.path.dirname(PATH), "winograd_error.py")
+we_spec = importlib.util.spec_from_file_location("winograd_error", WE_PATH)
+we = importlib.util.module_from_spec(we_spec)
+we_spec.loader.exec_module(we)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_error_tool_transforms_are_exact_in_float64(m):
+    """tools/winograd_error.py's F(2x2, 3x3) and F(4x4, 3x3) are the convolution itself in float64
+    (its matrices right, its tiles in place), so the float32 errors it reports are rounding alone."""
+    rng = np.random.default_rng(m)
+    xp = np.pad(rng.standard_normal((5, 8, 12)), ((0, 0), (1, 1), (1, 1)))
+    w = rng.standard_normal((3, 5, 3, 3))
+    ref = we.direct(xp, w, np.float64)
+    got = we.winograd(xp, w, m, np.float64)
+    assert got.shape == (3, 8, 12) and np.abs(got - ref).max() < 1e-11 * np.abs(ref).max()
+    assert np.abs(we.winograd(xp, w, m, np.float32) - ref).max() > 0  # float32 does round
