@@ -128,6 +128,27 @@ def test_step_benchmark_models_take_their_registered_input():
             assert shape == models.MODELS[name].input_shape, name
 
 
+def test_interleaved_steps_pair_the_runtimes(queue, tmp_path, capsys):
+    """--interleave: netcl and PyTorch each in a warm child process (--serve), their steps taken in
+    turn; every pair timed, the table's ratio that of the medians, the pairs' median inside their
+    range, netcl's step the replayed TrainStep, and both children gone afterwards."""
+    pytest.importorskip("torch")
+    out = tmp_path / "pairs.json"
+    bts.main(["--models", "digits", "--batches", "2", "--steps", "3", "--warmup", "3", "--threads", "1",
+              "--quiet", "0", "--interleave", "--json", str(out)])
+    import json
+
+    (row,) = json.loads(out.read_text())
+    steps = row["steps_ms"]
+    assert set(steps) == {"netcl", "torch"} and len(steps["netcl"]) == len(steps["torch"]) == 3
+    assert all(ms > 0 for ms in steps["netcl"] + steps["torch"])
+    pairs = [a / b for a, b in zip(steps["netcl"], steps["torch"])]
+    assert min(pairs) <= row["ratio_pairs_median"] <= max(pairs)
+    assert abs(row["ratio"] - row["netcl_ms"] / row["torch_ms"]) < 1e-12
+    assert row["netcl_path"] == "replayed" and row["netcl_launches"] > 0
+    assert "pairs: median" in capsys.readouterr().out
+
+
 WE_PATH = os.path.join(os.path.dirname(PATH), "winograd_error.py")
 we_spec = importlib.util.spec_from_file_location("winograd_error", WE_PATH)
 we = importlib.util.module_from_spec(we_spec)

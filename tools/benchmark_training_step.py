@@ -19,6 +19,17 @@ launches per step (counted in one more step).
     python tools/benchmark_training_step.py --profile detector26 --batches 32   # per-layer fwd/bwd
     python tools/benchmark_training_step.py --kernels resnet8 --batches 64       # per-kernel, whole steps
 
+--interleave alternates the runtimes step by step instead of run by run: each runtime stays in its
+own warm process (--serve) and, when told, takes --turn-warmup untimed steps and one timed step (the
+first step of a turn pays for waking threads and refilling caches after the other runtime's turn,
+which a training loop does not; --quiet puts idle seconds between turns, which a training loop does
+not have either), and the table gives each pair's netcl / PyTorch ratio (median and middle half)
+beside the ratio of the medians: on a shared machine whose speed drifts by the minute, both steps of
+a pair see the same conditions. Both processes hold their device contexts throughout (on one GPU:
+two contexts, idle in turn).
+
+    python tools/benchmark_training_step.py --threads 2 --models resnet8 --batches 64 --steps 60 --interleave
+
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
 driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
 """
@@ -121,17 +132,20 @@ def _mode(args):
     return "eager-loss" if getattr(args, "eager_loss", False) else "loop" if getattr(args, "loop", False) else "trainstep"
 
 
-def run_netcl(name, batch, args):
+def make_netcl(name, batch, args):
+    """(step, sync, info) of netcl's training step; info() is called after the timed steps."""
     import netcl
 
     q = netcl.default_queue(args.device)
     step = netcl_step(name, batch, q, _mode(args))
-    ms = time_steps(step, q.finish, args.steps, args.warmup)
-    ts = step.trainstep
-    path = _mode(args) if ts is None else "replayed" if ts.replays else f"eager: {ts.eager_reason}"
-    launches = ts.launches if ts is not None and ts.launches is not None else count_launches(step)
-    return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch, "step_ms": ms,
-            "launches": launches, "path": path}
+
+    def info():
+        ts = step.trainstep
+        path = _mode(args) if ts is None else "replayed" if ts.replays else f"eager: {ts.eager_reason}"
+        launches = ts.launches if ts is not None and ts.launches is not None else count_launches(step)
+        return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch,
+                "launches": launches, "path": path}
+    return step, q.finish, info
 
 
 def count_launches(step):
@@ -263,7 +277,7 @@ def torch_twin(model, torch):
     return twin
 
 
-def run_torch(name, batch, args):
+def make_torch(name, batch, args):
     import torch
 
     dev = torch.device(args.torch_device)
@@ -292,13 +306,12 @@ def run_torch(name, batch, args):
         loss.item()
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    ms = time_steps(step, sync, args.steps, args.warmup)
     label = f"torch {torch.__version__} {dev.type}" + ("" if dev.type == "cuda" else f" {torch.get_num_threads()}t")
-    return {"runtime": "torch", "device": label, "model": name, "batch": batch, "step_ms": ms}
+    return step, sync, lambda: {"runtime": "torch", "device": label, "model": name, "batch": batch}
 
 
 # -- tinygrad -------------------------------------------------------------------------------
-def run_tinygrad(name, batch, args):
+def make_tinygrad(name, batch, args):
     """The same model and weights in tinygrad (DEV=CL: its OpenCL backend), TinyJit, SGD momentum."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import tinygrad_twin
@@ -316,14 +329,42 @@ def run_tinygrad(name, batch, args):
     else:
         target, loss = y, "ce"
     step = tinygrad_twin.train_step(model, x, target, loss)  # .item() each step: the sync
-    ms = time_steps(step, lambda: None, args.steps, args.warmup)
     dev = Device[Device.DEFAULT]
     label = f"tinygrad {version('tinygrad')} {Device.DEFAULT} {getattr(dev, 'device_name', '')}".strip()
-    return {"runtime": "tinygrad", "device": label, "model": name,
-            "batch": batch, "step_ms": ms}
+    return step, lambda: None, lambda: {"runtime": "tinygrad", "device": label, "model": name, "batch": batch}
 
 
-RUNNERS = {"netcl": run_netcl, "torch": run_torch, "tinygrad": run_tinygrad}
+MAKERS = {"netcl": make_netcl, "torch": make_torch, "tinygrad": make_tinygrad}
+
+
+def run_runtime(rt, name, batch, args):
+    """One runtime's median step time over args.steps after args.warmup, with its info."""
+    step, sync, info = MAKERS[rt](name, batch, args)
+    ms = time_steps(step, sync, args.steps, args.warmup)
+    return dict(info(), step_ms=ms)
+
+
+def serve(rt, name, batch, args):
+    """--serve: build the step, run the warm-up, print the runtime's info as a JSON line, then for
+    each "step" line on stdin time one step and print its milliseconds (the --interleave driver's
+    child); "quit" or the end of stdin ends it, with the info again (netcl's path and launches as
+    the timed steps ran)."""
+    step, sync, info = MAKERS[rt](name, batch, args)
+    for _ in range(args.warmup):
+        step()
+    sync()
+    print(json.dumps(info()), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        for _ in range(args.turn_warmup):  # after the other runtime's turn: threads awake, caches refilled
+            step()
+        sync()
+        t = time.perf_counter()
+        step()
+        sync()
+        print(f"{1e3 * (time.perf_counter() - t):.6f}", flush=True)
+    print(json.dumps(info()), flush=True)
 
 
 def driver(args):
@@ -369,6 +410,78 @@ def driver(args):
             json.dump(rows, f, indent=1)
 
 
+def _quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def interleave(args):
+    """--interleave: each runtime in its own process (serve), kept warm; their turns alternate one
+    by one (the order swapped every pair), args.quiet idle seconds apart. On a shared machine whose
+    speed drifts by the minute, step pairs see the same conditions where a round of whole runs did
+    not: per pair, netcl's step over PyTorch's, and their median and middle half."""
+    runtimes = ["netcl", "torch"] + (["tinygrad"] if args.tinygrad else [])
+    env = dict(os.environ, DEV=os.environ.get("DEV", "CL"))
+    base = argv_of(args)
+    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'pairs: median':>14s}"
+          f" {'middle half':>12s}" + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if args.tinygrad else "")
+          + "  steps; devices")
+    rows = []
+    for model in args.models:
+        for batch in args.batches:
+            procs, infos = {}, {}
+            try:
+                for rt in runtimes:  # started one after another: each compiles and warms up alone
+                    cmd = [sys.executable, __file__, "--serve", rt, "--models", model, "--batches", str(batch)] + base
+                    procs[rt] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                    line = procs[rt].stdout.readline()
+                    if not line.startswith("{"):
+                        raise RuntimeError(f"{rt} did not start: {procs[rt].communicate()[1] or line}")
+                    infos[rt] = json.loads(line)
+                times = {rt: [] for rt in runtimes}
+                for i in range(args.steps):
+                    for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
+                        time.sleep(args.quiet)
+                        procs[rt].stdin.write("step\n")
+                        procs[rt].stdin.flush()
+                        times[rt].append(float(procs[rt].stdout.readline()))
+            finally:
+                for rt, p in procs.items():
+                    try:
+                        p.stdin.write("quit\n")
+                        p.stdin.close()
+                        last = p.stdout.read().strip().splitlines()  # the info as the timed steps ran
+                        if last and last[-1].startswith("{"):
+                            infos[rt] = json.loads(last[-1])
+                    except OSError:
+                        pass
+                    p.wait(timeout=60)
+            n, t = statistics.median(times["netcl"]), statistics.median(times["torch"])
+            pairs = [a / b for a, b in zip(times["netcl"], times["torch"])]
+            pm, lo, hi = statistics.median(pairs), _quantile(pairs, 0.25), _quantile(pairs, 0.75)
+            g = statistics.median(times["tinygrad"]) if args.tinygrad else None
+            devs = "; ".join(info["device"] for info in infos.values())
+            print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {pm:13.2f}x {lo:5.2f}-{hi:.2f}x"
+                  + (f" {g:12.2f} {n / g:14.2f}x" if g else "") + f"  {args.steps}; {devs}")
+            rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t,
+                         "ratio_pairs_median": pm, "ratio_pairs_middle_half": [lo, hi], "steps_ms": times,
+                         "netcl_launches": infos["netcl"].get("launches"), "netcl_path": infos["netcl"].get("path"),
+                         "devices": devs} | ({"tinygrad_ms": g, "ratio_tinygrad": n / g} if g else {}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def argv_of(args):
+    """The options a --serve child needs from this run's (device, threads, warm-up, netcl's mode)."""
+    out = ["--warmup", str(args.warmup), "--torch-device", args.torch_device, "--turn-warmup", str(args.turn_warmup)]
+    out += ["--device", args.device] if args.device else []
+    out += ["--threads", str(args.threads)] if args.threads else []
+    out += ["--loop"] if args.loop else []
+    out += ["--eager-loss"] if args.eager_loss else []
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -381,7 +494,17 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="netcl's device: gpu, cpu or a name substring")
     ap.add_argument("--torch-device", default="cpu", help="PyTorch's device: cpu or cuda")
     ap.add_argument("--threads", type=common.positive_int, default=None, help="PyTorch CPU threads")
-    ap.add_argument("--runtime", choices=sorted(RUNNERS), default=None, help="run one runtime here (JSON lines)")
+    ap.add_argument("--runtime", choices=sorted(MAKERS), default=None, help="run one runtime here (JSON lines)")
+    ap.add_argument("--serve", choices=sorted(MAKERS), default=None,
+                    help="run one runtime here, a step per 'step' line on stdin (--interleave's child)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="alternate the runtimes step by step (each in its own warm process) instead of whole "
+                         "runs: per-pair ratios, robust to a shared machine's drifting speed")
+    ap.add_argument("--quiet", type=float, default=0.0,
+                    help="--interleave: idle seconds between turns (default none: the CPU stays as busy as in a "
+                         "training loop, and each turn's untimed step absorbs the other runtime's spinning threads)")
+    ap.add_argument("--turn-warmup", type=int, default=1,
+                    help="--interleave: untimed steps at the start of each turn, before the timed one")
     ap.add_argument("--profile", default=None, help="print netcl's per-layer forward/backward times of this model")
     ap.add_argument("--kernels", default=None,
                     help="print netcl's per-kernel device time over whole training steps of this model")
@@ -398,6 +521,8 @@ def main(argv=None):
     unknown = [m for m in list(args.models) + [m for m in (args.profile, args.kernels) if m] if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")
+    if args.quiet < 0 or args.turn_warmup < 0:
+        ap.error(f"--quiet and --turn-warmup take 0 or more, got {args.quiet} and {args.turn_warmup}")
     if args.profile:
         for b in args.batches:
             profile_netcl(args.profile, b, args)
@@ -406,10 +531,16 @@ def main(argv=None):
         for b in args.batches:
             kernel_profile_netcl(args.kernels, b, args)
         return 0
+    if args.serve:
+        serve(args.serve, args.models[0], args.batches[0], args)
+        return 0
     if args.runtime:
         for m in args.models:
             for b in args.batches:
-                print(json.dumps(RUNNERS[args.runtime](m, b, args)), flush=True)
+                print(json.dumps(run_runtime(args.runtime, m, b, args)), flush=True)
+        return 0
+    if args.interleave:
+        interleave(args)
         return 0
     driver(args)
     return 0
