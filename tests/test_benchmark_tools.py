@@ -149,6 +149,23 @@ def test_interleaved_steps_pair_the_runtimes(queue, tmp_path, capsys):
     assert "pairs: median" in capsys.readouterr().out
 
 
+def test_ab_pairs_netcl_against_itself_with_an_environment(queue, tmp_path, capsys):
+    """--ab: netcl as it is (A) and with the given environment (B: here the unfused training path,
+    NETCL_TRAIN_FUSE=0), steps in turn; B / A per pair, each side's steps kept."""
+    out = tmp_path / "ab.json"
+    bts.main(["--models", "digits", "--batches", "2", "--steps", "3", "--warmup", "3", "--ab", "NETCL_TRAIN_FUSE=0",
+              "--json", str(out)])
+    import json
+
+    (row,) = json.loads(out.read_text())
+    assert row["b_env"] == "NETCL_TRAIN_FUSE=0" and set(row["steps_ms"]) == {"A", "B"}
+    pairs = [b / a for a, b in zip(row["steps_ms"]["A"], row["steps_ms"]["B"])]
+    assert len(pairs) == 3 and min(pairs) <= row["ratio_pairs_median"] <= max(pairs)
+    assert "(B: NETCL_TRAIN_FUSE=0)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bts.main(["--models", "digits", "--ab", "NETCL_TRAIN_FUSE"])  # not NAME=VALUE
+
+
 WE_PATH = os.path.join(os.path.dirname(PATH), "winograd_error.py")
 we_spec = importlib.util.spec_from_file_location("winograd_error", WE_PATH)
 we = importlib.util.module_from_spec(we_spec)

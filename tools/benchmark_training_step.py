@@ -29,6 +29,11 @@ a pair see the same conditions. Both processes hold their device contexts throug
 two contexts, idle in turn).
 
     python tools/benchmark_training_step.py --threads 2 --models resnet8 --batches 64 --steps 60 --interleave
+    python tools/benchmark_training_step.py --models resnet8 --batches 64 --steps 60 --ab NETCL_CPU_WINOT=0
+
+--ab 'NAME=VALUE ...' pairs netcl against itself the same way, side B with those environment
+variables set (a kernel choice, a PoCL setting): B / A per pair, where whole runs on a noisy machine
+decide nothing about a few percent.
 
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
 driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
@@ -419,50 +424,62 @@ def interleave(args):
     """--interleave: each runtime in its own process (serve), kept warm; their turns alternate one
     by one (the order swapped every pair), args.quiet idle seconds apart. On a shared machine whose
     speed drifts by the minute, step pairs see the same conditions where a round of whole runs did
-    not: per pair, netcl's step over PyTorch's, and their median and middle half."""
-    runtimes = ["netcl", "torch"] + (["tinygrad"] if args.tinygrad else [])
+    not: per pair, the first side's step over the second's, and their median and middle half. With
+    --ab, the sides are netcl as it is and netcl with the given environment (B / A per pair)."""
     env = dict(os.environ, DEV=os.environ.get("DEV", "CL"))
-    base = argv_of(args)
-    print(f"{'model':12s} {'batch':>5s} {'netcl ms':>10s} {'torch ms':>10s} {'netcl/torch':>12s} {'pairs: median':>14s}"
-          f" {'middle half':>12s}" + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if args.tinygrad else "")
-          + "  steps; devices")
+    if args.ab:
+        sides = [("A", "netcl", env), ("B", "netcl", dict(env, **dict(kv.split("=", 1) for kv in args.ab.split())))]
+        first, second = "B", "A"
+    else:
+        sides = [(rt, rt, env) for rt in ["netcl", "torch"] + (["tinygrad"] if args.tinygrad else [])]
+        first, second = "netcl", "torch"
+    tg = any(label == "tinygrad" for label, _, _ in sides)
+    print(f"{'model':12s} {'batch':>5s} {first + ' ms':>10s} {second + ' ms':>10s} {first + '/' + second:>12s}"
+          f" {'pairs: median':>14s} {'middle half':>12s}" + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if tg else "")
+          + "  steps; devices" + (f"  (B: {args.ab})" if args.ab else ""))
     rows = []
     for model in args.models:
         for batch in args.batches:
             procs, infos = {}, {}
             try:
-                for rt in runtimes:  # started one after another: each compiles and warms up alone
-                    cmd = [sys.executable, __file__, "--serve", rt, "--models", model, "--batches", str(batch)] + base
-                    procs[rt] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-                    line = procs[rt].stdout.readline()
+                for label, rt, side_env in sides:  # started one after another: each compiles and warms up alone
+                    cmd = [sys.executable, __file__, "--serve", rt, "--models", model, "--batches", str(batch)] + argv_of(args)
+                    procs[label] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                                    env=side_env)
+                    line = procs[label].stdout.readline()
                     if not line.startswith("{"):
-                        raise RuntimeError(f"{rt} did not start: {procs[rt].communicate()[1] or line}")
-                    infos[rt] = json.loads(line)
-                times = {rt: [] for rt in runtimes}
+                        raise RuntimeError(f"{label} did not start: {procs[label].communicate()[1] or line}")
+                    infos[label] = json.loads(line)
+                labels = [label for label, _, _ in sides]
+                times = {label: [] for label in labels}
                 for i in range(args.steps):
-                    for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
+                    for label in (labels if i % 2 == 0 else labels[::-1]):
                         time.sleep(args.quiet)
-                        procs[rt].stdin.write("step\n")
-                        procs[rt].stdin.flush()
-                        times[rt].append(float(procs[rt].stdout.readline()))
+                        procs[label].stdin.write("step\n")
+                        procs[label].stdin.flush()
+                        times[label].append(float(procs[label].stdout.readline()))
             finally:
-                for rt, p in procs.items():
+                for label, p in procs.items():
                     try:
                         p.stdin.write("quit\n")
                         p.stdin.close()
                         last = p.stdout.read().strip().splitlines()  # the info as the timed steps ran
                         if last and last[-1].startswith("{"):
-                            infos[rt] = json.loads(last[-1])
+                            infos[label] = json.loads(last[-1])
                     except OSError:
                         pass
                     p.wait(timeout=60)
-            n, t = statistics.median(times["netcl"]), statistics.median(times["torch"])
-            pairs = [a / b for a, b in zip(times["netcl"], times["torch"])]
+            n, t = statistics.median(times[first]), statistics.median(times[second])
+            pairs = [a / b for a, b in zip(times[first], times[second])]
             pm, lo, hi = statistics.median(pairs), _quantile(pairs, 0.25), _quantile(pairs, 0.75)
-            g = statistics.median(times["tinygrad"]) if args.tinygrad else None
-            devs = "; ".join(info["device"] for info in infos.values())
+            g = statistics.median(times["tinygrad"]) if tg else None
+            devs = "; ".join(sorted({info["device"] for info in infos.values()}))
             print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {pm:13.2f}x {lo:5.2f}-{hi:.2f}x"
                   + (f" {g:12.2f} {n / g:14.2f}x" if g else "") + f"  {args.steps}; {devs}")
+            if args.ab:
+                rows.append({"model": model, "batch": batch, "a_ms": t, "b_ms": n, "b_env": args.ab, "ratio": n / t,
+                             "ratio_pairs_median": pm, "ratio_pairs_middle_half": [lo, hi], "steps_ms": times})
+                continue
             rows.append({"model": model, "batch": batch, "netcl_ms": n, "torch_ms": t, "ratio": n / t,
                          "ratio_pairs_median": pm, "ratio_pairs_middle_half": [lo, hi], "steps_ms": times,
                          "netcl_launches": infos["netcl"].get("launches"), "netcl_path": infos["netcl"].get("path"),
@@ -500,6 +517,9 @@ def main(argv=None):
     ap.add_argument("--interleave", action="store_true",
                     help="alternate the runtimes step by step (each in its own warm process) instead of whole "
                          "runs: per-pair ratios, robust to a shared machine's drifting speed")
+    ap.add_argument("--ab", default=None, metavar="'NAME=VALUE ...'",
+                    help="--interleave netcl against itself with these environment variables set on side B "
+                         "(e.g. 'NETCL_CPU_WINOT=0'): B / A per pair")
     ap.add_argument("--quiet", type=float, default=0.0,
                     help="--interleave: idle seconds between turns (default none: the CPU stays as busy as in a "
                          "training loop, and each turn's untimed step absorbs the other runtime's spinning threads)")
@@ -539,7 +559,9 @@ def main(argv=None):
             for b in args.batches:
                 print(json.dumps(run_runtime(args.runtime, m, b, args)), flush=True)
         return 0
-    if args.interleave:
+    if args.ab and not all("=" in kv for kv in args.ab.split()):
+        ap.error(f"--ab takes NAME=VALUE pairs, got {args.ab!r}")
+    if args.interleave or args.ab:
         interleave(args)
         return 0
     driver(args)
