@@ -33,7 +33,9 @@ two contexts, idle in turn).
 
 --ab 'NAME=VALUE ...' pairs netcl against itself the same way, side B with those environment
 variables set (a kernel choice, a PoCL setting): B / A per pair, where whole runs on a noisy machine
-decide nothing about a few percent.
+decide nothing about a few percent. Both modes take half their pairs with the processes started in
+one order and half in the other: of two identical netcl processes, the one started second took
+2-4% shorter steps.
 
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
 driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
@@ -438,37 +440,16 @@ def interleave(args):
           f" {'pairs: median':>14s} {'middle half':>12s}" + (f" {'tinygrad ms':>12s} {'netcl/tinygrad':>15s}" if tg else "")
           + "  steps; devices" + (f"  (B: {args.ab})" if args.ab else ""))
     rows = []
+    labels = [label for label, _, _ in sides]
     for model in args.models:
         for batch in args.batches:
-            procs, infos = {}, {}
-            try:
-                for label, rt, side_env in sides:  # started one after another: each compiles and warms up alone
-                    cmd = [sys.executable, __file__, "--serve", rt, "--models", model, "--batches", str(batch)] + argv_of(args)
-                    procs[label] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                                    env=side_env)
-                    line = procs[label].stdout.readline()
-                    if not line.startswith("{"):
-                        raise RuntimeError(f"{label} did not start: {procs[label].communicate()[1] or line}")
-                    infos[label] = json.loads(line)
-                labels = [label for label, _, _ in sides]
-                times = {label: [] for label in labels}
-                for i in range(args.steps):
-                    for label in (labels if i % 2 == 0 else labels[::-1]):
-                        time.sleep(args.quiet)
-                        procs[label].stdin.write("step\n")
-                        procs[label].stdin.flush()
-                        times[label].append(float(procs[label].stdout.readline()))
-            finally:
-                for label, p in procs.items():
-                    try:
-                        p.stdin.write("quit\n")
-                        p.stdin.close()
-                        last = p.stdout.read().strip().splitlines()  # the info as the timed steps ran
-                        if last and last[-1].startswith("{"):
-                            infos[label] = json.loads(last[-1])
-                    except OSError:
-                        pass
-                    p.wait(timeout=60)
+            times, infos = {label: [] for label in labels}, {}
+            # two halves, the processes started in one order and then the other: of two identical
+            # netcl processes the one started second took 2-4% shorter steps (A/A runs), a bias
+            # the halves cancel
+            for half, order in enumerate((sides, sides[::-1])):
+                steps = args.steps // 2 if half == 0 else args.steps - args.steps // 2
+                _pairs(model, batch, order, steps, args, times, infos)
             n, t = statistics.median(times[first]), statistics.median(times[second])
             pairs = [a / b for a, b in zip(times[first], times[second])]
             pm, lo, hi = statistics.median(pairs), _quantile(pairs, 0.25), _quantile(pairs, 0.75)
@@ -487,6 +468,38 @@ def interleave(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def _pairs(model, batch, sides, steps, args, times, infos):
+    """`steps` turns of each side in alternation (--interleave), the sides' processes started in the
+    order given; each timed step appended to times[label], each side's info to infos."""
+    procs = {}
+    try:
+        for label, rt, side_env in sides:  # started one after another: each compiles and warms up alone
+            cmd = [sys.executable, __file__, "--serve", rt, "--models", model, "--batches", str(batch)] + argv_of(args)
+            procs[label] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=side_env)
+            line = procs[label].stdout.readline()
+            if not line.startswith("{"):
+                raise RuntimeError(f"{label} did not start: {procs[label].communicate()[1] or line}")
+            infos[label] = json.loads(line)
+        labels = [label for label, _, _ in sides]
+        for i in range(steps):
+            for label in (labels if i % 2 == 0 else labels[::-1]):
+                time.sleep(args.quiet)
+                procs[label].stdin.write("step\n")
+                procs[label].stdin.flush()
+                times[label].append(float(procs[label].stdout.readline()))
+    finally:
+        for label, p in procs.items():
+            try:
+                p.stdin.write("quit\n")
+                p.stdin.close()
+                last = p.stdout.read().strip().splitlines()  # the info as the timed steps ran
+                if last and last[-1].startswith("{"):
+                    infos[label] = json.loads(last[-1])
+            except OSError:
+                pass
+            p.wait(timeout=60)
 
 
 def argv_of(args):
