@@ -488,7 +488,10 @@ def _pairs(model, batch, sides, steps, args, times, infos):
                 time.sleep(args.quiet)
                 procs[label].stdin.write("step\n")
                 procs[label].stdin.flush()
-                times[label].append(float(procs[label].stdout.readline()))
+                line = procs[label].stdout.readline()
+                if not line.strip():
+                    raise RuntimeError(f"{label} ({model}, batch {batch}) stopped at its step {i + 1} (its error above)")
+                times[label].append(float(line))
     finally:
         for label, p in procs.items():
             try:
