@@ -172,14 +172,13 @@ we = importlib.util.module_from_spec(we_spec)
 we_spec.loader.exec_module(we)
 
 
-@pytest.mark.parametrize("m", [2, 4])
-def test_winograd_error_tool_transforms_are_exact_in_float64(m):
-    """tools/winograd_error.py's F(2x2, 3x3) and F(4x4, 3x3) are the convolution itself in float64
-    (its matrices right, its tiles in place), so the float32 errors it reports are rounding alone."""
-    rng = np.random.default_rng(m)
-    xp = np.pad(rng.standard_normal((5, 8, 12)), ((0, 0), (1, 1), (1, 1)))
-    w = rng.standard_normal((3, 5, 3, 3))
-    ref = we.direct(xp, w, np.float64)
-    got = we.winograd(xp, w, m, np.float64)
-    assert got.shape == (3, 8, 12) and np.abs(got - ref).max() < 1e-11 * np.abs(ref).max()
-    assert np.abs(we.winograd(xp, w, m, np.float32) - ref).max() > 0  # float32 does round
+def test_winograd_error_tool_measures_each_kernel(queue):
+    """tools/winograd_error.py runs each of netcl's 3x3 kernels (direct, the training F(2x2), the
+    inference F(2x2) and F(4x4)) against float64: every one a correct convolution within float32
+    noise, and on a CPU the F(4x4) one's error the largest (the README's reason not to train with it)."""
+    from netcl import ops
+
+    e = we.errors(16, k=8, size=8)
+    assert set(e) == set(we.KERNELS) and all(0 < v < 2e-5 for v in e.values()), e
+    if ops.is_cpu(queue):
+        assert e["F(4x4) inference"] > 4 * max(e["F(2x2) inference"], e["F(2x2) training"]), e
