@@ -229,9 +229,9 @@ class Sequential(LayerList):
                 pool = layer
                 continue
             if pool is not None:  # (and the conv before it needs no data gradient: its dW and db in that pass)
-                wconv, shape = self._pool_wgrad(i, first, input_grad), layer._saved[0].shape
-                if (wconv is None or wconv.pool_wgrad(dy.queue, shape) is None) and (
-                        pad := self._padded_grad(i, first, dy.queue, shape)) is not None:
+                shape = layer._saved[0].shape
+                wconv = self._pool_wgrad(i, first, input_grad, dy.queue, shape)
+                if wconv is None and (pad := self._padded_grad(i, first, dy.queue, shape)) is not None:
                     done = i - 1  # dx into the conv's zero-bordered dy, with its sums per plane
                     sums = ops.new(dy.queue, (shape[0] * shape[1],)) if self.layers[done].bias is not None else None
                     dyp, pool = layer._backward_pooled(dy, pool, pad=pad, psum=sums), None
@@ -282,16 +282,17 @@ class Sequential(LayerList):
             return None
         return conv.padded_grad(q, shape)
 
-    def _pool_wgrad(self, i, first, input_grad):
+    def _pool_wgrad(self, i, first, input_grad, q, shape):
         """The Conv2d at i - 1 where it is the first layer of a backward without an input gradient
-        (a training step's) and layer i a BatchNorm2d whose forward ran a pool: that layer's pass
-        takes its weight gradients where Conv2d.pool_wgrad applies (then it returns None); else None."""
+        (a training step's), layer i a BatchNorm2d whose forward ran a pool, and the conv's
+        pool_wgrad applies to its output gradient of `shape`: that layer's pass takes the conv's
+        weight gradients (then it returns None); else None."""
         if not (TRAIN_FUSE and not input_grad and i - 1 == first and type(self.layers[i]) is BatchNorm2d):
             return None
         conv = self.layers[i - 1]
         if type(conv) is not Conv2d or i - 1 in self._skipped or i - 1 in self._pooled:
             return None
-        return conv
+        return conv if conv.pool_wgrad(q, shape) is not None else None
 
     def _replay_eval(self, x):
         """The layers' forward on x in eval mode (every module's flag set and restored directly:
