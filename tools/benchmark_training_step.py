@@ -417,11 +417,6 @@ def driver(args):
             json.dump(rows, f, indent=1)
 
 
-def _quantile(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def interleave(args):
     """--interleave: each runtime in its own process (serve), kept warm; their turns alternate one
     by one (the order swapped every pair), args.quiet idle seconds apart. On a shared machine whose
@@ -452,7 +447,7 @@ def interleave(args):
                 _pairs(model, batch, order, steps, args, times, infos)
             n, t = statistics.median(times[first]), statistics.median(times[second])
             pairs = [a / b for a, b in zip(times[first], times[second])]
-            pm, lo, hi = statistics.median(pairs), _quantile(pairs, 0.25), _quantile(pairs, 0.75)
+            lo, pm, hi = statistics.quantiles(pairs, n=4, method="inclusive") if len(pairs) > 1 else pairs * 3
             g = statistics.median(times["tinygrad"]) if tg else None
             devs = "; ".join(sorted({info["device"] for info in infos.values()}))
             print(f"{model:12s} {batch:5d} {n:10.2f} {t:10.2f} {n / t:11.2f}x {pm:13.2f}x {lo:5.2f}-{hi:.2f}x"

@@ -38,8 +38,7 @@ def netcl_conv(x, w, env, training):
     import netcl
     from netcl import nn
 
-    saved = {k: os.environ.get(k) for k in ("NETCL_CPU_WINO", "NETCL_CPU_WINOT")}
-    os.environ.pop("NETCL_CPU_WINO", None), os.environ.pop("NETCL_CPU_WINOT", None)
+    saved = {k: os.environ.pop(k, None) for k in ("NETCL_CPU_WINO", "NETCL_CPU_WINOT")}
     os.environ.update(env)
     try:
         q = netcl.default_queue()
@@ -50,7 +49,9 @@ def netcl_conv(x, w, env, training):
         return model.eval().predict(x[None])[0]
     finally:
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
 
 
 def errors(c, k=16, size=16, seed=0):
