@@ -103,11 +103,24 @@ def winot_layout(spec):
     return None
 
 
-def winot_defines(spec):
+# conv_winot.cl's output channels per block (KV): its accumulators are KV float16, so on devices
+# with 16-wide vectors (AVX-512's 32 registers) 16 (8 for at most 8 channels); on 8-wide ones
+# (AVX2's 16 registers, each float16 two of them) 4, 8 accumulators: with KV 16 they spilled, and
+# the 16 -> 16 channel convolution of resnet8's first stage (32x32, batch 64) took 0.72x of KV 16's
+# time (AVX2 code on Zen 4; tools/benchmark_training_step.py's --ab on the whole step below)
+WINOT_TRAIN_LANES = 8  # the narrowest float vectors conv_winot.cl trains on where not forced
+
+
+def winot_kv(k, lanes=16):
+    """conv_winot.cl's KV for k output channels on a device with `lanes`-wide float vectors."""
+    return (16 if k > 8 else 8) if lanes >= 16 else 4
+
+
+def winot_defines(spec, lanes=16):
     """conv_winot.cl's build defines for `spec` (winot_layout must accept it): conv.h's, TW (tiles per
-    tile row), T, VPR, KV (output channels per block: 16, or 8 for at most 8) and KB (blocks)."""
+    tile row), T, VPR, KV (output channels per block, winot_kv) and KB (blocks)."""
     t, vpr = winot_layout(spec)
-    kv = 16 if spec.k > 8 else 8
+    kv = winot_kv(spec.k, lanes)
     return dict(spec.defines(), TW=spec.ow // 2, T=t, VPR=vpr, KV=kv, KB=-(-spec.k // kv))
 
 
@@ -116,21 +129,22 @@ def winot_choice(text):
     return text != "0" if text else None
 
 
-def winot_enabled(choice, vector_width):
+def winot_enabled(choice, vector_width, minimum=16):
     """Whether conv_winot.cl runs where its layout fits: `choice` (winot_choice) when set, else on
-    devices whose native float vector is 16 wide (AVX-512 on PoCL)."""
-    return vector_width >= 16 if choice is None else choice
+    devices whose native float vector is `minimum` wide or more (the fused inference path: 16,
+    AVX-512 on PoCL; training: WINOT_TRAIN_LANES)."""
+    return vector_width >= minimum if choice is None else choice
 
 
 @lru_cache(maxsize=256)
-def winot_plain(c, k, h, w, add=False):
+def winot_plain(c, k, h, w, add=False, lanes=16):
     """(defines, build options) of conv_winot.cl for a plain 3x3 stride-1 padding-1 convolution of
     c -> k channels on h x w planes stored with a border of 1 (no activation or output border:
-    Conv2d's training passes; `add`: the result added into the output tensor, RES_IN_PLACE), or
-    None where winot_layout refuses it."""
+    Conv2d's training passes; `add`: the result added into the output tensor, RES_IN_PLACE) on a
+    device with `lanes`-wide float vectors, or None where winot_layout refuses it."""
     spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0, res=add)
     if winot_layout(spec) is None:
         return None
-    defines = winot_defines(spec)
+    defines = winot_defines(spec, lanes)
     return defines, (tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
                      + (("-DRES_IN_PLACE",) if add else ()))

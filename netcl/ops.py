@@ -228,6 +228,7 @@ _OPTION_KEYS = ("BM", "BN", "BK", "RM", "RN")
 _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
 _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
 _local_mem = {}  # device int_ptr -> local_mem_size (the same)
+_float_lanes = {}  # device int_ptr -> preferred_vector_width_float (the same)
 
 
 def _device_value(cache, q, attr):
@@ -241,6 +242,12 @@ def _device_value(cache, q, attr):
 def compute_units(q):
     """The queue's device's compute units (cached: a driver query)."""
     return _device_value(_compute_units, q, "max_compute_units")
+
+
+def float_lanes(q):
+    """The queue's device's preferred float vector width (cached): PoCL gives 16 on AVX-512, 8 on
+    AVX2; the CPU kernels size their vectors and register blocks by it."""
+    return _device_value(_float_lanes, q, "preferred_vector_width_float")
 
 
 def local_mem(q):

@@ -238,13 +238,48 @@ WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv
 ]
 
 
+@pytest.fixture(params=[16, 8])
+def winot_lanes(request, queue, monkeypatch):
+    """conv_winot.cl's variants by the device's float vector width, on any CPU: 16 (AVX-512: KV 16
+    or 8, winot_wgrad's float16 accumulators, WGV 16) and 8 (AVX2: KV 4, WGV 8). Their launches
+    are checked to carry those defines."""
+    monkeypatch.setattr(ops, "float_lanes", lambda q: request.param)
+    launched, launch = [], ops.launch
+
+    def spy(q, family, name, *args, options=()):
+        if family == "conv_winot":
+            launched.append((name, options))
+        return launch(q, family, name, *args, options=options)
+    monkeypatch.setattr(ops, "launch", spy)
+    yield request.param
+    for name, options in launched:
+        kv = int(next(o for o in options if o.startswith("-DKV="))[5:])
+        assert (kv == 4) == (request.param == 8), (name, options)
+        if name == "winot_wgrad":
+            assert f"-DWGV={request.param}" in options
+
+
+def test_winot_blocks_follow_the_vector_width():
+    """conv_winot.cl's output channels per block by the device's float vector width (16 accumulators
+    of 16 lanes on AVX-512, 4 float16 = 8 ymm on AVX2), and where it runs unforced: training from 8
+    lanes on, the fused inference path from 16; NETCL_CPU_WINOT's choice over either."""
+    from netcl.convspec import WINOT_TRAIN_LANES, winot_enabled, winot_kv, winot_plain
+    assert (winot_kv(16, 16), winot_kv(8, 16), winot_kv(64, 8), winot_kv(16, 4)) == (16, 8, 4, 4)
+    assert winot_enabled(None, 8, WINOT_TRAIN_LANES) and not winot_enabled(None, 4, WINOT_TRAIN_LANES)
+    assert winot_enabled(None, 16) and not winot_enabled(None, 8)
+    assert winot_enabled(True, 4, WINOT_TRAIN_LANES) and not winot_enabled(False, 16, WINOT_TRAIN_LANES)
+    d8, o8 = winot_plain(16, 20, 8, 32, False, 8)
+    assert (d8["KV"], d8["KB"]) == (4, 5) and "-DKV=4" in o8 and winot_plain(16, 20, 8, 32)[0]["KB"] == 2
+
+
 @pytest.mark.parametrize("rows", [4, 1])
 @pytest.mark.parametrize("n,c,h,w,k,bias", WINOT_CASES)
-def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, bias, rows):
+def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeypatch, winot_lanes, n, c, h, w, k,
+                                        bias, rows):
     """The CPU training path's Winograd (conv_winot.cl: the forward and the data gradient, the
     weights transformed on the device; the weight gradient's work-items of all 16 points or of one
-    transformed row's 4, ROWS 4 or 1) against float64 PyTorch, forced on any CPU
-    (NETCL_CPU_WINOT=1); with NETCL_CPU_WINOT=0 the direct kernels take the same shapes."""
+    transformed row's 4, ROWS 4 or 1; each device width's variant) against float64 PyTorch, forced
+    on any CPU (NETCL_CPU_WINOT=1); with NETCL_CPU_WINOT=0 the direct kernels take the same shapes."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
     monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt: rows)
     groups, launches = conv_module._winot_wgrad_groups, []
@@ -266,7 +301,7 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
 
 
 @pytest.mark.parametrize("rows", [4, 1])
-def test_winot_wgrad_chunks_add_in_order(queue, rng, torch, record_error, monkeypatch, rows):
+def test_winot_wgrad_chunks_add_in_order(queue, rng, torch, record_error, monkeypatch, winot_lanes, rows):
     """winot_wgrad's work-items, of all 16 points (ROWS 4) or of one transformed row's 4 (ROWS 1),
     each take several chunks of tile vectors in turn (local memory for a few here: 19 tile vectors
     in 8 work-items of 2 chunks of 2, or 2 groups of 2 chunks of 5, the last ones short or empty),

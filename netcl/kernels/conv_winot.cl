@@ -184,10 +184,14 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
 #define VKV float16
 #define VLOAD_KV vload16
 #define VSTORE_KV vstore16
-#else
+#elif KV == 8
 #define VKV float8
 #define VLOAD_KV vload8
 #define VSTORE_KV vstore8
+#else
+#define VKV float4
+#define VLOAD_KV vload4
+#define VSTORE_KV vstore4
 #endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winot_weights(__global const float *restrict w, __global float *restrict u, const int flip) {
@@ -327,6 +331,10 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
 }
 
 // the chunk's sums for each of its PTS points and 4 x 4 block of (k, c) into out (added where `add`)
+#ifndef WGV
+#define WGV 16
+#endif
+#if WGV == 16  // 16-wide vectors (AVX-512's 32 registers): 16 float16 accumulators, 4 + 4 operands
 inline void wgrad_sums(__local const float16 *restrict xs, __local const float16 *restrict ds,
                        __global float16 *restrict out, const int add) {
     for (int p = 0; p < PTS; p++)
@@ -348,6 +356,53 @@ inline void wgrad_sums(__local const float16 *restrict xs, __local const float16
                 *o = add ? *o + tree16(acc) : tree16(acc);
             }
 }
+#else  // 8-wide vectors (AVX2's 16 registers, a float16 two of them): a float16's two halves
+// summed into one float8 per (k, c), 4 x 2 of them (8 accumulators, 2 + 1 float16 operands), a
+// 4 x 4 block in two passes over the chunk (float16 accumulators: 32 registers, they spilled)
+
+// the totals of 8 accumulators, lane q that of a[q] (tree16's steps on 8 lanes)
+inline float8 tree8(float8 a[8]) {
+    float8 b[4], c[2];
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+        c[m] = __builtin_shufflevector(b[2 * m], b[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(b[2 * m], b[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+inline void wgrad_sums(__local const float16 *restrict xs, __local const float16 *restrict ds,
+                       __global float16 *restrict out, const int add) {
+    for (int p = 0; p < PTS; p++)
+        for (int kb = 0; kb < K / 4; kb++)
+            for (int cb = 0; cb < C / 4; cb++) {
+                float8 t[2];  // pass h: lane 2 q + r the total of (k 4 kb + q, c 4 cb + 2 h + r)
+                for (int h = 0; h < 2; h++) {
+                    float8 acc[8];
+#pragma unroll
+                    for (int q = 0; q < 8; q++) acc[q] = 0.0f;
+                    for (int v = 0; v < TV; v++) {
+                        const float16 e0 = XS(p, 4 * cb + 2 * h, v), e1 = XS(p, 4 * cb + 2 * h + 1, v);
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            const float16 d = DS(p, 4 * kb + q, v);
+                            acc[2 * q] = fma(d.hi, e0.hi, fma(d.lo, e0.lo, acc[2 * q]));  // two FMAs, no add
+                            acc[2 * q + 1] = fma(d.hi, e1.hi, fma(d.lo, e1.lo, acc[2 * q + 1]));
+                        }
+                    }
+                    t[h] = tree8(acc);
+                }
+                // lane 4 q + c % 4, as the 16-wide sums store them
+                const float16 s = __builtin_shufflevector(t[0], t[1], 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+                __global float16 *o = out + (p * (K / 4) + kb) * (C / 4) + cb;
+                *o = add ? *o + s : s;
+            }
+}
+#endif
 
 // Work-item (i, w) of (4 / ROWS, nw): chunks w, w + nw, .. (`chunks` of them), its sums in
 // part[w][4 i ..]

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from netcl import ops
-from netcl.convspec import winot_choice, winot_enabled, winot_plain
+from netcl.convspec import WINOT_TRAIN_LANES, winot_choice, winot_enabled, winot_plain
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
@@ -261,7 +261,7 @@ def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
     rows, tv, chunks, groups = _winot_wgrad_groups(c, k, nt, ops.local_mem(q), ops.compute_units(q))
     part = ops.new(q, (groups * 16 * k * c,))
-    options = options + (f"-DTV={tv}", f"-DROWS={rows}")
+    options = options + (f"-DTV={tv}", f"-DROWS={rows}", f"-DWGV={16 if ops.float_lanes(q) >= 16 else 8}")
     ops.launch(q, "conv_winot", "winot_wgrad", (4 // rows, groups), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd,
                part, nt, chunks, options=options)
     part.mark_written()
@@ -423,13 +423,15 @@ class Conv2d(Module):
         """conv_winot.cl's (defines, build options) for this conv's forward at input `shape`
         (transposed: for its data gradient, `shape` the gradient's), or None: only undilated 3x3
         stride-1 padding-1 ones whose planes its vectors tile (netcl.convspec.winot_plain), where
-        NETCL_CPU_WINOT (read per call) and the device allow it (winot_enabled)."""
+        NETCL_CPU_WINOT (read per call) and the device allow it (winot_enabled: float vectors of
+        WINOT_TRAIN_LANES or more)."""
         if self._geometry() != (3, 1, 1, 1) or self.groups != 1:
             return None
-        if not winot_enabled(winot_choice(os.environ.get("NETCL_CPU_WINOT")), q.device.preferred_vector_width_float):
+        lanes = ops.float_lanes(q)
+        if not winot_enabled(winot_choice(os.environ.get("NETCL_CPU_WINOT")), lanes, WINOT_TRAIN_LANES):
             return None
         c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
-        return winot_plain(c, k, shape[2], shape[3], add)
+        return winot_plain(c, k, shape[2], shape[3], add, lanes)
 
     def _stride2_planes(self, q, shape, geometry):
         """The build options of convtrain_cpu.cl's stride-2 kernels that put 16 consecutive output
