@@ -1,10 +1,12 @@
 """Thin launchers for the kernels in netcl/kernels: Python picks shapes and launch sizes,
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
 import math
+import os
 import threading
 
 import numpy as np
 
+import netcl.runtime as runtime
 from netcl.runtime import alloc, device_class, kernels, recorder
 from netcl.tensor import Tensor
 
@@ -245,8 +247,10 @@ def compute_units(q):
 
 
 def float_lanes(q):
-    """The queue's device's preferred float vector width (cached): PoCL gives 16 on AVX-512, 8 on
-    AVX2; the CPU kernels size their vectors and register blocks by it."""
+    """netcl.runtime.float_lanes of the queue's device: its preferred float vector width (cached: a
+    driver query; PoCL gives 16 on AVX-512, 8 on AVX2), or $NETCL_FLOAT_LANES (read per call)."""
+    if os.environ.get("NETCL_FLOAT_LANES", "").strip():
+        return runtime.float_lanes(q.device)
     return _device_value(_float_lanes, q, "preferred_vector_width_float")
 
 
@@ -262,7 +266,7 @@ def config_class(q):
     cls = _config_class.get(q.device.int_ptr)
     if cls is None:
         cls = device_class(q)
-        if cls == "cpu" and q.device.native_vector_width_float >= 16:
+        if cls == "cpu" and float_lanes(q) >= 16:
             cls = "cpu16"
         _config_class[q.device.int_ptr] = cls
     return cls

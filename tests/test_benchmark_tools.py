@@ -166,6 +166,27 @@ def test_ab_pairs_netcl_against_itself_with_an_environment(queue, tmp_path, caps
         bts.main(["--models", "digits", "--ab", "NETCL_TRAIN_FUSE"])  # not NAME=VALUE
 
 
+def test_isa_runs_avx2_code_paths_in_a_restarted_process(queue):
+    """--isa avx2: the tool starts again with netcl.apps.common.ISA_ENVIRONMENTS["avx2"] (PoCL's
+    AVX2 code, netcl's 8-wide kernel variants, the peers' AVX2 paths) and its netcl step runs there;
+    called from Python (main(argv)), where it cannot restart, it says so."""
+    import json
+    import subprocess
+    import sys
+
+    from netcl.apps import common
+
+    env = {k: v for k, v in os.environ.items() if k not in common.ISA_ENVIRONMENTS["avx2"]}
+    run = subprocess.run([sys.executable, PATH, "--isa", "avx2", "--runtime", "netcl", "--models", "digits",
+                          "--batches", "2", "--steps", "2", "--warmup", "1"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (row,) = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert row["runtime"] == "netcl" and row["step_ms"] > 0 and row["lanes"] == 8
+    with pytest.raises(ValueError, match="restarts the process"):
+        bts.main(["--isa", "avx2", "--runtime", "netcl", "--models", "digits", "--batches", "2"])
+
+
 WE_PATH = os.path.join(os.path.dirname(PATH), "winograd_error.py")
 we_spec = importlib.util.spec_from_file_location("winograd_error", WE_PATH)
 we = importlib.util.module_from_spec(we_spec)

@@ -36,9 +36,11 @@ import sys
 import time
 
 # The numpy peer runs OpenBLAS's own choice of kernel and cache sizes: these two (set on some of
-# the machines netcl is measured on) slow current numpy, and OpenBLAS reads them when it loads.
-for _var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-    os.environ.pop(_var, None)
+# the machines netcl is measured on) slow current numpy, and OpenBLAS reads them when it loads;
+# --isa sets its own (netcl.apps.common.ISA_ENVIRONMENTS, marked by NETCL_BENCH_ISA).
+if "NETCL_BENCH_ISA" not in os.environ:
+    for _var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        os.environ.pop(_var, None)
 
 import numpy as np  # noqa: E402
 
@@ -644,7 +646,11 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true", help="do not measure torch as a peer")
     ap.add_argument("--device", default=None, help="NETCL_DEVICE spec: gpu, cpu or a name substring")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--isa", choices=sorted(common.ISA_ENVIRONMENTS), default=None,
+                    help="run that instruction set's code paths (netcl's kernels, PoCL's code, the peers') on a CPU "
+                         "with a wider one: the process starts again with netcl.apps.common.ISA_ENVIRONMENTS[ISA]")
     args = ap.parse_args(argv)
+    common.run_as_isa(args.isa, argv)
 
     q = netcl.default_queue(args.device)
     torch = None

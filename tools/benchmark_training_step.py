@@ -142,6 +142,7 @@ def _mode(args):
 def make_netcl(name, batch, args):
     """(step, sync, info) of netcl's training step; info() is called after the timed steps."""
     import netcl
+    from netcl import ops
 
     q = netcl.default_queue(args.device)
     step = netcl_step(name, batch, q, _mode(args))
@@ -151,7 +152,7 @@ def make_netcl(name, batch, args):
         path = _mode(args) if ts is None else "replayed" if ts.replays else f"eager: {ts.eager_reason}"
         launches = ts.launches if ts is not None and ts.launches is not None else count_launches(step)
         return {"runtime": "netcl", "device": q.device.name.strip(), "model": name, "batch": batch,
-                "launches": launches, "path": path}
+                "launches": launches, "path": path, "lanes": ops.float_lanes(q)}
     return step, q.finish, info
 
 
@@ -313,7 +314,8 @@ def make_torch(name, batch, args):
         loss.item()
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    label = f"torch {torch.__version__} {dev.type}" + ("" if dev.type == "cuda" else f" {torch.get_num_threads()}t")
+    label = f"torch {torch.__version__} {dev.type}" + ("" if dev.type == "cuda" else
+                                                        f" {torch.get_num_threads()}t {torch.backends.cpu.get_cpu_capability()}")
     return step, sync, lambda: {"runtime": "torch", "device": label, "model": name, "batch": batch}
 
 
@@ -548,7 +550,11 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="also write the table to this JSON file")
     ap.add_argument("--tinygrad", action="store_true",
                     help="add tinygrad (pip tinygrad; its OpenCL backend, DEV=CL unless DEV is set) as a third runtime")
+    ap.add_argument("--isa", choices=sorted(common.ISA_ENVIRONMENTS), default=None,
+                    help="run that instruction set's code paths (netcl's kernels, PoCL's code, the peers') on a CPU "
+                         "with a wider one: the process starts again with netcl.apps.common.ISA_ENVIRONMENTS[ISA]")
     args = ap.parse_args(argv)
+    common.run_as_isa(args.isa, argv)
     unknown = [m for m in list(args.models) + [m for m in (args.profile, args.kernels) if m] if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; expected some of {list(MODELS)}")

@@ -3,9 +3,37 @@ the command lines' argument types."""
 import argparse
 import os
 import statistics
+import sys
 import time
 
 PROVIDERS = ("cpu", "cuda")
+
+# Instruction sets whose code paths a benchmark can run on a machine with a wider one (--isa): the
+# environment that makes PoCL generate that set's code (its kernel library, and with it LLVM's
+# CPU: "pthread-haswell-..."), netcl run that vector width's kernel variants, and the peers run
+# theirs (PyTorch's ATen and oneDNN, numpy's OpenBLAS). Zen 4 running AVX2 code has Zen 3's
+# 256-bit FMA throughput; resnet8 at batch 64 read 0.78x of PyTorch's step that way, as on a
+# Zen 3 (seventh session), and detector26 at batch 8 0.53x against Zen 3's 0.57x.
+ISA_ENVIRONMENTS = {"avx2": {"POCL_KERNELLIB_NAME": "avx2", "NETCL_FLOAT_LANES": "8", "ATEN_CPU_CAPABILITY": "avx2",
+                             "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell", "NETCL_BENCH_ISA": "avx2"}}
+
+
+def run_as_isa(isa, argv=None):
+    """Make this process run `isa`'s code paths (ISA_ENVIRONMENTS; None: nothing to do): where its
+    environment is not set yet, the process starts again with it (os.execv of sys.argv), before
+    PoCL, numpy or PyTorch read it; the benchmarks' child processes inherit it. argv: the
+    arguments main() was called with (not None: called from Python, which cannot restart)."""
+    if isa is None:
+        return
+    env = ISA_ENVIRONMENTS[isa]
+    if all(os.environ.get(k) == v for k, v in env.items()):
+        return
+    if argv is not None:
+        raise ValueError(f"--isa {isa} restarts the process with its environment: run the tool as a command, or "
+                         f"set {' '.join(f'{k}={v}' for k, v in env.items())} before it starts")
+    os.environ.update(env)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable] + sys.argv)
 
 
 def ort_session(path, provider="cpu", *, threads=None, tf32=False):

@@ -24,7 +24,7 @@ class Target:
 
         self.cl, self.q, self.gpu, self.config = cl, q, gpu, config
         self.n_cu = q.device.max_compute_units
-        self.vector_width = q.device.preferred_vector_width_float  # PoCL: 16 on AVX-512, 8 on AVX2
+        self.vector_width = runtime.float_lanes(q.device)  # PoCL: 16 on AVX-512, 8 on AVX2
 
     def program(self, family, defines, extra=()):
         """netcl/kernels/<family>.cl built with `defines` as -D options, once per context and options

@@ -96,6 +96,24 @@ def device_class(queue):
     return "gpu" if queue.device.type & cl.device_type.GPU else "cpu"
 
 
+_LANES = (4, 8, 16)
+
+
+def float_lanes(device):
+    """The float vector width netcl's CPU kernels size their vectors and register blocks by: the
+    device's preferred one (PoCL: 16 on AVX-512, 8 on AVX2), or $NETCL_FLOAT_LANES (4, 8 or 16),
+    which runs another width's kernel variants: with PoCL generating that instruction set's code
+    (POCL_KERNELLIB_NAME=avx2), an AVX-512 machine runs what an AVX2 one would (the benchmark
+    tools' --isa avx2)."""
+    text = os.environ.get("NETCL_FLOAT_LANES", "").strip()
+    if not text:
+        return device.preferred_vector_width_float
+    if text not in {str(n) for n in _LANES}:
+        raise ValueError(f"NETCL_FLOAT_LANES must be one of {', '.join(map(str, _LANES))} (float vector width), "
+                         f"got {text!r}")
+    return int(text)
+
+
 _SIGNATURE = re.compile(r"__kernel\b(?:\s*__attribute__\s*\(\(.*?\)\))?\s*void\s+(\w+)\s*\(([^)]*)\)", re.S)
 _SCALARS = {"int": np.int32, "uint": np.uint32, "float": np.float32}
 
@@ -253,4 +271,4 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
