@@ -768,3 +768,31 @@ def test_pooled_batchnorm_writes_the_conv_planes(queue, rng, torch, record_error
         errs.append(assert_close(got[True][1], xt.grad.numpy(), 1e-5, 1e-6, what="fused dx"))
         assert_close(got[True][1], got[False][1], 2e-6, 1e-7, what="fused vs unfused dx")
     record_error(0.0, max(errs))
+
+
+@pytest.mark.parametrize("parts,plen,major", [(37, 64, False), (64, 64, False), (16, 64, False), (5, 64, False),
+                                             (40, 16, False), (37, 64, True)])
+def test_stats_finish_combines_parts_as_float64(queue, rng, parts, plen, major):
+    """bn_stats_finish_cpu: a channel's mean and variance (and the running statistics) from its
+    parts' sums and squared deviations, against float64 numpy over the values themselves: parts of
+    a channel together (the float16 loop of 16 parts a step, its scalar tail) or of a part's
+    channels together (part-major, corr_cpu's), the last part short where the values end early."""
+    if not ops.is_cpu(queue):
+        pytest.skip("a CPU kernel")
+    c, m = 3, (parts - 1) * plen + plen // 2 + 1  # the last part short
+    x = (rng.standard_normal((c, m)) * 2 + 5).astype(np.float32)
+    part = np.zeros((c, parts, 2), np.float32)
+    for p in range(parts):
+        v = x[:, p * plen:(p + 1) * plen].astype(np.float64)
+        part[:, p, 0] = v.sum(1)
+        part[:, p, 1] = ((v - v.mean(1, keepdims=True)) ** 2).sum(1)
+    layout = np.ascontiguousarray(part.transpose(1, 0, 2)) if major else part
+    bn = nn.BatchNorm2d(c, momentum=0.25).to(queue)
+    mean, var = ops.new(queue, (c,)), ops.new(queue, (c,))
+    bn._finish_stats((Tensor.from_host(queue, layout), parts, plen, major), m, mean, var)
+    for t in (mean, var, bn.running_mean, bn.running_var):
+        t.mark_written()
+    ref_mean, ref_var = x.astype(np.float64).mean(1), x.astype(np.float64).var(1)
+    assert_close(mean.to_host(), ref_mean, rtol=1e-6, atol=1e-6, what="mean")
+    assert_close(var.to_host(), ref_var, rtol=1e-5, atol=1e-6, what="var")
+    assert_close(bn.running_var.to_host(), 0.75 + 0.25 * ref_var * m / (m - 1), rtol=1e-5, atol=1e-6, what="running var")

@@ -178,20 +178,42 @@ inline float sum16(float *a) {
     return a[0];
 }
 
+// The parts' terms of the variance, q + n (s / n - m)^2 = q + (s - n m)^2 / n for a part of n values,
+// its sum s and squared deviations q: in a channel's parts together (ps 1) as float16 of 8 (s, q)
+// pairs, two of them a step (16 running sums, as the scalar loop's), the parts of plen values, and
+// the short last one, if any, on its own (a per-part division and strided scalar loads took
+// 0.3 ms of resnet8's step at batch 64 on AVX-512, 0.9 on AVX2).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global const float *part, const int cs,
                          const int ps, __global float *mean, __global float *var, __global float *run_mean,
                          __global float *run_var, const float momentum) {
     const int c = get_global_id(0);
     __global const float *pc = part + 2 * c * cs;
-    float a[16], b[16];
-#pragma unroll
-    for (int i = 0; i < 16; i++) a[i] = b[i] = 0.0f;
-    for (int p = 0; p < parts; p++) a[p % 16] += pc[2 * p * ps];
+    const int full = min(parts, M / plen), vec = ps == 1 ? full / 16 * 16 : 0;  // parts in the vector loop
+    const float inv = 1.0f / (float)plen;
+    const float16 even = (float16)(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);  // the s lanes
+    float16 s0 = 0.0f, s1 = 0.0f;
+    for (int p = 0; p < vec; p += 16)
+        s0 += *(__global const ufloat16 *)(pc + 2 * p), s1 += *(__global const ufloat16 *)(pc + 2 * p + 16);
+    float a[16];
+    *(float16 *)a = (s0 + s1) * even;
+    for (int p = vec; p < parts; p++) a[p % 16] += pc[2 * p * ps];
     const float m = sum16(a) / (float)M;
-    for (int p = 0; p < parts; p++) {
-        const float n = (float)min(plen, M - p * plen), d = pc[2 * p * ps] / n - m;
-        b[p % 16] += pc[2 * p * ps + 1] + n * d * d;
+    const float16 nm = (float)plen * m * even;
+    float16 b0 = 0.0f, b1 = 0.0f;
+    for (int p = 0; p < vec; p += 16) {
+        const float16 t0 = *(__global const ufloat16 *)(pc + 2 * p) - nm, t1 = *(__global const ufloat16 *)(pc + 2 * p + 16) - nm;
+        b0 += even != 0.0f ? t0 * t0 * inv : t0, b1 += even != 0.0f ? t1 * t1 * inv : t1;  // (s - n m)^2 / n, q
+    }
+    float b[16];
+    *(float16 *)b = b0 + b1;
+    for (int p = vec; p < full; p++) {
+        const float d = pc[2 * p * ps] - (float)plen * m;
+        b[p % 16] += pc[2 * p * ps + 1] + d * d * inv;
+    }
+    for (int p = full; p < parts; p++) {
+        const float n = (float)(M - p * plen), d = pc[2 * p * ps] - n * m;
+        b[p % 16] += pc[2 * p * ps + 1] + d * d / n;
     }
     const float v = sum16(b) / (float)M;
     mean[c] = m, var[c] = v;
