@@ -358,11 +358,13 @@ _CPU_DOT_ITEM_WORK = 16384  # fewest multiply-adds a dot-product work-item takes
 # of a short K go several to one (32 x 144 x 128 ran 288 work-items of 2048: the kernel 25-27 us;
 # 40 of 16384: 12.6; 16 of 65536: 19, the cores' shares uneven; PoCL, Zen 5, profiled events)
 _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
-# gemm_cpu_nt (cpu16) in place of the dot kernel for 16 or more rows and a short K: 32 x 144 x 128
-# (the digits CNN's conv2 weight gradient at batch 8) 12-15 us against 17-19, replayed (the dot kernel
+# gemm_cpu_nt in place of the dot kernel for 16 or more rows and a short K: 32 x 144 x 128 (the
+# digits CNN's conv2 weight gradient at batch 8) 12-15 us against 17-19, replayed (the dot kernel
 # reduces each of its 4608 sums across lanes); at K = 512 they tie (32 x 144 x 512: 37 us each), past
 # it the transposing kernel's 16 rows of A and B a stride K apart conflict in L1 (32 x 144 x 1024: 90
-# against 62) and each chunk's sum of K / 8 terms grows its error (PoCL, Zen 5)
+# against 62) and each chunk's sum of K / 8 terms grows its error (PoCL, Zen 5). Its 8-wide variant
+# (cpu: AVX2 code on Zen 4, kernel events, 39 alternations): 32 x 144 x 128 23.8 us against the dot
+# kernel's 27.9, 16 x 144 x 64 8.0 against 12.8; at K = 256 they tie.
 _CPU_NT_MIN_ROWS, _CPU_NT_MAX_K = 16, 256
 _CPU_THIN_K = 8  # most k for gemm_cpu_thin (B's k vectors held in registers; a detection head's 5 channels)
 _CPU_THIN_VECS = 4  # most column vectors: on wider rows of C gemm_cpu was faster (27 x 32768 x 4: 117 us
@@ -402,8 +404,8 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
     want = _CPU_ITEMS * compute_units(q)
     split = batch * M * N * K >= _CPU_SPLIT_WORK
     if dot:
-        if dot == "nt":  # its blocks are 16 x 16 (gemm_cpu.cl's NTB), built with the class's own options
-            cfg = dict(cfg, DM=16, DN=16)
+        if dot == "nt":  # its blocks are VW x VW (gemm_cpu.cl's NTB), built with the class's own options
+            cfg = dict(cfg, DM=cfg["VW"], DN=cfg["VW"])
         mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
         items = batch * mblocks * nblocks
         chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
@@ -430,7 +432,7 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
 
 def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets):
     """gemm() on a CPU: gemm_cpu (any layout); for A and B both contiguous along k with few
-    rows, gemm_cpu_dot, or with 16 rows or more and a short K on AVX-512, gemm_cpu_nt; C = A B
+    rows, gemm_cpu_dot, or with 16 rows or more and a short K, gemm_cpu_nt; C = A B
     with a short K into short rows, gemm_cpu_thin (_gemm_cpu_thin).
     Split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks of C alone leave the
     cores idle or K is long."""
@@ -440,7 +442,7 @@ def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode
         return
     dot = None
     if sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS and K >= _CPU_DOT_KMIN:
-        dot = "nt" if cls == "cpu16" and M >= _CPU_NT_MIN_ROWS and K <= _CPU_NT_MAX_K else "dot"
+        dot = "nt" if M >= _CPU_NT_MIN_ROWS and K <= _CPU_NT_MAX_K else "dot"
     key = (q.context, cls, M, N, K, batch, dot)
     plan = _cpu_plans.get(key)
     if plan is None:

@@ -50,7 +50,7 @@ for config in ("cpu", "cpu16"):
             got = ops.matmul(guarded(q, a), guarded(q, b)).to_host()
             assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4), (config, M, N, K)
     ops._CPU_THIN_K = 8
-    # both operands k-rows: dot blocks, grouped along n; cpu16's gemm_cpu_nt (rows, columns and k in tails)
+    # both operands k-rows: dot blocks, grouped along n; gemm_cpu_nt (rows, columns and k in tails)
     for M, N, K in [(10, 150, 128), (13, 21, 71), (32, 150, 128), (45, 21, 203)]:
         a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
         got = ops.matmul(guarded(q, a), guarded(q, b), trans_b=True).to_host()

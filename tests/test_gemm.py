@@ -94,9 +94,9 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # but for the last rows (ops: k_wide), over batches with offsets, one vector of columns on cpu16;
 # "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient);
 # "dot_grouped": a short K, so a work-item takes several blocks along n (the last group fewer).
-# gemm_cpu_nt (cpu16; the "cpu" class runs the dot kernel there): whole 16 x 16 blocks (stored as
-# rows where the product is plain), tails of rows, columns and k (45 x 28 x 203: last blocks of 13
-# rows and 12 columns, more than half a block, and 25 chunks of 8 k, 3 left), one block.
+# gemm_cpu_nt (blocks of 16 x 16 on cpu16, 8 x 8 on cpu): whole blocks (stored as rows where the
+# product is plain), tails of rows, columns and k (45 x 28 x 203: last blocks of 13 rows and 12
+# columns on cpu16, 5 and 4 on cpu, and 25 chunks of 8 k, 3 left), one block (two on cpu).
 _CPU_PATHS = {
     "narrow": (2, 19, 10, 300, False, "kn", "gemm_cpu", 1),
     "narrow_3": (2, 7, 3, 40, True, "kn", "gemm_cpu", 1),
@@ -134,8 +134,6 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
             _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, beta, f"{config} {path}")
         # alpha 1, no beta: gemm_cpu's plain epilogue (whole tiles stored without tests)
         _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, 0.0, f"{config} {path} alpha 1", 1.0)
-    if kernel == "gemm_cpu_nt" and config == "cpu":  # the transposing kernel is cpu16's (16-wide vectors)
-        kernel = "gemm_cpu_dot"
     dot = {"gemm_cpu_dot": "dot", "gemm_cpu_nt": "nt"}.get(kernel)
     plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, dot)]
     assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"

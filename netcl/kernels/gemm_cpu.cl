@@ -349,6 +349,72 @@ void gemm_cpu_nt(const int M, const int N, const int K,
         }
     }
 }
+#elif VW == 8
+// The transposing kernel on 8-wide devices (AVX2's 16 registers): 8 x 8 blocks of C, the block's 8
+// rows of A one float8 (lanes m), 8 accumulators (columns). Per 8 k: the 8 rows' 8 floats loaded,
+// transposed (3 stages of 8 shuffles) into A's 8 columns, each multiplied by the block's 8 scalars
+// of B straight into the accumulators (16 of 16 registers would hold the columns and the
+// accumulators both, so no separate 8-product sums: each lane's sum runs over all K terms; K is
+// at most _CPU_NT_MAX_K). gemm_cpu_dot's 9 lane reductions per 3 x 3 block made 32 x 144 x 128
+// (the digits CNN's conv2 weight gradient at batch 8) 28.8 us a launch against this kernel's.
+#define NTB 8
+
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(256)))
+void gemm_cpu_nt(const int M, const int N, const int K,
+                 __global const float *A, const int a_off, const int sam, const int sab,
+                 __global const float *B, const int b_off, const int sbn, const int sbb,
+                 __global float *C, const int c_off, const int scm, const int scn, const int scb,
+                 const float alpha, const float beta, __global const float *bias, const int bias_mode,
+                 const int mblocks, const int nblocks, const int nper, const int kchunk, const int chunks,
+                 __global float *P, const int total) {
+    const int gid = get_global_id(0);
+    if (gid >= total) return;
+    DOT_ITEM(8);
+    __global const float *ap[8];  // rows past M or N repeat the last one (not stored)
+#pragma unroll
+    for (int i = 0; i < 8; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
+    for (int nb = nb0; nb < nb_end; nb++) {
+        const int n0 = nb * NTB;
+        __global const float *bp[NTB];
+#pragma unroll
+        for (int j = 0; j < NTB; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
+        float8 acc[NTB];
+#pragma unroll
+        for (int j = 0; j < NTB; j++) acc[j] = (float8)(0.0f);
+        int k = k0;
+        for (; k + 8 <= k1; k += 8) {
+            float8 p[8], t[8];
+#pragma unroll
+            for (int v = 0; v < 8; v++) p[v] = *(__global const ufloat8 *)(ap[v] + k);
+            TRANSPOSE8(p, t);  // t[kk] lane i = A(m0 + i, k + kk)
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+                for (int j = 0; j < NTB; j++) acc[j] += t[kk] * bp[j][k + kk];
+        }
+        for (; k < k1; k++) {  // the tail: A's column k gathered
+            const float8 a = (float8)(ap[0][k], ap[1][k], ap[2][k], ap[3][k], ap[4][k], ap[5][k], ap[6][k], ap[7][k]);
+#pragma unroll
+            for (int j = 0; j < NTB; j++) acc[j] += a * bp[j][k];
+        }
+        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + 8 <= M &&
+            n0 + 8 <= N) {  // a plain product's whole block: transposed back, rows stored
+            float8 u[8];
+            TRANSPOSE8(acc, u);
+            __global float *c = C + c_off + b * scb + m0 * scm + n0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) *(__global ufloat8 *)(c + i * scm) = u[i];
+            continue;
+        }
+        for (int j = 0; j < NTB && n0 + j < N; j++) {
+            float s[8];
+            *(float8 *)s = acc[j];
+            for (int i = 0; i < 8 && m0 + i < M; i++)
+                dot_store(s[i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
+                          chunks, P);
+        }
+    }
+}
 #endif
 
 // Short-K GEMM (TK = K <= 8, compiled in: a 1x1 convolution's data gradient from a detection

@@ -90,6 +90,22 @@ inline float8 hsum16x8(const float16 a[8]) {
         y[(v) + (S)] = __builtin_shufflevector(x[v], x[(v) + (S)], HI); \
     } while (0)
 
+// the same stages on float8 (TR16_SWAP with these): three (S = 1, 2, 4) transpose 8 x 8
+#define TR8_LO1 0, 8, 2, 10, 4, 12, 6, 14
+#define TR8_HI1 1, 9, 3, 11, 5, 13, 7, 15
+#define TR8_LO2 0, 1, 8, 9, 4, 5, 12, 13
+#define TR8_HI2 2, 3, 10, 11, 6, 7, 14, 15
+#define TR8_LO4 0, 1, 2, 3, 8, 9, 10, 11
+#define TR8_HI4 4, 5, 6, 7, 12, 13, 14, 15
+
+// a[8] (float8) transposed into t[8] (lane i of a[j] becomes lane j of t[i]), a overwritten
+#define TRANSPOSE8(a, t)                                                                                   \
+    do {                                                                                                   \
+        _Pragma("unroll") for (int v_ = 0; v_ < 8; v_ += 2) TR16_SWAP(a, t, v_, 1, TR8_LO1, TR8_HI1);      \
+        _Pragma("unroll") for (int v_ = 0; v_ < 8; v_ += (v_ & 1) ? 3 : 1) TR16_SWAP(t, a, v_, 2, TR8_LO2, TR8_HI2); \
+        _Pragma("unroll") for (int v_ = 0; v_ < 4; v_++) TR16_SWAP(a, t, v_, 4, TR8_LO4, TR8_HI4);         \
+    } while (0)
+
 // a[16] transposed in place through tmp[16] (lane i of a[j] becomes lane j of a[i])
 #define TRANSPOSE16(a, tmp)                                                                        \
     do {                                                                                           \
