@@ -259,6 +259,22 @@ def winot_lanes(request, queue, monkeypatch):
             assert f"-DWGV={request.param}" in options
 
 
+def test_float_lanes_follow_the_device_or_the_environment(queue, monkeypatch):
+    """The vector width the CPU kernels assume: the device's preferred one, or NETCL_FLOAT_LANES (4, 8
+    or 16; anything else a ValueError saying what it takes)."""
+    from netcl import runtime
+
+    monkeypatch.delenv("NETCL_FLOAT_LANES", raising=False)
+    assert ops.float_lanes(queue) == runtime.float_lanes(queue.device) == queue.device.preferred_vector_width_float
+    for text in ("4", "8", "16"):
+        monkeypatch.setenv("NETCL_FLOAT_LANES", text)
+        assert ops.float_lanes(queue) == runtime.float_lanes(queue.device) == int(text)
+    for text in ("7", "avx2", "32"):
+        monkeypatch.setenv("NETCL_FLOAT_LANES", text)
+        with pytest.raises(ValueError, match="NETCL_FLOAT_LANES must be one of 4, 8, 16"):
+            ops.float_lanes(queue)
+
+
 def test_winot_blocks_follow_the_vector_width():
     """conv_winot.cl's output channels per block by the device's float vector width (16 accumulators
     of 16 lanes on AVX-512, 4 float16 = 8 ymm on AVX2), and where it runs unforced: training from 8
