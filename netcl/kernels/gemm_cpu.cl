@@ -265,21 +265,23 @@ void gemm_cpu_dot(const int M, const int N, const int K,
     }
 }
 
-#if VW == 16
+#if VW == 16 || VW == 8
 // Transposing kernel for the same layout (A and B contiguous along k) with 16 rows or more and
-// a short K (cpu16): a work-item computes nper 16 x 16 blocks of C along n, the block's 16 rows
-// of A one vector (lanes m), 16 accumulators (columns), no sums across lanes. Per 8 k it loads
-// the 16 rows' 8 floats (8 vectors, rows v and v + 8 in each), transposes them in registers (3
-// stages of 8 two-source shuffles, each swapping a bit of the vector index with a bit of the lane
-// index) into 8 vectors of A's columns, and multiplies each by 16 scalars of B (broadcast
-// operands), each column's 8 products summed before they join its accumulator (sums of K / 8
-// terms): 16 loads and 32 shuffles per 128 vector multiply-adds, where gemm_cpu_dot reduces every
-// one of its DM * DN accumulators across lanes (at K = 128 about as many operations as its
-// multiply-adds). A plain product's whole block is transposed back (4 stages of 16) and stored
-// as 16 row vectors; other blocks, sums and epilogues element by element.
-#define NTB 16
+// a short K: a work-item computes nper VW x VW blocks of C along n, the block's VW rows of A one
+// vector (lanes m), VW accumulators (columns), no sums across lanes. Per 8 k it loads the rows'
+// 8 floats (8 vectors: on 16-wide devices rows v and v + 8 in each), transposes them in registers
+// (3 stages of 8 two-source shuffles, each swapping a bit of the vector index with a bit of the
+// lane index) into 8 vectors of A's columns, and multiplies each by VW scalars of B (broadcast
+// operands): 16 loads and 32 shuffles per 128 vector multiply-adds at VW 16, where gemm_cpu_dot
+// reduces every one of its DM * DN accumulators across lanes (at K = 128 about as many operations
+// as its multiply-adds). At VW 16 each column's 8 products are summed before they join its
+// accumulator (sums of K / 8 terms); at VW 8 (AVX2's 16 registers: the 8 columns and the 8
+// accumulators fill them) they join it one by one (sums of K terms, K at most ops._CPU_NT_MAX_K).
+// A plain product's whole block is transposed back and stored as VW row vectors; other blocks,
+// sums and epilogues element by element.
+#define NTB VW
 
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(32 * VW)))
 void gemm_cpu_nt(const int M, const int N, const int K,
                  __global const float *A, const int a_off, const int sam, const int sab,
                  __global const float *B, const int b_off, const int sbn, const int sbb,
@@ -289,21 +291,22 @@ void gemm_cpu_nt(const int M, const int N, const int K,
                  __global float *P, const int total) {
     const int gid = get_global_id(0);
     if (gid >= total) return;
-    DOT_ITEM(16);
-    __global const float *ap[16];  // rows past M or N repeat the last one (not stored)
+    DOT_ITEM(VW);
+    __global const float *ap[VW];  // rows past M or N repeat the last one (not stored)
 #pragma unroll
-    for (int i = 0; i < 16; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
+    for (int i = 0; i < VW; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
     for (int nb = nb0; nb < nb_end; nb++) {
         const int n0 = nb * NTB;
         __global const float *bp[NTB];
 #pragma unroll
         for (int j = 0; j < NTB; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
-        float16 acc[NTB];
+        VEC acc[NTB];
 #pragma unroll
-        for (int j = 0; j < NTB; j++) acc[j] = (float16)(0.0f);
+        for (int j = 0; j < NTB; j++) acc[j] = (VEC)(0.0f);
         int k = k0;
         for (; k + 8 <= k1; k += 8) {
-            float16 p[8], t[8];
+            VEC p[8], t[8];
+#if VW == 16
 #pragma unroll
             for (int v = 0; v < 8; v++)  // lanes 0-7: row v's k..k+7, lanes 8-15: row v + 8's
                 p[v] = __builtin_shufflevector(*(__global const ufloat8 *)(ap[v] + k),
@@ -317,73 +320,12 @@ void gemm_cpu_nt(const int M, const int N, const int K,
             for (int v = 0; v < 4; v++) TR16_SWAP(p, t, v, 4, TR16_LO4, TR16_HI4);  // t[kk] lane i = A(m0 + i, k + kk)
 #pragma unroll
             for (int j = 0; j < NTB; j++) {  // each chunk's 8 products summed first: a sum of K / 8 terms
-                float16 part = t[0] * bp[j][k];
+                VEC part = t[0] * bp[j][k];
 #pragma unroll
                 for (int kk = 1; kk < 8; kk++) part += t[kk] * bp[j][k + kk];
                 acc[j] += part;
             }
-        }
-        for (; k < k1; k++) {  // the tail: A's column k gathered
-            float col[16];
-#pragma unroll
-            for (int i = 0; i < 16; i++) col[i] = ap[i][k];
-            const float16 a = *(float16 *)col;
-#pragma unroll
-            for (int j = 0; j < NTB; j++) acc[j] += a * bp[j][k];
-        }
-        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + 16 <= M &&
-            n0 + 16 <= N) {  // a plain product's whole block: transposed back (4 stages), rows stored
-            float16 u[16];
-            TRANSPOSE16(acc, u);
-            __global float *c = C + c_off + b * scb + m0 * scm + n0;
-#pragma unroll
-            for (int i = 0; i < 16; i++) *(__global ufloat16 *)(c + i * scm) = acc[i];
-            continue;
-        }
-        for (int j = 0; j < NTB && n0 + j < N; j++) {
-            float s[16];
-            *(float16 *)s = acc[j];
-            for (int i = 0; i < 16 && m0 + i < M; i++)
-                dot_store(s[i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
-                          chunks, P);
-        }
-    }
-}
-#elif VW == 8
-// The transposing kernel on 8-wide devices (AVX2's 16 registers): 8 x 8 blocks of C, the block's 8
-// rows of A one float8 (lanes m), 8 accumulators (columns). Per 8 k: the 8 rows' 8 floats loaded,
-// transposed (3 stages of 8 shuffles) into A's 8 columns, each multiplied by the block's 8 scalars
-// of B straight into the accumulators (16 of 16 registers would hold the columns and the
-// accumulators both, so no separate 8-product sums: each lane's sum runs over all K terms; K is
-// at most _CPU_NT_MAX_K). gemm_cpu_dot's 9 lane reductions per 3 x 3 block made 32 x 144 x 128
-// (the digits CNN's conv2 weight gradient at batch 8) 28.8 us a launch against this kernel's.
-#define NTB 8
-
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(256)))
-void gemm_cpu_nt(const int M, const int N, const int K,
-                 __global const float *A, const int a_off, const int sam, const int sab,
-                 __global const float *B, const int b_off, const int sbn, const int sbb,
-                 __global float *C, const int c_off, const int scm, const int scn, const int scb,
-                 const float alpha, const float beta, __global const float *bias, const int bias_mode,
-                 const int mblocks, const int nblocks, const int nper, const int kchunk, const int chunks,
-                 __global float *P, const int total) {
-    const int gid = get_global_id(0);
-    if (gid >= total) return;
-    DOT_ITEM(8);
-    __global const float *ap[8];  // rows past M or N repeat the last one (not stored)
-#pragma unroll
-    for (int i = 0; i < 8; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
-    for (int nb = nb0; nb < nb_end; nb++) {
-        const int n0 = nb * NTB;
-        __global const float *bp[NTB];
-#pragma unroll
-        for (int j = 0; j < NTB; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
-        float8 acc[NTB];
-#pragma unroll
-        for (int j = 0; j < NTB; j++) acc[j] = (float8)(0.0f);
-        int k = k0;
-        for (; k + 8 <= k1; k += 8) {
-            float8 p[8], t[8];
+#else
 #pragma unroll
             for (int v = 0; v < 8; v++) p[v] = *(__global const ufloat8 *)(ap[v] + k);
             TRANSPOSE8(p, t);  // t[kk] lane i = A(m0 + i, k + kk)
@@ -391,31 +333,42 @@ void gemm_cpu_nt(const int M, const int N, const int K,
             for (int kk = 0; kk < 8; kk++)
 #pragma unroll
                 for (int j = 0; j < NTB; j++) acc[j] += t[kk] * bp[j][k + kk];
+#endif
         }
         for (; k < k1; k++) {  // the tail: A's column k gathered
-            const float8 a = (float8)(ap[0][k], ap[1][k], ap[2][k], ap[3][k], ap[4][k], ap[5][k], ap[6][k], ap[7][k]);
+            float col[VW];
+#pragma unroll
+            for (int i = 0; i < VW; i++) col[i] = ap[i][k];
+            const VEC a = *(VEC *)col;
 #pragma unroll
             for (int j = 0; j < NTB; j++) acc[j] += a * bp[j][k];
         }
-        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + 8 <= M &&
-            n0 + 8 <= N) {  // a plain product's whole block: transposed back, rows stored
-            float8 u[8];
-            TRANSPOSE8(acc, u);
+        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + VW <= M &&
+            n0 + NTB <= N) {  // a plain product's whole block: transposed back, rows stored
+            VEC u[VW];
+#if VW == 16
+            TRANSPOSE16(acc, u);  // in place
+#define NT_ROW acc
+#else
+            TRANSPOSE8(acc, u);  // into u
+#define NT_ROW u
+#endif
             __global float *c = C + c_off + b * scb + m0 * scm + n0;
 #pragma unroll
-            for (int i = 0; i < 8; i++) *(__global ufloat8 *)(c + i * scm) = u[i];
+            for (int i = 0; i < VW; i++) *(__global uvec *)(c + i * scm) = NT_ROW[i];
             continue;
         }
         for (int j = 0; j < NTB && n0 + j < N; j++) {
-            float s[8];
-            *(float8 *)s = acc[j];
-            for (int i = 0; i < 8 && m0 + i < M; i++)
+            float s[VW];
+            *(VEC *)s = acc[j];
+            for (int i = 0; i < VW && m0 + i < M; i++)
                 dot_store(s[i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
                           chunks, P);
         }
     }
 }
 #endif
+
 
 // Short-K GEMM (TK = K <= 8, compiled in: a 1x1 convolution's data gradient from a detection
 // head's 5 output channels, W^T dy per image), B and C contiguous along n, C = A B (no alpha, beta
