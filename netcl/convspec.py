@@ -107,7 +107,7 @@ def winot_layout(spec):
 # with 16-wide vectors (AVX-512's 32 registers) 16 (8 for at most 8 channels); on 8-wide ones
 # (AVX2's 16 registers, each float16 two of them) 4, 8 accumulators: with KV 16 they spilled, and
 # the 16 -> 16 channel convolution of resnet8's first stage (32x32, batch 64) took 0.72x of KV 16's
-# time (AVX2 code on Zen 4; tools/benchmark_training_step.py's --ab on the whole step below)
+# time in a loop (AVX2 code on Zen 4; whole steps against the direct kernels: README, Training steps)
 WINOT_TRAIN_LANES = 8  # the narrowest float vectors conv_winot.cl trains on where not forced
 
 

@@ -12,8 +12,9 @@ PROVIDERS = ("cpu", "cuda")
 # environment that makes PoCL generate that set's code (its kernel library, and with it LLVM's
 # CPU: "pthread-haswell-..."), netcl run that vector width's kernel variants, and the peers run
 # theirs (PyTorch's ATen and oneDNN, numpy's OpenBLAS). Zen 4 running AVX2 code has Zen 3's
-# 256-bit FMA throughput; resnet8 at batch 64 read 0.78x of PyTorch's step that way, as on a
-# Zen 3 (seventh session), and detector26 at batch 8 0.53x against Zen 3's 0.57x.
+# 256-bit FMA throughput; with the seventh session's AVX2 code paths (before Winograd trained
+# there) resnet8 at batch 64 read 0.78x of PyTorch's step that way, as on that session's Zen 3,
+# and detector26 at batch 8 0.53x against Zen 3's 0.57x.
 ISA_ENVIRONMENTS = {"avx2": {"POCL_KERNELLIB_NAME": "avx2", "NETCL_FLOAT_LANES": "8", "ATEN_CPU_CAPABILITY": "avx2",
                              "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell", "NETCL_BENCH_ISA": "avx2"}}
 

@@ -356,6 +356,7 @@ void gemm_cpu_nt(const int M, const int N, const int K,
             __global float *c = C + c_off + b * scb + m0 * scm + n0;
 #pragma unroll
             for (int i = 0; i < VW; i++) *(__global uvec *)(c + i * scm) = NT_ROW[i];
+#undef NT_ROW
             continue;
         }
         for (int j = 0; j < NTB && n0 + j < N; j++) {
@@ -368,7 +369,6 @@ void gemm_cpu_nt(const int M, const int N, const int K,
     }
 }
 #endif
-
 
 // Short-K GEMM (TK = K <= 8, compiled in: a 1x1 convolution's data gradient from a detection
 // head's 5 output channels, W^T dy per image), B and C contiguous along n, C = A B (no alpha, beta
