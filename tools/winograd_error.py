@@ -15,6 +15,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from netcl.apps import common  # noqa: E402
+
 # label -> (environment, training mode): each kernel as netcl chooses it under that environment
 KERNELS = {
     "direct": ({"NETCL_CPU_WINO": "0"}, False),
@@ -68,12 +70,13 @@ def errors(c, k=16, size=16, seed=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--channels", default="16,64,256", help="comma-separated input channel counts")
-    ap.add_argument("--out-channels", type=int, default=16)
-    ap.add_argument("--size", type=int, default=16, help="planes of size x size")
+    ap.add_argument("--channels", type=common.positive_ints, default=(16, 64, 256),
+                    help="comma-separated input channel counts")
+    ap.add_argument("--out-channels", type=common.positive_int, default=16)
+    ap.add_argument("--size", type=common.positive_int, default=16, help="planes of size x size")
     args = ap.parse_args()
     print("max |error| / max |output| against float64 on the same float32 inputs")
-    for c in (int(v) for v in args.channels.split(",")):
+    for c in args.channels:
         e = errors(c, args.out_channels, args.size)
         cells = "  ".join(f"{label} {v:.2e}" for label, v in e.items())
         print(f"{c:4d} channels: {cells}  F(4x4) / F(2x2) inference {e['F(4x4) inference'] / e['F(2x2) inference']:.1f}x")
