@@ -141,10 +141,11 @@ def winot_plain(c, k, h, w, add=False, lanes=16):
     """(defines, build options) of conv_winot.cl for a plain 3x3 stride-1 padding-1 convolution of
     c -> k channels on h x w planes stored with a border of 1 (no activation or output border:
     Conv2d's training passes; `add`: the result added into the output tensor, RES_IN_PLACE) on a
-    device with `lanes`-wide float vectors, or None where winot_layout refuses it."""
+    device with `lanes`-wide float vectors (KV, and WGV: the vectors of winot_wgrad's sums, for the
+    weight gradient's launches), or None where winot_layout refuses it."""
     spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0, res=add)
     if winot_layout(spec) is None:
         return None
-    defines = winot_defines(spec, lanes)
+    defines = dict(winot_defines(spec, lanes), WGV=16 if lanes >= 16 else 8)  # winot_wgrad's vectors
     return defines, (tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
                      + (("-DRES_IN_PLACE",) if add else ()))

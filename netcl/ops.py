@@ -1,7 +1,6 @@
 """Thin launchers for the kernels in netcl/kernels: Python picks shapes and launch sizes,
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
 import math
-import os
 import threading
 
 import numpy as np
@@ -247,11 +246,9 @@ def compute_units(q):
 
 
 def float_lanes(q):
-    """netcl.runtime.float_lanes of the queue's device: its preferred float vector width (cached: a
-    driver query; PoCL gives 16 on AVX-512, 8 on AVX2), or $NETCL_FLOAT_LANES (read per call)."""
-    if os.environ.get("NETCL_FLOAT_LANES", "").strip():
-        return runtime.float_lanes(q.device)
-    return _device_value(_float_lanes, q, "preferred_vector_width_float")
+    """netcl.runtime.float_lanes of the queue's device: $NETCL_FLOAT_LANES (read per call), else its
+    preferred float vector width (cached: a driver query; PoCL gives 16 on AVX-512, 8 on AVX2)."""
+    return runtime.lanes_override() or _device_value(_float_lanes, q, "preferred_vector_width_float")
 
 
 def local_mem(q):

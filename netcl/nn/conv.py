@@ -261,7 +261,7 @@ def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
     rows, tv, chunks, groups = _winot_wgrad_groups(c, k, nt, ops.local_mem(q), ops.compute_units(q))
     part = ops.new(q, (groups * 16 * k * c,))
-    options = options + (f"-DTV={tv}", f"-DROWS={rows}", f"-DWGV={16 if ops.float_lanes(q) >= 16 else 8}")
+    options = options + (f"-DTV={tv}", f"-DROWS={rows}")
     ops.launch(q, "conv_winot", "winot_wgrad", (4 // rows, groups), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd,
                part, nt, chunks, options=options)
     part.mark_written()

@@ -99,19 +99,24 @@ def device_class(queue):
 _LANES = (4, 8, 16)
 
 
-def float_lanes(device):
-    """The float vector width netcl's CPU kernels size their vectors and register blocks by: the
-    device's preferred one (PoCL: 16 on AVX-512, 8 on AVX2), or $NETCL_FLOAT_LANES (4, 8 or 16),
-    which runs another width's kernel variants: with PoCL generating that instruction set's code
-    (POCL_KERNELLIB_NAME=avx2), an AVX-512 machine runs what an AVX2 one would (the benchmark
+def lanes_override():
+    """$NETCL_FLOAT_LANES as an int (4, 8 or 16), or None where unset: another float vector width for
+    netcl's CPU kernels than the device's (float_lanes). With PoCL generating that instruction set's
+    code (POCL_KERNELLIB_NAME=avx2), an AVX-512 machine runs what an AVX2 one would (the benchmark
     tools' --isa avx2)."""
     text = os.environ.get("NETCL_FLOAT_LANES", "").strip()
     if not text:
-        return device.preferred_vector_width_float
+        return None
     if text not in {str(n) for n in _LANES}:
         raise ValueError(f"NETCL_FLOAT_LANES must be one of {', '.join(map(str, _LANES))} (float vector width), "
                          f"got {text!r}")
     return int(text)
+
+
+def float_lanes(device):
+    """The float vector width netcl's CPU kernels size their vectors and register blocks by: the
+    device's preferred one (PoCL: 16 on AVX-512, 8 on AVX2), or lanes_override()'s."""
+    return lanes_override() or device.preferred_vector_width_float
 
 
 _SIGNATURE = re.compile(r"__kernel\b(?:\s*__attribute__\s*\(\(.*?\)\))?\s*void\s+(\w+)\s*\(([^)]*)\)", re.S)
@@ -271,4 +276,4 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
