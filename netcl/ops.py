@@ -360,9 +360,15 @@ _CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk sta
 # reduces each of its 4608 sums across lanes); at K = 512 they tie (32 x 144 x 512: 37 us each), past
 # it the transposing kernel's 16 rows of A and B a stride K apart conflict in L1 (32 x 144 x 1024: 90
 # against 62) and each chunk's sum of K / 8 terms grows its error (PoCL, Zen 5). Its 8-wide variant
-# (cpu: AVX2 code on Zen 4, kernel events, 39 alternations): 32 x 144 x 128 23.8 us against the dot
-# kernel's 27.9, 16 x 144 x 64 8.0 against 12.8; at K = 256 they tie.
+# (cpu: AVX2 code on Zen 4), 16 x 5 blocks on A's rows transposed into private memory first:
+# 32 x 144 x 128 in 12.8-15 us a launch against 16-19 for the 8 x 8 blocks it replaced (kernel events),
+# 18.4 us replayed against numpy's 10.4 in the GEMM benchmark (8 x 8: 31.5 against 14.1, the same
+# day); its K is at most gemm_cpu.cl's NT_KMAX.
 _CPU_NT_MIN_ROWS, _CPU_NT_MAX_K = 16, 256
+_CPU_NT_BLOCKS = {16: (16, 16), 8: (16, 5)}  # vector width: rows x columns of gemm_cpu_nt's blocks
+_CPU_NT_ITEM_WORK = 1 << 17  # fewest multiply-adds of an 8-wide gemm_cpu_nt work-item, which transposes
+# its 16 rows of A over K before its blocks: 32 x 144 x 128 in 58 work-items took 29 us a launch, in
+# 20 19.1, in 6 16.5, in 2 15.5 (replayed; AVX2 code on Zen 4)
 _CPU_THIN_K = 8  # most k for gemm_cpu_thin (B's k vectors held in registers; a detection head's 5 channels)
 _CPU_THIN_VECS = 4  # most column vectors: on wider rows of C gemm_cpu was faster (27 x 32768 x 4: 117 us
 # against 204; 64 x 1024 x 8 over 8: 106 against 216), on these gemm_cpu_thin as fast or faster (512 x
@@ -401,14 +407,18 @@ def _cpu_plan(q, cls, M, N, K, batch, dot):
     want = _CPU_ITEMS * compute_units(q)
     split = batch * M * N * K >= _CPU_SPLIT_WORK
     if dot:
-        if dot == "nt":  # its blocks are VW x VW (gemm_cpu.cl's NTB), built with the class's own options
-            cfg = dict(cfg, DM=cfg["VW"], DN=cfg["VW"])
+        if dot == "nt":  # its blocks (gemm_cpu.cl's NTM x NTN) follow the class's vector width
+            cfg = dict(cfg, DM=_CPU_NT_BLOCKS[cfg["VW"]][0], DN=_CPU_NT_BLOCKS[cfg["VW"]][1])
         mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
         items = batch * mblocks * nblocks
         chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
         kchunk = max(1, _cdiv(_cdiv(K, chunks), cfg["VW"])) * cfg["VW"]  # whole vectors per chunk
         # blocks of few multiply-adds go nper to a work-item, as long as the cores keep enough
-        nper = max(1, min(_CPU_DOT_ITEM_WORK // (cfg["DM"] * cfg["DN"] * kchunk), items * chunks // want, nblocks))
+        if dot == "nt" and cfg["VW"] == 8:  # each work-item transposes its rows of A first
+            work, most = _CPU_NT_ITEM_WORK, items * chunks // compute_units(q)
+        else:
+            work, most = _CPU_DOT_ITEM_WORK, items * chunks // want
+        nper = max(1, min(work // (cfg["DM"] * cfg["DN"] * kchunk), most, nblocks))
         items = batch * mblocks * _cdiv(nblocks, nper)
         grid = (mblocks, nblocks, nper)
     else:

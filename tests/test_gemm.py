@@ -2,6 +2,8 @@
 and without split-K; for CPUs gemm_cpu (packed B panels, K blocks, split-K), gemm_cpu_dot and gemm_cpu_thin;
 transposes, sizes that are not multiples of any block, tails, batches with offsets, both bias
 modes, beta, alpha."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import assert_close
@@ -94,9 +96,10 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # but for the last rows (ops: k_wide), over batches with offsets, one vector of columns on cpu16;
 # "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient);
 # "dot_grouped": a short K, so a work-item takes several blocks along n (the last group fewer).
-# gemm_cpu_nt (blocks of 16 x 16 on cpu16, 8 x 8 on cpu): whole blocks (stored as rows where the
+# gemm_cpu_nt (blocks of 16 x 16 on cpu16, 16 x 5 on cpu): whole blocks (stored as rows where the
 # product is plain), tails of rows, columns and k (45 x 28 x 203: last blocks of 13 rows and 12
-# columns on cpu16, 5 and 4 on cpu, and 25 chunks of 8 k, 3 left), one block (two on cpu).
+# columns on cpu16, 13 and 3 on cpu, and 25 chunks of 8 k, 3 left), one block (four on cpu, the
+# last of one column); on cpu 32 x 144 x 128 takes 12 blocks a work-item, the last work-item 5.
 _CPU_PATHS = {
     "narrow": (2, 19, 10, 300, False, "kn", "gemm_cpu", 1),
     "narrow_3": (2, 7, 3, 40, True, "kn", "gemm_cpu", 1),
@@ -140,6 +143,14 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
     if path == "dot_grouped":
         mblocks, nblocks, nper = plan[1][:3]
         assert 1 < nper < nblocks and nblocks % nper, "blocks along n in groups, the last one short"
+    if path == "nt" and config == "cpu":
+        assert plan[1][:3] == (2, 29, 12), "16 x 5 blocks, 12 to a work-item"
+
+
+def test_nt_rows_of_a_fit_its_private_memory():
+    """The 8-wide gemm_cpu_nt holds A's rows over its whole K chunk in a private array of NT_KMAX k."""
+    source = (Path(ops.__file__).parent / "kernels" / "gemm_cpu.cl").read_text()
+    assert f"#define NT_KMAX {ops._CPU_NT_MAX_K}\n" in source
 
 
 # gemm_cpu_thin (K <= ops._CPU_THIN_K, rows of C of a few vectors, B and C contiguous along n, C = A

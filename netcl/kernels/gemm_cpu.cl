@@ -267,19 +267,30 @@ void gemm_cpu_dot(const int M, const int N, const int K,
 
 #if VW == 16 || VW == 8
 // Transposing kernel for the same layout (A and B contiguous along k) with 16 rows or more and
-// a short K: a work-item computes nper VW x VW blocks of C along n, the block's VW rows of A one
-// vector (lanes m), VW accumulators (columns), no sums across lanes. Per 8 k it loads the rows'
-// 8 floats (8 vectors: on 16-wide devices rows v and v + 8 in each), transposes them in registers
-// (3 stages of 8 two-source shuffles, each swapping a bit of the vector index with a bit of the
-// lane index) into 8 vectors of A's columns, and multiplies each by VW scalars of B (broadcast
-// operands): 16 loads and 32 shuffles per 128 vector multiply-adds at VW 16, where gemm_cpu_dot
-// reduces every one of its DM * DN accumulators across lanes (at K = 128 about as many operations
-// as its multiply-adds). At VW 16 each column's 8 products are summed before they join its
-// accumulator (sums of K / 8 terms); at VW 8 (AVX2's 16 registers: the 8 columns and the 8
-// accumulators fill them) they join it one by one (sums of K terms, K at most ops._CPU_NT_MAX_K).
-// A plain product's whole block is transposed back and stored as VW row vectors; other blocks,
-// sums and epilogues element by element.
-#define NTB VW
+// a short K (at most NT_KMAX, ops._CPU_NT_MAX_K): a work-item computes nper blocks of C along n
+// of one block of rows, its vectors' lanes rows of C (no sums across lanes). A's rows are
+// transposed in registers 8 floats at a time (3 stages of 8 two-source shuffles, each swapping a
+// bit of the vector index with a bit of the lane index) and multiplied by broadcast floats of B.
+// VW 16 (AVX-512's 32 registers): 16 x 16 blocks; per 8 k the rows' 8 floats (8 vectors: rows v
+// and v + 8 in each) are transposed into 8 vectors of A's columns and each multiplied by 16
+// scalars of B: 16 loads and 32 shuffles per 128 vector multiply-adds, each column's 8 products
+// summed before they join its accumulator (sums of K / 8 terms).
+// VW 8 (AVX2's 16 registers): 16 x 6 blocks; the work-item first transposes its 16 rows of A over
+// the whole K into private memory (2 float8 a k), then per k loads those 2 vectors and 6 floats
+// of B for 12 multiply-adds: 12 accumulators, 2 operands and a broadcast fill 15 registers. (8 x 8
+// blocks transposing in the loop needed 8 columns, 8 accumulators and the broadcast: 17, and
+// spilled: 32 x 144 x 128 took 16-19 us a launch against 8.5-9.5 now, kernel events.) Its sums
+// take their K products one by one (sums of K terms, K at most NT_KMAX).
+// A plain product's whole 16 x 16 block is transposed back and stored as 16 row vectors; other
+// blocks, sums and epilogues element by element.
+#define NT_KMAX 256
+#if VW == 16
+#define NTM 16
+#define NTN 16
+#else
+#define NTM 16
+#define NTN 5
+#endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(32 * VW)))
 void gemm_cpu_nt(const int M, const int N, const int K,
@@ -291,22 +302,76 @@ void gemm_cpu_nt(const int M, const int N, const int K,
                  __global float *P, const int total) {
     const int gid = get_global_id(0);
     if (gid >= total) return;
-    DOT_ITEM(VW);
+    DOT_ITEM(NTM);
+#if VW == 8
+    float8 at[2 * NT_KMAX];  // at[2 (k - k0) + h] lane i = A(m0 + 8 h + i, k)
+    for (int h = 0; h < 2; h++) {
+        __global const float *ap[8];  // rows past M repeat the last one (not stored)
+#pragma unroll
+        for (int i = 0; i < 8; i++) ap[i] = A + a_off + b * sab + MIN(m0 + 8 * h + i, M - 1) * sam;
+        int k = k0;
+        for (; k + 8 <= k1; k += 8) {
+            float8 p[8], t[8];
+#pragma unroll
+            for (int v = 0; v < 8; v++) p[v] = *(__global const ufloat8 *)(ap[v] + k);
+            TRANSPOSE8(p, t);  // t[kk] lane i = A(m0 + 8 h + i, k + kk)
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) at[2 * (k - k0 + kk) + h] = t[kk];
+        }
+        for (; k < k1; k++) {  // the tail: A's column k gathered
+            float col[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) col[i] = ap[i][k];
+            at[2 * (k - k0) + h] = *(float8 *)col;
+        }
+    }
+#else
     __global const float *ap[VW];  // rows past M or N repeat the last one (not stored)
 #pragma unroll
     for (int i = 0; i < VW; i++) ap[i] = A + a_off + b * sab + MIN(m0 + i, M - 1) * sam;
+#endif
     for (int nb = nb0; nb < nb_end; nb++) {
-        const int n0 = nb * NTB;
-        __global const float *bp[NTB];
+        const int n0 = nb * NTN;
+        __global const float *bp[NTN];
 #pragma unroll
-        for (int j = 0; j < NTB; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
-        VEC acc[NTB];
+        for (int j = 0; j < NTN; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
+#if VW == 8
+        float8 acc[2][NTN];
 #pragma unroll
-        for (int j = 0; j < NTB; j++) acc[j] = (VEC)(0.0f);
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < NTN; j++) acc[h][j] = (float8)(0.0f);
+        for (int k = k0; k < k1; k++) {
+            const float8 a0 = at[2 * (k - k0)], a1 = at[2 * (k - k0) + 1];
+#pragma unroll
+            for (int j = 0; j < NTN; j++) {
+                const float bj = bp[j][k];
+                acc[0][j] += a0 * bj;
+                acc[1][j] += a1 * bj;
+            }
+        }
+        float s[NTN][16];  // s[j][i] = C(m0 + i, n0 + j)
+#pragma unroll
+        for (int j = 0; j < NTN; j++) *(float8 *)&s[j][0] = acc[0][j], *(float8 *)&s[j][8] = acc[1][j];
+        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + NTM <= M &&
+            n0 + NTN <= N) {  // a plain product's whole block: its rows stored
+            __global float *c = C + c_off + b * scb + m0 * scm + n0;
+            for (int i = 0; i < NTM; i++)
+#pragma unroll
+                for (int j = 0; j < NTN; j++) c[i * scm + j] = s[j][i];
+            continue;
+        }
+        for (int j = 0; j < NTN && n0 + j < N; j++)
+            for (int i = 0; i < NTM && m0 + i < M; i++)
+                dot_store(s[j][i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
+                          chunks, P);
+#else
+        VEC acc[NTN];
+#pragma unroll
+        for (int j = 0; j < NTN; j++) acc[j] = (VEC)(0.0f);
         int k = k0;
         for (; k + 8 <= k1; k += 8) {
             VEC p[8], t[8];
-#if VW == 16
 #pragma unroll
             for (int v = 0; v < 8; v++)  // lanes 0-7: row v's k..k+7, lanes 8-15: row v + 8's
                 p[v] = __builtin_shufflevector(*(__global const ufloat8 *)(ap[v] + k),
@@ -319,21 +384,12 @@ void gemm_cpu_nt(const int M, const int N, const int K,
 #pragma unroll
             for (int v = 0; v < 4; v++) TR16_SWAP(p, t, v, 4, TR16_LO4, TR16_HI4);  // t[kk] lane i = A(m0 + i, k + kk)
 #pragma unroll
-            for (int j = 0; j < NTB; j++) {  // each chunk's 8 products summed first: a sum of K / 8 terms
+            for (int j = 0; j < NTN; j++) {  // each chunk's 8 products summed first: a sum of K / 8 terms
                 VEC part = t[0] * bp[j][k];
 #pragma unroll
                 for (int kk = 1; kk < 8; kk++) part += t[kk] * bp[j][k + kk];
                 acc[j] += part;
             }
-#else
-#pragma unroll
-            for (int v = 0; v < 8; v++) p[v] = *(__global const ufloat8 *)(ap[v] + k);
-            TRANSPOSE8(p, t);  // t[kk] lane i = A(m0 + i, k + kk)
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++)
-#pragma unroll
-                for (int j = 0; j < NTB; j++) acc[j] += t[kk] * bp[j][k + kk];
-#endif
         }
         for (; k < k1; k++) {  // the tail: A's column k gathered
             float col[VW];
@@ -341,31 +397,25 @@ void gemm_cpu_nt(const int M, const int N, const int K,
             for (int i = 0; i < VW; i++) col[i] = ap[i][k];
             const VEC a = *(VEC *)col;
 #pragma unroll
-            for (int j = 0; j < NTB; j++) acc[j] += a * bp[j][k];
+            for (int j = 0; j < NTN; j++) acc[j] += a * bp[j][k];
         }
         if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + VW <= M &&
-            n0 + NTB <= N) {  // a plain product's whole block: transposed back, rows stored
+            n0 + NTN <= N) {  // a plain product's whole block: transposed back, rows stored
             VEC u[VW];
-#if VW == 16
             TRANSPOSE16(acc, u);  // in place
-#define NT_ROW acc
-#else
-            TRANSPOSE8(acc, u);  // into u
-#define NT_ROW u
-#endif
             __global float *c = C + c_off + b * scb + m0 * scm + n0;
 #pragma unroll
-            for (int i = 0; i < VW; i++) *(__global uvec *)(c + i * scm) = NT_ROW[i];
-#undef NT_ROW
+            for (int i = 0; i < VW; i++) *(__global uvec *)(c + i * scm) = acc[i];
             continue;
         }
-        for (int j = 0; j < NTB && n0 + j < N; j++) {
+        for (int j = 0; j < NTN && n0 + j < N; j++) {
             float s[VW];
             *(VEC *)s = acc[j];
             for (int i = 0; i < VW && m0 + i < M; i++)
                 dot_store(s[i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
                           chunks, P);
         }
+#endif
     }
 }
 #endif
