@@ -275,14 +275,16 @@ void gemm_cpu_dot(const int M, const int N, const int K,
 // and v + 8 in each) are transposed into 8 vectors of A's columns and each multiplied by 16
 // scalars of B: 16 loads and 32 shuffles per 128 vector multiply-adds, each column's 8 products
 // summed before they join its accumulator (sums of K / 8 terms).
-// VW 8 (AVX2's 16 registers): 16 x 6 blocks; the work-item first transposes its 16 rows of A over
-// the whole K into private memory (2 float8 a k), then per k loads those 2 vectors and 6 floats
-// of B for 12 multiply-adds: 12 accumulators, 2 operands and a broadcast fill 15 registers. (8 x 8
-// blocks transposing in the loop needed 8 columns, 8 accumulators and the broadcast: 17, and
-// spilled: 32 x 144 x 128 took 16-19 us a launch against 8.5-9.5 now, kernel events.) Its sums
-// take their K products one by one (sums of K terms, K at most NT_KMAX).
-// A plain product's whole 16 x 16 block is transposed back and stored as 16 row vectors; other
-// blocks, sums and epilogues element by element.
+// VW 8 (AVX2's 16 registers): 16 x 5 blocks; the work-item first transposes its 16 rows of A over
+// the whole K into private memory (2 float8 a k), then per k loads those 2 vectors and 5 floats
+// of B for 10 multiply-adds: 10 accumulators, 2 operands and a broadcast, 13 registers (with 6
+// columns LLVM kept the row pointers of B in vector registers and spilled). 8 x 8 blocks
+// transposing in the loop needed 8 columns, 8 accumulators and the broadcast: 17, and spilled
+// (32 x 144 x 128: 16-19 us a launch against 12.8-15 now, kernel events). Its sums take their K
+// products one by one (sums of K terms, K at most NT_KMAX); its whole blocks of a plain product
+// are stored row by row, 5 floats each.
+// VW 16: a plain product's whole 16 x 16 block is transposed back and stored as 16 row vectors.
+// Other blocks, sums and epilogues element by element.
 #define NT_KMAX 256
 #if VW == 16
 #define NTM 16
