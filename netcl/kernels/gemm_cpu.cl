@@ -337,6 +337,11 @@ void gemm_cpu_nt(const int M, const int N, const int K,
         __global const float *bp[NTN];
 #pragma unroll
         for (int j = 0; j < NTN; j++) bp[j] = B + b_off + b * sbb + MIN(n0 + j, N - 1) * sbn;
+        // a plain product's whole block: stored as rows, without the epilogue's tests
+        const bool whole = chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 &&
+                           m0 + NTM <= M && n0 + NTN <= N;
+        __global float *c = C + c_off + b * scb + m0 * scm + n0;  // the block's first element
+        float s[NTN][NTM];  // s[j][i] = C(m0 + i, n0 + j), for the element-by-element stores
 #if VW == 8
         float8 acc[2][NTN];
 #pragma unroll
@@ -352,21 +357,14 @@ void gemm_cpu_nt(const int M, const int N, const int K,
                 acc[1][j] += a1 * bj;
             }
         }
-        float s[NTN][16];  // s[j][i] = C(m0 + i, n0 + j)
 #pragma unroll
         for (int j = 0; j < NTN; j++) *(float8 *)&s[j][0] = acc[0][j], *(float8 *)&s[j][8] = acc[1][j];
-        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + NTM <= M &&
-            n0 + NTN <= N) {  // a plain product's whole block: its rows stored
-            __global float *c = C + c_off + b * scb + m0 * scm + n0;
+        if (whole) {  // rows of 5 floats
             for (int i = 0; i < NTM; i++)
 #pragma unroll
                 for (int j = 0; j < NTN; j++) c[i * scm + j] = s[j][i];
             continue;
         }
-        for (int j = 0; j < NTN && n0 + j < N; j++)
-            for (int i = 0; i < NTM && m0 + i < M; i++)
-                dot_store(s[j][i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
-                          chunks, P);
 #else
         VEC acc[NTN];
 #pragma unroll
@@ -401,23 +399,20 @@ void gemm_cpu_nt(const int M, const int N, const int K,
 #pragma unroll
             for (int j = 0; j < NTN; j++) acc[j] += a * bp[j][k];
         }
-        if (chunks == 1 && scn == 1 && alpha == 1.0f && beta == 0.0f && bias_mode == 0 && m0 + VW <= M &&
-            n0 + NTN <= N) {  // a plain product's whole block: transposed back, rows stored
+        if (whole) {  // transposed back, 16 row vectors
             VEC u[VW];
             TRANSPOSE16(acc, u);  // in place
-            __global float *c = C + c_off + b * scb + m0 * scm + n0;
 #pragma unroll
             for (int i = 0; i < VW; i++) *(__global uvec *)(c + i * scm) = acc[i];
             continue;
         }
-        for (int j = 0; j < NTN && n0 + j < N; j++) {
-            float s[VW];
-            *(VEC *)s = acc[j];
-            for (int i = 0; i < VW && m0 + i < M; i++)
-                dot_store(s[i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
-                          chunks, P);
-        }
+#pragma unroll
+        for (int j = 0; j < NTN; j++) *(VEC *)s[j] = acc[j];
 #endif
+        for (int j = 0; j < NTN && n0 + j < N; j++)
+            for (int i = 0; i < NTM && m0 + i < M; i++)
+                dot_store(s[j][i], b, ch, m0 + i, n0 + j, M, N, C, c_off, scm, scn, scb, alpha, beta, bias, bias_mode,
+                          chunks, P);
     }
 }
 #endif
