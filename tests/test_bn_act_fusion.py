@@ -589,11 +589,18 @@ def check_conv_statistics(queue, rng, torch, record_error, monkeypatch, model, x
     record_error(*check(fused2, want, f"{what} statistics vs torch", 1e-5))
 
 
+@pytest.mark.parametrize("cls", ["native", "other"])
 @pytest.mark.parametrize("channels", [24, 40])  # corrc_cpu's blocks of 32 channels: one partial, one and a partial
-def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_error, monkeypatch, channels):
+def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_error, monkeypatch, channels, cls):
     """A 3x3 stride-2 conv on even planes (CPUs: corrc_cpu, "phases" mode) computes the next
     BatchNorm2d's statistics parts in its own pass, a part's channels together (part-major:
-    bn_stats_finish_cpu reads them so)."""
+    bn_stats_finish_cpu reads them so); with both CPU classes' blocks (conv._CPU_BLOCKS: 32
+    channels a work-item, or AVX2's 16, whose blocks of 24 and 40 end in a partial one too)."""
+    if cls == "other":
+        native = ops.config_class(queue)
+        if native == "gpu":
+            pytest.skip("the CPU classes' kernels (local size 1) on a GPU device")
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "cpu" if native == "cpu16" else "cpu16"})
     model = nn.Sequential(
         nn.Conv2d(8, channels, 3, stride=2, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
         nn.Conv2d(channels, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8))

@@ -326,19 +326,37 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
 
 // The same correlation (any stride) for planes too narrow for corr_cpu's row vectors: the
 // output channels are the vector lanes. The weights are packed channel-last first (wt[ci][j *
-// KS + l][COP], COP = CO rounded up to 32, zeros past CO: pack_weights_cpu); a work-item owns 32
-// output channels (two float16) x TC positions of one output row (2 * TC accumulators) and
-// broadcasts the inputs. Work-item (t, z): row tile t of the OH * XT (XT tiles of TC positions
-// per row; past OW they read the zero border and are not stored), z = block * N + n: the
-// work-items that run together share their block's weights (all of them would not stay in L2).
+// KS + l][COP], COP = CO rounded up to 32, zeros past CO: pack_weights_cpu); a work-item owns CW
+// output channels (two vectors: float16 for CW 32; float8 for CW 16, AVX2's, whose 2 * TC
+// accumulators, two operands and a broadcast then fit its 16 registers) x TC positions of one
+// output row (2 * TC accumulators) and broadcasts the inputs. Work-item (t, z): row tile t of
+// the OH * XT (XT tiles of TC positions per row; past OW they read the zero border and are not
+// stored), z = block * N + n (ceil(CO / CW) blocks): the work-items that run together share
+// their block's weights (all of them would not stay in L2). STRIDE (the stride argument as a
+// constant): the inputs' offsets fold into the loads (AVX2 code kept 36 of them on the stack).
+#ifndef CW
+#define CW 32
+#endif
+#if CW == 16
+#define CWV float8
+#define UCWV ufloat8
+#else
+#define CWV float16
+#define UCWV ufloat16
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const int OW, const int HP, const int WP,
-               const int XT, const int S, __global const float *inp, __global const float *wt,
+               const int XT, const int stride, __global const float *inp, __global const float *wt,
                __global const float *bias, const int has_bias, __global float *out, const int stats,
                __global float *st) {
-    const int t = get_global_id(0), y = t / XT, x0 = (t - y * XT) * TC, N = get_global_size(1) / (COP / 32);
-    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * 32;
-    float16 acc[TC][2], tot[TC][2];
+#ifdef STRIDE
+    const int S = STRIDE;
+#else
+    const int S = stride;
+#endif
+    const int t = get_global_id(0), y = t / XT, x0 = (t - y * XT) * TC, N = get_global_size(1) / ((CO + CW - 1) / CW);
+    const int n = get_global_id(1) % N, co0 = get_global_id(1) / N * CW;
+    CWV acc[TC][2], tot[TC][2];
 #pragma unroll
     for (int i = 0; i < TC; i++) tot[i][0] = tot[i][1] = 0.0f;
     // UNPAD: the input's row y * S - 1 and column x0 * S - 1 are padded row y * S, column x0 * S
@@ -356,7 +374,7 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
                 }
 #pragma unroll
                 for (int l = 0; l < KS; l++, wk += COP) {
-                    const float16 w0 = *(__global const ufloat16 *)wk, w1 = *(__global const ufloat16 *)(wk + 16);
+                    const CWV w0 = *(__global const UCWV *)wk, w1 = *(__global const UCWV *)(wk + CW / 2);
 #pragma unroll
                     for (int i = 0; i < TC; i++) {
                         const float v = UNPAD && l == 0 && i == 0 && x0 == 0 ? 0.0f : src[j * WP + i * S + l];  // column -1
@@ -370,16 +388,16 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
         for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
     }
     __global float *dst = out + (n * CO + co0) * OH * OW + y * OW + x0;
-    const int lanes = min(32, CO - co0);
-    float bl[32];  // the bias in the lanes (0 past CO)
-    for (int m = 0; m < 32; m++) bl[m] = has_bias && m < lanes ? bias[co0 + m] : 0.0f;
-    const float16 b0 = *(ufloat16 *)bl, b1 = *(ufloat16 *)(bl + 16);
-    float v[TC][32];  // stored by lane: dst's channels are planes apart
+    const int lanes = min(CW, CO - co0);
+    float bl[CW];  // the bias in the lanes (0 past CO)
+    for (int m = 0; m < CW; m++) bl[m] = has_bias && m < lanes ? bias[co0 + m] : 0.0f;
+    const CWV b0 = *(UCWV *)bl, b1 = *(UCWV *)(bl + CW / 2);
+    float v[TC][CW];  // stored by lane: dst's channels are planes apart
 #pragma unroll
     for (int i = 0; i < TC; i++) {
         tot[i][0] += b0, tot[i][1] += b1;
-        *(ufloat16 *)v[i] = tot[i][0];
-        *(ufloat16 *)(v[i] + 16) = tot[i][1];
+        *(UCWV *)v[i] = tot[i][0];
+        *(UCWV *)(v[i] + CW / 2) = tot[i][1];
     }
 #if TC == 8  // a channel's 8 positions as one vector (scalar stores cost ~40% of a 16-channel stride-2 conv)
     if (x0 + TC <= OW) {
@@ -398,20 +416,20 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
     // together, as pw2_fwd_cpu's, a work-item's 32 stores went 16 KiB apart, into one L1 set, and
     // a 16 -> 32 channel stride-2 conv at 32x32 took twice as long with them as without)
     if (stats) {
-        float sl[32], ql[32];
+        float sl[CW], ql[CW];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float16 sum = 0.0f, sd = 0.0f, sq = 0.0f;
+            CWV sum = 0.0f, sd = 0.0f, sq = 0.0f;
 #pragma unroll
             for (int i = 0; i < TC; i++) sum += tot[i][h];
-            const float16 mu = sum / (float)TC;
+            const CWV mu = sum / (float)TC;
 #pragma unroll
             for (int i = 0; i < TC; i++) {
-                const float16 d = tot[i][h] - mu;
+                const CWV d = tot[i][h] - mu;
                 sd += d, sq += d * d;
             }
-            *(ufloat16 *)(sl + 16 * h) = sum;
-            *(ufloat16 *)(ql + 16 * h) = sq - sd * sd / (float)TC;
+            *(UCWV *)(sl + CW / 2 * h) = sum;
+            *(UCWV *)(ql + CW / 2 * h) = sq - sd * sd / (float)TC;
         }
         __global float *o = st + 2 * ((n * OH * XT + t) * CO + co0);
         for (int m = 0; m < lanes; m++) o[2 * m] = sl[m], o[2 * m + 1] = ql[m];

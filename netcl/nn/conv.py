@@ -67,7 +67,7 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # convtrain_cpu.cl's direct kernels, per CPU device class (ops.config_class; _CPU_BLOCKS):
 # corr_cpu's block of RM channels (at most 4 for fewer than 8) x RR rows x 16 columns per work-item;
 # wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators); corrc_cpu's
-# TC output positions (x 32 channels). On AVX-512 (32 zmm registers, "cpu16") corr_cpu's 8 x 2 ran
+# TC output positions (x CW channels). On AVX-512 (32 zmm registers, "cpu16") corr_cpu's 8 x 2 ran
 # 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4 (8 x 3 spilled); wgrad_cpu's 3 output channels at 3x3
 # (27 accumulators) ran 10-40% faster than 2 (with 4 they spilled). On AVX2 (16 ymm registers, a
 # float16 takes two: "cpu") those blocks spill: resnet8's step at batch 64 (PoCL 3.0, Zen 3)
@@ -80,10 +80,12 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # padding in their vectors: the GEMMs and col2im are faster there. wgrad_cpu's vectors (WGV): float8
 # on AVX2 (9 accumulators in 9 ymm registers, where float16's took 18): its share of detector26's
 # step at batch 8 66-75 against 83-92 ms, of resnet8's at batch 64 12.7-19.8 against 15.8-16.8
-# (medians 13.9 and 16.6; alternated, 2 and 3 rounds).
+# (medians 13.9 and 16.6; alternated, 2 and 3 rounds). corrc_cpu's CW channels a work-item: 16 on
+# AVX2 (its 4 x 2 float16 accumulators were 16 registers alone; 8 float8 now), the stride-2
+# forward alone 1.28-1.34x faster in AVX2 code on Zen 4 (paired, resnet8's two shapes at batch 64).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
-_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "WGV": 16},
-               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "WGV": 8}}
+_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16},
+               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
@@ -157,13 +159,13 @@ def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False
     n, co, oh, ow = out.shape
     _, ci, hp, wp = inp.shape
     k, cop = math.isqrt(w.size // (co * ci)), -(-co // 32) * 32
-    tc = _blocks(q)["TC"]
-    options = _cpu_options(k) + (f"-DTC={tc}",) + (("-DUNPAD=1",) if unpad else ())
+    tc, cw = _blocks(q)["TC"], _blocks(q)["CW"]
+    options = _cpu_options(k) + (f"-DTC={tc}", f"-DCW={cw}", f"-DSTRIDE={stride}") + (("-DUNPAD=1",) if unpad else ())
     wt = _pack_weights(q, w, ci, co, k, cop, flip, flip, options)
     xt, has_bias = -(-ow // tc), bias is not None
     stats = stats and ow % tc == 0
     part = ops.new(q, (n * oh * xt, co, 2)) if stats else None  # a part's channels together
-    ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * cop // 32), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
+    ops.launch(q, _FAMILY, "corrc_cpu", (oh * xt, n * -(-co // cw)), (1, 1), ci, co, cop, oh, ow, hp, wp, xt, stride,
                inp, wt, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats),
                part if stats else out, options=options)
     out.mark_written()
