@@ -120,6 +120,20 @@ def loop_step(model, loss_fn, opt, x, target):
     return pending
 
 
+def use_cpu_class(queue, monkeypatch, cls):
+    """Run the CPU kernels with the register blocks of device class `cls` (netcl.nn.conv's
+    _CPU_BLOCKS): "native" leaves the device's own, "other" takes AVX2's on an AVX-512 device and
+    AVX-512's on an AVX2 one, so that both are checked on every machine (skipped on a GPU)."""
+    from netcl import ops
+
+    if cls == "native":
+        return
+    native = ops.config_class(queue)
+    if native == "gpu":
+        pytest.skip("the CPU classes' kernels (local size 1) on a GPU device")
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "cpu" if native == "cpu16" else "cpu16"})
+
+
 def randomize_batchnorm(model, rng):
     """Non-default running statistics and affine parameters, so BatchNormalization is really tested."""
     from netcl.nn import BatchNorm2d

@@ -4,7 +4,7 @@ equal the unfused layers' (float32 noise) and float64 PyTorch's, on the CPU kern
 GPU kernels (forced on this device), with fewer launches per step."""
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, use_cpu_class
 
 from netcl import Tensor, nn, ops
 from netcl.apps.bench import torch_layer
@@ -357,13 +357,16 @@ def freeze_sum_batchnorms(model):
                 seq[-1].eval()
 
 
+@pytest.mark.parametrize("cls", ["native", "other"])
 @pytest.mark.parametrize("act", ["ReLU", "Sigmoid"])
 @pytest.mark.parametrize("frozen", [False, True])
-def test_residual_sum_applies_the_batchnorms(queue, rng, torch, record_error, monkeypatch, act, frozen):
+def test_residual_sum_applies_the_batchnorms(queue, rng, torch, record_error, monkeypatch, act, frozen, cls):
     """A Residual's sum that applies its body's last BatchNorm2d and its shortcut's (CPUs:
     bn_add_act_cpu, their own element-wise passes and outputs gone; batch statistics, or running
     ones for BatchNorms in eval mode, untouched then): forward, dx, every gradient and the running
-    statistics equal the unfused layers' and float64 PyTorch's over two steps."""
+    statistics equal the unfused layers' and float64 PyTorch's over two steps; with both CPU
+    classes' blocks (the shortcut's pw2_fwd_cpu statistics in blocks of 8 or 4 channels)."""
+    use_cpu_class(queue, monkeypatch, cls)
     model = randomize(build_shortcut(act), rng).to(queue).train()
     ref = torch_twin(torch, model, act)
     if frozen:  # in eval mode (running statistics) in a model that trains
@@ -596,11 +599,7 @@ def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_erro
     BatchNorm2d's statistics parts in its own pass, a part's channels together (part-major:
     bn_stats_finish_cpu reads them so); with both CPU classes' blocks (conv._CPU_BLOCKS: 32
     channels a work-item, or AVX2's 16, whose blocks of 24 and 40 end in a partial one too)."""
-    if cls == "other":
-        native = ops.config_class(queue)
-        if native == "gpu":
-            pytest.skip("the CPU classes' kernels (local size 1) on a GPU device")
-        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "cpu" if native == "cpu16" else "cpu16"})
+    use_cpu_class(queue, monkeypatch, cls)
     model = nn.Sequential(
         nn.Conv2d(8, channels, 3, stride=2, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
         nn.Conv2d(channels, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8))

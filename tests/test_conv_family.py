@@ -3,7 +3,7 @@ float64 PyTorch (forward, dx, dW, db), their errors, .netcl round trips, ONNX ex
 onnxruntime, the fused inference path, and a few training steps."""
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, use_cpu_class
 from test_layers import compare, rand, run_netcl, run_torch
 
 import netcl
@@ -105,13 +105,7 @@ def test_conv2d_other_cpu_class_vs_torch(queue, rng, torch, record_error, monkey
     """The direct kernels' register blocks of the other CPU class (conv._CPU_BLOCKS: AVX-512's on an
     AVX2 device, AVX2's on an AVX-512 one; corr_cpu, wgrad_cpu, corrc_cpu, corrt_cpu), so that both
     are checked on every machine."""
-    from netcl import ops
-
-    native = ops.config_class(queue)
-    if native == "gpu":
-        pytest.skip("the CPU classes' kernels (local size 1) on a GPU device")
-    other = "cpu" if native == "cpu16" else "cpu16"
-    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: other})
+    use_cpu_class(queue, monkeypatch, "other")
     test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch, "native", n, c, h, w, k, ks, s, p, d,
                                    bias)
 
@@ -201,12 +195,15 @@ STRIDE2_PLANE_CASES = [  # N, C, H, W, K, k, padding, bias: stride 2, 16 output 
 STRIDE2_ODD_ROWS = [(2, 8, 6, 16, 8, 1, 0, True), (3, 5, 10, 16, 6, 3, 1, False), (2, 4, 2, 16, 8, 1, 0, False)]
 
 
+@pytest.mark.parametrize("cls", ["native", "other"])
 @pytest.mark.parametrize("n,c,h,w,k,ks,p,bias", STRIDE2_PLANE_CASES + STRIDE2_ODD_ROWS)
-def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, p, bias):
+def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, ks, p, bias, cls):
     """The CPU kernels with 16 output positions of a plane in a vector (Conv2d._stride2_planes):
     the 1x1 stride-2 forward and gradients, the 3x3 stride-2 data gradient by phases; gradients
     accumulate, and a 1x1's data gradient is added into a tensor (a Residual's shortcut). Rows of
-    8 in odd number fall back to the general kernels."""
+    8 in odd number fall back to the general kernels. With both CPU classes' blocks (conv._CPU_BLOCKS:
+    AVX2's PW_RM, PW_WC and CT2_RM are half AVX-512's)."""
+    use_cpu_class(queue, monkeypatch, cls)
     layer = nn.Conv2d(c, k, ks, stride=2, padding=p, bias=bias)
     if ops.is_cpu(queue):
         takes = (n, c, h, w, k, ks, p, bias) not in STRIDE2_ODD_ROWS

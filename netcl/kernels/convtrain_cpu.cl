@@ -735,7 +735,11 @@ void col2im_cpu(const int NCH, const int rows, const int C, const int H, const i
 #ifndef PW2_ROWS
 #define PW2_ROWS 1
 #endif
-#define PW_RM 8  // pw2_fwd_cpu's statistics take a block's 8 channels at once (hsum16x8)
+// PW_RM: pw2_fwd_cpu's and pw2_dgrad_cpu's channels a block, float16 accumulators each (8; 4 on
+// AVX2, whose 16 registers 8 of them fill); the statistics take 8 channels at once (hsum16x8)
+#ifndef PW_RM
+#define PW_RM 8
+#endif
 
 // the inputs of the 16 positions from p = &x[n][c][2y][2x0]
 #if PW2_ROWS == 1
@@ -774,7 +778,9 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
             for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
         }
         __global float *dst = out + (n * CO + o0) * OH * OW + p0;
-        float16 z[PW_RM], d[PW_RM], dd[PW_RM];
+        float16 z[8], d[8], dd[8];  // zeros past PW_RM
+#pragma unroll
+        for (int m = 0; m < 8; m++) z[m] = 0.0f;
 #pragma unroll
         for (int m = 0; m < PW_RM; m++) {
             z[m] = tot[m] + (has_bias ? bias[o0 + min(m, m1 - 1)] : 0.0f);
@@ -785,7 +791,7 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
             float mus[8];
             vstore8(sum / 16.0f, 0, mus);
 #pragma unroll
-            for (int m = 0; m < PW_RM; m++) d[m] = z[m] - mus[m], dd[m] = d[m] * d[m];
+            for (int m = 0; m < 8; m++) d[m] = z[m] - mus[m], dd[m] = d[m] * d[m];
             const float8 ds = hsum16x8(d), dev = hsum16x8(dd) - ds * ds / 16.0f;
             float sl[8], dl[8];
             vstore8(sum, 0, sl), vstore8(dev, 0, dl);
@@ -799,33 +805,46 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
 
 // part[g][o][c] = the sum over images [g * chunk, ...) of dy[n][o] . x[n][c] at the even positions:
 // a chunk's share of the weight gradient (sum_chunks_cpu adds the chunks in order). Work-item
-// (c block of 4, o block of 4, chunk g): 16 vector accumulators over a short chunk (_image_chunks).
+// (c block of PW_WC, o block of 4, chunk g): 4 x PW_WC vector accumulators over a short chunk
+// (_image_chunks). PW_WC 4: float16 accumulators; 2 (AVX2, whose 16 registers 4 x 4 float16
+// would fill twice over): float8 ones, a product's two halves added into one
+#ifndef PW_WC
+#define PW_WC 4
+#endif
+#if PW_WC == 4
+#define PW_ACC float16
+#define PW_MAD(a, d, x) ((a) + (d) * (x))
+#define PW_HSUM hsum16
+#else
+#define PW_ACC float8
+#define PW_MAD(a, d, x) fma((d).hi, (x).hi, fma((d).lo, (x).lo, (a)))
+#define PW_HSUM hsum8
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void pw2_wgrad_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int chunk,
                    __global const float *x, __global const float *dy, __global float *part) {
-    const int c0 = get_global_id(0) * 4, o0 = get_global_id(1) * 4, g = get_global_id(2), P = OH * OW, HW = 4 * P;
-    float16 acc[4][4];
+    const int c0 = get_global_id(0) * PW_WC, o0 = get_global_id(1) * 4, g = get_global_id(2), P = OH * OW, HW = 4 * P;
+    PW_ACC acc[4][PW_WC];
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+        for (int i = 0; i < PW_WC; i++) acc[j][i] = 0.0f;
     for (int n = g * chunk; n < min(N, g * chunk + chunk); n++)
         for (int y = 0, p0 = 0; y < OH; y += PW2_ROWS)
             for (int x0 = 0; x0 < OW; x0 += 16 / PW2_ROWS, p0 += 16) {
-                float16 xv[4], dv[4];
+                float16 xv[PW_WC];
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < PW_WC; i++)
                     xv[i] = PW2_LOAD(x + (n * C + min(c0 + i, C - 1)) * HW + 4 * y * OW + 2 * x0, OW);
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    dv[j] = *(__global const ufloat16 *)(dy + (n * CO + min(o0 + j, CO - 1)) * P + p0);
+                for (int j = 0; j < 4; j++) {
+                    const float16 dv = *(__global const ufloat16 *)(dy + (n * CO + min(o0 + j, CO - 1)) * P + p0);
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[j][i] += dv[j] * xv[i];
+                    for (int i = 0; i < PW_WC; i++) acc[j][i] = PW_MAD(acc[j][i], dv, xv[i]);
+                }
             }
     for (int j = 0; j < min(4, CO - o0); j++)
-        for (int i = 0; i < min(4, C - c0); i++) part[(g * CO + o0 + j) * C + c0 + i] = hsum16(acc[j][i]);
+        for (int i = 0; i < min(PW_WC, C - c0); i++) part[(g * CO + o0 + j) * C + c0 + i] = PW_HSUM(acc[j][i]);
 }
 
 // dx[n][c][2y][2x] (+)= sum over o of w[o][c] * dy[n][o][y][x] where `add` (a Residual's shortcut

@@ -83,15 +83,29 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # (medians 13.9 and 16.6; alternated, 2 and 3 rounds). corrc_cpu's CW channels a work-item: 16 on
 # AVX2 (its 4 x 2 float16 accumulators were 16 registers alone; 8 float8 now), the stride-2
 # forward alone 1.28-1.34x faster in AVX2 code on Zen 4 (paired, resnet8's two shapes at batch 64).
+# The stride-2 kernels' blocks (_stride2_blocks): pw2_fwd_cpu's and pw2_dgrad_cpu's PW_RM channels,
+# pw2_wgrad_cpu's PW_WC input channels (x 4 output channels), corrt2_cpu's CT2_RM channels; AVX2's
+# halve AVX-512's, whose accumulators alone filled its 16 registers once or twice over (paired, a
+# layer's training forward and backward in AVX2 code, resnet8's shapes at batch 64: the 1x1
+# shortcut 1.14-1.27x faster with PW_RM 4, then 1.03-1.08x with PW_WC 2; the 3x3 stride-2 layer on
+# 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
-_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16},
-               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8}}
+_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
+                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4},
+               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
+                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
 def _blocks(q):
     """The queue's device class's _CPU_BLOCKS (AVX2's for a CPU class without its own row)."""
     return _CPU_BLOCKS.get(ops.config_class(q), _CPU_BLOCKS["cpu"])
+
+
+def _stride2_blocks(q):
+    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu) for q's device class."""
+    b = _blocks(q)
+    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM"))
 
 
 def _cpu_options(k, flip=0, rm=8, ro=None, rr=_CORR_RR):
@@ -146,7 +160,6 @@ _NARROW_WIDTHS = (4, 8, 16)
 # _OC16_ITEMS work-items per compute unit (PoCL, Zen 5)
 _OC16_WIDTHS, _OC16_ITEMS = (4, 8), 4
 _ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
-_CT2_RM = 4  # corrt2_cpu's input channels per work-item (CT2_RM)
 
 
 def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False):
@@ -440,14 +453,15 @@ class Conv2d(Module):
         positions of a plane in a vector (pw2_*, corrt2_cpu), or None: this conv has `geometry`
         (kernel, stride, padding, dilation), groups 1, runs on a CPU and its input `shape` has even
         planes whose output rows are a multiple of 16 wide (_ROWS1), or 8 wide and even in number
-        (two rows a vector)."""
+        (two rows a vector); the device class's blocks (_stride2_blocks) after them."""
         if self._geometry() != geometry or self.groups != 1 or not ops.is_cpu(q):
             return None
         h, w = shape[2:]
         if h % 2 or w % 2:
             return None
         oh, ow = h // 2, w // 2
-        return _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 and oh % 2 == 0 else None
+        rows = _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 and oh % 2 == 0 else None
+        return rows and rows + _stride2_blocks(q)
 
     def _phases(self, q, shape):
         """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
@@ -660,7 +674,7 @@ class Conv2d(Module):
         if mode == "pointwise":
             return self._backward_pointwise2(dy, need_dx, into)
         phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
-        if phases == _ROWS1:
+        if phases is not None and phases[:1] == _ROWS1:
             return self._backward_phases(dy, need_dx)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
@@ -801,9 +815,10 @@ class Conv2d(Module):
         _, oc, oh, ow = dy.shape
         q = dy.queue
         options = self._pointwise2(q, (n, c, h, w))
-        chunk, chunks = _image_chunks(n, (c * 4 + oc) * oh * ow, -(-c // 4) * -(-oc // 4), oh * ow // 16)
+        wc = _blocks(q)["PW_WC"]
+        chunk, chunks = _image_chunks(n, (c * 4 + oc) * oh * ow, -(-c // wc) * -(-oc // 4), oh * ow // 16)
         part = ops.new(q, (chunks, oc, c))
-        ops.launch(q, _FAMILY, "pw2_wgrad_cpu", (-(-c // 4), -(-oc // 4), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk,
+        ops.launch(q, _FAMILY, "pw2_wgrad_cpu", (-(-c // wc), -(-oc // 4), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk,
                    x, dy, part, options=options)
         self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
@@ -832,22 +847,23 @@ class Conv2d(Module):
         chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // 2), oh * ow // 16)
         part = ops.new(q, (chunks, oc, c * 9))
         ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x, dy, part,
-                   options=_ROWS1)
+                   options=_ROWS1 + _stride2_blocks(q))
         self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
-        return self._corrt2(dy, ops.new(q, (n, c, h, w)), _ROWS1)
+        return self._corrt2(dy, ops.new(q, (n, c, h, w)), _ROWS1 + _stride2_blocks(q))
 
     def _corrt2(self, dy, dx, options):
         """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options;
         corrt2p_cpu, two dy rows a work-item, where rows are a multiple of 16 and even in number)."""
         n, c = dx.shape[:2]
         _, oc, oh, ow = dy.shape
-        if options == _ROWS1 and oh % 2 == 0:
+        if options[:1] == _ROWS1 and oh % 2 == 0:
             ops.launch(dy.queue, _FAMILY, "corrt2p_cpu", (n * oh * ow // 32, -(-c // 2)), (1, 1), c, oc, oh, ow, dy,
                        self.weight, dx, options=options)
         else:
-            ops.launch(dy.queue, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // _CT2_RM)), (1, 1), c, oc, oh, ow,
+            rm = _blocks(dy.queue)["CT2_RM"]
+            ops.launch(dy.queue, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // rm)), (1, 1), c, oc, oh, ow,
                        dy, self.weight, dx, options=options)
         return dx.mark_written()
 
