@@ -333,7 +333,8 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
 // the OH * XT (XT tiles of TC positions per row; past OW they read the zero border and are not
 // stored), z = block * N + n (ceil(CO / CW) blocks): the work-items that run together share
 // their block's weights (all of them would not stay in L2). STRIDE (the stride argument as a
-// constant): the inputs' offsets fold into the loads (AVX2 code kept 36 of them on the stack).
+// constant) and a pointer per input row: the inputs' offsets fold into the loads (with the
+// stride an argument and j * WP in each offset, the code kept 36 of them on the stack).
 #ifndef CW
 #define CW 32
 #endif
@@ -372,12 +373,13 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
                     wk += KS * COP;
                     continue;
                 }
+                __global const float *row = src + j * WP;  // its offsets then constants (36 of them went to the stack)
 #pragma unroll
                 for (int l = 0; l < KS; l++, wk += COP) {
                     const CWV w0 = *(__global const UCWV *)wk, w1 = *(__global const UCWV *)(wk + CW / 2);
 #pragma unroll
                     for (int i = 0; i < TC; i++) {
-                        const float v = UNPAD && l == 0 && i == 0 && x0 == 0 ? 0.0f : src[j * WP + i * S + l];  // column -1
+                        const float v = UNPAD && l == 0 && i == 0 && x0 == 0 ? 0.0f : row[i * S + l];  // column -1
                         acc[i][0] += v * w0;
                         acc[i][1] += v * w1;
                     }
