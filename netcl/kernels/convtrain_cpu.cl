@@ -201,15 +201,25 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
     }
 }
 
-// out[i] (+)= sum over the chunks of part[chunk][i], in order (one work-item per i): the weight
-// gradient's chunks, and the bias gradient from per-image sums (N, OC) (chunks = N).
-__kernel void sum_chunks_cpu(const int size, const int chunks, __global const float *part, __global float *out,
-                             const int accumulate) {
-    const int i = get_global_id(0);
-    if (i >= size) return;
-    float s = 0.0f;
-    for (int ch = 0; ch < chunks; ch++) s += part[ch * size + i];
-    out[i] = accumulate ? out[i] + s : s;
+// out[i] (+)= sum over the chunks of part[chunk][i], in order: the weight gradient's chunks, and
+// the bias gradient from per-image sums (N, OC) (chunks = N). Work-item v takes i = 16 v .. 16 v +
+// 15 as a float16 (one work-item per i in work-groups of 64 ran scalar: ~60 us for 147K values)
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void sum_chunks_cpu(const int size, const int chunks, __global const float *part, __global float *out,
+                    const int accumulate) {
+    const int i0 = get_global_id(0) * 16;
+    if (i0 + 16 <= size) {
+        float16 s = 0.0f;
+        for (int ch = 0; ch < chunks; ch++) s += *(__global const ufloat16 *)(part + ch * size + i0);
+        __global ufloat16 *o = (__global ufloat16 *)(out + i0);
+        *o = accumulate ? *o + s : s;
+        return;
+    }
+    for (int i = i0; i < size; i++) {
+        float s = 0.0f;
+        for (int ch = 0; ch < chunks; ch++) s += part[ch * size + i];
+        out[i] = accumulate ? out[i] + s : s;
+    }
 }
 
 // out (N, CO, OH, OW) = the stride-1 correlation of zero-bordered input planes (N, CI, HP, WP;
@@ -978,64 +988,77 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // part[g][o][c][j][l] = the sum over images [g * chunk, ...) and positions (y, x) of dy[n][o][y][x]
 // * x[n][c][2y + j - 1][2x + l - 1]: a chunk's share of a 3x3 stride-2 padding-1 convolution's
 // weight gradient from its input x (N, C, H, W) as it is (row -1 and column -1 zero) and dy (N, CO,
-// OH, OW), OW a multiple of 16: 16 dy positions of a row in the lanes. A vector's inputs for tap
-// (j, l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j - 1 from column
-// 2 x0 - 1, or the odd lanes of the same one column on (l = 2). No im2col columns and no GEMM
-// operand copy of dy (8-wide rows, two to a vector, ran slower than those: Conv2d._backward_cpu).
-// Work-item (c, o block of 2, chunk g): 18 vector accumulators; the chunks are short enough that no
-// lane adds a long run (_image_chunks).
+// OH, OW), OW a multiple of WG2_VW: WG2_VW dy positions of a row in the lanes. A vector's inputs
+// for tap (j, l) are the even (l = 0) or odd (l = 1) lanes of two loads of input row 2y + j - 1
+// from column 2 x0 - 1, or the odd lanes of the same one column on (l = 2). No im2col columns and
+// no GEMM operand copy of dy. Work-item (c, block of WG2_O output channels, chunk g) takes the taps
+// of one kernel row j at a time: WG2_O x 3 accumulators, the three tap vectors of an input row
+// serving WG2_O dy vectors. AVX-512: float16 and 8 channels (24 of its 32 registers); AVX2: float8
+// and 4 (12 of 16). All 9 taps of 2 channels at once (18 float16, 36 of AVX2's 16 registers)
+// ran 1.6x slower in AVX2 code and 1.07-1.17x on AVX-512 (paired, resnet8's and wider shapes). The
+// chunks are short enough that no lane adds a long run (_image_chunks).
 #define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
-// t[0..2] = the inputs of taps l = 0, 1, 2 for 16 positions from row pointer r at the input's
-// column 2 x0 - 1 (where x0 is 0, column -1: a zero shifted in front of the row's first load)
-#define XROW(t, r)                                                                                          \
-    do {                                                                                                    \
-        const float16 a1_ = *(__global const ufloat16 *)((r) + 1), b1_ = *(__global const ufloat16 *)((r) + 17); \
-        const float16 a_ = x0 ? *(__global const ufloat16 *)(r) : __builtin_shufflevector((float16)0.0f, a1_, 0, \
-            16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30);                                     \
-        const float16 b_ = *(__global const ufloat16 *)((r) + 16);                                          \
-        (t)[0] = __builtin_shufflevector(a_, b_, EVEN_LANES);                                               \
-        (t)[1] = __builtin_shufflevector(a_, b_, ODD_LANES);                                                \
-        (t)[2] = __builtin_shufflevector(a1_, b1_, ODD_LANES);                                              \
-    } while (0)
+#ifndef WG2_VW
+#define WG2_VW 16
+#endif
+#ifndef WG2_O
+#define WG2_O 8
+#endif
+#if WG2_VW == 8
+typedef float8 wg2v;
+typedef ufloat8 uwg2v;
+#define WG2_EVEN 0, 2, 4, 6, 8, 10, 12, 14
+#define WG2_ODD 1, 3, 5, 7, 9, 11, 13, 15
+#define WG2_ZSHIFT 0, 8, 9, 10, 11, 12, 13, 14
+#define WG2_HSUM hsum8
+#else
+typedef float16 wg2v;
+typedef ufloat16 uwg2v;
+#define WG2_EVEN EVEN_LANES
+#define WG2_ODD ODD_LANES
+#define WG2_ZSHIFT 0, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
+#define WG2_HSUM hsum16
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int chunk,
                 __global const float *x, __global const float *dy, __global float *part) {
-    const int c = get_global_id(0), o0 = get_global_id(1) * 2, g = get_global_id(2), P = OH * OW;
-    const int o1 = min(o0 + 1, CO - 1);
-    float16 acc[2][9];
+    const int c = get_global_id(0), o0 = get_global_id(1) * WG2_O, g = get_global_id(2), P = OH * OW;
+    for (int j = 0; j < 3; j++) {
+        wg2v acc[WG2_O][3];
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+        for (int m = 0; m < WG2_O; m++)
 #pragma unroll
-        for (int t = 0; t < 9; t++) acc[m][t] = 0.0f;
-    for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
-        __global const float *xc = x + (n * C + c) * 4 * P - 1;  // the plane's column -1
-        __global const float *d0 = dy + (n * CO + o0) * P, *d1 = dy + (n * CO + o1) * P;
-        for (int x0 = 0; x0 < OW; x0 += 16) {
-            // down a column of vectors: input row 2y + 1's three tap vectors are row 2(y + 1) - 1's
-            float16 t[3][3];
-            t[0][0] = t[0][1] = t[0][2] = 0.0f;  // row -1
-            for (int y = 0; y < OH; y++) {
-                XROW(t[1], xc + 2 * y * 2 * OW + 2 * x0);
-                XROW(t[2], xc + (2 * y + 1) * 2 * OW + 2 * x0);
-                const float16 g0 = *(__global const ufloat16 *)(d0 + y * OW + x0);
-                const float16 g1 = *(__global const ufloat16 *)(d1 + y * OW + x0);
+            for (int l = 0; l < 3; l++) acc[m][l] = 0.0f;
+        for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
+            // input row 2y + j - 1 from its column -1 (row -1, of j = 0 and y = 0, is zero: skipped)
+            __global const float *xr = x + (n * C + c) * 4 * P + (j - 1) * 2 * OW - 1;
+            __global const float *dn = dy + n * CO * P;
+            for (int x0 = 0; x0 < OW; x0 += WG2_VW)
+                for (int y = j == 0; y < OH; y++) {
+                    __global const float *r = xr + 2 * y * 2 * OW + 2 * x0;
+                    const wg2v a1 = *(__global const uwg2v *)(r + 1);
+                    const wg2v b1 = *(__global const uwg2v *)(r + 1 + WG2_VW);
+                    const wg2v a = x0 ? *(__global const uwg2v *)r
+                                      : __builtin_shufflevector((wg2v)0.0f, a1, WG2_ZSHIFT);  // column -1: 0
+                    const wg2v b = *(__global const uwg2v *)(r + WG2_VW);
+                    const wg2v t0 = __builtin_shufflevector(a, b, WG2_EVEN);  // taps l = 0, 1, 2
+                    const wg2v t1 = __builtin_shufflevector(a, b, WG2_ODD);
+                    const wg2v t2 = __builtin_shufflevector(a1, b1, WG2_ODD);
 #pragma unroll
-                for (int j = 0; j < 3; j++)
-#pragma unroll
-                    for (int l = 0; l < 3; l++) {
-                        acc[0][3 * j + l] += g0 * t[j][l];
-                        acc[1][3 * j + l] += g1 * t[j][l];
+                    for (int m = 0; m < WG2_O; m++) {
+                        const wg2v d = *(__global const uwg2v *)(dn + min(o0 + m, CO - 1) * P + y * OW + x0);
+                        acc[m][0] += d * t0;
+                        acc[m][1] += d * t1;
+                        acc[m][2] += d * t2;
                     }
-#pragma unroll
-                for (int l = 0; l < 3; l++) t[0][l] = t[2][l];
-            }
+                }
         }
-    }
-    for (int m = 0; m < min(2, CO - o0); m++) {
-        __global float *d = part + ((g * CO + o0 + m) * C + c) * 9;
+        for (int m = 0; m < min(WG2_O, CO - o0); m++) {
+            __global float *d = part + ((g * CO + o0 + m) * C + c) * 9 + 3 * j;
 #pragma unroll
-        for (int t = 0; t < 9; t++) d[t] = hsum16(acc[m][t]);
+            for (int l = 0; l < 3; l++) d[l] = WG2_HSUM(acc[m][l]);
+        }
     }
 }
 

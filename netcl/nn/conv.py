@@ -88,12 +88,16 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # halve AVX-512's, whose accumulators alone filled its 16 registers once or twice over (paired, a
 # layer's training forward and backward in AVX2 code, resnet8's shapes at batch 64: the 1x1
 # shortcut 1.14-1.27x faster with PW_RM 4, then 1.03-1.08x with PW_WC 2; the 3x3 stride-2 layer on
-# 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x).
+# 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x). wgrad2_cpu's
+# WG2_VW positions x WG2_O output channels: float16 x 8 on AVX-512, float8 x 4 on AVX2 (which also
+# takes rows of 8 there, where AVX-512 runs im2col_cpu and a GEMM). In AVX2 code on Zen 4 float8 x 4
+# ran 1.6x faster than float16 x 2 (all 9 taps then), x 3 1.4x, x 5-8 1.1-1.2x; on AVX-512 x 8
+# 1.07-1.17x, x 4-6 1.02-1.03x (paired, the weight gradient alone, 16 -> 32 and 32 -> 64 channels).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
-                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4},
+                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8},
                "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
-                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2}}
+                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_O": 4}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
@@ -105,7 +109,7 @@ def _blocks(q):
 def _stride2_blocks(q):
     """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu) for q's device class."""
     b = _blocks(q)
-    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM"))
+    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM", "WG2_VW", "WG2_O"))
 
 
 def _cpu_options(k, flip=0, rm=8, ro=None, rr=_CORR_RR):
@@ -343,6 +347,11 @@ def _image_chunks(n, floats, items, vectors):
     return chunk, -(-n // chunk)
 
 
+def _sum_chunks(q, size, chunks, part, out, accumulate):
+    """out (size values) (+)= the sum of part (chunks, size) over its chunks, in order (sum_chunks_cpu)."""
+    ops.launch(q, _FAMILY, "sum_chunks_cpu", (-(-size // 16),), (1,), size, chunks, part, out, accumulate)
+
+
 def _check_groups(in_channels, out_channels, groups):
     groups = positive("groups", groups)
     for what, c in (("in_channels", in_channels), ("out_channels", out_channels)):
@@ -465,8 +474,8 @@ class Conv2d(Module):
 
     def _phases(self, q, shape):
         """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
-        planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu (rows of 16k outputs) or im2col_cpu
-        (8-wide rows) for dW, read x as it is (UNPAD: no padded copy); corrt2_cpu gives dx."""
+        planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu (rows of whole WG2_VW vectors) or
+        im2col_cpu (AVX-512's 8-wide rows) for dW, read x as it is (UNPAD: no padded copy); corrt2_cpu gives dx."""
         return self._stride2_planes(q, shape, (3, 2, 1, 1)) is not None
 
     def _pointwise2(self, q, shape):
@@ -659,7 +668,7 @@ class Conv2d(Module):
     def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
-        _backward_pointwise2; after a "phases" forward on rows of 16k outputs, _backward_phases.
+        _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors, _backward_phases.
         Otherwise one pass over dy gives the weight gradient's GEMM operand (OC, N*P) and the bias
         gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
         padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
@@ -674,8 +683,8 @@ class Conv2d(Module):
         if mode == "pointwise":
             return self._backward_pointwise2(dy, need_dx, into)
         phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
-        if phases is not None and phases[:1] == _ROWS1:
-            return self._backward_phases(dy, need_dx)
+        if phases is not None and dy.shape[3] % _blocks(dy.queue)["WG2_VW"] == 0:
+            return self._backward_phases(dy, need_dx, phases)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
@@ -684,7 +693,8 @@ class Conv2d(Module):
             direct(q, cols, dy)
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
         if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
-            xp, cols = cols, ops.new(q, (ckk, n * P))  # (8-wide rows: im2col and the GEMM ran faster than wgrad2_cpu)
+            # (AVX-512's 8-wide rows: im2col and the GEMM ran faster than a wgrad2_cpu of two rows a vector)
+            xp, cols = cols, ops.new(q, (ckk, n * P))
             rows, items = ops.cpu_rows(n * oh, ow)
             ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
                        rows, xp, cols, options=_cpu_options(k) + (("-DUNPAD=1",) if phases else ()))
@@ -754,9 +764,9 @@ class Conv2d(Module):
                    ow, imgs, run, xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b), part, partb,
                    options=options)
         if chunks > 1:
-            ops.launch1d(q, _FAMILY, "sum_chunks_cpu", oc * ckk, oc * ckk, chunks, part, gw, int(acc_w))
+            _sum_chunks(q, oc * ckk, chunks, part, gw, int(acc_w))
             if self.bias is not None:
-                ops.launch1d(q, _FAMILY, "sum_chunks_cpu", oc, oc, chunks, partb, gb, int(acc_b))
+                _sum_chunks(q, oc, chunks, partb, gb, int(acc_b))
         gw.mark_written()
         if self.bias is not None:
             gb.mark_written()
@@ -832,26 +842,27 @@ class Conv2d(Module):
         """The weight gradient (+)= a kernel's per-chunk partial sums `part` (chunks, weight.size),
         added in order (sum_chunks_cpu); the bias gradient from dy."""
         gw, acc = ops.grad_target(self.weight)
-        ops.launch1d(dy.queue, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part.mark_written(), gw, int(acc))
+        _sum_chunks(dy.queue, gw.size, chunks, part.mark_written(), gw, int(acc))
         gw.mark_written()
         if self.bias is not None:
             _channel_sum(dy, self.bias)
 
-    def _backward_phases(self, dy, need_dx):
-        """_backward_cpu after a "phases" forward (_phases) on rows of 16k outputs: dW from
-        wgrad2_cpu's per-chunk sums over x as it is (added in order), dx from corrt2_cpu's phases,
-        both reading dy as it is."""
+    def _backward_phases(self, dy, need_dx, options):
+        """_backward_cpu after a "phases" forward (_phases, whose build options are `options`) on
+        rows of whole wgrad2_cpu vectors (WG2_VW outputs): dW from wgrad2_cpu's per-chunk sums over
+        x as it is (added in order), dx from corrt2_cpu's phases, both reading dy as it is."""
         (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
-        q = dy.queue
-        chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // 2), oh * ow // 16)
+        q, blocks = dy.queue, _blocks(dy.queue)
+        vw, wo = blocks["WG2_VW"], blocks["WG2_O"]
+        chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // wo), oh * ow // vw)
         part = ops.new(q, (chunks, oc, c * 9))
-        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // 2), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x, dy, part,
-                   options=_ROWS1 + _stride2_blocks(q))
+        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // wo), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x, dy,
+                   part, options=options)
         self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
-        return self._corrt2(dy, ops.new(q, (n, c, h, w)), _ROWS1 + _stride2_blocks(q))
+        return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
 
     def _corrt2(self, dy, dx, options):
         """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options;
@@ -967,7 +978,7 @@ class Conv2d(Module):
             part = ops.new(q, (chunks, oc, c * k * k))
             ops.launch(q, _FAMILY, "wgrad_cpu", (c, ob, chunks), (1, 1, 1), n, oc, c, oh, ow, hd, wd, pd, hx, wx,
                        rows, dyp, xp, part, options=_cpu_options(k, ro=ro) + wgv)
-            ops.launch1d(q, _FAMILY, "sum_chunks_cpu", gw.size, gw.size, chunks, part, gw, int(acc))
+            _sum_chunks(q, gw.size, chunks, part, gw, int(acc))
             gw.mark_written()
         if sums is not None:
             self._bias_grad_cpu(n, oc, sums)
@@ -978,7 +989,7 @@ class Conv2d(Module):
     def _bias_grad_cpu(self, n, oc, sums):
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
-            ops.launch1d(gb.queue, _FAMILY, "sum_chunks_cpu", oc, oc, n, sums, gb, int(acc))  # over the images
+            _sum_chunks(gb.queue, oc, n, sums, gb, int(acc))  # over the images
             gb.mark_written()
 
     def _backward_depthwise(self, dy, need_dx):
