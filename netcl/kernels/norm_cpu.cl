@@ -416,6 +416,10 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
 // (added where acc), then dx of the same planes, x and dy read again from its L2 rather than
 // beyond it, into planes (N, C, HP, WP) at row top, column left (HP = H, WP = W, top = left = 0:
 // dx as it is). A launch and a read of x and dy less than bn_bwd_part_cpu + bn_bwd_apply(_pad)_cpu.
+// The first pass prefetches the next image's plane line by line: a plane is one 4 KiB page or
+// less at 32x32 and below, and the hardware's stream prefetchers stop at page boundaries (resnet8's
+// batch-64 step 0.97-0.99x in three paired runs, AVX-512 and AVX2 code; the layer alone 0.945x at
+// 32x32, 0.99x at 16x16 and 8x8; two planes ahead on the small planes: 1.00x).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, const int HP, const int WP,
                         const int top, const int left, __global const float *x, __global const float *dy,
@@ -431,6 +435,7 @@ void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, cons
         __global const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
         int i = 0;
         for (; i + 16 <= HW; i += 16) {
+            if (n + 1 < N) __builtin_prefetch(xp + C * HW + i), __builtin_prefetch(gp + C * HW + i);
             const float16 xv = *(__global const ufloat16 *)(xp + i);
             const float16 d = BN_DZ(xv, *(__global const ufloat16 *)(gp + i), m, inv, ga, be, slope);
             rb16 += d;
