@@ -34,7 +34,7 @@
 #ifndef TC
 #define TC 8
 #endif
-// UNPAD 1: corrc_cpu reads a 3x3 stride-2 padding-1 convolution's input as it is
+// UNPAD 1: corrc_cpu and im2col_cpu read a 3x3 stride-2 padding-1 convolution's input as it is
 // (HP = H, WP = W, both even): only its row -1 and column -1 fall outside it, and those are
 // skipped or zero (no padded copy; Conv2d's "phases" mode, whose wgrad2_cpu always reads so)
 #ifndef UNPAD
@@ -541,8 +541,31 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
     for (int t = get_global_id(1) * rows; t < t1; t++) {
         const int n = t / OH, y = t - n * OH;
         __global float *dst = cols + r * NOH * OW + t * OW;
+#if UNPAD  // x as it is (S 2, KS 3, padding 1): input row 2y + j - 1, column 2x + l - 1
+        if (S * y + j == 0) {  // row -1
+            for (int x = 0; x < OW; x++) dst[x] = 0.0f;
+            continue;
+        }
+        __global const float *src = xp + ((n * C + c) * HP + S * y + j - 1) * WP + l - 1;
+#else
         __global const float *src = xp + ((n * C + c) * HP + S * y + j) * WP + l;
+#endif
         int x = 0;
+        if (UNPAD && l == 0) {  // the first vector's first input is column -1: zero, the rest from column 0 on
+            if (OW >= 16) {
+                const float16 a = *(__global const ufloat16 *)(src + 1), b = *(__global const ufloat16 *)(src + 16);
+                float16 v = __builtin_shufflevector(a, b, 0, 1, 3, 5, 7, 9, 11, 13, 16, 18, 20, 22, 24, 26, 28, 30);
+                v.s0 = 0.0f;
+                *(__global ufloat16 *)dst = v;
+                x = 16;
+            } else {
+                const float8 a = *(__global const ufloat8 *)(src + 1), b = *(__global const ufloat8 *)(src + 7);
+                float8 v = __builtin_shufflevector(a, b, 0, 1, 3, 5, 7, 11, 13, 15);
+                v.s0 = 0.0f;
+                *(__global ufloat8 *)dst = v;
+                x = 8;
+            }
+        }
         if (S == 1) {
             for (; x + 16 <= OW; x += 16) *(__global ufloat16 *)(dst + x) = *(__global const ufloat16 *)(src + x);
             for (; x + 8 <= OW; x += 8) *(__global ufloat8 *)(dst + x) = *(__global const ufloat8 *)(src + x);
@@ -970,10 +993,10 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // from column 2 x0 - 1, or the odd lanes of the same one column on (l = 2). No im2col columns and
 // no GEMM operand copy of dy. Work-item (c, block of WG2_O output channels, chunk g) takes the taps
 // of one kernel row j at a time: WG2_O x 3 accumulators, the three tap vectors of an input row
-// serving WG2_O dy vectors. AVX-512: 8 channels of float16 (24 of its 32 registers; float8 on rows
-// of 8); AVX2: 4 of float8 (12 of 16). All 9 taps of 2 channels at once (18 float16, 36 of AVX2's
-// 16 registers) ran 1.6x slower in AVX2 code and 1.07-1.17x on AVX-512 (paired, resnet8's and
-// wider shapes). The chunks are short enough that no lane adds a long run (_image_chunks).
+// serving WG2_O dy vectors. AVX-512: float16 and 8 channels (24 of its 32 registers); AVX2: float8
+// and 4 (12 of 16). All 9 taps of 2 channels at once (18 float16, 36 of AVX2's 16 registers)
+// ran 1.6x slower in AVX2 code and 1.07-1.17x on AVX-512 (paired, resnet8's and wider shapes). The
+// chunks are short enough that no lane adds a long run (_image_chunks).
 #define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 #ifndef WG2_VW

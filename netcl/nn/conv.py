@@ -89,12 +89,10 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # layer's training forward and backward in AVX2 code, resnet8's shapes at batch 64: the 1x1
 # shortcut 1.14-1.27x faster with PW_RM 4, then 1.03-1.08x with PW_WC 2; the 3x3 stride-2 layer on
 # 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x). wgrad2_cpu's
-# WG2_VW positions (at most; 8 on rows of 8) x WG2_O output channels: float16 x 8 on AVX-512, float8
-# x 4 on AVX2. In AVX2 code on Zen 4 float8 x 4 ran 1.6x faster than float16 x 2 (all 9 taps then),
-# x 3 1.4x, x 5-8 1.1-1.2x; on AVX-512 x 8 1.07-1.17x, x 4-6 1.02-1.03x (paired, the weight gradient
-# alone, 16 -> 32 and 32 -> 64 channels). On rows of 8, where im2col_cpu and a GEMM ran before (faster
-# than float16 two rows a vector), AVX-512's float8 x 8 took 0.95x, 0.99x and 0.99x of their layer
-# backward at 32 -> 64 channels on 8x8 outputs, 0.82x at 64 -> 128 (paired, a busy hour).
+# WG2_VW positions x WG2_O output channels: float16 x 8 on AVX-512, float8 x 4 on AVX2 (which also
+# takes rows of 8 there, where AVX-512 runs im2col_cpu and a GEMM). In AVX2 code on Zen 4 float8 x 4
+# ran 1.6x faster than float16 x 2 (all 9 taps then), x 3 1.4x, x 5-8 1.1-1.2x; on AVX-512 x 8
+# 1.07-1.17x, x 4-6 1.02-1.03x (paired, the weight gradient alone, 16 -> 32 and 32 -> 64 channels).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
                          "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8},
@@ -108,18 +106,10 @@ def _blocks(q):
     return _CPU_BLOCKS.get(ops.config_class(q), _CPU_BLOCKS["cpu"])
 
 
-def _stride2_blocks(q, ow):
-    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu, wgrad2_cpu) for q's
-    device class and output rows ow wide."""
+def _stride2_blocks(q):
+    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu) for q's device class."""
     b = _blocks(q)
-    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM", "WG2_O")) + (
-        f"-DWG2_VW={_wgrad2_width(q, ow)}",)
-
-
-def _wgrad2_width(q, ow):
-    """wgrad2_cpu's vector width (WG2_VW) on output rows ow wide (a multiple of 8)."""
-    vw = _blocks(q)["WG2_VW"]
-    return vw if ow % vw == 0 else 8
+    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM", "WG2_VW", "WG2_O"))
 
 
 def _cpu_options(k, flip=0, rm=8, ro=None, rr=_CORR_RR):
@@ -480,11 +470,12 @@ class Conv2d(Module):
             return None
         oh, ow = h // 2, w // 2
         rows = _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 and oh % 2 == 0 else None
-        return rows and rows + _stride2_blocks(q, ow)
+        return rows and rows + _stride2_blocks(q)
 
     def _phases(self, q, shape):
         """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
-        planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu for dW, read x as it is (UNPAD: no padded copy); corrt2_cpu gives dx."""
+        planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu (rows of whole WG2_VW vectors) or
+        im2col_cpu (AVX-512's 8-wide rows) for dW, read x as it is (UNPAD: no padded copy); corrt2_cpu gives dx."""
         return self._stride2_planes(q, shape, (3, 2, 1, 1)) is not None
 
     def _pointwise2(self, q, shape):
@@ -677,11 +668,12 @@ class Conv2d(Module):
     def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
-        _backward_pointwise2; after a "phases" forward, _backward_phases.
+        _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors, _backward_phases.
         Otherwise one pass over dy gives the weight gradient's GEMM operand (OC, N*P) and the bias
         gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
-        padded x); dx after a "channels" forward: corrc_cpu's correlation of padded dy with the
-        flipped weights (stride 1) or corrt_cpu (stride 2), a 1x1 convolution of stride 1 W^T dy
+        padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
+        corrc_cpu's correlation of padded dy with the flipped weights (stride 1) or corrt_cpu
+        (stride 2), after a "phases" one corrt2_cpu's phases, a 1x1 convolution of stride 1 W^T dy
         per image straight into dx, else dcols = W^T dy and col2im (added into `into` for a 1x1
         convolution: backward_into)."""
         geometry = self.padded_grad(dy.queue, dy.shape)
@@ -690,8 +682,9 @@ class Conv2d(Module):
         (n, c, h, w), mode, cols = self._saved
         if mode == "pointwise":
             return self._backward_pointwise2(dy, need_dx, into)
-        if mode == "phases":
-            return self._backward_phases(dy, need_dx, self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)))
+        phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
+        if phases is not None and dy.shape[3] % _blocks(dy.queue)["WG2_VW"] == 0:
+            return self._backward_phases(dy, need_dx, phases)
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
@@ -699,11 +692,12 @@ class Conv2d(Module):
         if direct is not None:  # dW and db in one launch from dy and the forward's padded x
             direct(q, cols, dy)
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
-        if mode == "channels":  # im2col here, from the forward's padded x
+        if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
+            # (AVX-512's 8-wide rows: im2col and the GEMM ran faster than a wgrad2_cpu of two rows a vector)
             xp, cols = cols, ops.new(q, (ckk, n * P))
             rows, items = ops.cpu_rows(n * oh, ow)
             ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
-                       rows, xp, cols, options=_cpu_options(k))
+                       rows, xp, cols, options=_cpu_options(k) + (("-DUNPAD=1",) if phases else ()))
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
         rows, items = ops.cpu_rows(n * oc, P)
@@ -716,6 +710,8 @@ class Conv2d(Module):
             return None
         if mode == "channels" and s == 1:
             return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode)
+        if phases is not None:
+            return self._corrt2(dy, ops.new(q, (n, c, h, w)), phases)
         if mode == "channels":
             dx = ops.new(q, (n, c, h, w))
             _corrt_cpu(q, dy, self.weight, dx, s, p)
@@ -852,13 +848,13 @@ class Conv2d(Module):
             _channel_sum(dy, self.bias)
 
     def _backward_phases(self, dy, need_dx, options):
-        """_backward_cpu after a "phases" forward (_phases, whose build options are `options`): dW
-        from wgrad2_cpu's per-chunk sums over x as it is (added in order), dx from corrt2_cpu's
-        phases, both reading dy as it is."""
+        """_backward_cpu after a "phases" forward (_phases, whose build options are `options`) on
+        rows of whole wgrad2_cpu vectors (WG2_VW outputs): dW from wgrad2_cpu's per-chunk sums over
+        x as it is (added in order), dx from corrt2_cpu's phases, both reading dy as it is."""
         (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
         q, blocks = dy.queue, _blocks(dy.queue)
-        vw, wo = _wgrad2_width(q, ow), blocks["WG2_O"]
+        vw, wo = blocks["WG2_VW"], blocks["WG2_O"]
         chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // wo), oh * ow // vw)
         part = ops.new(q, (chunks, oc, c * 9))
         ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // wo), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x, dy,
