@@ -98,8 +98,9 @@ def test_gemm_benchmark_rows(queue, capsys, monkeypatch):
 
 
 def test_direct_weight_gradient_rows(queue, capsys, monkeypatch):
-    """bench_direct on every kind: _wgrad_narrow's launch, _wgrad_oc16's (AVX-512 class) and the
-    BatchNorm pass that takes dW, each against the launches it replaced, the results equal to
+    """bench_direct on every kind: _wgrad_narrow's launch, _wgrad_oc16's (AVX-512 class), the
+    BatchNorm pass that takes dW and a 3x3 stride-2 convolution's _backward_phases (wgrad2_cpu, its
+    chunks' sum and the bias's), each against the launches it replaced, the results equal to
     float64 numpy's product."""
     from netcl import ops
 
@@ -110,12 +111,13 @@ def test_direct_weight_gradient_rows(queue, capsys, monkeypatch):
     oc16 = ops.config_class(queue) == "cpu16"
     entries = [("a", "narrow") + geometry, ("b", "pooled") + geometry]
     entries += [("c", "oc16", 16, 32, 3, 1, True, (2, 16, 6, 6), (2, 32, 4, 4))] * oc16
+    entries += [("d", "phases", 3, 5, 3, 1, True, (2, 3, 32, 32), (2, 5, 16, 16))]
     rows = bt.bench_direct(queue, 1, entries, np.random.default_rng(0))
     assert [(r["kind"], r["launches"], r["replaced_launches"]) for r in rows] == (
-        [("narrow", 1, 4), ("pooled", 3, 4)] + [("oc16", 1, 4)] * oc16)
+        [("narrow", 1, 4), ("pooled", 3, 4)] + [("oc16", 1, 4)] * oc16 + [("phases", 3, 4)])
     assert all(r["rel_err"] < 1e-5 and r["numpy_us"] > 0 and r["replayed_us"] > 0 for r in rows)
     out = capsys.readouterr().out
-    assert "dW and db in one launch" in out and "inside the BatchNorm2d's backward pass" in out
+    assert "without a GEMM" in out and "inside the BatchNorm2d's backward pass" in out
 
 
 def test_step_benchmark_models_take_their_registered_input():

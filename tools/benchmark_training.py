@@ -116,8 +116,9 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     [(label, rows, inputs, classes)] the classifier heads run as one kernel (CrossEntropyLoss.
     enqueue_linear); direct [(label, kind, conv, xp shape, dy shape)] the weight gradients computed
     without a GEMM (a GEMM of M = out channels, N = weights per output channel, K = batch x output
-    positions): kind "narrow" by Conv2d._wgrad_narrow, "oc16" by Conv2d._wgrad_oc16, "pooled"
-    inside the backward pass of the BatchNorm2d (+ activation + MaxPool2d) after the conv
+    positions): kind "narrow" by Conv2d._wgrad_narrow, "oc16" by Conv2d._wgrad_oc16, "phases" by
+    Conv2d._backward_phases (wgrad2_cpu; xp shape: the input as it is), "pooled" inside the
+    backward pass of the BatchNorm2d (+ activation + MaxPool2d) after the conv
     (BatchNorm2d._conv_grads_pooled). mode "trainstep": the step as a netcl.TrainStep runs it (its
     first call, eager: the replays run the same launches), "loop": as layer calls. Labels name the
     first model, batch and layer method to run each."""
@@ -127,6 +128,7 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     gemms, heads, direct, where = {}, {}, {}, [None]
     real_gemm, real_head, real_narrow = ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow
     real_pooled, real_oc16 = nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16
+    real_phases = nn.Conv2d._backward_phases
 
     def gemm(M, N, K, A, sa, B, sb, C, sc, *args, batch=1, **kw):
         gemms.setdefault((M, N, K, batch, tuple(sa), tuple(sb), tuple(sc)), f"{where[0]} {_caller()}")
@@ -148,13 +150,17 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
         direct.setdefault(conv_key("oc16", self, xp.shape, dy.shape), f"{where[0]} Conv2d._wgrad_oc16")
         return real_oc16(self, q_, xp, dy)
 
+    def phases(self, dy, need_dx, options):
+        direct.setdefault(conv_key("phases", self, self._saved[0], dy.shape), f"{where[0]} Conv2d._backward_phases")
+        return real_phases(self, dy, need_dx, options)
+
     def pooled(self, conv, fused, dp, arg, sums):
         direct.setdefault(conv_key("pooled", conv, fused[1].shape, self._saved[0].shape),
                           f"{where[0]} BatchNorm2d pass + Conv2d dW")
         return real_pooled(self, conv, fused, dp, arg, sums)
 
     ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = gemm, head, narrow
-    nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16 = pooled, oc16
+    nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16, nn.Conv2d._backward_phases = pooled, oc16, phases
     try:
         for name, batch in steps:
             where[0] = f"{name} b{batch}"
@@ -162,6 +168,7 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     finally:
         ops.gemm, nn.CrossEntropyLoss.enqueue_linear, nn.Conv2d._wgrad_narrow = real_gemm, real_head, real_narrow
         nn.BatchNorm2d._conv_grads_pooled, nn.Conv2d._wgrad_oc16 = real_pooled, real_oc16
+        nn.Conv2d._backward_phases = real_phases
     q.finish()
     return ([(label,) + key for key, label in gemms.items()], [(label,) + key for key, label in heads.items()],
             [(label,) + key for key, label in direct.items()])
@@ -296,18 +303,18 @@ def bench_gemm(q, repeat, quick, steps=TRAINING_STEPS, mode="trainstep"):
     return {"shapes": rows, "direct": direct_rows, "heads": head_rows, "empty_launch_us": floor, "mode": mode}
 
 
-def _cols(xp, k, oh, ow):
+def _cols(xp, k, oh, ow, stride=1):
     """The im2col columns (C*k*k, N*OH*OW) of a padded input, contiguous."""
     n, c = xp.shape[:2]
-    cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, :oh, :ow]
+    cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::stride, ::stride][:, :, :oh, :ow]
     return np.ascontiguousarray(cols.transpose(1, 4, 5, 0, 2, 3).reshape(c * k * k, n * oh * ow))
 
 
-def _numpy_wgrad(xp, dy, k):
+def _numpy_wgrad(xp, dy, k, stride=1):
     """numpy's side of a weight gradient: ((M, N, K), reps, run) where run() computes dyr @ cols^T
     reps times on operands made beforehand, and (cols, dyr) for the error."""
     n, oc, oh, ow = dy.shape
-    cols, dyr = _cols(xp, k, oh, ow), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
+    cols, dyr = _cols(xp, k, oh, ow, stride), np.ascontiguousarray(dy.transpose(1, 0, 2, 3).reshape(oc, n * oh * ow))
     M, N, K = oc, cols.shape[0], n * oh * ow
     reps = max(1, min(20, int(2e7 // (M * N * K))))
 
@@ -341,15 +348,18 @@ def bench_direct(q, repeat, direct, rng):
     first layer from dy and its padded input in one launch) and "oc16" (Conv2d._wgrad_oc16, likewise
     for more weights, 16 output channels in the lanes) replayed, and the launches they replaced
     (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0, conv._OC16_WIDTHS
-    = ()). "pooled" (dW and db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the
+    = ()). "phases" (Conv2d._backward_phases: a 3x3 stride-2 convolution's dW from x as it is by
+    wgrad2_cpu's per-chunk sums, then sum_chunks_cpu) likewise, against im2col_cpu from a padded
+    copy of x, dy_rows_cpu and the GEMM. "pooled" (dW and db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the
     conv, instead of its dy): its cost is that pass's replayed time less the same pass writing dy
     (the unfused step's), under 0.1 us counted as 0.1; the replaced launches are that pass and
     _wgrad_narrow."""
-    rows = [_bench_pooled(q, repeat, entry, rng) if entry[1] == "pooled" else _bench_narrow(q, repeat, entry, rng)
-            for entry in direct]
+    bench = {"pooled": _bench_pooled, "phases": _bench_phases}
+    rows = [bench.get(entry[1], _bench_narrow)(q, repeat, entry, rng) for entry in direct]
     one_launch, pooled = [r for r in rows if r["kind"] != "pooled"], [r for r in rows if r["kind"] == "pooled"]
     if one_launch:
-        print("\n== weight gradients without a GEMM (dW and db in one launch) vs numpy's GEMM of the same product ==")
+        print("\n== weight gradients without a GEMM (one launch; phases: wgrad2_cpu, sum_chunks_cpu) vs numpy's GEMM "
+              "of the same product ==")
         print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
               f"{'replayed us':>11s} {'numpy us':>8s} {'replaced us (launches)':>22s} {'rel err':>8s}")
     for r in one_launch:
@@ -400,6 +410,49 @@ def _bench_narrow(q, repeat, entry, rng):
     finally:
         conv_module._NARROW_MAX_R, conv_module._OC16_WIDTHS = real_max, real_widths
     (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k)
+    replay(1)
+    err = _wgrad_err(conv, dyr, cols, (old_dw,))
+    t_rep, t_np, t_old = (t / reps for t in _best_rounds((lambda: replay(reps), run_np, lambda: replaced(reps)),
+                                                         repeat))
+    flop = 2.0 * M * N * K
+    return {"label": label, "kind": kind, "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
+            "launches": launches, "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6,
+            "replayed_gflops": flop / t_rep / 1e9, "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep,
+            "rel_err": err, "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches}
+
+
+def _bench_phases(q, repeat, entry, rng):
+    label, kind, c, oc, k, p, bias, x_shape, dy_shape = entry
+    conv = nn.Conv2d(c, oc, k, stride=2, padding=p, bias=bias).to(q).train()
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    dy = rng.standard_normal(dy_shape).astype(np.float32)
+    xt, dyt = Tensor.from_host(q, x), Tensor.from_host(q, dy)
+    conv(xt)
+    if conv._saved[1] != "phases":
+        raise RuntimeError(f"{label}: the forward did not run in phases mode here")
+    options = conv._stride2_planes(q, x_shape, (k, 2, p, 1))
+
+    def grads():
+        conv.weight.grad = None
+        if bias:
+            conv.bias.grad = None
+        conv._backward_phases(dyt, False, options)
+    replay, launches = _replayable(q, grads)
+    # the path it replaced: im2col_cpu from a padded copy of x, dy_rows_cpu, the GEMM, the bias's sums
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    saved, conv._saved = conv._saved, (x_shape, "channels", Tensor.from_host(q, xp))
+    try:
+        def old_grads():
+            conv.weight.grad = None
+            if bias:
+                conv.bias.grad = None
+            conv._backward_cpu(dyt, False)
+        replaced, replaced_launches = _replayable(q, old_grads)
+        replaced(1)
+        old_dw = conv.weight.grad.to_host()
+    finally:
+        conv._saved = saved
+    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k, stride=2)
     replay(1)
     err = _wgrad_err(conv, dyr, cols, (old_dw,))
     t_rep, t_np, t_old = (t / reps for t in _best_rounds((lambda: replay(reps), run_np, lambda: replaced(reps)),
