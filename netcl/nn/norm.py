@@ -161,11 +161,17 @@ class BatchNorm2d(Module):
 
     def _finish_stats(self, stats, m, mean, var):
         """mean and var of each channel (m values) from its parts stats = (part, parts, values per
-        part, part_major), the running statistics updated (bn_stats_finish_cpu). part_major: a
-        part's channels lie together (corr_cpu's and corrc_cpu's), else a channel's parts."""
+        part, part_major), the running statistics updated (bn_stats_finish_cpu; bn_stats_finish_pm_cpu
+        for part-major parts of 16k channels). part_major: a part's channels lie together (corr_cpu's
+        and corrc_cpu's), else a channel's parts."""
         part, parts, length, part_major = stats
-        cs, ps = (1, self.num_features) if part_major else (parts, 1)
-        ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_cpu", (self.num_features,), (1,), m, parts, length, part,
+        c = self.num_features
+        if part_major and c % 16 == 0 and parts * length == m:  # 16 channels a work-item, in the lanes
+            ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_pm_cpu", (c // 16,), (1,), m, c, parts, length, part,
+                       mean, var, self.running_mean, self.running_var, self.momentum)
+            return
+        cs, ps = (1, c) if part_major else (parts, 1)
+        ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_cpu", (c,), (1,), m, parts, length, part,
                    cs, ps, mean, var, self.running_mean, self.running_var, self.momentum)
 
     def _stats_parts(self, x):
