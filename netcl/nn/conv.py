@@ -93,6 +93,8 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # takes rows of 8 there, where AVX-512 runs im2col_cpu and a GEMM). In AVX2 code on Zen 4 float8 x 4
 # ran 1.6x faster than float16 x 2 (all 9 taps then), x 3 1.4x, x 5-8 1.1-1.2x; on AVX-512 x 8
 # 1.07-1.17x, x 4-6 1.02-1.03x (paired, the weight gradient alone, 16 -> 32 and 32 -> 64 channels).
+# AVX-512's rows of 8 in float8 x 8 instead of im2col and the GEMM: 0.84-0.96x of their time at three
+# shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64 (GEMM benchmark): not taken (dc5fb01).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
                          "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8},
