@@ -378,38 +378,24 @@ def bench_direct(q, repeat, direct, rng):
     return rows
 
 
-def _bench_narrow(q, repeat, entry, rng):
-    from netcl.nn import conv as conv_module
+def _direct_row(q, repeat, entry, conv, new, old, xp, dy, stride=1):
+    """bench_direct's row of a weight gradient computed without a GEMM: new() (its launches
+    replayed) against old() (the launches it replaced, recorded while old() runs its own set-up)
+    and numpy's GEMM of the same product from the padded input xp; both dW against float64."""
+    label, kind, k, bias = entry[0], entry[1], entry[4], entry[6]
 
-    label, kind, c, oc, k, p, bias, xp_shape, dy_shape = entry
-    conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
-    xp = rng.standard_normal(xp_shape).astype(np.float32)
-    dy = rng.standard_normal(dy_shape).astype(np.float32)
-    xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
-    n, direct = dy_shape[0], conv._direct_wgrad(q, dy_shape)  # (the method the step ran)
-
-    def grads():
-        conv.weight.grad = None
-        if bias:
-            conv.bias.grad = None
-        direct(q, xt, dyt)
-    replay, launches = _replayable(q, grads)
-    # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
-    conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
-    real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
-    real_widths, conv_module._OC16_WIDTHS = conv_module._OC16_WIDTHS, ()
-    try:
-        def old_grads():
+    def recorded(fn):
+        def grads():
             conv.weight.grad = None
             if bias:
                 conv.bias.grad = None
-            conv._backward_cpu(dyt, False)
-        replaced, replaced_launches = _replayable(q, old_grads)
-        replaced(1)
-        old_dw = conv.weight.grad.to_host()
-    finally:
-        conv_module._NARROW_MAX_R, conv_module._OC16_WIDTHS = real_max, real_widths
-    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k)
+            fn()
+        return _replayable(q, grads)
+    replay, launches = recorded(new)
+    replaced, replaced_launches = recorded(old)
+    replaced(1)
+    old_dw = conv.weight.grad.to_host()
+    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k, stride)
     replay(1)
     err = _wgrad_err(conv, dyr, cols, (old_dw,))
     t_rep, t_np, t_old = (t / reps for t in _best_rounds((lambda: replay(reps), run_np, lambda: replaced(reps)),
@@ -421,8 +407,29 @@ def _bench_narrow(q, repeat, entry, rng):
             "rel_err": err, "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches}
 
 
+def _bench_narrow(q, repeat, entry, rng):
+    from netcl.nn import conv as conv_module
+
+    _, _, c, oc, k, p, bias, xp_shape, dy_shape = entry
+    conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
+    xp = rng.standard_normal(xp_shape).astype(np.float32)
+    dy = rng.standard_normal(dy_shape).astype(np.float32)
+    xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
+    n, direct = dy_shape[0], conv._direct_wgrad(q, dy_shape)  # (the method the step ran)
+
+    def old():  # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
+        conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
+        real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
+        real_widths, conv_module._OC16_WIDTHS = conv_module._OC16_WIDTHS, ()
+        try:
+            conv._backward_cpu(dyt, False)
+        finally:
+            conv_module._NARROW_MAX_R, conv_module._OC16_WIDTHS = real_max, real_widths
+    return _direct_row(q, repeat, entry, conv, lambda: direct(q, xt, dyt), old, xp, dy)
+
+
 def _bench_phases(q, repeat, entry, rng):
-    label, kind, c, oc, k, p, bias, x_shape, dy_shape = entry
+    label, _, c, oc, k, p, bias, x_shape, dy_shape = entry
     conv = nn.Conv2d(c, oc, k, stride=2, padding=p, bias=bias).to(q).train()
     x = rng.standard_normal(x_shape).astype(np.float32)
     dy = rng.standard_normal(dy_shape).astype(np.float32)
@@ -431,37 +438,17 @@ def _bench_phases(q, repeat, entry, rng):
     if conv._saved[1] != "phases":
         raise RuntimeError(f"{label}: the forward did not run in phases mode here")
     options = conv._stride2_planes(q, x_shape, (k, 2, p, 1))
-
-    def grads():
-        conv.weight.grad = None
-        if bias:
-            conv.bias.grad = None
-        conv._backward_phases(dyt, False, options)
-    replay, launches = _replayable(q, grads)
-    # the path it replaced: im2col_cpu from a padded copy of x, dy_rows_cpu, the GEMM, the bias's sums
     xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
-    saved, conv._saved = conv._saved, (x_shape, "channels", Tensor.from_host(q, xp))
-    try:
-        def old_grads():
-            conv.weight.grad = None
-            if bias:
-                conv.bias.grad = None
+    xpt = Tensor.from_host(q, xp)
+
+    def old():  # the path it replaced: im2col_cpu from a padded copy of x, dy_rows_cpu, the GEMM, the bias's sums
+        saved, conv._saved = conv._saved, (x_shape, "channels", xpt)
+        try:
             conv._backward_cpu(dyt, False)
-        replaced, replaced_launches = _replayable(q, old_grads)
-        replaced(1)
-        old_dw = conv.weight.grad.to_host()
-    finally:
-        conv._saved = saved
-    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(xp, dy, k, stride=2)
-    replay(1)
-    err = _wgrad_err(conv, dyr, cols, (old_dw,))
-    t_rep, t_np, t_old = (t / reps for t in _best_rounds((lambda: replay(reps), run_np, lambda: replaced(reps)),
-                                                         repeat))
-    flop = 2.0 * M * N * K
-    return {"label": label, "kind": kind, "M": M, "N": N, "K": K, "batch": 1, "layout": "NT",
-            "launches": launches, "replayed_us": t_rep * 1e6, "numpy_us": t_np * 1e6,
-            "replayed_gflops": flop / t_rep / 1e9, "numpy_gflops": flop / t_np / 1e9, "replayed_ratio": t_np / t_rep,
-            "rel_err": err, "replaced_us": t_old * 1e6, "replaced_launches": replaced_launches}
+        finally:
+            conv._saved = saved
+    return _direct_row(q, repeat, entry, conv, lambda: conv._backward_phases(dyt, False, options), old, xp, dy,
+                       stride=2)
 
 
 def _bench_pooled(q, repeat, entry, rng):
