@@ -997,8 +997,6 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // and 4 (12 of 16). All 9 taps of 2 channels at once (18 float16, 36 of AVX2's 16 registers)
 // ran 1.6x slower in AVX2 code and 1.07-1.17x on AVX-512 (paired, resnet8's and wider shapes). The
 // chunks are short enough that no lane adds a long run (_image_chunks).
-#define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
-#define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 #ifndef WG2_VW
 #define WG2_VW 16
 #endif

@@ -222,14 +222,13 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
 }
 
 // bn_stats_finish_cpu for parts whose channels lie together (part[p][c] = (s, q), C a multiple of
-// 16: corrc_cpu's and corr_cpu's), every part of plen values (M = parts * plen): work-item g takes channels 16 g .. 16 g + 15 in the lanes, each
-// part's 16 pairs two contiguous vector loads (a work-item per channel read them as scalars 2 C
-// floats apart, every line of the parts once per channel: ~0.3 ms of resnet8's step at batch 64
-// in AVX2 code, where corrc_cpu's 4-position tiles give 4096 parts). Each sum adds FINISH_RUN
-// parts, then joins a running total (the scalar kernel's 16 strided sums, alike in rounding).
+// 16: corrc_cpu's and corr_cpu's), every part of plen values (M = parts * plen): work-item g takes
+// channels 16 g .. 16 g + 15 in the lanes, each part's 16 pairs two contiguous vector loads (a
+// work-item per channel read them as scalars 2 C floats apart, every line of the parts once per
+// channel: ~0.3 ms of resnet8's step at batch 64 in AVX2 code, where corrc_cpu's 4-position tiles
+// give 4096 parts). Each sum adds FINISH_RUN parts, then joins a running total (the scalar
+// kernel's 16 strided sums, alike in rounding).
 #define FINISH_RUN 64
-#define EVEN16 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
-#define ODD16 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int plen, __global const float *part,
                             __global float *mean, __global float *var, __global float *run_mean,
@@ -241,7 +240,8 @@ void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int
         float16 run = 0.0f;
         for (int p = p0; p < min(parts, p0 + FINISH_RUN); p++) {
             __global const float *pp = pc + 2 * p * C;
-            run += __builtin_shufflevector(*(__global const ufloat16 *)pp, *(__global const ufloat16 *)(pp + 16), EVEN16);
+            run += __builtin_shufflevector(*(__global const ufloat16 *)pp, *(__global const ufloat16 *)(pp + 16),
+                                           EVEN_LANES);
         }
         tot += run;
     }
@@ -253,7 +253,7 @@ void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int
         for (int p = p0; p < min(parts, p0 + FINISH_RUN); p++) {
             __global const float *pp = pc + 2 * p * C;
             const float16 a = *(__global const ufloat16 *)pp, b = *(__global const ufloat16 *)(pp + 16);
-            const float16 sv = __builtin_shufflevector(a, b, EVEN16), qv = __builtin_shufflevector(a, b, ODD16);
+            const float16 sv = __builtin_shufflevector(a, b, EVEN_LANES), qv = __builtin_shufflevector(a, b, ODD_LANES);
             const float16 d = sv - nm;
             run += qv + d * d * inv;
         }

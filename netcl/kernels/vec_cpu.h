@@ -28,6 +28,9 @@ typedef int4 __attribute__((aligned(4))) uint4v;
 #define HALVES_8 0, 1, 2, 3, 4, 5, 6, 7
 #define HALVES_4 0, 1, 2, 3
 #define JOIN_HALVES(n, a, b) __builtin_shufflevector(a, b, VCAT(HALVES_, n))
+// the even and the odd lanes of two float16 (a, b) as one: __builtin_shufflevector(a, b, EVEN_LANES)
+#define EVEN_LANES 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define ODD_LANES 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 
 // float16 (e0, o0, e1, o1, ...) from float8 e and o: one two-source shuffle (clang's builtin:
 // OpenCL's shuffle2 is an out-of-line call on PoCL)

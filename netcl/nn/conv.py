@@ -109,7 +109,8 @@ def _blocks(q):
 
 
 def _stride2_blocks(q):
-    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu) for q's device class."""
+    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu, wgrad2_cpu) for q's
+    device class."""
     b = _blocks(q)
     return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM", "WG2_VW", "WG2_O"))
 
@@ -477,7 +478,8 @@ class Conv2d(Module):
     def _phases(self, q, shape):
         """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
         planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu (rows of whole WG2_VW vectors) or
-        im2col_cpu (AVX-512's 8-wide rows) for dW, read x as it is (UNPAD: no padded copy); corrt2_cpu gives dx."""
+        im2col_cpu (AVX-512's 8-wide rows) for dW, read x as it is (UNPAD: no padded copy);
+        corrt2_cpu gives dx."""
         return self._stride2_planes(q, shape, (3, 2, 1, 1)) is not None
 
     def _pointwise2(self, q, shape):
@@ -670,7 +672,8 @@ class Conv2d(Module):
     def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
-        _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors, _backward_phases.
+        _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors,
+        _backward_phases.
         Otherwise one pass over dy gives the weight gradient's GEMM operand (OC, N*P) and the bias
         gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
         padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
