@@ -460,15 +460,24 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
     }
 }
 
-// The first pass of the backward a work-item per channel: channel c's sums db of dz and dg of dz
-// (x - mean) * invstd over its N planes (float16 lanes, flushed every FLUSH vectors). It prefetches
-// the next image's plane line by line: a plane is one 4 KiB page or less at 32x32 and below, and
-// the hardware's stream prefetchers stop at page boundaries (resnet8's batch-64 step 0.97-0.99x in
-// three paired runs, AVX-512 and AVX2 code; the layer alone 0.945x at 32x32, 0.99x at 16x16 and
-// 8x8; two planes ahead on the small planes: 1.00x).
-inline void bn_dz_sums(const int N, const int C, const int HW, const int c, __global const float *x,
-                       __global const float *dy, const float m, const float inv, const float ga, const float be,
-                       const float slope, float *db, float *dg) {
+// The backward in one launch, a work-item per channel, where a channel's x and dy fit in L2
+// together (netcl.nn.norm's _CHANNEL_L2): work-item c sums dz and dz (x - mean) over its N
+// planes (bn_bwd_part_cpu's float16 lanes, flushed every FLUSH vectors), writes dbeta and dgamma
+// (added where acc), then dx of the same planes, x and dy read again from its L2 rather than
+// beyond it, into planes (N, C, HP, WP) at row top, column left (HP = H, WP = W, top = left = 0:
+// dx as it is). A launch and a read of x and dy less than bn_bwd_part_cpu + bn_bwd_apply(_pad)_cpu.
+// The first pass prefetches the next image's plane line by line: a plane is one 4 KiB page or
+// less at 32x32 and below, and the hardware's stream prefetchers stop at page boundaries (resnet8's
+// batch-64 step 0.97-0.99x in three paired runs, AVX-512 and AVX2 code; the layer alone 0.945x at
+// 32x32, 0.99x at 16x16 and 8x8; two planes ahead on the small planes: 1.00x).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, const int HP, const int WP,
+                        const int top, const int left, __global const float *x, __global const float *dy,
+                        __global const float *mean, __global const float *var, __global const float *gamma,
+                        __global const float *beta, const float eps, const float slope, __global float *dgamma,
+                        __global float *dbeta, const int acc, __global float *out, const int batch_stats) {
+    const int c = get_global_id(0), HW = H * W;
+    const float m = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c], g = ga * inv;
     float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
     float tb = 0.0f, tg = 0.0f;
     int nv = 0;
@@ -491,26 +500,7 @@ inline void bn_dz_sums(const int N, const int C, const int HW, const int c, __gl
     }
     rb16.s0 += tb;
     rg16.s0 += tg;
-    *db = hsum16(b16 + rb16);
-    *dg = hsum16(g16 + rg16) * inv;
-}
-
-// The backward in one launch, a work-item per channel, where a channel's x and dy fit in L2
-// together (netcl.nn.norm's _CHANNEL_L2): work-item c sums dz and dz (x - mean) over its N
-// planes (bn_dz_sums), writes dbeta and dgamma (added where acc), then dx of the same planes, x
-// and dy read again from its L2 rather than beyond it, into planes (N, C, HP, WP) at row top,
-// column left (HP = H, WP = W, top = left = 0: dx as it is). A launch and a read of x and dy less
-// than bn_bwd_part_cpu + bn_bwd_apply(_pad)_cpu.
-__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, const int HP, const int WP,
-                        const int top, const int left, __global const float *x, __global const float *dy,
-                        __global const float *mean, __global const float *var, __global const float *gamma,
-                        __global const float *beta, const float eps, const float slope, __global float *dgamma,
-                        __global float *dbeta, const int acc, __global float *out, const int batch_stats) {
-    const int c = get_global_id(0), HW = H * W;
-    const float m = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c], g = ga * inv;
-    float db, dg;
-    bn_dz_sums(N, C, HW, c, x, dy, m, inv, ga, be, slope, &db, &dg);
+    const float db = hsum16(b16 + rb16), dg = hsum16(g16 + rg16) * inv;
     dgamma[c] = acc ? dgamma[c] + dg : dg;
     dbeta[c] = acc ? dbeta[c] + db : db;
     const float inv_m = 1.0f / (float)(N * HW);
@@ -777,82 +767,6 @@ void bn_pool_bwd_wgrad_cpu(const int N, const int C, const int H, __global const
                         acc[t] = 0.0f;
                     }
                 }
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < FW_T; t++) gw[c * FW_T + t] = acc_w ? gw[c * FW_T + t] + tot[t] : tot[t];
-        if (has_bias) gb[c] = acc_b ? gb[c] + tot[FW_T] : tot[FW_T];
-    }
-}
-
-// The same without a pool (a resnet's stem: conv, BatchNorm2d, activation): the BatchNorm's sums
-// (bn_dz_sums), then, instead of dx, the weight gradient of the convolution before it from dx
-// made a vector at a time and never stored (no store and read of a tensor the BatchNorm's input's
-// size, no second launch). Rows of whole FW_V vectors (float16 on AVX-512, float8 on AVX2); FW_G
-// taps' accumulators at a time (every tap on AVX-512's 32 registers; AVX2's 16 hold one input
-// channel's: x and dy read again from L2 for each group), joined into running totals every FLUSH
-// vectors. A work-item per channel c and every get_global_size(0)-th after it. dgamma and dbeta
-// (added where acc), gw (C, FW_T) and, has_bias, gb (C) are written, or added to where acc_w / acc_b.
-#ifndef FW_V
-#define FW_V 16
-#endif
-#ifndef FW_G
-#define FW_G FW_T
-#endif
-#if FW_V == 8
-typedef float8 fwv;
-typedef ufloat8 ufwv;
-#define FW_HSUM hsum8
-#else
-typedef float16 fwv;
-typedef ufloat16 ufwv;
-#define FW_HSUM hsum16
-#endif
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
-void bn_bwd_wgrad_cpu(const int N, const int C, const int H, const int W, __global const float *x,
-                      __global const float *dy, __global const float *mean, __global const float *var,
-                      __global const float *gamma, __global const float *beta, const float eps, const float slope,
-                      __global float *dgamma, __global float *dbeta, const int acc, const int batch_stats,
-                      __global const float *xp, const int HP, const int WP, __global float *gw, __global float *gb,
-                      const int has_bias, const int acc_w, const int acc_b) {
-    const int HW = H * W;
-    const float inv_m = 1.0f / (float)(N * HW);
-    for (int c = get_global_id(0); c < C; c += get_global_size(0)) {
-        const float m = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c], g = ga * inv;
-        float db, dg;
-        bn_dz_sums(N, C, HW, c, x, dy, m, inv, ga, be, slope, &db, &dg);
-        dgamma[c] = acc ? dgamma[c] + dg : dg;
-        dbeta[c] = acc ? dbeta[c] + db : db;
-        const float k1 = batch_stats ? db * inv_m : 0.0f, k2 = batch_stats ? dg * inv * inv_m : 0.0f;
-        float tot[FW_T + 1];
-#pragma unroll
-        for (int t = 0; t <= FW_T; t++) tot[t] = 0.0f;
-#pragma unroll
-        for (int t0 = 0; t0 < FW_T; t0 += FW_G) {  // taps t0 .. t0 + FW_G - 1 (and the bias with the first)
-            fwv a[FW_G + 1];
-#pragma unroll
-            for (int t = 0; t <= FW_G; t++) a[t] = 0.0f;
-            int nv = 0;
-            for (int n = 0; n < N; n++) {
-                __global const float *xr = x + (n * C + c) * HW, *gr = dy + (n * C + c) * HW;
-                __global const float *xpn = xp + n * FW_C * HP * WP;
-                for (int h = 0; h < H; h++)
-                    for (int w0 = 0; w0 < W; w0 += FW_V) {
-                        const fwv xv = *(__global const ufwv *)(xr + h * W + w0);
-                        const fwv d = BN_DX(xv, *(__global const ufwv *)(gr + h * W + w0));  // the conv's dy
-                        if (t0 == 0) a[FW_G] += d;
-#pragma unroll
-                        for (int t = 0; t < FW_G; t++) {
-                            const int u = t0 + t, ci = u / (FW_K * FW_K), j = u / FW_K % FW_K, l = u % FW_K;
-                            a[t] += d * *(__global const ufwv *)(xpn + (ci * HP + h + j) * WP + w0 + l);
-                        }
-                        if (++nv == FLUSH || (n == N - 1 && h == H - 1 && w0 + FW_V >= W)) {
-                            nv = 0;
-#pragma unroll
-                            for (int t = 0; t < FW_G; t++) tot[t0 + t] += FW_HSUM(a[t]), a[t] = 0.0f;
-                            if (t0 == 0) tot[FW_T] += FW_HSUM(a[FW_G]), a[FW_G] = 0.0f;
-                        }
-                    }
             }
         }
 #pragma unroll

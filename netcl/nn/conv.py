@@ -97,9 +97,9 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64 (GEMM benchmark): not taken (dc5fb01).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
-                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8, "FW_V": 16, "FW_G": 27},
+                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8},
                "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
-                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_O": 4, "FW_V": 8, "FW_G": 9}}
+                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_O": 4}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
@@ -822,25 +822,6 @@ class Conv2d(Module):
         if (s, d, self.groups) != (1, 1, 1) or c * k * k > _NARROW_MAX_R or ow != 8 or oh % 2:
             return None
         return (f"-DFW_C={c}", f"-DFW_K={k}"), xp
-
-    def bn_wgrad(self, q, dy_shape):
-        """(kernel options, the forward's padded input) with which the BatchNorm2d after this conv
-        computes this conv's weight and bias gradients in its own backward pass instead of dx
-        (norm_cpu.cl's bn_bwd_wgrad_cpu: the conv's dy is never stored; Sequential, when this conv
-        needs no data gradient, a resnet's stem): after a stride-1 "rows" or "channels" forward on a
-        CPU, groups 1, at most _NARROW_MAX_R weights per output channel, dy (of dy_shape) in rows of
-        whole vectors (_CPU_BLOCKS' FW_V). None otherwise."""
-        saved = getattr(self, "_saved", None)
-        if not (isinstance(saved, tuple) and len(saved) == 3 and saved[1] in ("rows", "channels") and ops.is_cpu(q)):
-            return None
-        (_, c, _, _), _, xp = saved
-        k, s, _, d = self._geometry()
-        b = _blocks(q)
-        taps = c * k * k
-        if (s, d, self.groups) != (1, 1, 1) or taps > _NARROW_MAX_R or dy_shape[3] % b["FW_V"]:
-            return None
-        group = max(g for g in range(1, b["FW_G"] + 1) if taps % g == 0)  # taps' accumulators at a time
-        return (f"-DFW_C={c}", f"-DFW_K={k}", f"-DFW_V={b['FW_V']}", f"-DFW_G={group}"), xp
 
     def _backward_pointwise2(self, dy, need_dx, into):
         """_backward_cpu after a pw2_fwd_cpu forward: dW from pw2_wgrad_cpu's per-chunk sums (added

@@ -220,28 +220,27 @@ class BatchNorm2d(Module):
 
     def backward(self, dy, pool=None, pad=None, wgrad=None):
         """dx from dy; with `pool`, the MaxPool2d its forward ran (forward(pool=...)): dy is then the
-        pool's output gradient, routed through the pool's argmax inside both passes. With `wgrad`,
-        the Conv2d before this layer: where its pool_wgrad() (with `pool`) or bn_wgrad() (without)
-        applies, its weight and bias gradients instead of dx, which is never stored (returns None);
-        else dx as without it. With `pad` (top, left, HP, WP), on a CPU, dx goes into zero-bordered
-        planes (N, C, HP, WP) at row top, column left (with a pool too): the padded output gradient
-        of the convolution before it (Conv2d.padded_grad, then backward_padded)."""
+        pool's output gradient, routed through the pool's argmax inside both passes. With `pool` and
+        `wgrad`, the Conv2d before this layer: where its pool_wgrad() applies, its weight and bias
+        gradients instead of dx, which is never stored (returns None); else dx as without it. With `pad`
+        (top, left, HP, WP), on a CPU, dx goes into zero-bordered planes (N, C, HP, WP) at row
+        top, column left (with a pool too): the padded output gradient of the convolution before it
+        (Conv2d.padded_grad, then backward_padded)."""
         x, mean, var, training, code, slope = self._saved  # eval mode (frozen statistics) differentiates as torch does
         if pool is not None:
             return self._backward_pooled(dy, pool, wgrad, pad)
+        if wgrad is not None:
+            raise ValueError("BatchNorm2d.backward(wgrad=...) needs the pool its forward ran (pool=...)")
         options = _act_options(code)
         n, c, h, w = x.shape
         if pad is not None and not ops.is_cpu(dy.queue):
             raise ValueError("BatchNorm2d writes padded planes on CPUs only")
         _check_pad(pad, h, w)
-        q = dy.queue
-        cpu = ops.is_cpu(q)
-        if wgrad is not None and (fused := self._wgrad_fused(wgrad, q)) is not None:
-            self._conv_grads(wgrad, fused, dy)
-            return None
         dx = ops.new(dy, dy.shape if pad is None else (n, c) + tuple(pad[2:]))
         gw, gb, acc_w = _grad_pair(self.weight, self.bias)
+        q = dy.queue
         length, parts = _parts(q, n * h * w)
+        cpu = ops.is_cpu(q)
         if cpu and 8 * n * h * w <= _CHANNEL_L2 and c >= _CHANNEL_ITEMS * ops.compute_units(q):
             top, left, hp, wp = pad if pad is not None else (0, 0, h, w)
             ops.launch(q, "norm_cpu", "bn_bwd_channel_cpu", (c,), (1,), n, c, h, w, hp, wp, top, left, x, dy, mean,
@@ -328,37 +327,6 @@ class BatchNorm2d(Module):
         ops.launch(q, "norm_cpu", "bn_pool_bwd_apply_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, dp, arg,
                    mean, var, self.weight, self.bias, self.eps, slope, sums, dx, int(training), options=options)
         return dx.mark_written()
-
-    def takes_wgrad(self, conv, q):
-        """Whether backward(wgrad=conv), without a pool, computes the weight and bias gradients of
-        conv (the Conv2d before this layer) in its own pass instead of dx: on a CPU, where a
-        channel's x and dy fit in L2 together, a channel or more per compute unit, and conv's
-        bn_wgrad() applies (Sequential, for a training step's first conv)."""
-        return self._wgrad_fused(conv, q) is not None
-
-    def _wgrad_fused(self, conv, q):
-        x = self._saved[0]
-        n, c, h, w = x.shape
-        if not (ops.is_cpu(q) and 8 * n * h * w <= _CHANNEL_L2 and c >= ops.compute_units(q)):
-            return None
-        return conv.bn_wgrad(q, x.shape)
-
-    def _conv_grads(self, conv, fused, dy):
-        """backward()'s passes with conv's dW and db (its bn_wgrad() applies: `fused`) in place of
-        dx (bn_bwd_wgrad_cpu): this layer's parameter gradients, then the conv's from its dy made
-        in registers. A work-item per channel, every _CHANNEL_ITEMS * compute units-th after it."""
-        x, mean, var, training, code, slope = self._saved
-        (conv_options, xp), q = fused, dy.queue
-        n, c, h, w = x.shape
-        gw, gb, acc = _grad_pair(self.weight, self.bias)
-        cw, acc_w = ops.grad_target(conv.weight)
-        cb, acc_b = ops.grad_target(conv.bias) if conv.bias is not None else (ops.dummy(q), False)
-        ops.launch(q, "norm_cpu", "bn_bwd_wgrad_cpu", (min(c, _CHANNEL_ITEMS * ops.compute_units(q)),), (1,), n, c, h,
-                   w, x, dy, mean, var, self.weight, self.bias, self.eps, slope, gw, gb, int(acc), int(training), xp,
-                   xp.shape[2], xp.shape[3], cw, cb, int(conv.bias is not None), int(acc_w), int(acc_b),
-                   options=_act_options(code) + conv_options)
-        for t in (gw, gb, cw) + ((cb,) if conv.bias is not None else ()):
-            t.mark_written()
 
     def _conv_grads_pooled(self, conv, fused, dp, arg, sums):
         """_backward_pooled's last pass as conv's dW and db (bn_pool_bwd_wgrad_cpu): a work-item per

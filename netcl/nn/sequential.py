@@ -243,9 +243,6 @@ class Sequential(LayerList):
                 layer.backward_params(dy)
             elif i == 0 and into is not None and hasattr(layer, "backward_into"):
                 dy, into = layer.backward_into(dy, into), None
-            elif (wconv := self._bn_wgrad(i, first, input_grad, dy.queue)) is not None:
-                dy = layer.backward(dy, wgrad=wconv)  # the conv's dW and db in the BatchNorm's pass: None
-                done = i - 1
             elif (pad := self._padded_grad(i, first, dy.queue, dy.shape)) is not None:  # the conv's zero-bordered dy
                 done = i - 1
                 dy, into = self._conv_from_planes(done, layer.backward(dy, pad=pad), dy.shape, pad, None, first,
@@ -284,18 +281,6 @@ class Sequential(LayerList):
         if type(conv) is not Conv2d or i - 1 in self._skipped or i - 1 in self._pooled:
             return None
         return conv.padded_grad(q, shape)
-
-    def _bn_wgrad(self, i, first, input_grad, q):
-        """The Conv2d at i - 1 where it is the first layer of a backward without an input gradient
-        (a training step's) and layer i, a BatchNorm2d whose forward ran no pool, takes that conv's
-        weight gradients in its own pass (BatchNorm2d.takes_wgrad: the conv's dy is never stored);
-        else None."""
-        if not (TRAIN_FUSE and not input_grad and i - 1 == first and type(self.layers[i]) is BatchNorm2d):
-            return None
-        conv = self.layers[i - 1]
-        if type(conv) is not Conv2d or i - 1 in self._skipped or i - 1 in self._pooled:
-            return None
-        return conv if self.layers[i].takes_wgrad(conv, q) else None
 
     def _pool_wgrad(self, i, first, input_grad, q, shape):
         """The Conv2d at i - 1 where it is the first layer of a backward without an input gradient
