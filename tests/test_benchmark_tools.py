@@ -205,3 +205,42 @@ def test_winograd_error_tool_measures_each_kernel(queue):
     assert set(e) == set(we.KERNELS) and all(0 < v < 2e-5 for v in e.values()), e
     if ops.is_cpu(queue):
         assert e["F(4x4) inference"] > 4 * max(e["F(2x2) inference"], e["F(2x2) training"]), e
+
+
+AB_PATH = os.path.join(os.path.dirname(PATH), "ab_kernels.py")
+ab_spec = importlib.util.spec_from_file_location("ab_kernels", AB_PATH)
+abk = importlib.util.module_from_spec(ab_spec)
+ab_spec.loader.exec_module(abk)
+
+
+def test_kernel_ab_builds_side_b_from_the_patched_source(queue, tmp_path, capsys):
+    """tools/ab_kernels.py: side B builds the family from the patched file, nothing else changes,
+    and netcl's own kernel cache and sources are back afterwards. An unchanged copy reads as an A/A
+    run with identical results; a copy whose ReLU forward doubles its outputs differs by exactly 1
+    (relative to A's largest output). Bad arguments get errors that say what was expected."""
+    from netcl import ops, runtime
+
+    if not ops.is_cpu(queue):
+        pytest.skip("act_cpu.cl is a CPU family")
+    cache, source = runtime._kernels, runtime.kernel_source
+    original = open(os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels", "act_cpu.cl")).read()
+    same = tmp_path / "act_cpu.cl"
+    same.write_text(original)
+    argv = ["--layer", "ReLU()", "--input", "2,4,8,16", "--rounds", "2", "--calls", "1"]
+    r = abk.main(["--source", str(same)] + argv)
+    assert r["same_source"] and r["difference"] == 0.0 and r["a_ms"] > 0 and r["b_ms"] > 0 and r["family"] == "act_cpu"
+    doubled = original.replace("= ACT_APPLY(ACT_KIND, v, slope);", "= 2.0f * ACT_APPLY(ACT_KIND, v, slope);")
+    assert doubled != original
+    patched = tmp_path / "doubled.cl"
+    patched.write_text(doubled)
+    r = abk.main(["--source", str(patched), "--family", "act_cpu"] + argv)
+    assert not r["same_source"] and abs(r["difference"] - 1.0) < 1e-6, r
+    out = capsys.readouterr().out
+    assert "A/A run" in out and "B / A" in out and "largest difference" in out
+    assert runtime._kernels is cache and runtime.kernel_source is source
+    with pytest.raises(ValueError, match="no kernel family 'doubled'"):
+        abk.main(["--source", str(patched)] + argv)
+    with pytest.raises(ValueError, match="not a netcl.nn layer expression"):
+        abk.main(["--source", str(same), "--layer", "__import__('os')", "--input", "2,4,8,16"])
+    with pytest.raises(SystemExit):
+        abk.main(["--source", str(same), "--layer", "ReLU()", "--input", "2x4"])

@@ -35,8 +35,14 @@ _INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.h)"[ \t]*$', re.M)
 def kernel_source(family):
     """The text of netcl/kernels/<family>.cl, its `#include "x.h"` lines replaced by the headers
     beside it (so the cache key covers the headers, and no -I path reaches the compiler)."""
+    return with_headers(resources.files("netcl.kernels").joinpath(f"{family}.cl").read_text())
+
+
+def with_headers(text):
+    """Kernel source `text` with its `#include "x.h"` lines replaced by netcl/kernels' headers (a
+    family's own file, or a patched copy of one: tools/ab_kernels.py)."""
     folder = resources.files("netcl.kernels")
-    return _INCLUDE.sub(lambda m: folder.joinpath(m[1]).read_text(), folder.joinpath(f"{family}.cl").read_text())
+    return _INCLUDE.sub(lambda m: folder.joinpath(m[1]).read_text(), text)
 
 
 def _key(source, options, device):
