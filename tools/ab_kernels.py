@@ -80,7 +80,7 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
     """Run the A/B (module docstring); returns a dict of the figures it prints."""
     family = family or os.path.splitext(os.path.basename(source_path))[0]
     try:
-        program.kernel_source(family)
+        original = program.kernel_source(family)
     except FileNotFoundError:
         raise ValueError(f"no kernel family {family!r} (netcl/kernels/{family}.cl) for --source {source_path}: "
                          "name it with --family") from None
@@ -121,8 +121,8 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
     quarter = len(ratios) // 4
     return {"family": family, "a_ms": statistics.median(times[0]), "b_ms": statistics.median(times[1]),
             "ratio": statistics.median(ratios), "middle": (ratios[quarter], ratios[-1 - quarter]),
-            "difference": _largest_difference(results[0], results[1]), "same_source": patched ==
-            program.kernel_source(family), "device": q.device.name.strip()}
+            "difference": _largest_difference(results[0], results[1]), "same_source": patched == original,
+            "device": q.device.name.strip()}
 
 
 def main(argv=None):
