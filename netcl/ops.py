@@ -196,6 +196,19 @@ def act_bwd_cpu(act, saved, dy, slope=0.0):
     return dx.mark_written()
 
 
+def through_act(dx, act):
+    """dx through the gradient of the activation act = (code, slope, its output): a Residual's
+    that ran in its sum (Residual._act), for a layer that could not take it into its own pass."""
+    code, slope, out = act
+    return act_bwd_cpu(code, out, dx, slope)
+
+
+def dx_act_options(act):
+    """The build option of a kernel that takes act = (code, slope, output) into its dx (DX_ACT),
+    none for None."""
+    return () if act is None else (f"-DDX_ACT={int(act[0])}",)
+
+
 def add(a, b, out=None):
     """a + b on the device (blocks.cl); `out` may be a (a sum into it)."""
     y = out if out is not None else new(a, a.shape)

@@ -394,6 +394,58 @@ def test_residual_sum_applies_the_batchnorms(queue, rng, torch, record_error, mo
                 np.testing.assert_array_equal(fused[3][k], state[k])
 
 
+def build_chain(act):
+    """Residuals one after another, each with the activation after it run in its sum (CPUs), the
+    last before a global average pool. The layer after such a block takes that activation's
+    gradient into its own dx pass where it can (Sequential._act_before: backward_act): a strided
+    block's 1x1 stride-2 shortcut (pw2_dgrad_cpu, planes of 16-wide output rows), the pool
+    (global_avgpool_bwd_cpu); an identity block after one cannot (act_bwd_cpu there)."""
+    cls, kw, _ = ACTS[act]
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), cls(**kw),
+        nn.Residual(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)), cls(**kw),
+        nn.Residual(nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), cls(**kw),
+                    nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                    shortcut=nn.Sequential(nn.Conv2d(8, 16, 1, stride=2, bias=False), nn.BatchNorm2d(16))),
+        cls(**kw),
+        nn.Residual(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)), cls(**kw),
+        nn.AdaptiveAvgPool2d(1))
+
+
+@pytest.mark.parametrize("act", ["ReLU", "Sigmoid", "Tanh"])
+@pytest.mark.parametrize("cls", ["native", "other"])
+def test_next_layer_takes_the_residual_activation(queue, rng, torch, record_error, monkeypatch, act, cls):
+    """The activation a Residual ran in its sum is differentiated in the pass of the layer after
+    the block that finishes dx (the shortcut's pw2_dgrad_cpu, the pool's), not in an act_bwd_cpu
+    pass of its own: every gradient bit for bit that of the blocks' own act_bwd_cpu passes (each
+    pass computes the same sum, then the same gradient), and float64 PyTorch's; one act_bwd_cpu a
+    step left (before the identity block), three without; with both CPU classes' blocks."""
+    use_cpu_class(queue, monkeypatch, cls)
+    model = randomize(build_chain(act), rng).to(queue).train()
+    ref = torch_twin(torch, model, act)
+    state = {k: v.copy() for k, v in model.state_dict().items()}
+    x = (rng.standard_normal((2, 3, 16, 32)) + 0.2).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    names = []
+    enqueue = ops._enqueue
+    monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
+    taken = run(queue, model, x, dy, True, monkeypatch)
+    cpu = ops.is_cpu(queue)
+    assert names.count("act_bwd_cpu") == (2 if cpu else 0), names  # two steps
+    assert names.count("pw2_dgrad_cpu") == (2 if cpu else 0)
+    assert names.count("global_avgpool_bwd_cpu") == (2 if cpu else 0)
+    model.load_state_dict(state)
+    names.clear()
+    monkeypatch.setattr(sequential.Sequential, "_act_before", lambda self, i, first: None)
+    own = run(queue, model, x, dy, True, monkeypatch)
+    assert names.count("act_bwd_cpu") == (6 if cpu else 0)
+    for a, b in zip(taken[:2], own[:2]):
+        np.testing.assert_array_equal(a, b)
+    for k in taken[2]:
+        np.testing.assert_array_equal(taken[2][k], own[2][k], err_msg=k)
+    record_error(*check(taken, run_torch(torch, ref, x, dy), "act taken vs torch", 1e-5))
+
+
 @pytest.mark.parametrize("builder", [build, build_pooled])
 def test_nan_input_propagates_as_unfused(queue, rng, monkeypatch, builder):
     model = builder("ReLU").to(queue).train()

@@ -46,6 +46,7 @@
 #define FLUSH 16
 
 #include "vec_cpu.h"
+#include "act.h"
 
 // dyp (OC, N*P) from dy (N, OC, P), and sums[n * OC + o] = the sum of row (n, o): the weight
 // gradient's GEMM operand and the bias gradient's per-image sums in one pass over dy. Rows
@@ -869,9 +870,16 @@ void pw2_wgrad_cpu(const int N, const int C, const int CO, const int OH, const i
 // into the body's gradient); otherwise dx written whole, its odd rows and columns zero. Every
 // input channel in blocks of PW_RM for one vector of positions: the even lanes of 2 x 16 floats of
 // their input rows (one row, or two rows apart for PW2_ROWS 2), and the odd rows below them.
+// DX_ACT (an activation code, with `add`): the finished sum, odd rows too, goes through the
+// gradient of that activation, whose output `act_out` is (a Residual before this convolution's
+// block ran it in its sum: Sequential's training path), so that no act_bwd_cpu pass follows.
+#ifndef DX_ACT
+#define DX_ACT 0
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void pw2_dgrad_cpu(const int C, const int CO, const int OH, const int OW, __global const float *dy,
-                   __global const float *w, const int add, __global float *dx) {
+                   __global const float *w, const int add, __global float *dx, __global const float *act_out,
+                   const float act_slope) {
     const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
     const int y = p0 / OW, x0 = p0 - y * OW, P = OH * OW, W = 2 * OW;
     const int hi_at = PW2_ROWS == 1 ? 16 : 2 * W;  // where lanes 8..15 go from lane 0's input
@@ -895,7 +903,17 @@ void pw2_dgrad_cpu(const int C, const int CO, const int OH, const int OW, __glob
         for (int m = 0; m < m1; m++) {
             __global float *d = dx + ((n * C + c0 + m) * 2 * OH + 2 * y) * W + 2 * x0;
             const float16 lo = INTERLEAVE8(tot[m].lo, 0.0f), hi = INTERLEAVE8(tot[m].hi, 0.0f);
-            if (add) {
+            if (add && DX_ACT) {  // rows 2y (+ lo, hi) and 2y + 1 (as they are) through the activation
+                __global const float *s = act_out + (d - dx);
+#define DX_AT(o) (*(__global ufloat16 *)(d + (o)))
+#define DX_ACT_AT(o, g) (DX_AT(o) = ACT_GRAD(DX_ACT, *(__global const ufloat16 *)(s + (o)), g, act_slope))
+                DX_ACT_AT(0, DX_AT(0) + lo);
+                DX_ACT_AT(hi_at, DX_AT(hi_at) + hi);
+                DX_ACT_AT(W, DX_AT(W));
+                DX_ACT_AT(hi_at + W, DX_AT(hi_at + W));
+#undef DX_ACT_AT
+#undef DX_AT
+            } else if (add) {
                 *(__global ufloat16 *)d += lo;
                 *(__global ufloat16 *)(d + hi_at) += hi;
             } else {

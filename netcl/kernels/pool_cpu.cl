@@ -181,15 +181,23 @@ void global_avgpool_fwd_cpu(const int NC, const int planes, const int HW, __glob
 // AdaptiveAvgPool with one output per plane (global average pooling), backward: every input of
 // plane p gets dy[p] / HW (pool.cl's adaptive_avgpool_bwd's value, without its per-element
 // window arithmetic). `planes` planes per work-item.
+// DX_ACT (an activation code): dx through the gradient of that activation, whose output `act_out`
+// is (a Residual before the pool ran it in its sum: Sequential's training path), so that no
+// act_bwd_cpu pass follows.
+#ifndef DX_ACT
+#define DX_ACT 0
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void global_avgpool_bwd_cpu(const int NC, const int planes, const int HW, __global const float *dy,
-                            __global float *dx) {
+                            __global float *dx, __global const float *act_out, const float act_slope) {
     const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
     for (int p = get_global_id(0) * planes; p < p1; p++) {
         const float v = dy[p] / (float)HW;
         __global float *d = dx + p * HW;
+        __global const float *s = act_out + p * HW;
         int i = 0;
-        for (; i + 16 <= HW; i += 16) *(__global ufloat16 *)(d + i) = v;
-        for (; i < HW; i++) d[i] = v;
+        for (; i + 16 <= HW; i += 16)
+            *(__global ufloat16 *)(d + i) = DX_ACT ? ACT_GRAD(DX_ACT, *(__global const ufloat16 *)(s + i), (float16)v, act_slope) : v;
+        for (; i < HW; i++) d[i] = DX_ACT ? ACT_GRAD(DX_ACT, s[i], v, act_slope) : v;
     }
 }

@@ -55,7 +55,7 @@ class Residual(Module):
         and differentiated in backward (Sequential's training path: a pass less)."""
         q = self._on(x)
         self.output_shape(x.shape)  # a shape error names its layer before any work is done
-        self._act = None
+        self._act, self._act_applied = None, False
         if act is not None and not (ops.is_cpu(q) and act.act.grads_from_output):
             raise ValueError(f"Residual runs an activation in its sum on CPUs only, and one whose gradient its "
                              f"output gives (ReLU, Sigmoid, Tanh), got {act!r}")
@@ -99,19 +99,35 @@ class Residual(Module):
         return out.mark_written()
 
     def backward(self, dy):
+        return self.backward_act(dy, None)
+
+    def backward_act(self, dy, act):
+        """backward(dy), and with act = (code, slope, output) of an activation whose output is this
+        block's input (a Residual's before this one that ran it in its sum: Sequential's training
+        path) dx through that activation's gradient: in the shortcut's pass that finishes dx where
+        it can (Conv2d.backward_into's pw2_dgrad_cpu), else act_bwd_cpu.
+        Where the layer after this block took this block's own activation into its dx
+        (Sequential.backward: _act_applied), dy arrives through it already."""
+        applied, self._act_applied = getattr(self, "_act_applied", False), False
         if getattr(self, "_act", None) is not None:  # the fused activation's gradient first
             code, slope, out = self._act
-            dy = ops.act_bwd_cpu(code, out, dy, slope)
+            if not applied:
+                dy = ops.act_bwd_cpu(code, out, dy, slope)
             if self.shortcut is None:  # dy is this block's own: the body's input gradient is added into it
-                return self.body.backward(dy, into=dy)  # (by its first layer, whose backward runs last)
+                return _through(self.body.backward(dy, into=dy), act)  # (by its first layer, whose backward runs last)
         dx = self.body.backward(dy)
         if self.shortcut is None:
-            return ops.add(dx, dy)
+            return _through(ops.add(dx, dy), act)
         if dx.buf.int_ptr == dy.buf.int_ptr:  # a body that passes dy through (Identity): not written into
-            return ops.add(dx, self.shortcut.backward(dy))
+            return _through(ops.add(dx, self.shortcut.backward(dy)), act)
         if hasattr(self.shortcut, "backward_into"):  # the shortcut's gradient added into the body's
-            return self.shortcut.backward_into(dy, dx)
-        return ops.add(dx, self.shortcut.backward(dy), out=dx)
+            return self.shortcut.backward_into(dy, dx, act=act)
+        return _through(ops.add(dx, self.shortcut.backward(dy), out=dx), act)
+
+
+def _through(dx, act):
+    """dx, through the gradient of act (Residual.backward_act's) where given."""
+    return dx if act is None else ops.through_act(dx, act)
 
 
 class ModuleList(LayerList):

@@ -627,17 +627,22 @@ class Conv2d(Module):
     def backward(self, dy):
         return self._backward(dy, True)
 
-    def backward_into(self, dy, acc):
+    def backward_into(self, dy, acc, act=None):
         """acc += backward(dy) (a Residual's shortcut into the body's gradient): on a CPU a 1x1
         convolution without padding adds its data gradient straight into acc (pw2_dgrad_cpu at
         stride 2 on the planes _stride2_planes takes, else its GEMM's columns: no gradient tensor of
-        its own); otherwise backward() and a sum."""
+        its own); otherwise backward() and a sum. With `act` ((code, slope, output) of an activation
+        whose output is this layer's input: a Residual's that ran in its sum), the sum comes back
+        through that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else act_bwd_cpu."""
         k, s, p, d = self._geometry()
+        fused = False
         if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] in (None, "pointwise"):
-            self._backward_cpu(dy, True, into=acc)
+            fused = act is not None and self._saved[1] == "pointwise" and self.padded_grad(dy.queue, dy.shape) is None
+            self._backward_cpu(dy, True, into=acc, act=act if fused else None)
         else:
             ops.add(acc, self._backward(dy, True), out=acc)
-        return acc.mark_written()
+        acc.mark_written()
+        return acc if act is None or fused else ops.through_act(acc, act)
 
     def backward_params(self, dy):
         self._backward(dy, False)
@@ -669,7 +674,7 @@ class Conv2d(Module):
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
-    def _backward_cpu(self, dy, need_dx, into=None):
+    def _backward_cpu(self, dy, need_dx, into=None, act=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
         _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors,
@@ -680,13 +685,15 @@ class Conv2d(Module):
         corrc_cpu's correlation of padded dy with the flipped weights (stride 1) or corrt_cpu
         (stride 2), after a "phases" one corrt2_cpu's phases, a 1x1 convolution of stride 1 W^T dy
         per image straight into dx, else dcols = W^T dy and col2im (added into `into` for a 1x1
-        convolution: backward_into)."""
+        convolution: backward_into; `act`: backward_into's, taken by _backward_pointwise2 only)."""
         geometry = self.padded_grad(dy.queue, dy.shape)
+        (n, c, h, w), mode, cols = self._saved
+        if act is not None and (geometry is not None or mode != "pointwise" or into is None):
+            raise ValueError("Conv2d._backward_cpu takes an activation into dx after a pw2_fwd_cpu forward only")
         if geometry is not None:
             return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
-        (n, c, h, w), mode, cols = self._saved
         if mode == "pointwise":
-            return self._backward_pointwise2(dy, need_dx, into)
+            return self._backward_pointwise2(dy, need_dx, into, act)
         phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
         if phases is not None and dy.shape[3] % _blocks(dy.queue)["WG2_VW"] == 0:
             return self._backward_phases(dy, need_dx, phases)
@@ -823,9 +830,10 @@ class Conv2d(Module):
             return None
         return (f"-DFW_C={c}", f"-DFW_K={k}"), xp
 
-    def _backward_pointwise2(self, dy, need_dx, into):
+    def _backward_pointwise2(self, dy, need_dx, into, act=None):
         """_backward_cpu after a pw2_fwd_cpu forward: dW from pw2_wgrad_cpu's per-chunk sums (added
-        in order), dx from pw2_dgrad_cpu, added into `into` where given."""
+        in order), dx from pw2_dgrad_cpu, added into `into` where given (and then, with `act`, the
+        sum through that activation's gradient in the same pass: backward_into)."""
         (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
         q = dy.queue
@@ -839,8 +847,9 @@ class Conv2d(Module):
         if not need_dx:
             return None
         dx = ops.new(q, (n, c, h, w)) if into is None else into
-        ops.launch(q, _FAMILY, "pw2_dgrad_cpu", (n * oh * ow // 16,), (1,), c, oc,
-                   oh, ow, dy, self.weight, int(into is not None), dx, options=options)
+        act_out, act_slope = (act[2], float(act[1])) if act is not None else (ops.dummy(q), 0.0)
+        ops.launch(q, _FAMILY, "pw2_dgrad_cpu", (n * oh * ow // 16,), (1,), c, oc, oh, ow, dy, self.weight,
+                   int(into is not None), dx, act_out, act_slope, options=options + ops.dx_act_options(act))
         return dx.mark_written()
 
     def _grads_of_chunks(self, part, chunks, dy):

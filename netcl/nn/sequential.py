@@ -196,14 +196,19 @@ class Sequential(LayerList):
         with runtime.serial_lock(q) or nullcontext():  # PoCL's serial device: calls take turns (runtime)
             return self.forward(Tensor.from_host(q, x)).to_host()
 
-    def backward(self, dy, input_grad=True, into=None):
+    def backward(self, dy, input_grad=True, into=None, act=None):
         """Back-propagate dL/d(output) through every layer; returns dL/d(input). With
         input_grad=False (the input needs no gradient: a training step's data) the layers before
         the first one with parameters are skipped, that one computes its parameters' gradients
         only (Module.backward_params: no data-gradient convolution or GEMM), and it returns None.
         With `into` (a tensor of the input's shape; input_grad), dL/d(input) is added into it and
         it is returned: the first layer adds its own (backward_into, or a CPU Conv2d whose dy planes
-        the BatchNorm2d after it wrote: its data-gradient kernel adds into `into`) where it can."""
+        the BatchNorm2d after it wrote: its data-gradient kernel adds into `into`) where it can.
+        With `act` ((code, slope, output) of an activation whose output is this input: a Residual's
+        that ran in its sum), dL/d(input) comes back through that activation's gradient (the first
+        layer's backward_into takes it where it can, else act_bwd_cpu). A layer after a Residual
+        that ran its activation takes that activation into its own dx where it can (backward_act:
+        the Residual's act_bwd_cpu pass goes)."""
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
@@ -242,17 +247,42 @@ class Sequential(LayerList):
             elif i == first and not input_grad:
                 layer.backward_params(dy)
             elif i == 0 and into is not None and hasattr(layer, "backward_into"):
-                dy, into = layer.backward_into(dy, into), None
+                dy, into, act = layer.backward_into(dy, into, act=act), None, None
             elif (pad := self._padded_grad(i, first, dy.queue, dy.shape)) is not None:  # the conv's zero-bordered dy
                 done = i - 1
                 dy, into = self._conv_from_planes(done, layer.backward(dy, pad=pad), dy.shape, pad, None, first,
                                                   input_grad, into)
+            elif (before := self._act_before(i, first)) is not None:
+                dy = layer.backward_act(dy, before)
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
         if into is not None and input_grad:  # the first layer gave its gradient: the sum here
             dy = ops.add(into, dy, out=into)
+        if act is not None and input_grad:
+            dy = ops.through_act(dy, act)
         return dy if input_grad else None
+
+    def _act_before(self, i, first):
+        """The activation (a Residual's _act: code, slope, output) that layer i's backward takes
+        into its dx (backward_act) where the layer before it, past the activations this training
+        forward ran inside their layers, is a block that ran that activation in its sum (a
+        Residual, takes_act) and runs in this backward (at or after `first`); that block then
+        takes its dy as already through it (_act_applied). Else None."""
+        j = i - 1
+        while j in self._skipped:
+            j -= 1
+        prev = self.layers[j] if j >= first and TRAIN_FUSE else None
+        if not (hasattr(self.layers[i], "backward_act") and getattr(prev, "takes_act", False)
+                and getattr(prev, "_act", None) is not None):
+            return None
+        prev._act_applied = True
+        return prev._act
+
+    def backward_into(self, dy, acc, act=None):
+        """acc += backward(dy) (a Residual's shortcut into its body's gradient), then through the
+        gradient of `act` where given (backward's); returns acc (or that)."""
+        return self.backward(dy, into=acc, act=act)
 
     def _conv_from_planes(self, j, dyp, shape, pad, sums, first, input_grad, into):
         """(dy before conv j, into) after conv j's backward from the zero-bordered planes dyp of its
@@ -266,10 +296,6 @@ class Sequential(LayerList):
 
     def backward_params(self, dy):
         self.backward(dy, input_grad=False)
-
-    def backward_into(self, dy, acc):
-        """acc += backward(dy) (a Residual's shortcut into its body's gradient); returns acc."""
-        return self.backward(dy, into=acc)
 
     def _padded_grad(self, i, first, q, shape):
         """Conv2d.padded_grad of layer i - 1 for its output gradient of `shape` where layer i is a
