@@ -394,56 +394,95 @@ def test_residual_sum_applies_the_batchnorms(queue, rng, torch, record_error, mo
                 np.testing.assert_array_equal(fused[3][k], state[k])
 
 
-def build_chain(act):
+def build_chain(act, bare=False):
     """Residuals one after another, each with the activation after it run in its sum (CPUs), the
     last before a global average pool. The layer after such a block takes that activation's
     gradient into its own dx pass where it can (Sequential._act_before: backward_act): a strided
-    block's 1x1 stride-2 shortcut (pw2_dgrad_cpu, planes of 16-wide output rows), the pool
-    (global_avgpool_bwd_cpu); an identity block after one cannot (act_bwd_cpu there)."""
+    block whose shortcut is a 1x1 stride-2 conv (+ BatchNorm2d, or `bare`) in the pass of its
+    body's first conv, corrt2_cpu, which adds the shortcut's data gradient too
+    (Residual._shortcut_in_body); the pool in global_avgpool_bwd_cpu; an identity block cannot
+    (act_bwd_cpu there)."""
     cls, kw, _ = ACTS[act]
+    shortcut = nn.Conv2d(8, 16, 1, stride=2, bias=False)
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), cls(**kw),
         nn.Residual(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)), cls(**kw),
         nn.Residual(nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), cls(**kw),
                     nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
-                    shortcut=nn.Sequential(nn.Conv2d(8, 16, 1, stride=2, bias=False), nn.BatchNorm2d(16))),
+                    shortcut=shortcut if bare else nn.Sequential(shortcut, nn.BatchNorm2d(16))),
         cls(**kw),
         nn.Residual(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)), cls(**kw),
         nn.AdaptiveAvgPool2d(1))
 
 
-@pytest.mark.parametrize("act", ["ReLU", "Sigmoid", "Tanh"])
-@pytest.mark.parametrize("cls", ["native", "other"])
-def test_next_layer_takes_the_residual_activation(queue, rng, torch, record_error, monkeypatch, act, cls):
-    """The activation a Residual ran in its sum is differentiated in the pass of the layer after
-    the block that finishes dx (the shortcut's pw2_dgrad_cpu, the pool's), not in an act_bwd_cpu
-    pass of its own: every gradient bit for bit that of the blocks' own act_bwd_cpu passes (each
-    pass computes the same sum, then the same gradient), and float64 PyTorch's; one act_bwd_cpu a
-    step left (before the identity block), three without; with both CPU classes' blocks."""
-    use_cpu_class(queue, monkeypatch, cls)
-    model = randomize(build_chain(act), rng).to(queue).train()
-    ref = torch_twin(torch, model, act)
+def unfused_blocks(monkeypatch):
+    """Each Residual differentiates its own activation (act_bwd_cpu) and adds its shortcut's data
+    gradient in a pass of its own (pw2_dgrad_cpu), as before those fusions."""
+    monkeypatch.setattr(sequential.Sequential, "_act_before", lambda self, i, first: None)
+    monkeypatch.setattr(nn.Conv2d, "takes_shortcut_dx", lambda self, shortcut, q, dy_shape: False)
+
+
+def chain_steps(queue, rng, monkeypatch, act, x_shape, bare=False):
+    """(model, its state, x, dy, launch names list) of build_chain on the device (names recorded)."""
+    model = randomize(build_chain(act, bare), rng).to(queue).train()
     state = {k: v.copy() for k, v in model.state_dict().items()}
-    x = (rng.standard_normal((2, 3, 16, 32)) + 0.2).astype(np.float32)
+    x = (rng.standard_normal(x_shape) + 0.2).astype(np.float32)
     dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
     names = []
     enqueue = ops._enqueue
     monkeypatch.setattr(ops, "_enqueue", lambda q, k, *a: names.append(k.function_name) or enqueue(q, k, *a))
+    return model, state, x, dy, names
+
+
+@pytest.mark.parametrize("act", ["ReLU", "Sigmoid", "Tanh"])
+@pytest.mark.parametrize("cls", ["native", "other"])
+@pytest.mark.parametrize("x_shape", [(2, 3, 16, 32), (2, 3, 16, 16)])
+def test_next_layer_takes_the_residual_activation(queue, rng, torch, record_error, monkeypatch, act, cls, x_shape):
+    """The activation a Residual ran in its sum is differentiated in the pass of the layer after
+    the block that finishes dx (the strided block's corrt2_cpu, 16-wide rows: corrt2p_cpu, which
+    adds the shortcut's data gradient in the same pass; the pool's), not in an act_bwd_cpu pass of
+    its own: forward, dx, every gradient and the running statistics equal the unfused blocks'
+    (act_bwd_cpu, pw2_dgrad_cpu) and float64 PyTorch's over two steps; one act_bwd_cpu a step left
+    (before the identity block), three unfused; no pw2_dgrad_cpu. Both CPU classes' blocks."""
+    use_cpu_class(queue, monkeypatch, cls)
+    model, state, x, dy, names = chain_steps(queue, rng, monkeypatch, act, x_shape)
+    ref = torch_twin(torch, model, act)
     taken = run(queue, model, x, dy, True, monkeypatch)
     cpu = ops.is_cpu(queue)
     assert names.count("act_bwd_cpu") == (2 if cpu else 0), names  # two steps
-    assert names.count("pw2_dgrad_cpu") == (2 if cpu else 0)
+    assert names.count("pw2_dgrad_cpu") == 0
     assert names.count("global_avgpool_bwd_cpu") == (2 if cpu else 0)
+    assert names.count("corrt2p_cpu" if x_shape[3] == 32 else "corrt2_cpu") == (2 if cpu else 0)
     model.load_state_dict(state)
     names.clear()
-    monkeypatch.setattr(sequential.Sequential, "_act_before", lambda self, i, first: None)
+    unfused_blocks(monkeypatch)
     own = run(queue, model, x, dy, True, monkeypatch)
     assert names.count("act_bwd_cpu") == (6 if cpu else 0)
-    for a, b in zip(taken[:2], own[:2]):
-        np.testing.assert_array_equal(a, b)
-    for k in taken[2]:
-        np.testing.assert_array_equal(taken[2][k], own[2][k], err_msg=k)
+    assert names.count("pw2_dgrad_cpu") == (2 if cpu else 0)
+    check(taken, own, "act taken vs unfused", 2e-6)
     record_error(*check(taken, run_torch(torch, ref, x, dy), "act taken vs torch", 1e-5))
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_shortcut_term_left_over_is_added_after_the_body(queue, rng, torch, monkeypatch, bare):
+    """Where the body's first conv does not take the shortcut's data gradient it was handed
+    (Conv2d.shortcut_dx_once's term unused), the block adds it after the body (pw2_dgrad_cpu,
+    through the activation's gradient): the same values as the unfused blocks; a bare 1x1 conv
+    shortcut (no BatchNorm2d after it) alike."""
+    model, state, x, dy, names = chain_steps(queue, rng, monkeypatch, "ReLU", (2, 3, 16, 32), bare)
+    ref = torch_twin(torch, model, "ReLU")
+    taken = run(queue, model, x, dy, True, monkeypatch)
+    model.load_state_dict(state)
+    monkeypatch.setattr(nn.Conv2d, "shortcut_dx_once", lambda self, shortcut, sdy, act: lambda: False)
+    names.clear()
+    left = run(queue, model, x, dy, True, monkeypatch)
+    assert names.count("pw2_dgrad_cpu") == (2 if ops.is_cpu(queue) else 0)
+    model.load_state_dict(state)
+    unfused_blocks(monkeypatch)
+    own = run(queue, model, x, dy, True, monkeypatch)
+    check(left, own, "term added after vs unfused", 2e-6)
+    check(taken, own, "term taken vs unfused", 2e-6)
+    check(taken, run_torch(torch, ref, x, dy), "term taken vs torch", 1e-5)
 
 
 @pytest.mark.parametrize("builder", [build, build_pooled])
