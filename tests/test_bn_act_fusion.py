@@ -401,7 +401,9 @@ def build_chain(act, bare=False):
     block whose shortcut is a 1x1 stride-2 conv (+ BatchNorm2d, or `bare`) in the pass of its
     body's first conv, corrt2_cpu, which adds the shortcut's data gradient too
     (Residual._shortcut_in_body); the pool in global_avgpool_bwd_cpu; an identity block cannot
-    (act_bwd_cpu there)."""
+    (act_bwd_cpu there). The first block takes its input as the zero-bordered planes its first
+    conv reads, written by the BatchNorm2d before it (Residual.forward_padded: no pad_planes_cpu
+    copy), and its sum reads the identity from them."""
     cls, kw, _ = ACTS[act]
     shortcut = nn.Conv2d(8, 16, 1, stride=2, bias=False)
     return nn.Sequential(
@@ -416,9 +418,11 @@ def build_chain(act, bare=False):
 
 
 def unfused_blocks(monkeypatch):
-    """Each Residual differentiates its own activation (act_bwd_cpu) and adds its shortcut's data
-    gradient in a pass of its own (pw2_dgrad_cpu), as before those fusions."""
+    """Each Residual differentiates its own activation (act_bwd_cpu), adds its shortcut's data
+    gradient in a pass of its own (pw2_dgrad_cpu) and takes its input as it is, as before those
+    fusions."""
     monkeypatch.setattr(sequential.Sequential, "_act_before", lambda self, i, first: None)
+    monkeypatch.setattr(sequential, "_padded_block", lambda layers, j, x: None)
     monkeypatch.setattr(nn.Conv2d, "takes_shortcut_dx", lambda self, shortcut, q, dy_shape: False)
 
 
@@ -443,7 +447,8 @@ def test_next_layer_takes_the_residual_activation(queue, rng, torch, record_erro
     adds the shortcut's data gradient in the same pass; the pool's), not in an act_bwd_cpu pass of
     its own: forward, dx, every gradient and the running statistics equal the unfused blocks'
     (act_bwd_cpu, pw2_dgrad_cpu) and float64 PyTorch's over two steps; one act_bwd_cpu a step left
-    (before the identity block), three unfused; no pw2_dgrad_cpu. Both CPU classes' blocks."""
+    (before the identity block), three unfused; no pw2_dgrad_cpu; a pad_planes_cpu a step fewer (the
+    first block's input). Both CPU classes' blocks."""
     use_cpu_class(queue, monkeypatch, cls)
     model, state, x, dy, names = chain_steps(queue, rng, monkeypatch, act, x_shape)
     ref = torch_twin(torch, model, act)
@@ -453,14 +458,39 @@ def test_next_layer_takes_the_residual_activation(queue, rng, torch, record_erro
     assert names.count("pw2_dgrad_cpu") == 0
     assert names.count("global_avgpool_bwd_cpu") == (2 if cpu else 0)
     assert names.count("corrt2p_cpu" if x_shape[3] == 32 else "corrt2_cpu") == (2 if cpu else 0)
+    pads = names.count("pad_planes_cpu")
     model.load_state_dict(state)
     names.clear()
     unfused_blocks(monkeypatch)
     own = run(queue, model, x, dy, True, monkeypatch)
     assert names.count("act_bwd_cpu") == (6 if cpu else 0)
     assert names.count("pw2_dgrad_cpu") == (2 if cpu else 0)
+    assert names.count("pad_planes_cpu") == pads + (2 if cpu else 0)
     check(taken, own, "act taken vs unfused", 2e-6)
     record_error(*check(taken, run_torch(torch, ref, x, dy), "act taken vs torch", 1e-5))
+
+
+def test_residual_forward_padded_checks_its_planes(queue, rng):
+    """Residual.padded_input names planes on CPUs only, for a block without a shortcut whose body
+    begins with a conv that pads and ends in a BatchNorm2d; forward_padded refuses other planes
+    and a missing activation, saying what it expected."""
+    block = nn.Residual(nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)).to(queue).train()
+    shape = (2, 4, 8, 16)
+    geometry = block.padded_input(queue, shape)
+    assert (geometry is not None) == ops.is_cpu(queue)
+    assert nn.Residual(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4),
+                       shortcut=nn.Conv2d(4, 4, 1)).to(queue).train().padded_input(queue, shape) is None
+    assert nn.Residual(nn.Conv2d(4, 4, 3, padding=1)).to(queue).train().padded_input(queue, shape) is None
+    if geometry is None:
+        return
+    xp = Tensor.from_host(queue, np.zeros(shape[:2] + tuple(geometry[2:]), np.float32))
+    with pytest.raises(ValueError, match="are not the"):
+        block.forward_padded(Tensor.from_host(queue, np.zeros(shape, np.float32)), shape, nn.ReLU())
+    with pytest.raises(ValueError, match="activation after the block"):
+        block.forward_padded(xp, shape, None)
+    with pytest.raises(ValueError, match="activation after the block"):
+        block.forward_padded(xp, shape, nn.GELU())
+    assert block.forward_padded(xp, shape, nn.ReLU()).shape == shape
 
 
 @pytest.mark.parametrize("bare", [False, True])

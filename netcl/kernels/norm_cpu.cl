@@ -335,6 +335,12 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
 // own outputs are never stored (their backward reads their input): the pass replaces their
 // element-wise passes and the sum's. Each combines its statistics (stage 2) as bn_apply_cpu does
 // and, parts == 0, takes them as given (a BatchNorm2d in eval mode).
+// S_BORDER 1: s is the block input's zero-bordered planes, S_HP x S_WP with the input's S_W-wide
+// rows from row S_TOP, column S_LEFT (Residual.forward_padded: the BatchNorm2d before the block
+// wrote them for its first conv), read a row at a time.
+#ifndef S_BORDER
+#define S_BORDER 0
+#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW, const float slope,
                     __global const float *x, __global float *mean, __global float *var,
@@ -358,8 +364,18 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
         e = min(i1, (r + 1) * HW);
 #define ADD_ROW(T, o, k)                                                                                     \
     *(__global T *)(o) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const T *)(x + (k)), m, inv, g, b) +           \
-                                             BN_Z(*(__global const T *)(s + (k)), sm, sinv, sg, sb), slope)
+                                             BN_Z(*(__global const T *)(s + soff + (k)), sm, sinv, sg, sb), slope)
+#if S_BORDER
+        for (int k = i, len; k < e; k += len) {  // row segments: s's offset from k changes per row
+            const int hw = k - r * HW, h = hw / S_W, w0 = hw - h * S_W;
+            const int soff = r * (S_HP * S_WP) + (h + S_TOP) * S_WP + S_LEFT + w0 - k;
+            len = min(e - k, S_W - w0);
+            PAD_RUN(ADD_ROW, y + k, k, len);
+        }
+#else
+        const int soff = 0;
         PAD_RUN(ADD_ROW, y + i, i, e - i);
+#endif
 #undef ADD_ROW
     }
 }

@@ -5,8 +5,9 @@ children's state_dict keys follow PyTorch's attribute paths ("3.body.0.weight",
 import numpy as np
 
 from netcl import ops
+from netcl.nn.conv import Conv2d
 from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
-from netcl.nn.norm import _act_options
+from netcl.nn.norm import BatchNorm2d, _act_options
 from netcl.nn.sequential import Sequential
 
 
@@ -72,17 +73,56 @@ class Residual(Module):
         self._act = (act.act, float(act.slope), out)
         return out.mark_written()
 
-    def _bn_sum(self, x, act):
+    def padded_input(self, q, shape):
+        """(top, left, HP, WP): the zero-bordered planes that this block's training forward on a CPU
+        can take its input `shape` as (forward_padded), where it has no shortcut and its body
+        begins with a Conv2d that copies its input into such planes (Conv2d.padded_input) and ends
+        in a BatchNorm2d (its sum, bn_add_act_cpu, reads the identity from the planes too): then
+        Sequential's training path has the BatchNorm2d before the block write them, and no
+        pad_planes_cpu copy is made. None otherwise."""
+        layers = self.body.layers
+        if (self.shortcut is not None or len(layers) < 2 or type(layers[0]) is not Conv2d
+                or type(layers[-1]) is not BatchNorm2d or not (self.training and ops.is_cpu(q))):
+            return None
+        return layers[0].padded_input(q, shape)
+
+    def forward_padded(self, xp, shape, act):
+        """forward(x, act) of an input of `shape` given as the zero-bordered planes xp that
+        padded_input describes (the BatchNorm2d before this block wrote them): the body's first
+        conv reads them as they are, and the sum (with the activation layer `act` after the block,
+        as forward's) reads the identity from them."""
+        q = self._on(xp)
+        self.output_shape(shape)
+        geometry = self.padded_input(q, shape)
+        if geometry is None or xp.shape != tuple(shape[:2]) + tuple(geometry[2:]):
+            raise ValueError(f"Residual.forward_padded: planes {xp.shape} are not the {geometry} this block takes "
+                             f"input {tuple(shape)} as")
+        if act is None or not act.act.grads_from_output:
+            raise ValueError(f"Residual.forward_padded runs the activation after the block in its sum: one whose "
+                             f"gradient its output gives (ReLU, Sigmoid, Tanh), got {act!r}")
+        self._act, self._act_applied = None, False
+        out = self._bn_sum(None, act, padded=(xp, tuple(shape), geometry))
+        if out is None:  # padded_input's conditions are statistics_tail's: not reached
+            raise RuntimeError("Residual.forward_padded: the body's statistics pass did not run")
+        return out
+
+    def _bn_sum(self, x, act, padded=None):
         """The sum's pass (with the activation `act`) that also applies the body's last BatchNorm2d,
         and the shortcut's where it is a Sequential ending in one (norm_cpu.cl's bn_add_act_cpu:
         their element-wise passes and outputs go); None, and nothing run, where the body does not
-        end in a BatchNorm2d (Sequential.statistics_tail)."""
-        body = self.body.statistics_tail(x)
+        end in a BatchNorm2d (Sequential.statistics_tail). `padded` (xp, shape, geometry): the
+        input as forward_padded's planes (x None; no shortcut), the identity read from them."""
+        body = self.body.statistics_tail(x, padded[:2] if padded else None)
         if body is None:
             return None
         tail = self.shortcut.statistics_tail(x) if isinstance(self.shortcut, Sequential) else None
         s = (x if self.shortcut is None else self.shortcut(x)) if tail is None else tail[0]
-        q, (n, c, h, w) = x.queue, body[0].shape  # the shapes: checked by forward's output_shape
+        options = _act_options(act.act)
+        if padded is not None:
+            (top, left, hp, wp), s = padded[2], padded[0]
+            options += ("-DS_BORDER=1", f"-DS_TOP={top}", f"-DS_LEFT={left}", f"-DS_HP={hp}", f"-DS_WP={wp}",
+                        f"-DS_W={padded[1][3]}")
+        q, (n, c, h, w) = body[0].queue, body[0].shape  # the shapes: checked by forward's output_shape
         out = ops.new(q, body[0].shape)
         chunk, items = ops.cpu_chunk(out.size)
         if tail is None:  # no BatchNorm2d on the shortcut: its arguments unused
@@ -91,7 +131,7 @@ class Residual(Module):
         else:
             shortcut_bn = tail[1:]
         ops.launch(q, "norm_cpu", "bn_add_act_cpu", (items,), (1,), out.size, chunk, c, h * w, float(act.slope),
-                   *body, s, int(tail is not None), *shortcut_bn, out, options=_act_options(act.act))
+                   *body, s, int(tail is not None), *shortcut_bn, out, options=options)
         for seq in (self.body, self.shortcut if tail is not None else None):
             if seq is not None:
                 seq.layers[-1].written_by_pass()

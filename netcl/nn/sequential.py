@@ -39,6 +39,15 @@ def _padded_input(conv, x):
     return conv.padded_input(x.queue, x.shape) if type(conv) is Conv2d and ops.is_cpu(x.queue) else None
 
 
+def _padded_block(layers, j, x):
+    """Residual.padded_input of layers[j] for input x where it is a block that takes the
+    activation layer after it (_takes_act) and its input as zero-bordered planes; else None."""
+    block = layers[j] if j < len(layers) else None
+    if j + 1 >= len(layers) or not (hasattr(block, "forward_padded") and _takes_act(block, layers[j + 1], x)):
+        return None
+    return block.padded_input(x.queue, x.shape)
+
+
 def fuses_with_next(layer, nxt):
     """Whether training runs `layer` and the layer `nxt` after it as one BatchNorm2d + activation
     pass: an activation is any layer with an `act` (a netcl.act.Act) and a `slope`, as in netcl.jit."""
@@ -117,18 +126,19 @@ class Sequential(LayerList):
         self._out_shape = y.shape
         return y
 
-    def statistics_tail(self, x):
+    def statistics_tail(self, x, padded=None):
         """Training on a CPU (TRAIN_FUSE), where the last layer is a BatchNorm2d: forward through
         the layers before it, then that one's statistics only (BatchNorm2d.statistics), whose
         arguments are returned for the caller's pass to apply it (a Residual's sum); backward
-        runs as after forward. None, and nothing run, elsewhere."""
+        runs as after forward. None, and nothing run, elsewhere. `padded` (xp, shape): the input
+        as the zero-bordered planes the first layer, a Conv2d, reads (x None: its forward_padded)."""
         layers = self.layers
-        if not (self.training and TRAIN_FUSE and layers and type(layers[-1]) is BatchNorm2d
-                and ops.is_cpu(x.queue)):
+        q = x.queue if padded is None else padded[0].queue
+        if not (self.training and TRAIN_FUSE and layers and type(layers[-1]) is BatchNorm2d and ops.is_cpu(q)):
             return None
-        self.output_shape(x.shape)
+        self.output_shape(x.shape if padded is None else padded[1])
         self._fused_input = None
-        y = self._run_layers(x, True, end=len(layers) - 1)
+        y = self._run_layers(x, True, end=len(layers) - 1, padded=padded)
         pending = layers[-1].statistics(y, self._stats_for(len(layers) - 1, y))
         self._out_shape = y.shape
         return pending
@@ -145,11 +155,16 @@ class Sequential(LayerList):
         prev = self.layers[i - 1] if i > 0 else None
         return prev.output_statistics(y) if TRAIN_FUSE and type(prev) is Conv2d else None
 
-    def _run_layers(self, y, fuse, end=None):
+    def _run_layers(self, y, fuse, end=None, padded=None):
         """The layers in order (those before `end` where given); with `fuse`, a BatchNorm2d and the
-        activation after it as one pass."""
+        activation after it as one pass. `padded` (xp, shape): y None, the first layer a Conv2d
+        given its input as its zero-bordered planes (statistics_tail's)."""
         skipped, pooled, fed = [], [], []
         layers = self.layers if end is None else self.layers[:end]
+        if padded is not None:
+            xp, shape = padded
+            y = layers[0]._forward_padded(xp, shape, layers[0].output_shape(shape), fuse and self._feeds_bn(0))
+            fed.append(0)
         for i, layer in enumerate(layers):
             if i in skipped or i in fed:
                 continue
@@ -163,10 +178,18 @@ class Sequential(LayerList):
                 else:
                     conv = layers[i + 2] if i + 2 < len(layers) else None
                     pad = _padded_input(conv, y)
+                    block = _padded_block(layers, i + 2, y) if pad is None else None
                     if pad is not None:  # the conv's zero-bordered input planes, written by this pass
                         yp = layer.forward(y, act=nxt, pad=pad, stats=stats)  # checked by _padded_input
                         y = conv._forward_padded(yp, y.shape, conv.output_shape(y.shape), self._feeds_bn(i + 2))
                         fed.append(i + 2)
+                    elif block is not None:  # a Residual's (its body's first conv's), its activation with it
+                        yp = layer.forward(y, act=nxt, pad=block, stats=stats)
+                        after = layers[i + 3]
+                        y = conv.forward_padded(yp, y.shape, after)
+                        after._saved = None
+                        fed.append(i + 2)
+                        skipped.append(i + 3)
                     else:
                         y = layer.forward(y, act=nxt, stats=stats)
                 nxt._saved = None  # its output is the BatchNorm's: no stale input for a backward of its own
