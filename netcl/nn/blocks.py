@@ -7,6 +7,7 @@ import numpy as np
 from netcl import ops
 from netcl.nn.conv import Conv2d
 from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
+from netcl.nn import sequential
 from netcl.nn.norm import BatchNorm2d, _act_options
 from netcl.nn.sequential import Sequential
 
@@ -77,12 +78,14 @@ class Residual(Module):
         """(top, left, HP, WP): the zero-bordered planes that this block's training forward on a CPU
         can take its input `shape` as (forward_padded), where it has no shortcut and its body
         begins with a Conv2d that copies its input into such planes (Conv2d.padded_input) and ends
-        in a BatchNorm2d (its sum, bn_add_act_cpu, reads the identity from the planes too): then
+        in a BatchNorm2d (its sum, bn_add_act_cpu, reads the identity from the planes too), in
+        training with TRAIN_FUSE (netcl.nn.sequential: the sum's pass needs its statistics): then
         Sequential's training path has the BatchNorm2d before the block write them, and no
         pad_planes_cpu copy is made. None otherwise."""
         layers = self.body.layers
         if (self.shortcut is not None or len(layers) < 2 or type(layers[0]) is not Conv2d
-                or type(layers[-1]) is not BatchNorm2d or not (self.training and ops.is_cpu(q))):
+                or type(layers[-1]) is not BatchNorm2d
+                or not (self.training and sequential.TRAIN_FUSE and ops.is_cpu(q))):
             return None
         return layers[0].padded_input(q, shape)
 
@@ -144,8 +147,9 @@ class Residual(Module):
     def backward_act(self, dy, act):
         """backward(dy), and with act = (code, slope, output) of an activation whose output is this
         block's input (a Residual's before this one that ran it in its sum: Sequential's training
-        path) dx through that activation's gradient: in the shortcut's pass that finishes dx where
-        it can (Conv2d.backward_into's pw2_dgrad_cpu), else act_bwd_cpu.
+        path) dx through that activation's gradient: in the pass that finishes dx where it can (the
+        body's first conv's corrt2_cpu where it takes the shortcut's term too, _shortcut_in_body;
+        else the shortcut's pw2_dgrad_cpu, Conv2d.backward_into), else act_bwd_cpu.
         Where the layer after this block took this block's own activation into its dx
         (Sequential.backward: _act_applied), dy arrives through it already."""
         applied, self._act_applied = getattr(self, "_act_applied", False), False
@@ -165,7 +169,6 @@ class Residual(Module):
         if hasattr(self.shortcut, "backward_into"):  # the shortcut's gradient added into the body's
             return self.shortcut.backward_into(dy, dx, act=act)
         return _through(ops.add(dx, self.shortcut.backward(dy), out=dx), act)
-
 
     def _shortcut_in_body(self, dy, act):
         """dx of a block whose shortcut is a 1x1 stride-2 Conv2d (alone, or first in a Sequential:
