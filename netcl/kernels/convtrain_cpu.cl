@@ -936,28 +936,12 @@ void pw2_dgrad_cpu(const int C, const int CO, const int OH, const int OW, __glob
 // (v, z): vector v of the N * OH * OW / 16, z = input channel block of CT2_RM; 4 accumulators
 // per channel (dx rows 2y and 2y + 1, even and odd columns), each FLUSH output channels' sums
 // joining a running total; stores of 16 interleaved columns.
-// SC_ADD 1: a Residual's 1x1 stride-2 shortcut (weights sw (CO, C), its output gradient sdy of dy's
-// shape) adds its data gradient, which lands on the even rows' even columns only, in the same
-// accumulators (pw2_dgrad_cpu's pass over dx goes); DX_ACT (pw2_dgrad_cpu's): dx stored through
-// that activation's gradient, its output act_out. Either needs the body's first conv and the
-// shortcut to run in one backward (netcl.nn.blocks.Residual).
 #ifndef CT2_RM
 #define CT2_RM 4
 #endif
-#ifndef SC_ADD
-#define SC_ADD 0
-#endif
-#if DX_ACT  // the store of vector v at dx + off, through the activation's gradient
-#define CT2_STORE(base, off, v) \
-    (*(__global ufloat16 *)((base) + (off)) = \
-         ACT_GRAD(DX_ACT, *(__global const ufloat16 *)(act_out + ((base) - dx) + (off)), (v), act_slope))
-#else
-#define CT2_STORE(base, off, v) (*(__global ufloat16 *)((base) + (off)) = (v))
-#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global const float *dy,
-                __global const float *w, __global float *dx, __global const float *sdy, __global const float *sw,
-                __global const float *act_out, const float act_slope) {
+                __global const float *w, __global float *dx) {
     const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
     const int y = p0 / OW, x0 = p0 - y * OW, P = OH * OW, W = 2 * OW, c0 = get_global_id(1) * CT2_RM;
     const int m1 = min(CT2_RM, C - c0);
@@ -990,15 +974,9 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
             const float16 d0s = __builtin_shufflevector(d0, (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 16, 9, 10, 11, 12, 13, 14, 15, 16);
             const float16 d1s = __builtin_shufflevector(d1, (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 16, 9, 10, 11, 12, 13, 14, 15, 16);
 #endif
-#if SC_ADD
-            const float16 e0 = *(__global const ufloat16 *)(sdy + (s - dy));  // the shortcut's dy, as d0
-#endif
 #pragma unroll
             for (int m = 0; m < CT2_RM; m++) {
                 __global const float *k = w + (o * C + c0 + min(m, m1 - 1)) * 9;
-#if SC_ADD
-                acc[m][0] += sw[o * C + c0 + min(m, m1 - 1)] * e0;
-#endif
                 // one multiply-add a statement: a sum of products first would not contract
                 acc[m][0] += k[4] * d0;
                 acc[m][1] += k[3] * d0s;
@@ -1018,10 +996,10 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
     }
     for (int m = 0; m < m1; m++) {
         __global float *d = dx + ((n * C + c0 + m) * 2 * OH + 2 * y) * W + 2 * x0;
-        CT2_STORE(d, 0, INTERLEAVE8(tot[m][0].lo, tot[m][1].lo));
-        CT2_STORE(d, hi_at, INTERLEAVE8(tot[m][0].hi, tot[m][1].hi));
-        CT2_STORE(d, W, INTERLEAVE8(tot[m][2].lo, tot[m][3].lo));
-        CT2_STORE(d, hi_at + W, INTERLEAVE8(tot[m][2].hi, tot[m][3].hi));
+        *(__global ufloat16 *)d = INTERLEAVE8(tot[m][0].lo, tot[m][1].lo);
+        *(__global ufloat16 *)(d + hi_at) = INTERLEAVE8(tot[m][0].hi, tot[m][1].hi);
+        *(__global ufloat16 *)(d + W) = INTERLEAVE8(tot[m][2].lo, tot[m][3].lo);
+        *(__global ufloat16 *)(d + hi_at + W) = INTERLEAVE8(tot[m][2].hi, tot[m][3].hi);
     }
 }
 
@@ -1105,8 +1083,7 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
 // first's d1), so each weight it reads serves two vectors: 2 channels x 2 rows x 4 accumulators.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global const float *dy,
-                 __global const float *w, __global float *dx, __global const float *sdy, __global const float *sw,
-                 __global const float *act_out, const float act_slope) {
+                 __global const float *w, __global float *dx) {
     const int XB = OW / 16, VP = OH / 2 * XB, v = get_global_id(0), n = v / VP, r = v - n * VP;
     const int y = r / XB * 2, x0 = (r - r / XB * XB) * 16, P = OH * OW, W = 2 * OW, c0 = get_global_id(1) * 2;
     const int m1 = min(2, C - c0);
@@ -1137,23 +1114,13 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
                 ds[i] = right && (i < 2 || below) ? *(__global const ufloat16 *)(s + i * OW + 1)
                                                   : __builtin_shufflevector(d[i], (float16)0.0f, 1, 2, 3, 4, 5, 6, 7, 8,
                                                                             9, 10, 11, 12, 13, 14, 15, 16);
-#if SC_ADD  // the shortcut's dy rows y and y + 1, as d[0] and d[1]
-            const float16 e[2] = {*(__global const ufloat16 *)(sdy + (s - dy)),
-                                  *(__global const ufloat16 *)(sdy + (s - dy) + OW)};
-#endif
 #pragma unroll
             for (int m = 0; m < 2; m++) {
                 __global const float *k = w + (o * C + c0 + min(m, m1 - 1)) * 9;
                 const float k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4], k5 = k[5], k6 = k[6], k7 = k[7],
                             k8 = k[8];
-#if SC_ADD
-                const float ks = sw[o * C + c0 + min(m, m1 - 1)];
-#endif
 #pragma unroll
                 for (int i = 0; i < 2; i++) {  // dy row y + i: d0 = d[i], d1 = d[i + 1]
-#if SC_ADD
-                    acc[m][i][0] += ks * e[i];
-#endif
                     acc[m][i][0] += k4 * d[i];
                     acc[m][i][1] += k3 * ds[i];
                     acc[m][i][1] += k5 * d[i];
@@ -1177,10 +1144,10 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             __global float *e = dx + ((n * C + c0 + m) * 2 * OH + 2 * (y + i)) * W + 2 * x0;
-            CT2_STORE(e, 0, INTERLEAVE8(tot[m][i][0].lo, tot[m][i][1].lo));
-            CT2_STORE(e, 16, INTERLEAVE8(tot[m][i][0].hi, tot[m][i][1].hi));
-            CT2_STORE(e, W, INTERLEAVE8(tot[m][i][2].lo, tot[m][i][3].lo));
-            CT2_STORE(e, 16 + W, INTERLEAVE8(tot[m][i][2].hi, tot[m][i][3].hi));
+            *(__global ufloat16 *)e = INTERLEAVE8(tot[m][i][0].lo, tot[m][i][1].lo);
+            *(__global ufloat16 *)(e + 16) = INTERLEAVE8(tot[m][i][0].hi, tot[m][i][1].hi);
+            *(__global ufloat16 *)(e + W) = INTERLEAVE8(tot[m][i][2].lo, tot[m][i][3].lo);
+            *(__global ufloat16 *)(e + 16 + W) = INTERLEAVE8(tot[m][i][2].hi, tot[m][i][3].hi);
         }
 }
 

@@ -147,9 +147,8 @@ class Residual(Module):
     def backward_act(self, dy, act):
         """backward(dy), and with act = (code, slope, output) of an activation whose output is this
         block's input (a Residual's before this one that ran it in its sum: Sequential's training
-        path) dx through that activation's gradient: in the pass that finishes dx where it can (the
-        body's first conv's corrt2_cpu where it takes the shortcut's term too, _shortcut_in_body;
-        else the shortcut's pw2_dgrad_cpu, Conv2d.backward_into), else act_bwd_cpu.
+        path) dx through that activation's gradient: in the shortcut's pass that finishes dx where
+        it can (Conv2d.backward_into's pw2_dgrad_cpu), else act_bwd_cpu.
         Where the layer after this block took this block's own activation into its dx
         (Sequential.backward: _act_applied), dy arrives through it already."""
         applied, self._act_applied = getattr(self, "_act_applied", False), False
@@ -159,8 +158,6 @@ class Residual(Module):
                 dy = ops.act_bwd_cpu(code, out, dy, slope)
             if self.shortcut is None:  # dy is this block's own: the body's input gradient is added into it
                 return _through(self.body.backward(dy, into=dy), act)  # (by its first layer, whose backward runs last)
-        if self.shortcut is not None and (dx := self._shortcut_in_body(dy, act)) is not None:
-            return dx
         dx = self.body.backward(dy)
         if self.shortcut is None:
             return _through(ops.add(dx, dy), act)
@@ -169,29 +166,6 @@ class Residual(Module):
         if hasattr(self.shortcut, "backward_into"):  # the shortcut's gradient added into the body's
             return self.shortcut.backward_into(dy, dx, act=act)
         return _through(ops.add(dx, self.shortcut.backward(dy), out=dx), act)
-
-    def _shortcut_in_body(self, dy, act):
-        """dx of a block whose shortcut is a 1x1 stride-2 Conv2d (alone, or first in a Sequential:
-        a ResNet's conv + BatchNorm2d) and whose body begins with a 3x3 stride-2 Conv2d that takes
-        the shortcut's data gradient into its own (Conv2d.takes_shortcut_dx: corrt2_cpu adds it, and
-        `act`'s gradient, in its one pass over dx, where pw2_dgrad_cpu added it into dx afterwards
-        and the activation's pass went over dx again): the shortcut's layers after its conv and the
-        conv's weight gradient first, then the body. None, and nothing run, where the block is not so."""
-        sc, body = self.shortcut, self.body
-        conv_s = sc.layers[0] if isinstance(sc, Sequential) and sc.layers else sc
-        conv_b = body.layers[0] if body.layers else None
-        if not (hasattr(conv_b, "takes_shortcut_dx") and conv_b.takes_shortcut_dx(conv_s, dy.queue, dy.shape)):
-            return None
-        sdy = dy if conv_s is sc else sc.backward_after_first(dy)
-        conv_s.backward_params(sdy)  # its weight (and bias) gradients; its dx goes into the body's
-        used = conv_b.shortcut_dx_once(conv_s, sdy, act)
-        try:
-            dx = body.backward(dy)
-        finally:
-            taken = used()
-        if not taken:  # the body's first conv did not reach its corrt2 pass: the term added here
-            conv_s._pw2_dgrad(sdy, dx, act)
-        return dx
 
 
 def _through(dx, act):

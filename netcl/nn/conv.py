@@ -844,48 +844,13 @@ class Conv2d(Module):
         ops.launch(q, _FAMILY, "pw2_wgrad_cpu", (-(-c // wc), -(-oc // 4), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk,
                    x, dy, part, options=options)
         self._grads_of_chunks(part, chunks, dy)
-        return self._pw2_dgrad(dy, into, act) if need_dx else None
-
-    def _pw2_dgrad(self, dy, into, act=None):
-        """_backward_pointwise2's dx: pw2_dgrad_cpu, added into `into` where given (then through
-        `act`'s gradient where given)."""
-        (n, c, h, w), _, _ = self._saved
-        _, oc, oh, ow = dy.shape
-        q = dy.queue
+        if not need_dx:
+            return None
         dx = ops.new(q, (n, c, h, w)) if into is None else into
         act_out, act_slope = (act[2], float(act[1])) if act is not None else (ops.dummy(q), 0.0)
         ops.launch(q, _FAMILY, "pw2_dgrad_cpu", (n * oh * ow // 16,), (1,), c, oc, oh, ow, dy, self.weight,
-                   int(into is not None), dx, act_out, act_slope,
-                   options=self._pointwise2(q, (n, c, h, w)) + ops.dx_act_options(act))
+                   int(into is not None), dx, act_out, act_slope, options=options + ops.dx_act_options(act))
         return dx.mark_written()
-
-    def takes_shortcut_dx(self, shortcut, q, dy_shape):
-        """Whether this conv's data gradient, at its output gradient's `dy_shape`, can take in its
-        own pass the data gradient of `shortcut`, a Residual's 1x1 stride-2 Conv2d on the same input
-        (with an activation's gradient after the sum: Residual._shortcut_in_body): this is a 3x3
-        stride-2 conv whose dx is corrt2_cpu's (a "phases" forward on a CPU), the shortcut's is
-        pw2_dgrad_cpu's (a "pointwise" forward), both over the same channels. Both after their
-        training forward."""
-        if not (type(shortcut) is Conv2d and ops.is_cpu(q) and getattr(self, "_saved", None)
-                and getattr(shortcut, "_saved", None)):
-            return False
-        shape, mode, _ = self._saved
-        return (mode == "phases" and shortcut._saved[1] == "pointwise" and shortcut._saved[0] == shape
-                and (shortcut.in_channels, shortcut.out_channels) == (self.in_channels, self.out_channels)
-                and self.padded_grad(q, dy_shape) is None and shortcut.padded_grad(q, dy_shape) is None
-                and self._phases(q, shape) and shortcut._pointwise2(q, shape) is not None)
-
-    def shortcut_dx_once(self, shortcut, sdy, act):
-        """Hand this conv's next data gradient (its backward, within a Residual's body) the term of
-        takes_shortcut_dx's `shortcut` for its output gradient sdy, and `act` (or None) after the
-        sum: corrt2_cpu's SC_ADD and DX_ACT. Returns a function that takes the term back and says
-        whether it was used (where not, the caller adds it itself: shortcut._pw2_dgrad)."""
-        self._dx_term = (sdy, shortcut.weight, act)
-
-        def used():
-            pending, self._dx_term = self._dx_term, None
-            return pending is None
-        return used
 
     def _grads_of_chunks(self, part, chunks, dy):
         """The weight gradient (+)= a kernel's per-chunk partial sums `part` (chunks, weight.size),
@@ -915,26 +880,16 @@ class Conv2d(Module):
 
     def _corrt2(self, dy, dx, options):
         """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options;
-        corrt2p_cpu, two dy rows a work-item, where rows are a multiple of 16 and even in number),
-        with the shortcut's term and the activation's gradient shortcut_dx_once handed it, if any."""
+        corrt2p_cpu, two dy rows a work-item, where rows are a multiple of 16 and even in number)."""
         n, c = dx.shape[:2]
         _, oc, oh, ow = dy.shape
-        q = dy.queue
-        term, self._dx_term = getattr(self, "_dx_term", None), None
-        if term is None:
-            extra, dummy = (), ops.dummy(q)
-            args = (dummy, dummy, dummy, 0.0)
-        else:
-            sdy, sw, act = term
-            extra = ("-DSC_ADD=1",) + ops.dx_act_options(act)
-            args = (sdy, sw) + ((act[2], float(act[1])) if act is not None else (ops.dummy(q), 0.0))
         if options[:1] == _ROWS1 and oh % 2 == 0:
-            ops.launch(q, _FAMILY, "corrt2p_cpu", (n * oh * ow // 32, -(-c // 2)), (1, 1), c, oc, oh, ow, dy,
-                       self.weight, dx, *args, options=options + extra)
+            ops.launch(dy.queue, _FAMILY, "corrt2p_cpu", (n * oh * ow // 32, -(-c // 2)), (1, 1), c, oc, oh, ow, dy,
+                       self.weight, dx, options=options)
         else:
-            rm = _blocks(q)["CT2_RM"]
-            ops.launch(q, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // rm)), (1, 1), c, oc, oh, ow,
-                       dy, self.weight, dx, *args, options=options + extra)
+            rm = _blocks(dy.queue)["CT2_RM"]
+            ops.launch(dy.queue, _FAMILY, "corrt2_cpu", (n * oh * ow // 16, -(-c // rm)), (1, 1), c, oc, oh, ow,
+                       dy, self.weight, dx, options=options)
         return dx.mark_written()
 
     def _winot_wgrad_layout(self, q, dy_shape, xp):

@@ -219,7 +219,7 @@ class Sequential(LayerList):
         with runtime.serial_lock(q) or nullcontext():  # PoCL's serial device: calls take turns (runtime)
             return self.forward(Tensor.from_host(q, x)).to_host()
 
-    def backward(self, dy, input_grad=True, into=None, act=None, stop=0):
+    def backward(self, dy, input_grad=True, into=None, act=None):
         """Back-propagate dL/d(output) through every layer; returns dL/d(input). With
         input_grad=False (the input needs no gradient: a training step's data) the layers before
         the first one with parameters are skipped, that one computes its parameters' gradients
@@ -231,9 +231,7 @@ class Sequential(LayerList):
         that ran in its sum), dL/d(input) comes back through that activation's gradient (the first
         layer's backward_into takes it where it can, else act_bwd_cpu). A layer after a Residual
         that ran its activation takes that activation into its own dx where it can (backward_act:
-        the Residual's act_bwd_cpu pass goes). With `stop` (input_grad), the layers from index
-        `stop` on only: the gradient returned is layer stop - 1's output gradient
-        (backward_after_first)."""
+        the Residual's act_bwd_cpu pass goes)."""
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
@@ -245,7 +243,7 @@ class Sequential(LayerList):
         x, self._fused_input = self._fused_input, None
         if x is not None:  # after a fused (eval) forward: replay the layers so they save what backward needs,
             self._replay_eval(x)  # in eval mode even if train() came since (the forward's statistics)
-        first = stop
+        first = 0
         if not input_grad:  # the first layer that has parameters: nothing before it needs a gradient
             first = next((i for i, lay in enumerate(self.layers) if i not in self._skipped and lay.parameters()),
                          len(self.layers))
@@ -303,11 +301,6 @@ class Sequential(LayerList):
             return None
         prev._act_applied = True
         return prev._act
-
-    def backward_after_first(self, dy):
-        """backward(dy) through every layer but the first; returns the first layer's output
-        gradient (its own backward is the caller's: Residual._shortcut_in_body)."""
-        return self.backward(dy, stop=1)
 
     def backward_into(self, dy, acc, act=None):
         """acc += backward(dy) (a Residual's shortcut into its body's gradient), then through the
