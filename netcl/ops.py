@@ -2,6 +2,7 @@
 OpenCL does the arithmetic. Every function takes device Tensors and enqueues without waiting."""
 import math
 import threading
+from collections import namedtuple
 
 import numpy as np
 
@@ -196,17 +197,25 @@ def act_bwd_cpu(act, saved, dy, slope=0.0):
     return dx.mark_written()
 
 
+# An activation a Residual ran in its sum (Residual._act), as its gradient needs it: its code
+# (netcl.act.Act), slope and output; the layer after the block takes it into its dx (backward_act)
+ActGrad = namedtuple("ActGrad", ["code", "slope", "out"])
+
+
 def through_act(dx, act):
-    """dx through the gradient of the activation act = (code, slope, its output): a Residual's
-    that ran in its sum (Residual._act), for a layer that could not take it into its own pass."""
-    code, slope, out = act
-    return act_bwd_cpu(code, out, dx, slope)
+    """dx through the gradient of `act` (an ActGrad), for a layer that could not take it into its
+    own pass: act_bwd_cpu."""
+    return act_bwd_cpu(act.code, act.out, dx, act.slope)
 
 
 def dx_act_options(act):
-    """The build option of a kernel that takes act = (code, slope, output) into its dx (DX_ACT),
-    none for None."""
-    return () if act is None else (f"-DDX_ACT={int(act[0])}",)
+    """The build option of a kernel that takes `act` (an ActGrad) into its dx (DX_ACT), none for None."""
+    return () if act is None else (f"-DDX_ACT={int(act.code)}",)
+
+
+def dx_act_args(q, act):
+    """The (output, slope) kernel arguments of `act` (an ActGrad) for DX_ACT, or unused ones for None."""
+    return (dummy(q), 0.0) if act is None else (act.out, float(act.slope))
 
 
 def add(a, b, out=None):

@@ -400,9 +400,9 @@ def build_chain(act, bare=False):
     gradient into its own dx pass where it can (Sequential._act_before: backward_act): a strided
     block whose shortcut is a 1x1 stride-2 conv (+ BatchNorm2d, or `bare`) in the shortcut's
     pw2_dgrad_cpu, which adds its data gradient into the body's; the pool in
-    global_avgpool_bwd_cpu; an identity block cannot (act_bwd_cpu there). The first block takes its input as the zero-bordered planes its first
-    conv reads, written by the BatchNorm2d before it (Residual.forward_padded: no pad_planes_cpu
-    copy), and its sum reads the identity from them."""
+    global_avgpool_bwd_cpu; an identity block cannot (act_bwd_cpu there). The first block takes
+    its input as the zero-bordered planes its first conv reads, written by the BatchNorm2d before
+    it (Residual.forward_padded: no pad_planes_cpu copy), and its sum reads the identity from them."""
     cls, kw, _ = ACTS[act]
     shortcut = nn.Conv2d(8, 16, 1, stride=2, bias=False)
     return nn.Sequential(
@@ -461,11 +461,7 @@ def test_next_layer_takes_the_residual_activation(queue, rng, torch, record_erro
     own = run(queue, model, x, dy, True, monkeypatch)
     assert names.count("act_bwd_cpu") == (6 if cpu else 0)
     assert names.count("pad_planes_cpu") == pads + (2 if cpu else 0)
-    for a, b in zip(taken[:2], own[:2]):
-        np.testing.assert_array_equal(a, b)
-    for got, want in zip(taken[2:], own[2:]):
-        for k in got:
-            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    bit_for_bit(taken, own)
     record_error(*check(taken, run_torch(torch, ref, x, dy), "act taken vs torch", 1e-5))
 
 
@@ -492,19 +488,72 @@ def test_residual_forward_padded_checks_its_planes(queue, rng):
     assert block.forward_padded(xp, shape, nn.ReLU()).shape == shape
 
 
+def bit_for_bit(got, want):
+    """run()'s results (y, dx, gradients, buffers) equal, bit for bit."""
+    for a, b in zip(got[:2], want[:2]):
+        np.testing.assert_array_equal(a, b)
+    for g, w in zip(got[2:], want[2:]):
+        assert set(g) == set(w)
+        for k in g:
+            np.testing.assert_array_equal(g[k], w[k], err_msg=k)
+
+
 @pytest.mark.parametrize("act", ["ReLU", "Tanh"])
 def test_bare_shortcut_takes_the_activation(queue, rng, torch, record_error, monkeypatch, act):
     """A strided block whose shortcut is a bare 1x1 stride-2 conv (no BatchNorm2d after it) takes
     the activation before it into its pw2_dgrad_cpu pass as the conv + BatchNorm2d shortcut does:
-    the same values as the unfused blocks' and float64 PyTorch's."""
+    bit for bit the unfused blocks' values, and float64 PyTorch's."""
     model, state, x, dy, names = chain_steps(queue, rng, monkeypatch, act, (2, 3, 16, 32), bare=True)
     ref = torch_twin(torch, model, act)
     taken = run(queue, model, x, dy, True, monkeypatch)
     assert names.count("act_bwd_cpu") == (2 if ops.is_cpu(queue) else 0)
+    assert names.count("pw2_dgrad_cpu") == (2 if ops.is_cpu(queue) else 0)
     model.load_state_dict(state)
     unfused_blocks(monkeypatch)
-    check(taken, run(queue, model, x, dy, True, monkeypatch), "bare shortcut vs unfused", 2e-6)
+    bit_for_bit(taken, run(queue, model, x, dy, True, monkeypatch))
     record_error(*check(taken, run_torch(torch, ref, x, dy), "bare shortcut vs torch", 1e-5))
+
+
+def test_layer_without_its_own_pass_differentiates_the_activation(queue, rng, monkeypatch):
+    """A layer after a Residual that ran its activation, with no pass of its own to take it into (a
+    pool of 2x2 outputs), applies it after its backward (act_bwd_cpu, as the block would have):
+    bit for bit the unfused blocks' values."""
+    model, state, x, dy, names = chain_steps(queue, rng, monkeypatch, "ReLU", (2, 3, 16, 32))
+    model.layers[-1] = nn.AdaptiveAvgPool2d(2)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    taken = run(queue, model, x, dy, True, monkeypatch)
+    assert names.count("act_bwd_cpu") == (4 if ops.is_cpu(queue) else 0)  # the identity block's, the pool's
+    model.load_state_dict(state)
+    unfused_blocks(monkeypatch)
+    bit_for_bit(taken, run(queue, model, x, dy, True, monkeypatch))
+
+
+@pytest.mark.parametrize("k, x_shape", [(3, (4, 3, 6, 12)), (5, (4, 3, 8, 20)), (3, (2, 3, 16, 32))])
+def test_block_input_as_its_conv_planes(queue, rng, monkeypatch, k, x_shape):
+    """A Residual after a BatchNorm2d + ReLU takes its input as the planes its first conv reads
+    (Residual.forward_padded) for any such planes: rows of 12 and 20 (vector tails), a 5x5
+    padding-2 conv (a border of 2), sums whose chunks start mid-row and mid-plane
+    (bn_add_act_cpu's S_BORDER row segments): outputs, dx, every gradient and the running
+    statistics bit for bit the block's that takes its input as it is; a pad_planes_cpu a step fewer."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Residual(nn.Conv2d(8, 8, k, padding=k // 2, bias=False), nn.BatchNorm2d(8)), nn.ReLU())
+    model = randomize(model, rng).to(queue).train()
+    state = {n: v.copy() for n, v in model.state_dict().items()}
+    x = (rng.standard_normal(x_shape) + 0.2).astype(np.float32)
+    dy = rng.standard_normal(model.output_shape(x.shape)).astype(np.float32)
+    cpu = ops.is_cpu(queue)
+    assert (model.layers[3].padded_input(queue, (x_shape[0], 8) + x_shape[2:]) is not None) == cpu
+    names = []
+    enqueue = ops._enqueue
+    monkeypatch.setattr(ops, "_enqueue", lambda q, kn, *a: names.append(kn.function_name) or enqueue(q, kn, *a))
+    taken = run(queue, model, x, dy, True, monkeypatch)
+    pads = names.count("pad_planes_cpu")
+    model.load_state_dict(state)
+    names.clear()
+    monkeypatch.setattr(sequential, "_padded_block", lambda layers, j, x: None)
+    own = run(queue, model, x, dy, True, monkeypatch)
+    assert names.count("pad_planes_cpu") == pads + (2 if cpu else 0)
+    bit_for_bit(taken, own)
 
 
 @pytest.mark.parametrize("builder", [build, build_pooled])

@@ -194,10 +194,16 @@ void global_avgpool_bwd_cpu(const int NC, const int planes, const int HW, __glob
     for (int p = get_global_id(0) * planes; p < p1; p++) {
         const float v = dy[p] / (float)HW;
         __global float *d = dx + p * HW;
-        __global const float *s = act_out + p * HW;
         int i = 0;
+#if DX_ACT
+        __global const float *s = act_out + p * HW;
         for (; i + 16 <= HW; i += 16)
-            *(__global ufloat16 *)(d + i) = DX_ACT ? ACT_GRAD(DX_ACT, *(__global const ufloat16 *)(s + i), (float16)v, act_slope) : v;
-        for (; i < HW; i++) d[i] = DX_ACT ? ACT_GRAD(DX_ACT, s[i], v, act_slope) : v;
+            *(__global ufloat16 *)(d + i) =
+                ACT_GRAD(DX_ACT, *(__global const ufloat16 *)(s + i), (float16)v, act_slope);
+        for (; i < HW; i++) d[i] = ACT_GRAD(DX_ACT, s[i], v, act_slope);
+#else
+        for (; i + 16 <= HW; i += 16) *(__global ufloat16 *)(d + i) = v;
+        for (; i < HW; i++) d[i] = v;
+#endif
     }
 }

@@ -7,8 +7,7 @@ import numpy as np
 from netcl import ops
 from netcl.nn.conv import Conv2d
 from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
-from netcl.nn import sequential
-from netcl.nn.norm import BatchNorm2d, _act_options
+from netcl.nn.norm import _act_options
 from netcl.nn.sequential import Sequential
 
 
@@ -21,6 +20,9 @@ class Residual(Module):
         if shortcut is not None and not isinstance(shortcut, Module):
             raise TypeError(f"Residual's shortcut must be a netcl.nn layer or None, got {type(shortcut).__name__}")
         self.shortcut = shortcut  # kept as given (a layer or a Sequential): its keys are "shortcut.<...>"
+        # the activation after the block its sum ran (an ops.ActGrad) and whether the layer after the
+        # block took its gradient (Sequential.backward); set by each forward
+        self._act, self._act_applied = None, False
 
     def named_children(self):
         return [("body", self.body)] + ([("shortcut", self.shortcut)] if self.shortcut is not None else [])
@@ -71,21 +73,20 @@ class Residual(Module):
         chunk, items = ops.cpu_chunk(y.size)
         ops.launch(q, "act_cpu", "add_act_cpu", (items,), (1,), y.size, chunk, float(act.slope), y, s, out,
                    options=(f"-DACT_KIND={int(act.act)}",))
-        self._act = (act.act, float(act.slope), out)
+        self._act = ops.ActGrad(act.act, float(act.slope), out)
         return out.mark_written()
 
     def padded_input(self, q, shape):
         """(top, left, HP, WP): the zero-bordered planes that this block's training forward on a CPU
         can take its input `shape` as (forward_padded), where it has no shortcut and its body
-        begins with a Conv2d that copies its input into such planes (Conv2d.padded_input) and ends
-        in a BatchNorm2d (its sum, bn_add_act_cpu, reads the identity from the planes too), in
-        training with TRAIN_FUSE (netcl.nn.sequential: the sum's pass needs its statistics): then
-        Sequential's training path has the BatchNorm2d before the block write them, and no
-        pad_planes_cpu copy is made. None otherwise."""
+        begins with a Conv2d that copies its input into such planes (Conv2d.padded_input) and whose
+        sum applies the body's last BatchNorm2d (Sequential.trains_statistics_tail: the sum,
+        bn_add_act_cpu, then reads the identity from the planes too): then Sequential's training
+        path has the BatchNorm2d before the block write them, and no pad_planes_cpu copy is made.
+        None otherwise."""
         layers = self.body.layers
         if (self.shortcut is not None or len(layers) < 2 or type(layers[0]) is not Conv2d
-                or type(layers[-1]) is not BatchNorm2d
-                or not (self.training and sequential.TRAIN_FUSE and ops.is_cpu(q))):
+                or not (self.training and self.body.trains_statistics_tail(q))):
             return None
         return layers[0].padded_input(q, shape)
 
@@ -105,7 +106,7 @@ class Residual(Module):
                              f"gradient its output gives (ReLU, Sigmoid, Tanh), got {act!r}")
         self._act, self._act_applied = None, False
         out = self._bn_sum(None, act, padded=(xp, tuple(shape), geometry))
-        if out is None:  # padded_input's conditions are statistics_tail's: not reached
+        if out is None:  # padded_input asked trains_statistics_tail, as statistics_tail does: not reached
             raise RuntimeError("Residual.forward_padded: the body's statistics pass did not run")
         return out
 
@@ -138,21 +139,21 @@ class Residual(Module):
         for seq in (self.body, self.shortcut if tail is not None else None):
             if seq is not None:
                 seq.layers[-1].written_by_pass()
-        self._act = (act.act, float(act.slope), out)
+        self._act = ops.ActGrad(act.act, float(act.slope), out)
         return out.mark_written()
 
     def backward(self, dy):
         return self.backward_act(dy, None)
 
     def backward_act(self, dy, act):
-        """backward(dy), and with act = (code, slope, output) of an activation whose output is this
-        block's input (a Residual's before this one that ran it in its sum: Sequential's training
-        path) dx through that activation's gradient: in the shortcut's pass that finishes dx where
-        it can (Conv2d.backward_into's pw2_dgrad_cpu), else act_bwd_cpu.
+        """backward(dy), and with `act` (an ops.ActGrad: the activation whose output is this block's
+        input, a Residual's before this one that ran it in its sum; Sequential's training path) dx
+        through that activation's gradient: in the shortcut's pass that finishes dx where it can
+        (Conv2d.backward_into's pw2_dgrad_cpu), else act_bwd_cpu.
         Where the layer after this block took this block's own activation into its dx
         (Sequential.backward: _act_applied), dy arrives through it already."""
-        applied, self._act_applied = getattr(self, "_act_applied", False), False
-        if getattr(self, "_act", None) is not None:  # the fused activation's gradient first
+        applied, self._act_applied = self._act_applied, False
+        if self._act is not None:  # the fused activation's gradient first
             code, slope, out = self._act
             if not applied:
                 dy = ops.act_bwd_cpu(code, out, dy, slope)

@@ -631,9 +631,9 @@ class Conv2d(Module):
         """acc += backward(dy) (a Residual's shortcut into the body's gradient): on a CPU a 1x1
         convolution without padding adds its data gradient straight into acc (pw2_dgrad_cpu at
         stride 2 on the planes _stride2_planes takes, else its GEMM's columns: no gradient tensor of
-        its own); otherwise backward() and a sum. With `act` ((code, slope, output) of an activation
-        whose output is this layer's input: a Residual's that ran in its sum), the sum comes back
-        through that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else act_bwd_cpu."""
+        its own); otherwise backward() and a sum. With `act` (an ops.ActGrad: the activation whose
+        output is this layer's input, a Residual's that ran in its sum), the sum comes back through
+        that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else act_bwd_cpu."""
         k, s, p, d = self._geometry()
         fused = False
         if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] in (None, "pointwise"):
@@ -847,9 +847,8 @@ class Conv2d(Module):
         if not need_dx:
             return None
         dx = ops.new(q, (n, c, h, w)) if into is None else into
-        act_out, act_slope = (act[2], float(act[1])) if act is not None else (ops.dummy(q), 0.0)
         ops.launch(q, _FAMILY, "pw2_dgrad_cpu", (n * oh * ow // 16,), (1,), c, oc, oh, ow, dy, self.weight,
-                   int(into is not None), dx, act_out, act_slope, options=options + ops.dx_act_options(act))
+                   int(into is not None), dx, *ops.dx_act_args(q, act), options=options + ops.dx_act_options(act))
         return dx.mark_written()
 
     def _grads_of_chunks(self, part, chunks, dy):

@@ -124,17 +124,16 @@ class _AdaptiveAvgPool(Module):
         return self.backward_act(dy, None)
 
     def backward_act(self, dy, act):
-        """backward(dy) through the gradient of the activation act = (code, slope, its output: this
-        layer's input), a Residual's that ran in its sum (Sequential's training path): global
+        """backward(dy) through the gradient of `act` (an ops.ActGrad: the activation whose output is
+        this layer's input, a Residual's that ran in its sum; Sequential's training path): global
         average pooling's pass on a CPU takes it (DX_ACT), else act_bwd_cpu. act None: backward."""
         shape, g = self._saved
         q, dx = dy.queue, ops.new(dy, shape)
         nc, h, w, oh, ow = g
         if oh * ow == 1 and ops.is_cpu(q):  # global average pooling: a broadcast in vectors
             planes, items = ops.cpu_rows(nc, h * w)
-            act_out, act_slope = (act[2], float(act[1])) if act is not None else (ops.dummy(q), 0.0)
-            ops.launch(q, "pool_cpu", "global_avgpool_bwd_cpu", (items,), (1,), nc, planes, h * w, dy, dx, act_out,
-                       act_slope, options=ops.dx_act_options(act))
+            ops.launch(q, "pool_cpu", "global_avgpool_bwd_cpu", (items,), (1,), nc, planes, h * w, dy, dx,
+                       *ops.dx_act_args(q, act), options=ops.dx_act_options(act))
             return dx.mark_written()
         ops.launch1d(q, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
         dx.mark_written()

@@ -133,8 +133,7 @@ class Sequential(LayerList):
         runs as after forward. None, and nothing run, elsewhere. `padded` (xp, shape): the input
         as the zero-bordered planes the first layer, a Conv2d, reads (x None: its forward_padded)."""
         layers = self.layers
-        q = x.queue if padded is None else padded[0].queue
-        if not (self.training and TRAIN_FUSE and layers and type(layers[-1]) is BatchNorm2d and ops.is_cpu(q)):
+        if not self.trains_statistics_tail(x.queue if padded is None else padded[0].queue):
             return None
         self.output_shape(x.shape if padded is None else padded[1])
         self._fused_input = None
@@ -142,6 +141,12 @@ class Sequential(LayerList):
         pending = layers[-1].statistics(y, self._stats_for(len(layers) - 1, y))
         self._out_shape = y.shape
         return pending
+
+    def trains_statistics_tail(self, q):
+        """Whether statistics_tail runs on queue q: training on a CPU with TRAIN_FUSE, the last layer a
+        BatchNorm2d."""
+        layers = self.layers
+        return bool(self.training and TRAIN_FUSE and layers and type(layers[-1]) is BatchNorm2d and ops.is_cpu(q))
 
     def _feeds_bn(self, i):
         """Whether layer i + 1 is a BatchNorm2d that trains with TRAIN_FUSE: the Conv2d at i then
@@ -178,15 +183,15 @@ class Sequential(LayerList):
                 else:
                     conv = layers[i + 2] if i + 2 < len(layers) else None
                     pad = _padded_input(conv, y)
-                    block = _padded_block(layers, i + 2, y) if pad is None else None
+                    block_pad = _padded_block(layers, i + 2, y) if pad is None else None
                     if pad is not None:  # the conv's zero-bordered input planes, written by this pass
                         yp = layer.forward(y, act=nxt, pad=pad, stats=stats)  # checked by _padded_input
                         y = conv._forward_padded(yp, y.shape, conv.output_shape(y.shape), self._feeds_bn(i + 2))
                         fed.append(i + 2)
-                    elif block is not None:  # a Residual's (its body's first conv's), its activation with it
-                        yp = layer.forward(y, act=nxt, pad=block, stats=stats)
-                        after = layers[i + 3]
-                        y = conv.forward_padded(yp, y.shape, after)
+                    elif block_pad is not None:  # a Residual's (its body's first conv's), its activation with it
+                        yp = layer.forward(y, act=nxt, pad=block_pad, stats=stats)
+                        block, after = layers[i + 2], layers[i + 3]
+                        y = block.forward_padded(yp, y.shape, after)
                         after._saved = None
                         fed.append(i + 2)
                         skipped.append(i + 3)
@@ -227,11 +232,12 @@ class Sequential(LayerList):
         With `into` (a tensor of the input's shape; input_grad), dL/d(input) is added into it and
         it is returned: the first layer adds its own (backward_into, or a CPU Conv2d whose dy planes
         the BatchNorm2d after it wrote: its data-gradient kernel adds into `into`) where it can.
-        With `act` ((code, slope, output) of an activation whose output is this input: a Residual's
-        that ran in its sum), dL/d(input) comes back through that activation's gradient (the first
-        layer's backward_into takes it where it can, else act_bwd_cpu). A layer after a Residual
-        that ran its activation takes that activation into its own dx where it can (backward_act:
-        the Residual's act_bwd_cpu pass goes)."""
+        With `act` (an ops.ActGrad: the activation whose output is this input, a Residual's that ran
+        in its sum), dL/d(input) comes back through that activation's gradient (the first layer's
+        backward_into takes it where it can, else act_bwd_cpu). A layer after a Residual that ran
+        its activation is handed that activation (backward_act) and takes it into the pass that
+        finishes its own dx where it can (the Residual's act_bwd_cpu pass then goes), else runs
+        that pass itself."""
         if not isinstance(dy, Tensor):
             raise TypeError(f"backward expects the output gradient as a netcl Tensor, got {type(dy).__name__}")
         if getattr(self, "_out_shape", None) is None:
@@ -276,7 +282,8 @@ class Sequential(LayerList):
                 dy, into = self._conv_from_planes(done, layer.backward(dy, pad=pad), dy.shape, pad, None, first,
                                                   input_grad, into)
             elif (before := self._act_before(i, first)) is not None:
-                dy = layer.backward_act(dy, before)
+                dy = layer.backward_act(dy, before._act)
+                before._act_applied = True  # after the call: a raise leaves the block its own pass
             else:
                 dy = layer.backward(dy)
         self._out_shape = None
@@ -287,11 +294,11 @@ class Sequential(LayerList):
         return dy if input_grad else None
 
     def _act_before(self, i, first):
-        """The activation (a Residual's _act: code, slope, output) that layer i's backward takes
-        into its dx (backward_act) where the layer before it, past the activations this training
-        forward ran inside their layers, is a block that ran that activation in its sum (a
-        Residual, takes_act) and runs in this backward (at or after `first`); that block then
-        takes its dy as already through it (_act_applied). Else None."""
+        """The block whose activation (its _act) layer i's backward takes into its dx
+        (backward_act), where the layer before it, past the activations this training forward ran
+        inside their layers, is a block that ran that activation in its sum (a Residual,
+        takes_act) and runs in this backward (at or after `first`); the caller then marks it to take
+        its dy as already through it (_act_applied). Else None."""
         j = i - 1
         while j in self._skipped:
             j -= 1
@@ -299,8 +306,7 @@ class Sequential(LayerList):
         if not (hasattr(self.layers[i], "backward_act") and getattr(prev, "takes_act", False)
                 and getattr(prev, "_act", None) is not None):
             return None
-        prev._act_applied = True
-        return prev._act
+        return prev
 
     def backward_into(self, dy, acc, act=None):
         """acc += backward(dy) (a Residual's shortcut into its body's gradient), then through the
