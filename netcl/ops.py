@@ -204,8 +204,8 @@ ActGrad = namedtuple("ActGrad", ["code", "slope", "out"])
 
 def through_act(dx, act):
     """dx through the gradient of `act` (an ActGrad), for a layer that could not take it into its
-    own pass: act_bwd_cpu."""
-    return act_bwd_cpu(act.code, act.out, dx, act.slope)
+    own pass: act_bwd_cpu (a new tensor); dx itself for None."""
+    return dx if act is None else act_bwd_cpu(act.code, act.out, dx, act.slope)
 
 
 def dx_act_options(act):

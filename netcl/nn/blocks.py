@@ -154,24 +154,19 @@ class Residual(Module):
         (Sequential.backward: _act_applied), dy arrives through it already."""
         applied, self._act_applied = self._act_applied, False
         if self._act is not None:  # the fused activation's gradient first
-            code, slope, out = self._act
             if not applied:
-                dy = ops.act_bwd_cpu(code, out, dy, slope)
+                dy = ops.through_act(dy, self._act)
             if self.shortcut is None:  # dy is this block's own: the body's input gradient is added into it
-                return _through(self.body.backward(dy, into=dy), act)  # (by its first layer, whose backward runs last)
+                # (by its first layer, whose backward runs last)
+                return ops.through_act(self.body.backward(dy, into=dy), act)
         dx = self.body.backward(dy)
         if self.shortcut is None:
-            return _through(ops.add(dx, dy), act)
+            return ops.through_act(ops.add(dx, dy), act)
         if dx.buf.int_ptr == dy.buf.int_ptr:  # a body that passes dy through (Identity): not written into
-            return _through(ops.add(dx, self.shortcut.backward(dy)), act)
+            return ops.through_act(ops.add(dx, self.shortcut.backward(dy)), act)
         if hasattr(self.shortcut, "backward_into"):  # the shortcut's gradient added into the body's
             return self.shortcut.backward_into(dy, dx, act=act)
-        return _through(ops.add(dx, self.shortcut.backward(dy), out=dx), act)
-
-
-def _through(dx, act):
-    """dx, through the gradient of act (Residual.backward_act's) where given."""
-    return dx if act is None else ops.through_act(dx, act)
+        return ops.through_act(ops.add(dx, self.shortcut.backward(dy), out=dx), act)
 
 
 class ModuleList(LayerList):

@@ -635,14 +635,14 @@ class Conv2d(Module):
         output is this layer's input, a Residual's that ran in its sum), the sum comes back through
         that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else act_bwd_cpu."""
         k, s, p, d = self._geometry()
-        fused = False
-        if (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue) and self._saved[1] in (None, "pointwise"):
-            fused = act is not None and self._saved[1] == "pointwise" and self.padded_grad(dy.queue, dy.shape) is None
-            self._backward_cpu(dy, True, into=acc, act=act if fused else None)
+        cpu_1x1 = (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue)
+        if cpu_1x1 and self._saved[1] == "pointwise" and self.padded_grad(dy.queue, dy.shape) is None:
+            return self._backward_pointwise2(dy, True, acc, act)  # (_backward_cpu's path for it)
+        if cpu_1x1 and self._saved[1] is None:
+            self._backward_cpu(dy, True, into=acc)
         else:
             ops.add(acc, self._backward(dy, True), out=acc)
-        acc.mark_written()
-        return acc if act is None or fused else ops.through_act(acc, act)
+        return ops.through_act(acc.mark_written(), act)
 
     def backward_params(self, dy):
         self._backward(dy, False)
@@ -674,7 +674,7 @@ class Conv2d(Module):
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
-    def _backward_cpu(self, dy, need_dx, into=None, act=None):
+    def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
         _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors,
@@ -685,15 +685,13 @@ class Conv2d(Module):
         corrc_cpu's correlation of padded dy with the flipped weights (stride 1) or corrt_cpu
         (stride 2), after a "phases" one corrt2_cpu's phases, a 1x1 convolution of stride 1 W^T dy
         per image straight into dx, else dcols = W^T dy and col2im (added into `into` for a 1x1
-        convolution: backward_into; `act`: backward_into's, taken by _backward_pointwise2 only)."""
+        convolution: backward_into)."""
         geometry = self.padded_grad(dy.queue, dy.shape)
-        (n, c, h, w), mode, cols = self._saved
-        if act is not None and (geometry is not None or mode != "pointwise" or into is None):
-            raise ValueError("Conv2d._backward_cpu takes an activation into dx after a pw2_fwd_cpu forward only")
         if geometry is not None:
             return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
+        (n, c, h, w), mode, cols = self._saved
         if mode == "pointwise":
-            return self._backward_pointwise2(dy, need_dx, into, act)
+            return self._backward_pointwise2(dy, need_dx, into)
         phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
         if phases is not None and dy.shape[3] % _blocks(dy.queue)["WG2_VW"] == 0:
             return self._backward_phases(dy, need_dx, phases)

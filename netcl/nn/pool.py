@@ -137,7 +137,7 @@ class _AdaptiveAvgPool(Module):
             return dx.mark_written()
         ops.launch1d(q, "pool", "adaptive_avgpool_bwd", dx.size, *g, dy, dx)
         dx.mark_written()
-        return dx if act is None else ops.through_act(dx, act)
+        return ops.through_act(dx, act)
 
 
 class AdaptiveAvgPool2d(_AdaptiveAvgPool):

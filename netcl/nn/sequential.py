@@ -289,9 +289,7 @@ class Sequential(LayerList):
         self._out_shape = None
         if into is not None and input_grad:  # the first layer gave its gradient: the sum here
             dy = ops.add(into, dy, out=into)
-        if act is not None and input_grad:
-            dy = ops.through_act(dy, act)
-        return dy if input_grad else None
+        return ops.through_act(dy, act) if input_grad else None
 
     def _act_before(self, i, first):
         """The block whose activation (its _act) layer i's backward takes into its dx
