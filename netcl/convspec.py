@@ -146,6 +146,7 @@ def winot_plain(c, k, h, w, add=False, lanes=16):
     spec = ConvSpec(c, h, w, k, 3, 1, 1, h, w, False, 1, 0, None, 0.0, res=add)
     if winot_layout(spec) is None:
         return None
-    defines = dict(winot_defines(spec, lanes), WGV=16 if lanes >= 16 else 8)  # winot_wgrad's vectors
+    # WGV: winot_wgrad's vectors; WINOT_PREFETCH: conv_winot's next inputs fetched during its products
+    defines = dict(winot_defines(spec, lanes), WGV=16 if lanes >= 16 else 8, WINOT_PREFETCH=1)
     return defines, (tuple(f"-D{n}={v}" for n, v in defines.items()) + ("-cl-mad-enable",)
                      + (("-DRES_IN_PLACE",) if add else ()))

@@ -285,6 +285,40 @@ def test_winot_blocks_follow_the_vector_width():
     assert (d8["KV"], d8["KB"]) == (4, 5) and "-DKV=4" in o8 and winot_plain(16, 20, 8, 32)[0]["KB"] == 2
 
 
+@pytest.mark.parametrize("n,c,h,w,k", [(3, 8, 8, 32, 12), (2, 8, 2, 64, 8), (2, 16, 4, 16, 20), (3, 12, 8, 8, 16)])
+def test_winot_prefetch_changes_no_result(queue, rng, winot_lanes, n, c, h, w, k):
+    """The training path builds conv_winot with WINOT_PREFETCH (each work-item prefetching the next
+    one's input rows: a tile row a vector, two vectors a row, T 2 and T 4, the next image's first
+    from an image's last); its outputs, batch-statistics parts and data gradients added in place
+    are those of the kernel without the prefetches, bit for bit."""
+    if not ops.is_cpu(queue):
+        pytest.skip("conv_winot.cl trains on CPUs")
+    from netcl.convspec import winot_plain
+
+    defines, options = winot_plain(c, k, h, w, False, winot_lanes)
+    assert defines["WINOT_PREFETCH"] == 1 and "-DWINOT_PREFETCH=1" in options
+    def without(layout):
+        return layout[0], tuple(o.replace("-DWINOT_PREFETCH=1", "-DWINOT_PREFETCH=0") for o in layout[1])
+    added = winot_plain(k, c, h, w, True, winot_lanes)
+    plain, added_plain = without((defines, options)), without(added)
+    x = np.zeros((n, c, h + 2, w + 2), np.float32)
+    x[:, :, 1:-1, 1:-1] = rand(rng, n, c, h, w)
+    dy = np.zeros((n, k, h + 2, w + 2), np.float32)
+    dy[:, :, 1:-1, 1:-1] = rand(rng, n, k, h, w)
+    wt, bias, base = rand(rng, k, c, 3, 3), rand(rng, k), rand(rng, n, c, h, w)
+    results = []
+    for layouts in (((defines, options), added), (plain, added_plain)):
+        out, dx = Tensor.empty(queue, (n, k, h, w)), Tensor.from_host(queue, base)
+        stats = conv_module._winot(queue, Tensor.from_host(queue, x), Tensor.from_host(queue, wt), out, False,
+                                   layouts[0], Tensor.from_host(queue, bias), stats=True)
+        conv_module._winot(queue, Tensor.from_host(queue, dy), Tensor.from_host(queue, wt), dx, True, layouts[1],
+                           Tensor.zeros(queue, (c,)), add=True)
+        results.append((out.to_host(), stats[0].to_host(), dx.to_host()))
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(results[0][2], base)  # the gradient was added
+
+
 @pytest.mark.parametrize("rows", [4, 1])
 @pytest.mark.parametrize("n,c,h,w,k,bias", WINOT_CASES)
 def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeypatch, winot_lanes, n, c, h, w, k,
