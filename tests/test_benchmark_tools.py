@@ -244,3 +244,36 @@ def test_kernel_ab_builds_side_b_from_the_patched_source(queue, tmp_path, capsys
         abk.main(["--source", str(same), "--layer", "__import__('os')", "--input", "2,4,8,16"])
     with pytest.raises(SystemExit):
         abk.main(["--source", str(same), "--layer", "ReLU()", "--input", "2x4"])
+
+
+def test_kernel_ab_pairs_replayed_training_steps_per_launch(queue, tmp_path, capsys):
+    """tools/ab_kernels.py --step: two replayed steps of a benchmark model, each recorded with its
+    side's kernels, per launch. An unchanged copy of the optimizer's family leaves the parameters
+    equal bit for bit and lists its launch; a copy whose CPU SGD step takes twice the learning rate
+    leaves them apart. Bad arguments get errors that say what was expected."""
+    from netcl import ops, runtime
+
+    if not ops.is_cpu(queue):
+        pytest.skip("sgd_step_cpu is the CPU optimizer kernel")
+    cache, source = runtime._kernels, runtime.kernel_source
+    original = open(os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels", "optim.cl")).read()
+    same = tmp_path / "optim.cl"
+    same.write_text(original)
+    r = abk.main(["--source", str(same), "--step", "digits:4", "--rounds", "2"])
+    assert r["difference"] == 0.0 and r["a_ms"] > 0 and r["b_ms"] > 0 and r["a_kernels_ms"] > 0
+    assert [name for _, name, *_ in r["launches"]] == ["sgd_step_cpu"], r["launches"]
+    call = "        sgd_one(i, p, grad, buf, lr, momentum,"
+    doubled = original.replace(call, call.replace("lr,", "2.0f * lr,"))
+    assert doubled != original
+    patched = tmp_path / "doubled.cl"
+    patched.write_text(doubled)
+    r = abk.main(["--source", str(patched), "--family", "optim", "--step", "digits:4", "--rounds", "2"])
+    assert r["difference"] > 1e-4, r
+    out = capsys.readouterr().out
+    assert "launch" in out and "sgd_step_cpu" in out and "largest difference of B's parameters" in out
+    assert runtime._kernels is cache and runtime.kernel_source is source
+    with pytest.raises(ValueError, match="not a benchmark model"):
+        abk.main(["--source", str(same), "--step", "lenet:4"])
+    for bad in (["--step", "digits"], ["--step", "digits:4", "--layer", "ReLU()"], []):
+        with pytest.raises(SystemExit):
+            abk.main(["--source", str(same)] + bad)

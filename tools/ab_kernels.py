@@ -15,12 +15,23 @@ the arithmetic or only the speed.
     python tools/ab_kernels.py --source /tmp/norm_cpu.cl --isa avx2 --input 64,3,32,32 \\
         --layer "Sequential(Conv2d(3, 16, 3, padding=1), BatchNorm2d(16), ReLU())"
 
+With --step MODEL:BATCH instead of --layer and --input, the sides are two replayed training steps
+of a model of tools/benchmark_training_step.py (the same weights and data, each recorded with its
+side's kernels, each pair's steps drawing the same random numbers), taking turns step by step in
+one process on a profiling queue. Printed: the median duration of each launch of the family's
+kernels on either side (OpenCL profiling events), the sums over all launches, the steps' wall
+times and the median of the per-pair ratios B / A, and the largest difference of B's parameters
+from A's after the same steps.
+
+    python tools/ab_kernels.py --source /tmp/conv_winot.cl --step resnet8:64 --rounds 30
+
 The family is the source file's name (convtrain_cpu.cl: convtrain_cpu) unless --family names it.
 The layer expression is evaluated with netcl.nn's public names only and no builtins: it is your
 own command line, not a file's contents.
 """
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -125,32 +136,135 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
             "device": q.device.name.strip()}
 
 
+class _Events:
+    """While entered, every kernel launch through pyopencl's enqueue_nd_range_kernel is logged as
+    (kernel name, event); a replay made then keeps the logging launcher for its commands."""
+
+    def __enter__(self):
+        import pyopencl as cl
+
+        self.log, self.original = [], cl.enqueue_nd_range_kernel
+
+        def launch(queue, kernel, *args, **kwargs):
+            ev = self.original(queue, kernel, *args, **kwargs)
+            self.log.append((kernel.function_name, ev))
+            return ev
+        cl.enqueue_nd_range_kernel = launch
+        return self
+
+    def __exit__(self, *exc):
+        import pyopencl as cl
+
+        cl.enqueue_nd_range_kernel = self.original
+
+
+def ab_step(source_path, model, batch, family=None, rounds=30, device=None):
+    """The A/B on `model`'s replayed training step at `batch` (module docstring); returns a dict:
+    launches [(index, kernel, A us, B us, pairs' median B / A)] of the family's kernels, the
+    kernel sums and wall medians in ms, the pairs' wall ratio and the parameters' difference."""
+    import pyopencl as cl
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import benchmark_training_step as bts
+
+    family = family or os.path.splitext(os.path.basename(source_path))[0]
+    try:
+        program.kernel_source(family)
+    except FileNotFoundError:
+        raise ValueError(f"no kernel family {family!r} (netcl/kernels/{family}.cl) for --source {source_path}: "
+                         "name it with --family") from None
+    if model not in bts.MODELS:
+        raise ValueError(f"--step {model}: not a benchmark model (one of {', '.join(sorted(bts.MODELS))})")
+    with open(source_path) as f:
+        patched = program.with_headers(f.read())
+    base = netcl.default_queue(device)
+    q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    names = set(re.findall(r"__kernel\b[^;{]*?\bvoid\s+(\w+)\s*\(", program.kernel_source(family)))
+    with _Events() as events:
+        steps = []
+        for side in (Side(), Side(family, patched)):
+            with side:
+                step = bts.netcl_step(model, batch, q, "trainstep")
+                for k in range(4):  # eager, recorded twice, then replayed with this side's kernels
+                    netcl.manual_seed(k)  # each side's k-th step draws the same (dropout masks)
+                    step()
+            if not step.trainstep.replays:
+                raise ValueError(f"{model}'s step did not replay ({step.trainstep.eager_reason}): no per-launch A/B")
+            steps.append(step)
+        q.finish()
+        per, walls = ({}, {}), ([], [])
+        for r in range(rounds):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                events.log.clear()
+                netcl.manual_seed(4 + r)
+                t = time.perf_counter()
+                steps[i]()
+                walls[i].append((time.perf_counter() - t) * 1e3)
+                for j, (name, ev) in enumerate(events.log):
+                    per[i].setdefault(j, (name, []))[1].append((ev.profile.end - ev.profile.start) / 1e3)
+    if [n for n, _ in per[0].values()] != [n for n, _ in per[1].values()]:
+        raise ValueError("the two sides' steps launch different kernels: no per-launch pairs")
+    launches, sums = [], [0.0, 0.0]
+    for j, (name, a) in per[0].items():
+        b = per[1][j][1]
+        sums[0], sums[1] = sums[0] + statistics.median(a), sums[1] + statistics.median(b)
+        if name in names:
+            launches.append((j, name, statistics.median(a), statistics.median(b),
+                             statistics.median(y / x for x, y in zip(a, b))))
+    params = [[p.to_host() for p in s.trainstep.model.parameters()] for s in steps]
+    return {"family": family, "launches": launches, "a_kernels_ms": sums[0] / 1e3, "b_kernels_ms": sums[1] / 1e3,
+            "a_ms": statistics.median(walls[0]), "b_ms": statistics.median(walls[1]),
+            "ratio": statistics.median(y / x for x, y in zip(*walls)),
+            "difference": _largest_difference(*params), "device": q.device.name.strip()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--source", required=True, help="a patched copy of netcl/kernels/<family>.cl (side B)")
     ap.add_argument("--family", help="the kernel family the source replaces (default: the file's name)")
-    ap.add_argument("--layer", required=True, help='a netcl.nn layer expression, e.g. "Conv2d(16, 16, 3, padding=1)"')
-    ap.add_argument("--input", required=True, help="the input shape, comma-separated, e.g. 64,16,32,32")
-    ap.add_argument("--rounds", type=int, default=15, help="turns of each side")
+    ap.add_argument("--layer", help='a netcl.nn layer expression, e.g. "Conv2d(16, 16, 3, padding=1)"')
+    ap.add_argument("--input", help="the input shape, comma-separated, e.g. 64,16,32,32")
+    ap.add_argument("--step", metavar="MODEL:BATCH", help="pair a benchmark model's replayed training steps "
+                    "per launch instead, e.g. resnet8:64 (no --layer, --input)")
+    ap.add_argument("--rounds", type=int, default=None, help="turns of each side (15; --step: 30)")
     ap.add_argument("--calls", type=int, default=10, help="forward + backward passes a turn")
     ap.add_argument("--device", default=None, help="netcl's device: gpu, cpu or a name substring")
     ap.add_argument("--isa", choices=sorted(common.ISA_ENVIRONMENTS), default=None,
                     help="run that instruction set's code paths (restarts the process with its environment)")
     args = ap.parse_args(argv)
+    if args.step is not None and (args.layer or args.input):
+        ap.error("--step pairs whole training steps: leave out --layer and --input")
+    if args.step is None and not (args.layer and args.input):
+        ap.error("give --layer and --input (one layer's passes), or --step MODEL:BATCH")
     common.run_as_isa(args.isa, argv)
+    rounds = args.rounds if args.rounds is not None else 30 if args.step else 15
+    if rounds < 2 or args.calls < 1:
+        ap.error("--rounds must be 2 or more and --calls 1 or more")
+    if args.step is not None:
+        model, _, batch = args.step.partition(":")
+        if not batch.isdigit() or int(batch) < 1:
+            ap.error(f"--step {args.step!r}: expected MODEL:BATCH, e.g. resnet8:64")
+        r = ab_step(args.source, model, int(batch), args.family, rounds, args.device)
+        print(f"== {model} batch {batch}, replayed training steps, {r['device']}: B = {args.source} as "
+              f"{r['family']} ({rounds} pairs) ==")
+        for j, name, a, b, ratio in r["launches"]:
+            print(f"launch {j:3d} {name:24s} A {a:8.1f} us  B {b:8.1f} us  B / A {b / a:.3f} "
+                  f"(pairs' median {ratio:.3f})")
+        print(f"all launches A {r['a_kernels_ms']:.2f} ms  B {r['b_kernels_ms']:.2f} ms; a step A {r['a_ms']:.2f} ms  "
+              f"B {r['b_ms']:.2f} ms, pairs' median B / A {r['ratio']:.3f}; largest difference of B's parameters "
+              f"from A's {r['difference']:.1e}")
+        return r
     try:
         shape = tuple(int(v) for v in args.input.split(","))
     except ValueError:
         ap.error(f"--input {args.input!r}: expected integers separated by commas, e.g. 64,16,32,32")
-    if args.rounds < 2 or args.calls < 1:
-        ap.error("--rounds must be 2 or more and --calls 1 or more")
-    r = ab(args.source, args.layer, shape, args.family, args.rounds, args.calls, args.device)
+    r = ab(args.source, args.layer, shape, args.family, rounds, args.calls, args.device)
     print(f"== {args.layer} on {shape}, {r['device']}: B = {args.source} as {r['family']} ==")
     if r["same_source"]:
         print("(B's source is the family's own: an A/A run)")
     print(f"A {r['a_ms']:.3f} ms  B {r['b_ms']:.3f} ms a forward + backward; B / A {r['ratio']:.3f} "
-          f"(middle half {r['middle'][0]:.3f}-{r['middle'][1]:.3f}, {args.rounds} rounds of {args.calls}); "
+          f"(middle half {r['middle'][0]:.3f}-{r['middle'][1]:.3f}, {rounds} rounds of {args.calls}); "
           f"largest difference of B's results from A's {r['difference']:.1e}")
     return r
 
