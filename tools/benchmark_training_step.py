@@ -113,6 +113,8 @@ def netcl_step(name, batch, q, mode="trainstep"):
     xt = Tensor.from_host(q, x)
     out_shape = model.output_shape(x.shape)
     target = y if y is not None else np.random.default_rng(1).uniform(0, 1, out_shape).astype(np.float32)
+    # on the device once, as make_torch's target (class indices as float32, checked there by the loss)
+    target = Tensor.from_host(q, np.asarray(target, np.float32))
     loss_fn = nn.MSELoss() if y is None else nn.CrossEntropyLoss()
     opt = optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
