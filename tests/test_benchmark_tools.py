@@ -250,7 +250,8 @@ def test_kernel_ab_pairs_replayed_training_steps_per_launch(queue, tmp_path, cap
     """tools/ab_kernels.py --step: two replayed steps of a benchmark model, each recorded with its
     side's kernels, per launch. An unchanged copy of the optimizer's family leaves the parameters
     equal bit for bit and lists its launch; a copy whose CPU SGD step takes twice the learning rate
-    leaves them apart. Bad arguments get errors that say what was expected."""
+    leaves them apart. A family the step does not launch, and bad arguments, get errors that say
+    what was expected."""
     from netcl import ops, runtime
 
     if not ops.is_cpu(queue):
@@ -274,6 +275,9 @@ def test_kernel_ab_pairs_replayed_training_steps_per_launch(queue, tmp_path, cap
     assert runtime._kernels is cache and runtime.kernel_source is source
     with pytest.raises(ValueError, match="not a benchmark model"):
         abk.main(["--source", str(same), "--step", "lenet:4"])
+    winot = os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels", "conv_winot.cl")
+    with pytest.raises(ValueError, match="launches no kernel of conv_winot"):  # none of the digits CNN's convs
+        abk.main(["--source", winot, "--step", "digits:4", "--rounds", "2"])
     for bad in (["--step", "digits"], ["--step", "digits:4", "--layer", "ReLU()"], []):
         with pytest.raises(SystemExit):
             abk.main(["--source", str(same)] + bad)

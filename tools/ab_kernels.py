@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import netcl  # noqa: E402
 from netcl import Tensor, nn, runtime  # noqa: E402
 from netcl.apps import common  # noqa: E402
+from netcl.nn.module import manual_seed, rng, set_rng  # noqa: E402
 from netcl.runtime import program  # noqa: E402
 
 
@@ -138,7 +139,7 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
 
 class _Events:
     """While entered, every kernel launch through pyopencl's enqueue_nd_range_kernel is logged as
-    (kernel name, event); a replay made then keeps the logging launcher for its commands."""
+    (kernel, event); a replay made then keeps the logging launcher for its commands."""
 
     def __enter__(self):
         import pyopencl as cl
@@ -147,7 +148,7 @@ class _Events:
 
         def launch(queue, kernel, *args, **kwargs):
             ev = self.original(queue, kernel, *args, **kwargs)
-            self.log.append((kernel.function_name, ev))
+            self.log.append((kernel, ev))  # its name read after the timing
             return ev
         cl.enqueue_nd_range_kernel = launch
         return self
@@ -180,28 +181,38 @@ def ab_step(source_path, model, batch, family=None, rounds=30, device=None):
     base = netcl.default_queue(device)
     q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
     names = set(re.findall(r"__kernel\b[^;{]*?\bvoid\s+(\w+)\s*\(", program.kernel_source(family)))
-    with _Events() as events:
-        steps = []
-        for side in (Side(), Side(family, patched)):
-            with side:
-                step = bts.netcl_step(model, batch, q, "trainstep")
-                for k in range(4):  # eager, recorded twice, then replayed with this side's kernels
-                    netcl.manual_seed(k)  # each side's k-th step draws the same (dropout masks)
-                    step()
-            if not step.trainstep.replays:
-                raise ValueError(f"{model}'s step did not replay ({step.trainstep.eager_reason}): no per-launch A/B")
-            steps.append(step)
-        q.finish()
-        per, walls = ({}, {}), ([], [])
-        for r in range(rounds):
-            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-                events.log.clear()
-                netcl.manual_seed(4 + r)
-                t = time.perf_counter()
-                steps[i]()
-                walls[i].append((time.perf_counter() - t) * 1e3)
-                for j, (name, ev) in enumerate(events.log):
-                    per[i].setdefault(j, (name, []))[1].append((ev.profile.end - ev.profile.start) / 1e3)
+    sides, saved = (Side(), Side(family, patched)), rng()
+    try:
+        with _Events() as events:
+            steps = []
+            for side in sides:
+                with side:
+                    step = bts.netcl_step(model, batch, q, "trainstep")
+                    for k in range(4):  # eager, recorded twice, then replayed with this side's kernels
+                        manual_seed(k)  # each side's k-th step draws the same (dropout masks)
+                        step()
+                if not step.trainstep.replays:
+                    raise ValueError(f"{model}'s step did not replay ({step.trainstep.eager_reason}): "
+                                     "no per-launch A/B")
+                steps.append(step)
+            q.finish()
+            replays = [s.trainstep.replays for s in steps]
+            per, walls = ({}, {}), ([], [])
+            for r in range(rounds):
+                for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    events.log.clear()
+                    manual_seed(4 + r)
+                    with sides[i]:  # should a step fall back to layer calls, it builds its own side's kernels
+                        t = time.perf_counter()
+                        steps[i]()
+                        walls[i].append((time.perf_counter() - t) * 1e3)
+                    for j, (kernel, ev) in enumerate(events.log):
+                        per[i].setdefault(j, (kernel.function_name, []))[1].append(
+                            max(ev.profile.end - ev.profile.start, 1) / 1e3)
+    finally:
+        set_rng(saved)
+    if any(s.trainstep.replays != n + rounds for s, n in zip(steps, replays)):
+        raise ValueError(f"{model}'s step stopped replaying during the pairs: no per-launch A/B")
     if [n for n, _ in per[0].values()] != [n for n, _ in per[1].values()]:
         raise ValueError("the two sides' steps launch different kernels: no per-launch pairs")
     launches, sums = [], [0.0, 0.0]
@@ -211,6 +222,8 @@ def ab_step(source_path, model, batch, family=None, rounds=30, device=None):
         if name in names:
             launches.append((j, name, statistics.median(a), statistics.median(b),
                              statistics.median(y / x for x, y in zip(a, b))))
+    if not launches:
+        raise ValueError(f"{model}'s step launches no kernel of {family} on {q.device.name.strip()}")
     params = [[p.to_host() for p in s.trainstep.model.parameters()] for s in steps]
     return {"family": family, "launches": launches, "a_kernels_ms": sums[0] / 1e3, "b_kernels_ms": sums[1] / 1e3,
             "a_ms": statistics.median(walls[0]), "b_ms": statistics.median(walls[1]),
@@ -228,7 +241,7 @@ def main(argv=None):
     ap.add_argument("--step", metavar="MODEL:BATCH", help="pair a benchmark model's replayed training steps "
                     "per launch instead, e.g. resnet8:64 (no --layer, --input)")
     ap.add_argument("--rounds", type=int, default=None, help="turns of each side (15; --step: 30)")
-    ap.add_argument("--calls", type=int, default=10, help="forward + backward passes a turn")
+    ap.add_argument("--calls", type=int, default=10, help="forward + backward passes a turn (not with --step: a step)")
     ap.add_argument("--device", default=None, help="netcl's device: gpu, cpu or a name substring")
     ap.add_argument("--isa", choices=sorted(common.ISA_ENVIRONMENTS), default=None,
                     help="run that instruction set's code paths (restarts the process with its environment)")
@@ -237,14 +250,14 @@ def main(argv=None):
         ap.error("--step pairs whole training steps: leave out --layer and --input")
     if args.step is None and not (args.layer and args.input):
         ap.error("give --layer and --input (one layer's passes), or --step MODEL:BATCH")
-    common.run_as_isa(args.isa, argv)
+    model, _, batch = (args.step or "").partition(":")
+    if args.step is not None and (not batch.isdigit() or int(batch) < 1):
+        ap.error(f"--step {args.step!r}: expected MODEL:BATCH, e.g. resnet8:64")
     rounds = args.rounds if args.rounds is not None else 30 if args.step else 15
     if rounds < 2 or args.calls < 1:
         ap.error("--rounds must be 2 or more and --calls 1 or more")
+    common.run_as_isa(args.isa, argv)
     if args.step is not None:
-        model, _, batch = args.step.partition(":")
-        if not batch.isdigit() or int(batch) < 1:
-            ap.error(f"--step {args.step!r}: expected MODEL:BATCH, e.g. resnet8:64")
         r = ab_step(args.source, model, int(batch), args.family, rounds, args.device)
         print(f"== {model} batch {batch}, replayed training steps, {r['device']}: B = {args.source} as "
               f"{r['family']} ({rounds} pairs) ==")
