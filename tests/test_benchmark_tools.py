@@ -211,6 +211,16 @@ AB_PATH = os.path.join(os.path.dirname(PATH), "ab_kernels.py")
 ab_spec = importlib.util.spec_from_file_location("ab_kernels", AB_PATH)
 abk = importlib.util.module_from_spec(ab_spec)
 ab_spec.loader.exec_module(abk)
+KERNELS = os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels")
+
+
+def family_copy(tmp_path, family):
+    """netcl's own source of kernel family `family`, and an unchanged copy of it in tmp_path."""
+    with open(os.path.join(KERNELS, family + ".cl")) as f:
+        original = f.read()
+    same = tmp_path / (family + ".cl")
+    same.write_text(original)
+    return original, same
 
 
 def test_kernel_ab_builds_side_b_from_the_patched_source(queue, tmp_path, capsys):
@@ -223,9 +233,7 @@ def test_kernel_ab_builds_side_b_from_the_patched_source(queue, tmp_path, capsys
     if not ops.is_cpu(queue):
         pytest.skip("act_cpu.cl is a CPU family")
     cache, source = runtime._kernels, runtime.kernel_source
-    original = open(os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels", "act_cpu.cl")).read()
-    same = tmp_path / "act_cpu.cl"
-    same.write_text(original)
+    original, same = family_copy(tmp_path, "act_cpu")
     argv = ["--layer", "ReLU()", "--input", "2,4,8,16", "--rounds", "2", "--calls", "1"]
     r = abk.main(["--source", str(same)] + argv)
     assert r["same_source"] and r["difference"] == 0.0 and r["a_ms"] > 0 and r["b_ms"] > 0 and r["family"] == "act_cpu"
@@ -257,9 +265,7 @@ def test_kernel_ab_pairs_replayed_training_steps_per_launch(queue, tmp_path, cap
     if not ops.is_cpu(queue):
         pytest.skip("sgd_step_cpu is the CPU optimizer kernel")
     cache, source = runtime._kernels, runtime.kernel_source
-    original = open(os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels", "optim.cl")).read()
-    same = tmp_path / "optim.cl"
-    same.write_text(original)
+    original, same = family_copy(tmp_path, "optim")
     r = abk.main(["--source", str(same), "--step", "digits:4", "--rounds", "2"])
     assert r["difference"] == 0.0 and r["a_ms"] > 0 and r["b_ms"] > 0 and r["a_kernels_ms"] > 0
     assert [name for _, name, *_ in r["launches"]] == ["sgd_step_cpu"], r["launches"]
@@ -275,7 +281,7 @@ def test_kernel_ab_pairs_replayed_training_steps_per_launch(queue, tmp_path, cap
     assert runtime._kernels is cache and runtime.kernel_source is source
     with pytest.raises(ValueError, match="not a benchmark model"):
         abk.main(["--source", str(same), "--step", "lenet:4"])
-    winot = os.path.join(os.path.dirname(os.path.dirname(AB_PATH)), "netcl", "kernels", "conv_winot.cl")
+    winot = os.path.join(KERNELS, "conv_winot.cl")
     with pytest.raises(ValueError, match="launches no kernel of conv_winot"):  # none of the digits CNN's convs
         abk.main(["--source", winot, "--step", "digits:4", "--rounds", "2"])
     for bad in (["--step", "digits"], ["--step", "digits:4", "--layer", "ReLU()"], []):
