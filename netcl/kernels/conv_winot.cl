@@ -118,12 +118,11 @@
 // vector reads 2 T + 2 rows of each of C planes: C x (2 T + 2) short streams that the hardware's
 // prefetchers do not follow. winot_plain's planes have a border of 1 (IPB 1, W even), so a row
 // starts at an even float and its first, its last and (T 1) its 17th reach every cache line it
-// spans. Without the prefetches
-// (tools/ab_kernels.py --step, per launch in the replayed step): resnet8 at batch 64, the
-// 16-channel launches 1.00-1.10x as long on AVX-512 and 1.10-1.15x in AVX2 code, the 32- and
-// 64-channel ones 0.99-1.09x, the step 1.006-1.03x; detector26's eight at batch 8 0.98-1.06x,
-// the step 1.003x. The results are the same bit for bit. 0: none (the fused inference path: not
-// measured with them).
+// spans. Without the prefetches (tools/ab_kernels.py --step, per launch in the replayed step):
+// resnet8 at batch 64, the 16-channel launches 1.00-1.10x as long on AVX-512 and 1.10-1.15x in
+// AVX2 code, the 32- and 64-channel ones 0.99-1.09x, the step 1.006-1.03x; detector26's eight at
+// batch 8 0.98-1.06x, the step 1.003x. The results are the same bit for bit. 0: none (the fused
+// inference path: not measured with them).
 #ifndef WINOT_PREFETCH
 #define WINOT_PREFETCH 0
 #endif
