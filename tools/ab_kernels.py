@@ -88,8 +88,9 @@ def _largest_difference(a, b):
     return worst
 
 
-def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, device=None, seed=0):
-    """Run the A/B (module docstring); returns a dict of the figures it prints."""
+def _sources(source_path, family):
+    """(family, netcl's source of it, the patched source with its headers): the family is the
+    file's name unless given."""
     family = family or os.path.splitext(os.path.basename(source_path))[0]
     try:
         original = program.kernel_source(family)
@@ -97,7 +98,12 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
         raise ValueError(f"no kernel family {family!r} (netcl/kernels/{family}.cl) for --source {source_path}: "
                          "name it with --family") from None
     with open(source_path) as f:
-        patched = program.with_headers(f.read())
+        return family, original, program.with_headers(f.read())
+
+
+def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, device=None, seed=0):
+    """Run the A/B (module docstring); returns a dict of the figures it prints."""
+    family, original, patched = _sources(source_path, family)
     q = netcl.default_queue(device)
     layer = build_layer(layer_expr).to(q).train()
     rng = np.random.default_rng(seed)
@@ -168,19 +174,12 @@ def ab_step(source_path, model, batch, family=None, rounds=30, device=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import benchmark_training_step as bts
 
-    family = family or os.path.splitext(os.path.basename(source_path))[0]
-    try:
-        program.kernel_source(family)
-    except FileNotFoundError:
-        raise ValueError(f"no kernel family {family!r} (netcl/kernels/{family}.cl) for --source {source_path}: "
-                         "name it with --family") from None
+    family, original, patched = _sources(source_path, family)
     if model not in bts.MODELS:
         raise ValueError(f"--step {model}: not a benchmark model (one of {', '.join(sorted(bts.MODELS))})")
-    with open(source_path) as f:
-        patched = program.with_headers(f.read())
     base = netcl.default_queue(device)
     q = cl.CommandQueue(base.context, base.device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    names = set(re.findall(r"__kernel\b[^;{]*?\bvoid\s+(\w+)\s*\(", program.kernel_source(family)))
+    names = set(re.findall(r"__kernel\b[^;{]*?\bvoid\s+(\w+)\s*\(", original))
     sides, saved = (Side(), Side(family, patched)), rng()
     try:
         with _Events() as events:
