@@ -286,11 +286,12 @@ def test_winot_blocks_follow_the_vector_width():
 
 
 @pytest.mark.parametrize("n,c,h,w,k", [(3, 8, 8, 32, 12), (2, 8, 2, 64, 8), (2, 16, 4, 16, 20), (3, 12, 8, 8, 16)])
-def test_winot_prefetch_changes_no_result(queue, rng, winot_lanes, n, c, h, w, k):
+def test_winot_prefetch_changes_no_result(queue, rng, monkeypatch, winot_lanes, n, c, h, w, k):
     """The training path builds conv_winot with WINOT_PREFETCH (each work-item prefetching the next
     one's input rows: a tile row a vector, two vectors a row, T 2 and T 4, the next image's first
-    from an image's last); its outputs, batch-statistics parts and data gradients added in place
-    are those of the kernel without the prefetches, bit for bit."""
+    from an image's last; winot_wgrad's transforms a plane ahead); its outputs, batch-statistics
+    parts, data gradients added in place and weight gradients (ROWS 4 and 1) are those of the
+    kernels without the prefetches, bit for bit."""
     if not ops.is_cpu(queue):
         pytest.skip("conv_winot.cl trains on CPUs")
     from netcl.convspec import winot_plain
@@ -314,6 +315,12 @@ def test_winot_prefetch_changes_no_result(queue, rng, winot_lanes, n, c, h, w, k
         conv_module._winot(queue, Tensor.from_host(queue, dy), Tensor.from_host(queue, wt), dx, True, layouts[1],
                            Tensor.zeros(queue, (c,)), add=True)
         results.append((out.to_host(), stats[0].to_host(), dx.to_host()))
+        for rows in (4, 1):
+            monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt, rows=rows: rows)
+            gw = Tensor.empty(queue, (k, c, 3, 3))
+            conv_module._winot_wgrad(queue, Tensor.from_host(queue, x), Tensor.from_host(queue, dy), gw, False,
+                                     layouts[0], border=1)
+            results[-1] += (gw.to_host(),)
     for a, b in zip(*results):
         assert np.array_equal(a, b)
     assert not np.array_equal(results[0][2], base)  # the gradient was added

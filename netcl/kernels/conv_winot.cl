@@ -121,11 +121,22 @@
 // spans. Without the prefetches (tools/ab_kernels.py --step, per launch in the replayed step):
 // resnet8 at batch 64, the 16-channel launches 1.00-1.10x as long on AVX-512 and 1.10-1.15x in
 // AVX2 code, the 32- and 64-channel ones 0.99-1.09x, the step 1.006-1.03x; detector26's eight at
-// batch 8 0.98-1.06x, the step 1.003x. The results are the same bit for bit. 0: none (the fused
-// inference path: not measured with them).
+// batch 8 0.98-1.06x, the step 1.003x. winot_wgrad's transforms (below) prefetch a plane ahead
+// under the same switch. The results are the same bit for bit. 0: none (the fused inference
+// path: not measured with them).
 #ifndef WINOT_PREFETCH
 #define WINOT_PREFETCH 0
 #endif
+// prefetches of `rows` rows from p, ws apart, of last + 1 floats each (16 or 32 / T + 2 at most):
+// at their first float, their last and (T 1) their 17th
+#define PREFETCH_ROWS(p, ws, rows, last)                                   \
+    do {                                                                   \
+        _Pragma("unroll") for (int r_ = 0; r_ < (rows); r_++) {            \
+            __global const float *pr_ = (p) + r_ * (ws);                   \
+            __builtin_prefetch(pr_), __builtin_prefetch(pr_ + (last));     \
+            if (T == 1) __builtin_prefetch(pr_ + 16);                      \
+        }                                                                  \
+    } while (0)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void conv_winot(__global const float *restrict x, __global const float *restrict u,
                 __global const float *restrict bias, __global float *RES_RESTRICT y,
@@ -148,13 +159,7 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
         if (n1 < (int)get_global_size(1)) {
             const int oh1 = 2 * T * (g1 / VPR), ow1 = 32 * (g1 % VPR);
             __global const float *xn = x + n1 * (C * IHS * IWS) + (oh1 - 1 + IPB) * IWS + ow1 - 1 + IPB;
-            for (int c = 0; c < C; c++)
-#pragma unroll
-                for (int r = 0; r < 2 * T + 2; r++) {
-                    __global const float *pr = xn + c * (IHS * IWS) + r * IWS;
-                    __builtin_prefetch(pr), __builtin_prefetch(pr + 32 / T + 1);
-                    if (T == 1) __builtin_prefetch(pr + 16);
-                }
+            for (int c = 0; c < C; c++) PREFETCH_ROWS(xn + c * (IHS * IWS), IWS, 2 * T + 2, 32 / T + 1);
         }
     }
 #endif
@@ -316,7 +321,14 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
                             __local float16 *restrict ds) {
     // a channel (or dy plane) at a time, its TV vectors in order, so that each plane's rows stream
     // through in turn: with the vectors outer, every channel's few rows for each, the loads stalled
-    // (perf, AVX2 code: about half the transforms' samples on them; resnet8's step 1.06x slower, paired)
+    // (perf, AVX2 code: about half the transforms' samples on them; resnet8's step 1.06x slower, paired).
+    // Even so, at each vector's first new row a load missed (perf: the transforms were 45% of the
+    // 16-channel launches' samples in AVX2 code, a third of those on loads), so with WINOT_PREFETCH
+    // each vector's rows of the next plane are prefetched: a chunk's work a plane ahead of their
+    // use. Without them (tools/ab_kernels.py --step, per launch in the replayed step, AVX-512 and
+    // AVX2 code alike): resnet8 at batch 64, the 16-channel launches 1.12-1.27x as long, the
+    // 32-channel 1.11-1.19x, the 64-channel 1.01-1.06x, the step 1.02x; detector26's at batch 8
+    // 1.02-1.24x, the step 1.015-1.025x.
     const int nv = min(TV, nt - g * TV);  // the chunk's tile vectors, zeros after them
     for (int c = 0; c < C; c++)
         for (int v = 0; v < TV; v++) {
@@ -328,6 +340,12 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
             int oh0, ow0;
             const int n = vector_origin(g * TV + v, &oh0, &ow0);
             __global const float *xb = x + (n * C + c) * (IHS * IWS) + (oh0 - 1 + IPB) * IWS + ow0 - 1 + IPB;
+#if WINOT_PREFETCH  // the same vector's rows a plane ahead: channel c + 1's, after the last dy's first
+            if (c + 1 < C)
+                PREFETCH_ROWS(xb + IHS * IWS, IWS, 2 * T + 2, 32 / T + 1);
+            else
+                PREFETCH_ROWS(dy + doff + n * K * dplane + oh0 * dws + ow0, dws, 2 * T, 32 / T - 1);
+#endif
 #if ROWS == 4
             WINOT_BT(xb, XS_AT);
 #else  // row i of B^T only
@@ -350,6 +368,9 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
             int oh0, ow0;
             const int n = vector_origin(g * TV + v, &oh0, &ow0);
             __global const float *pk = dy + doff + (n * K + k) * dplane + oh0 * dws + ow0;
+#if WINOT_PREFETCH
+            if (k + 1 < K) PREFETCH_ROWS(pk + dplane, dws, 2 * T, 32 / T - 1);
+#endif
 #if ROWS == 4
             float16 a0, b0, a1, b1;
             ROW_PAIR(pk, dws, a0, b0), ROW_PAIR(pk + dws, dws, a1, b1);
