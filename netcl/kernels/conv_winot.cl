@@ -416,11 +416,20 @@ inline void wgrad_sums(__local const float16 *restrict xs, __local const float16
                 *o = add ? *o + tree16(acc) : tree16(acc);
             }
 }
-#else  // 8-wide vectors (AVX2's 16 registers, a float16 two of them): a float16's two halves
-// summed into one float8 per (k, c), 4 x 2 of them (8 accumulators, 2 + 1 float16 operands), a
-// 4 x 4 block in two passes over the chunk (float16 accumulators: 32 registers, they spilled)
+#else  // 8-wide vectors (AVX2's 16 registers): blocks of 6 output channels x 2 input channels, 12
+// float8 accumulators, each taking a float16's low half and then its high half (per tile vector
+// the 2 inputs' low halves and one dy half at a time in registers: 15 of 16), the blocks of 6
+// outer so that their dy rows stay in L1 while the inputs stream past (K % 6 left: a block of 4
+// or 2). The chains are what this buys: with 8 accumulators (4 x 2, two passes per 4 x 4 block,
+// before) each took 2 dependent multiply-adds a vector, 8 chains of 4-cycle latency feeding 2
+// pipes, no slack; 12 leave a third of it. Per launch in the replayed step (tools/ab_kernels.py
+// --step, AVX2 code), the 8-accumulator passes took 1.07-1.15x as long (resnet8 at batch 64 and
+// detector26 at batch 8; the steps 1.014-1.028x); with the blocks of 2 outer instead, their dy
+// rows read again for each, this took 0.95-1.04x theirs. The sums are those of the 8-accumulator
+// passes bit for bit (each total's lanes added as tree8 adds them).
 
-// the totals of 8 accumulators, lane q that of a[q] (tree16's steps on 8 lanes)
+// the totals of 8 accumulators, lane q that of a[q]: each step adds two vectors' halves of
+// their groups of lanes (8 -> 4 -> 2 -> 1 partial sums per accumulator)
 inline float8 tree8(float8 a[8]) {
     float8 b[4], c[2];
 #pragma unroll
@@ -435,32 +444,71 @@ inline float8 tree8(float8 a[8]) {
            __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+// the same for 4 accumulators (each total's lanes added as tree8 adds them)
+inline float4 tree4(float8 a[4]) {
+    float8 b[2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    const float8 c = __builtin_shufflevector(b[0], b[1], 0, 1, 4, 5, 8, 9, 12, 13) +
+                     __builtin_shufflevector(b[0], b[1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(c, c, 0, 2, 4, 6) + __builtin_shufflevector(c, c, 1, 3, 5, 7);
+}
+
+// point p's sums of output channels k0 .. k0 + kn - 1 (kn 6, 4 or 2) and input channels c0, c0 + 1
+// over the chunk, into their lanes of out (added where `add`). Always inlined, so that kn is a
+// constant at each call and its loops unroll (called, it tested kn every vector: 1.4-1.8x as long)
+inline __attribute__((always_inline)) void wgrad_block(__local const float16 *restrict xs,
+                                                       __local const float16 *restrict ds,
+                                                       __global float *restrict out, const int add, const int p,
+                                                       const int k0, const int c0, const int kn) {
+    float8 acc[12];
+#pragma unroll
+    for (int q = 0; q < 12; q++) acc[q] = 0.0f;
+    for (int v = 0; v < TV; v++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // the low halves, then the high ones
+            const float8 e0 = vload8(h, (__local const float *)&XS(p, c0, v));
+            const float8 e1 = vload8(h, (__local const float *)&XS(p, c0 + 1, v));
+#pragma unroll
+            for (int q = 0; q < 6; q++) {
+                if (q >= kn) break;
+                const float8 d = vload8(h, (__local const float *)&DS(p, k0 + q, v));
+                acc[2 * q] = fma(d, e0, acc[2 * q]);
+                acc[2 * q + 1] = fma(d, e1, acc[2 * q + 1]);
+            }
+        }
+    }
+    float t[12];
+    vstore8(tree8(acc), 0, t);
+    vstore4(tree4(acc + 8), 0, t + 8);
+#pragma unroll
+    for (int q = 0; q < 6; q++) {
+        if (q >= kn) break;
+        const int k = k0 + q;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {  // lane 4 (k % 4) + c % 4 of block (p, k / 4, c / 4), as the 16-wide sums
+            const int c = c0 + r;      // store it
+            __global float *o = out + ((p * (K / 4) + k / 4) * (C / 4) + c / 4) * 16 + 4 * (k % 4) + c % 4;
+            *o = add ? *o + t[2 * q + r] : t[2 * q + r];
+        }
+    }
+}
+
 inline void wgrad_sums(__local const float16 *restrict xs, __local const float16 *restrict ds,
                        __global float16 *restrict out, const int add) {
-    for (int p = 0; p < PTS; p++)
-        for (int kb = 0; kb < K / 4; kb++)
-            for (int cb = 0; cb < C / 4; cb++) {
-                float8 t[2];  // pass h: lane 2 q + r the total of (k 4 kb + q, c 4 cb + 2 h + r)
-                for (int h = 0; h < 2; h++) {
-                    float8 acc[8];
-#pragma unroll
-                    for (int q = 0; q < 8; q++) acc[q] = 0.0f;
-                    for (int v = 0; v < TV; v++) {
-                        const float16 e0 = XS(p, 4 * cb + 2 * h, v), e1 = XS(p, 4 * cb + 2 * h + 1, v);
-#pragma unroll
-                        for (int q = 0; q < 4; q++) {
-                            const float16 d = DS(p, 4 * kb + q, v);
-                            acc[2 * q] = fma(d.hi, e0.hi, fma(d.lo, e0.lo, acc[2 * q]));  // two FMAs, no add
-                            acc[2 * q + 1] = fma(d.hi, e1.hi, fma(d.lo, e1.lo, acc[2 * q + 1]));
-                        }
-                    }
-                    t[h] = tree8(acc);
-                }
-                // lane 4 q + c % 4, as the 16-wide sums store them
-                const float16 s = __builtin_shufflevector(t[0], t[1], 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-                __global float16 *o = out + (p * (K / 4) + kb) * (C / 4) + cb;
-                *o = add ? *o + s : s;
-            }
+    __global float *of = (__global float *)out;
+    for (int p = 0; p < PTS; p++) {
+        int k0 = 0;
+        for (; k0 + 6 <= K; k0 += 6)
+            for (int c0 = 0; c0 < C; c0 += 2) wgrad_block(xs, ds, of, add, p, k0, c0, 6);
+        for (int c0 = 0; c0 < C; c0 += 2)
+            if (K - k0 == 4)
+                wgrad_block(xs, ds, of, add, p, k0, c0, 4);
+            else if (K - k0 == 2)
+                wgrad_block(xs, ds, of, add, p, k0, c0, 2);
+    }
 }
 #endif
 
