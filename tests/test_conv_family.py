@@ -232,6 +232,7 @@ WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv
     (1, 8, 2, 64, 8, False),   # two vectors per tile row
     (19, 8, 8, 8, 12, True),   # "channels" mode: winot_wgrad's 19 tile vectors in 4 chunks of 5, the last one short
     (3, 12, 16, 16, 8, False),  # "rows" mode, 16 wide
+    (2, 8, 8, 16, 16, True),   # K % 6 = 4: the 8-wide weight gradient's 6 x 2 blocks and a last block of 4
 ]
 
 

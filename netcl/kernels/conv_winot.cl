@@ -127,7 +127,7 @@
 #ifndef WINOT_PREFETCH
 #define WINOT_PREFETCH 0
 #endif
-// prefetches of `rows` rows from p, ws apart, of last + 1 floats each (16 or 32 / T + 2 at most):
+// prefetches of `rows` rows from p, ws apart, of last + 1 floats each (32 / T + 2 at most):
 // at their first float, their last and (T 1) their 17th
 #define PREFETCH_ROWS(p, ws, rows, last)                                   \
     do {                                                                   \
@@ -270,12 +270,13 @@ void winot_weights(__global const float *restrict w, __global float *restrict u,
 // 16 loads, 16 shuffles and 32 adds a channel and vector, dy 4 loads and 4 shuffles (a work-item
 // per transformed row, each loading its input rows for itself, cost about twice and four times
 // that: 0.47 -> 0.25 ms of transforms at resnet8's first stage, batch 64). Then for each point
-// and 4 x 4 block of (k, c) it accumulates 16 float16 over the chunk, adds their lanes (tree16: 15
-// two-vector steps, lane q = the total of accumulator q) and adds them to its sums,
-// part[w][p][k / 4][c / 4][4 (k % 4) + c % 4]. winot_wgrad_finish adds the work-items' sums in
-// order and applies G. x: the input planes with their border (IPB); dy: (N, K) planes of dplane
-// floats, rows dws apart, the first element at doff (a zero-bordered dy's border). Defines beyond
-// winot_defines': TV (the program has these two kernels only with it); C and K multiples of 4.
+// and 4 x 4 block of (k, c) it accumulates 16 float16 over the chunk (8-wide vectors: blocks of
+// their own, below), adds their lanes (tree16: 15 two-vector steps, lane q = the total of
+// accumulator q) and adds them to its sums, part[w][p][k / 4][c / 4][4 (k % 4) + c % 4].
+// winot_wgrad_finish adds the work-items' sums in order and applies G. x: the input planes with
+// their border (IPB); dy: (N, K) planes of dplane floats, rows dws apart, the first element at
+// doff (a zero-bordered dy's border). Defines beyond winot_defines': TV (the program has these two
+// kernels only with it); C and K multiples of 4.
 #ifdef TV
 #define NVI ((OH / 2 / T) * VPR)  // tile vectors per image
 #define TVP (TV % 64 ? TV : TV + 1)  // a row of TV vectors 4 KiB long is a vector longer (L1 sets)
@@ -326,9 +327,10 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
     // 16-channel launches' samples in AVX2 code, a third of those on loads), so with WINOT_PREFETCH
     // each vector's rows of the next plane are prefetched: a chunk's work a plane ahead of their
     // use. Without them (tools/ab_kernels.py --step, per launch in the replayed step, AVX-512 and
-    // AVX2 code alike): resnet8 at batch 64, the 16-channel launches 1.12-1.27x as long, the
+    // AVX2 code alike): resnet8 at batch 64, the 16-channel launches 1.11-1.27x as long, the
     // 32-channel 1.11-1.19x, the 64-channel 1.01-1.06x, the step 1.02x; detector26's at batch 8
-    // 1.02-1.24x, the step 1.015-1.025x.
+    // 1.02-1.24x, the step 1.015-1.025x. A ROWS 1 work-item prefetches all 2 T + 2 rows, its
+    // siblings' too (resnet8's 64-channel launches are ROWS 1).
     const int nv = min(TV, nt - g * TV);  // the chunk's tile vectors, zeros after them
     for (int c = 0; c < C; c++)
         for (int v = 0; v < TV; v++) {
@@ -424,7 +426,7 @@ inline void wgrad_sums(__local const float16 *restrict xs, __local const float16
 // before) each took 2 dependent multiply-adds a vector, 8 chains of 4-cycle latency feeding 2
 // pipes, no slack; 12 leave a third of it. Per launch in the replayed step (tools/ab_kernels.py
 // --step, AVX2 code), the 8-accumulator passes took 1.07-1.15x as long (resnet8 at batch 64 and
-// detector26 at batch 8; the steps 1.014-1.028x); with the blocks of 2 outer instead, their dy
+// detector26 at batch 8; the steps 1.022-1.028x); with the blocks of 2 outer instead, their dy
 // rows read again for each, this took 0.95-1.04x theirs. The sums are those of the 8-accumulator
 // passes bit for bit (each total's lanes added as tree8 adds them).
 
