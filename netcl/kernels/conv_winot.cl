@@ -426,9 +426,11 @@ inline void wgrad_sums(__local const float16 *restrict xs, __local const float16
 // before) each took 2 dependent multiply-adds a vector, 8 chains of 4-cycle latency feeding 2
 // pipes, no slack; 12 leave a third of it. Per launch in the replayed step (tools/ab_kernels.py
 // --step, AVX2 code), the 8-accumulator passes took 1.07-1.15x as long (resnet8 at batch 64 and
-// detector26 at batch 8; the steps 1.022-1.028x); with the blocks of 2 outer instead, their dy
-// rows read again for each, this took 0.95-1.04x theirs. The sums are those of the 8-accumulator
-// passes bit for bit (each total's lanes added as tree8 adds them).
+// detector26 at batch 8; the steps 1.022-1.028x), 1.03-1.20x (unet_tiny at batch 8, its 8-channel
+// layers too; the step 1.035x); with the blocks of 2 outer instead, their dy rows read again for
+// each, this took 0.95-1.04x theirs, and with blocks of 4 in place of a last 6 and 2 0.95-1.04x
+// this. The sums are those of the 8-accumulator passes bit for bit (each total's lanes added as
+// tree8 adds them).
 
 // the totals of 8 accumulators, lane q that of a[q]: each step adds two vectors' halves of
 // their groups of lanes (8 -> 4 -> 2 -> 1 partial sums per accumulator)
