@@ -448,18 +448,6 @@ inline float8 tree8(float8 a[8]) {
            __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
-// the same for 4 accumulators (each total's lanes added as tree8 adds them)
-inline float4 tree4(float8 a[4]) {
-    float8 b[2];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-        b[m] = __builtin_shufflevector(a[2 * m], a[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-               __builtin_shufflevector(a[2 * m], a[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-    const float8 c = __builtin_shufflevector(b[0], b[1], 0, 1, 4, 5, 8, 9, 12, 13) +
-                     __builtin_shufflevector(b[0], b[1], 2, 3, 6, 7, 10, 11, 14, 15);
-    return __builtin_shufflevector(c, c, 0, 2, 4, 6) + __builtin_shufflevector(c, c, 1, 3, 5, 7);
-}
-
 // point p's sums of output channels k0 .. k0 + kn - 1 (kn 6, 4 or 2) and input channels c0, c0 + 1
 // over the chunk, into their lanes of out (added where `add`). Always inlined, so that kn is a
 // constant at each call and its loops unroll (called, it tested kn every vector: 1.4-1.8x as long)
@@ -484,9 +472,12 @@ inline __attribute__((always_inline)) void wgrad_block(__local const float16 *re
             }
         }
     }
+    // the last 4 totals by tree8 too: its steps add only an accumulator's own lanes, so the zeros
+    // beside them change none
+    float8 rest[8] = {acc[8], acc[9], acc[10], acc[11], 0.0f, 0.0f, 0.0f, 0.0f};
     float t[12];
     vstore8(tree8(acc), 0, t);
-    vstore4(tree4(acc + 8), 0, t + 8);
+    vstore4(tree8(rest).lo, 0, t + 8);
 #pragma unroll
     for (int q = 0; q < 6; q++) {
         if (q >= kn) break;
