@@ -13,7 +13,7 @@
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void act_fwd_cpu(const int n, const int chunk, const float slope, __global const float *x, __global float *y) {
-    const int i0 = get_global_id(0) * chunk, i1 = min(n, i0 + chunk);
+    const int i0 = get_global_id(0) * chunk, i1 = MIN(n, i0 + chunk);
     int i = i0;
     for (; i + 16 <= i1; i += 16) {
         const float16 v = *(__global const ufloat16 *)(x + i);
@@ -27,7 +27,7 @@ void act_fwd_cpu(const int n, const int chunk, const float slope, __global const
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void add_act_cpu(const int n, const int chunk, const float slope, __global const float *a, __global const float *b,
                  __global float *y) {
-    const int i0 = get_global_id(0) * chunk, i1 = min(n, i0 + chunk);
+    const int i0 = get_global_id(0) * chunk, i1 = MIN(n, i0 + chunk);
     int i = i0;
     for (; i + 16 <= i1; i += 16) {
         const float16 v = *(__global const ufloat16 *)(a + i) + *(__global const ufloat16 *)(b + i);
@@ -40,7 +40,7 @@ void add_act_cpu(const int n, const int chunk, const float slope, __global const
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void act_bwd_cpu(const int n, const int chunk, const float slope, __global const float *saved,
                  __global const float *dy, __global float *dx) {
-    const int i0 = get_global_id(0) * chunk, i1 = min(n, i0 + chunk);
+    const int i0 = get_global_id(0) * chunk, i1 = MIN(n, i0 + chunk);
     int i = i0;
     for (; i + 16 <= i1; i += 16) {
         const float16 s = *(__global const ufloat16 *)(saved + i), g = *(__global const ufloat16 *)(dy + i);

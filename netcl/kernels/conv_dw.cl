@@ -23,9 +23,9 @@ void conv_dw(__global const float *restrict x, __global const float *restrict w,
         for (int kw = 0; kw < KS; kw++) {
             const int iw = ow * STRIDE - PAD + kw * DIL;
 #if IPB >= PAD
-            acc = fma(xc[(ih + IPB) * IWS + iw + IPB], wk[kh * KS + kw], acc);
+            acc += xc[(ih + IPB) * IWS + iw + IPB] * wk[kh * KS + kw];
 #else
-            if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc = fma(xc[ih * IWS + iw], wk[kh * KS + kw], acc);
+            if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += xc[ih * IWS + iw] * wk[kh * KS + kw];
 #endif
         }
     }

@@ -1,6 +1,7 @@
 // Fused conv, CPU Winograd family (netcl/jit/conv_wino.py), for 3x3 stride-1 convolutions.
 #include "act.h"
 #include "conv.h"
+#include "vec_cpu.h"
 
 // CPU (PoCL): Winograd F(WM x WM, 3x3) for 3x3 stride-1 convolutions, WM = 2 or 4: an output
 // tile of WM x WM costs WA * WA (WA = WM + 2) multiplies per (input, output) channel pair
@@ -46,7 +47,7 @@ void conv_wino(const int ntile, const int kbw, __global const float *restrict x,
     int ty[TT], tx[TT], tn[TT];
 
     for (int t = 0; t < TT; t++) {
-        const int g = min(g0 + t, ntile - 1);
+        const int g = MIN(g0 + t, ntile - 1);
         tn[t] = g0 + t < ntile ? g / (THN * TWN) : -1;
         ty[t] = (g / TWN) % THN, tx[t] = g % TWN;
         const int ih0 = WM * ty[t] - PAD, iw0 = WM * tx[t] - PAD;
@@ -78,7 +79,7 @@ void conv_wino(const int ntile, const int kbw, __global const float *restrict x,
         }
     }
 
-    for (int kb = get_global_id(1) * kbw; kb < min(KBN, (int)(get_global_id(1) + 1) * kbw); kb++) {
+    for (int kb = get_global_id(1) * kbw; kb < MIN(KBN, (int)(get_global_id(1) + 1) * kbw); kb++) {
         float8 m[NXI][TT][RV];
         __global const float *ub = u + kb * (NXI * C * KV);
         for (int xi = 0; xi < NXI; xi++)

@@ -215,18 +215,17 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
 // KV output channels of block kb in the lanes of a float16 (KV 8: float8), so that its 16 stores
 // are whole vectors (a work-item per (k, c) stored 16 scalars 4 KiB apart: 0.10-0.15 ms for 64 x
 // 64 channels, 0.02 now).
+// (Vectors through pointers to vec_cpu.h's unaligned types: vloadN and vstoreN are calls on PyPI's
+// PoCL 3.0.)
 #if KV == 16
 #define VKV float16
-#define VLOAD_KV vload16
-#define VSTORE_KV vstore16
+#define UVKV ufloat16
 #elif KV == 8
 #define VKV float8
-#define VLOAD_KV vload8
-#define VSTORE_KV vstore8
+#define UVKV ufloat8
 #else
 #define VKV float4
-#define VLOAD_KV vload4
-#define VSTORE_KV vstore4
+#define UVKV ufloat4
 #endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void winot_weights(__global const float *restrict w, __global float *restrict u, const int flip) {
@@ -240,7 +239,7 @@ void winot_weights(__global const float *restrict w, __global float *restrict u,
     }
     VKV g[3][3], t[4][3];
 #pragma unroll
-    for (int e = 0; e < 9; e++) g[e / 3][e % 3] = VLOAD_KV(0, gl[e]);
+    for (int e = 0; e < 9; e++) g[e / 3][e % 3] = *(UVKV *)gl[e];
 #pragma unroll
     for (int j = 0; j < 3; j++) {  // G g
         t[0][j] = g[0][j];
@@ -251,10 +250,10 @@ void winot_weights(__global const float *restrict w, __global float *restrict u,
     __global float *ub = u + (kb * 16 * C + c) * KV;  // point p at ub + p C KV
 #pragma unroll
     for (int a = 0; a < 4; a++) {  // (G g) G^T
-        VSTORE_KV(t[a][0], 0, ub + (4 * a + 0) * C * KV);
-        VSTORE_KV(0.5f * (t[a][0] + t[a][1] + t[a][2]), 0, ub + (4 * a + 1) * C * KV);
-        VSTORE_KV(0.5f * (t[a][0] - t[a][1] + t[a][2]), 0, ub + (4 * a + 2) * C * KV);
-        VSTORE_KV(t[a][2], 0, ub + (4 * a + 3) * C * KV);
+        *(__global UVKV *)(ub + (4 * a + 0) * C * KV) = t[a][0];
+        *(__global UVKV *)(ub + (4 * a + 1) * C * KV) = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+        *(__global UVKV *)(ub + (4 * a + 2) * C * KV) = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+        *(__global UVKV *)(ub + (4 * a + 3) * C * KV) = t[a][2];
     }
 }
 
@@ -331,7 +330,7 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
     // 32-channel 1.11-1.19x, the 64-channel 1.01-1.06x, the step 1.02x; detector26's at batch 8
     // 1.02-1.24x, the step 1.015-1.025x. A ROWS 1 work-item prefetches all 2 T + 2 rows, its
     // siblings' too (resnet8's 64-channel launches are ROWS 1).
-    const int nv = min(TV, nt - g * TV);  // the chunk's tile vectors, zeros after them
+    const int nv = MIN(TV, nt - g * TV);  // the chunk's tile vectors, zeros after them
     for (int c = 0; c < C; c++)
         for (int v = 0; v < TV; v++) {
 #define XS_AT(p) XS(p, c, v)
@@ -448,6 +447,10 @@ inline float8 tree8(float8 a[8]) {
            __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+// half h (0 low, 1 high) of a float16 in local memory, loaded as a float8 (vload8 is an
+// out-of-line call on PyPI's PoCL 3.0, as its other builtins are)
+#define HALF8(v, h) (((__local const float8 *)&(v))[h])
+
 // point p's sums of output channels k0 .. k0 + kn - 1 (kn 6, 4 or 2) and input channels c0, c0 + 1
 // over the chunk, into their lanes of out (added where `add`). Always inlined, so that kn is a
 // constant at each call and its loops unroll (called, it tested kn every vector: 1.4-1.8x as long)
@@ -461,14 +464,13 @@ inline __attribute__((always_inline)) void wgrad_block(__local const float16 *re
     for (int v = 0; v < TV; v++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {  // the low halves, then the high ones
-            const float8 e0 = vload8(h, (__local const float *)&XS(p, c0, v));
-            const float8 e1 = vload8(h, (__local const float *)&XS(p, c0 + 1, v));
+            const float8 e0 = HALF8(XS(p, c0, v), h), e1 = HALF8(XS(p, c0 + 1, v), h);
 #pragma unroll
             for (int q = 0; q < 6; q++) {
                 if (q >= kn) break;
-                const float8 d = vload8(h, (__local const float *)&DS(p, k0 + q, v));
-                acc[2 * q] = fma(d, e0, acc[2 * q]);
-                acc[2 * q + 1] = fma(d, e1, acc[2 * q + 1]);
+                const float8 d = HALF8(DS(p, k0 + q, v), h);
+                acc[2 * q] += d * e0;  // contracted to one FMA (no fma(): a call on PyPI's PoCL 3.0)
+                acc[2 * q + 1] += d * e1;
             }
         }
     }
@@ -476,8 +478,8 @@ inline __attribute__((always_inline)) void wgrad_block(__local const float16 *re
     // beside them change none
     float8 rest[8] = {acc[8], acc[9], acc[10], acc[11], 0.0f, 0.0f, 0.0f, 0.0f};
     float t[12];
-    vstore8(tree8(acc), 0, t);
-    vstore4(tree8(rest).lo, 0, t + 8);
+    *(ufloat8 *)t = tree8(acc);
+    *(ufloat4 *)(t + 8) = tree8(rest).lo;
 #pragma unroll
     for (int q = 0; q < 6; q++) {
         if (q >= kn) break;
@@ -545,9 +547,9 @@ void winot_wgrad_finish(__global const float16 *restrict part, const int ng, __g
     float w[9][16];  // (G^T M) G, per output tap, lane by lane for the stores
 #pragma unroll
     for (int r = 0; r < 3; r++) {
-        vstore16(t[r][0] + 0.5f * (t[r][1] + t[r][2]), 0, w[3 * r + 0]);
-        vstore16(0.5f * (t[r][1] - t[r][2]), 0, w[3 * r + 1]);
-        vstore16(0.5f * (t[r][1] + t[r][2]) + t[r][3], 0, w[3 * r + 2]);
+        *(ufloat16 *)w[3 * r + 0] = t[r][0] + 0.5f * (t[r][1] + t[r][2]);
+        *(ufloat16 *)w[3 * r + 1] = 0.5f * (t[r][1] - t[r][2]);
+        *(ufloat16 *)w[3 * r + 2] = 0.5f * (t[r][1] + t[r][2]) + t[r][3];
     }
     const int k0 = 4 * (blk / (C / 4)), c0 = 4 * (blk % (C / 4));
     for (int q = 0; q < 16; q++) {

@@ -55,7 +55,7 @@
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const int NP, __global const float *dy,
                  __global float *dyp, __global float *sums) {
-    const int r1 = min(NOC, (int)get_global_id(0) * rows + rows);
+    const int r1 = MIN(NOC, (int)get_global_id(0) * rows + rows);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int n = r / OC, o = r - n * OC;
         __global const float *src = dy + r * P;
@@ -85,7 +85,7 @@ void dy_rows_cpu(const int NOC, const int rows, const int OC, const int P, const
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void col2im_1x1_add_cpu(const int NCOH, const int rows, const int C, const int H, const int W, const int OH,
                         const int OW, const int S, __global const float *dcols, __global float *out) {
-    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows), NP = NCOH / C * OW;
+    const int r1 = MIN(NCOH, (int)get_global_id(0) * rows + rows), NP = NCOH / C * OW;
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, y = r - nc * OH, n = nc / C, c = nc - n * C;
         __global const float *src = dcols + c * NP + (n * OH + y) * OW;
@@ -102,7 +102,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void pad_planes_cpu(const int NC, const int planes, const int H, const int W, const int HP, const int WP,
                     const int top, const int left, __global const float *src, __global float *dst,
                     __global float *sums) {
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
         __global float *d = dst + pl * HP * WP;
         __global const float *s = src + pl * H * W;
@@ -162,17 +162,17 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
                const int HX, const int WX, const int rows, __global const float *dyp, __global const float *xp,
                __global float *part) {
     const int c = get_global_id(0), o0 = get_global_id(1) * RO, chunk = get_global_id(2);
-    const int r0 = chunk * rows, r1 = min(N * OH, r0 + rows);
+    const int r0 = chunk * rows, r1 = MIN(N * OH, r0 + rows);
     wgvec acc[RO][KS * KS];
 #pragma unroll
     for (int i = 0; i < RO; i++)
 #pragma unroll
         for (int t = 0; t < KS * KS; t++) acc[i][t] = 0.0f;
     for (int r = r0; r < r1;) {  // the chunk's rows image by image (a division per image, not per row)
-        const int n = r / OH, y0 = r - n * OH, y1 = min(OH, y0 + r1 - r);
+        const int n = r / OH, y0 = r - n * OH, y1 = MIN(OH, y0 + r1 - r);
         __global const float *g[RO];
 #pragma unroll
-        for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + min(o0 + i, OC - 1)) * HD + pd + y0) * WD + pd;
+        for (int i = 0; i < RO; i++) g[i] = dyp + ((n * OC + MIN(o0 + i, OC - 1)) * HD + pd + y0) * WD + pd;
         __global const float *xr = xp + ((n * C + c) * HX + y0) * WX;
         for (int y = y0; y < y1; y++, xr += WX) {
             for (int x0 = 0; x0 < OW; x0 += WGV) {
@@ -239,7 +239,7 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
     const int y0 = get_global_id(0) * RR, n = get_global_id(1) / CB, cb = get_global_id(1) % CB;
     int wm[RM];  // the channels' first weights
 #pragma unroll
-    for (int m = 0; m < RM; m++) wm[m] = min(cb * RM + m, CO - 1) * SCO + (FLIP ? KS * KS - 1 : 0);
+    for (int m = 0; m < RM; m++) wm[m] = MIN(cb * RM + m, CO - 1) * SCO + (FLIP ? KS * KS - 1 : 0);
     for (int x0 = 0; x0 < OW; x0 += 16) {
         float16 acc[RR][RM], tot[RR][RM];
 #pragma unroll
@@ -253,7 +253,7 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
             for (int r = 0; r < RR; r++)
 #pragma unroll
                 for (int m = 0; m < RM; m++) acc[r][m] = 0.0f;
-            for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP, wk += SCI) {
+            for (int ci = c0; ci < MIN(CI, c0 + FLUSH); ci++, src += HP * WP, wk += SCI) {
 #pragma unroll
                 for (int j = 0; j < KS; j++) {  // tap by tap: each weight broadcast once for the RR rows
 #pragma unroll
@@ -306,13 +306,13 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
             for (int m = 0; m < 8; m++) s16[m] = d16[m] = q16[m] = 0.0f;
 #pragma unroll
             for (int m = 0; m < RM; m++) {
-                bm[m] = has_bias ? bias[min(cb * RM + m, CO - 1)] : 0.0f;
+                bm[m] = has_bias ? bias[MIN(cb * RM + m, CO - 1)] : 0.0f;
 #pragma unroll
                 for (int r = 0; r < RR; r++) s16[m] += tot[r][m] + bm[m];
             }
             const float8 sum = hsum16x8(s16), mu = sum / (float)(16 * RR);
             float mus[8];
-            vstore8(mu, 0, mus);
+            *(ufloat8 *)mus = mu;
 #pragma unroll
             for (int m = 0; m < RM; m++)
 #pragma unroll
@@ -322,13 +322,13 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
                 }
             const float8 ds = hsum16x8(d16), dev = hsum16x8(q16) - ds * ds / (float)(16 * RR);
             const int P = get_global_size(1) / CB * (OH / RR) * (OW / 16);
-            const int co0 = cb * RM, lanes = min(RM, CO - co0);
+            const int co0 = cb * RM, lanes = MIN(RM, CO - co0);
             __global float *o = st + 2 * (((n * (OH / RR) + y0 / RR) * (OW / 16) + x0 / 16) * CO + co0);
             if (lanes == 8) {
                 *(__global ufloat16 *)o = INTERLEAVE8(sum, dev);
             } else {
                 float sl[8], dl[8];
-                vstore8(sum, 0, sl), vstore8(dev, 0, dl);
+                *(ufloat8 *)sl = sum, *(ufloat8 *)dl = dev;
                 for (int m = 0; m < lanes; m++) o[2 * m] = sl[m], o[2 * m + 1] = dl[m];
             }
         }
@@ -377,7 +377,7 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
     for (int c0 = 0; c0 < CI; c0 += FLUSH) {
 #pragma unroll
         for (int i = 0; i < TC; i++) acc[i][0] = acc[i][1] = 0.0f;
-        for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++, src += HP * WP) {
+        for (int ci = c0; ci < MIN(CI, c0 + FLUSH); ci++, src += HP * WP) {
 #pragma unroll
             for (int j = 0; j < KS; j++) {
                 if (UNPAD && j == 0 && y == 0) {  // row -1: zeros
@@ -401,7 +401,7 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
         for (int i = 0; i < TC; i++) tot[i][0] += acc[i][0], tot[i][1] += acc[i][1];
     }
     __global float *dst = out + (n * CO + co0) * OH * OW + y * OW + x0;
-    const int lanes = min(CW, CO - co0);
+    const int lanes = MIN(CW, CO - co0);
     float bl[CW];  // the bias in the lanes (0 past CO)
     for (int m = 0; m < CW; m++) bl[m] = has_bias && m < lanes ? bias[co0 + m] : 0.0f;
     const CWV b0 = *(UCWV *)bl, b1 = *(UCWV *)(bl + CW / 2);
@@ -427,7 +427,7 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
 #endif
     {
         for (int m = 0; m < lanes; m++)
-            for (int i = 0; i < min(TC, OW - x0); i++) dst[m * OH * OW + i] = v[i][m];
+            for (int i = 0; i < MIN(TC, OW - x0); i++) dst[m * OH * OW + i] = v[i][m];
     }
     // stats (OW a multiple of TC): a BatchNorm2d's batch-statistics parts, the TC outputs of each
     // channel a part, summed lane by lane (the lanes are the channels): st[2 (p CO + co)], p = n OH
@@ -485,7 +485,7 @@ void corrt_cpu(const int CI, const int CO, const int COP, const int H, const int
         for (int i = 0; i < TC; i++)
 #pragma unroll
             for (int v = 0; v < CV; v++) acc[i][v] = 0.0f;
-        for (int ci = c0; ci < min(CI, c0 + FLUSH); ci++) {
+        for (int ci = c0; ci < MIN(CI, c0 + FLUSH); ci++) {
             for (int j = j0; j < KS; j += S) {
                 __global const float *row = dyb + ((n * CI + ci) * HD + (ih + p - j + S * T) / S) * WD;
                 for (int l = l0; l < KS; l += S) {
@@ -507,7 +507,7 @@ void corrt_cpu(const int CI, const int CO, const int COP, const int H, const int
             for (int v = 0; v < CV; v++) tot[i][v] += acc[i][v];
     }
     __global float *dst = out + (n * CO + co0) * H * W + ih * W + iw0;
-    const int lanes = min(16 * CV, CO - co0), count = iw0 < W ? min(TC, (W - 1 - iw0) / S + 1) : 0;
+    const int lanes = MIN(16 * CV, CO - co0), count = iw0 < W ? MIN(TC, (W - 1 - iw0) / S + 1) : 0;
     float vals[TC][16 * CV];
 #pragma unroll
     for (int i = 0; i < TC; i++)
@@ -538,7 +538,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int OW, const int S, const int NOH,
                 const int rows, __global const float *xp, __global float *cols) {
     const int r = get_global_id(0), c = r / (KS * KS), j = r / KS % KS, l = r % KS;
-    const int t1 = min(NOH, (int)get_global_id(1) * rows + rows);
+    const int t1 = MIN(NOH, (int)get_global_id(1) * rows + rows);
     for (int t = get_global_id(1) * rows; t < t1; t++) {
         const int n = t / OH, y = t - n * OH;
         __global float *dst = cols + r * NOH * OW + t * OW;
@@ -628,7 +628,7 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
                       const int run, __global const float *xp, __global const float *dy, __global float *gw,
                       __global float *gb, const int has_bias, const int acc_w, const int acc_b, __global float *part,
                       __global float *partb) {
-    const int chunk = get_global_id(1), n0 = chunk * imgs, n1 = min(N, n0 + imgs);
+    const int chunk = get_global_id(1), n0 = chunk * imgs, n1 = MIN(N, n0 + imgs);
     for (int o0 = get_global_id(0) * WRO; o0 < OC; o0 += get_global_size(0) * WRO) {
         float tot[WRO][WCK + 1];
         WVEC acc[WRO][WCK + 1];
@@ -640,7 +640,7 @@ void wgrad_narrow_cpu(const int N, const int HP, const int WP, const int OC, con
         for (int n = n0; n < n1; n++) {
             __global const float *g[WRO];
 #pragma unroll
-            for (int i = 0; i < WRO; i++) g[i] = dy + (n * OC + min(o0 + i, OC - 1)) * OH * OW;
+            for (int i = 0; i < WRO; i++) g[i] = dy + (n * OC + MIN(o0 + i, OC - 1)) * OH * OW;
             __global const float *xr = xp + n * WC * HP * WP;
             for (int y = 0; y < OH; y += RSTEP, xr += RSTEP * WP) {  // a vector: RSTEP rows of dy
                 WVEC gv[WRO];
@@ -711,7 +711,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void col2im_cpu(const int NCH, const int rows, const int C, const int H, const int W, const int k, const int s,
                 const int p, const int d, const int OH, const int OW, __global const float *dcols,
                 __global const float *bias, const int has_bias, __global float *dx) {
-    const int NP = NCH / (C * H) * OH * OW, r1 = min(NCH, (int)get_global_id(0) * rows + rows);
+    const int NP = NCH / (C * H) * OH * OW, r1 = MIN(NCH, (int)get_global_id(0) * rows + rows);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int ih = r % H, c = (r / H) % C, n = r / (H * C);
         __global float *dst = dx + r * W;
@@ -727,7 +727,7 @@ void col2im_cpu(const int NCH, const int rows, const int C, const int H, const i
                 __global const float *src = row + kw * NP;
                 // iw = ow * s - p + kw * d for ow in [0, OW), iw in [0, W)
                 const int off = kw * d - p, last = W - 1 - off;
-                const int ow0 = off < 0 ? (-off + s - 1) / s : 0, ow1 = last < 0 ? 0 : min(OW, last / s + 1);
+                const int ow0 = off < 0 ? (-off + s - 1) / s : 0, ow1 = last < 0 ? 0 : MIN(OW, last / s + 1);
                 if (s == 1) {
                     __global float *dd = dst + off;
                     int ow = ow0;
@@ -781,17 +781,17 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
     const int y = p0 / OW, x0 = p0 - y * OW, HW = 4 * OH * OW;
     __global const float *src = x + n * C * HW + 4 * y * OW + 2 * x0;
     for (int o0 = 0; o0 < CO; o0 += PW_RM) {
-        const int m1 = min(PW_RM, CO - o0);
+        const int m1 = MIN(PW_RM, CO - o0);
         float16 acc[PW_RM], tot[PW_RM];
 #pragma unroll
         for (int m = 0; m < PW_RM; m++) tot[m] = 0.0f;
         for (int c0 = 0; c0 < C; c0 += FLUSH) {
 #pragma unroll
             for (int m = 0; m < PW_RM; m++) acc[m] = 0.0f;
-            for (int c = c0; c < min(C, c0 + FLUSH); c++) {
+            for (int c = c0; c < MIN(C, c0 + FLUSH); c++) {
                 const float16 xv = PW2_LOAD(src + c * HW, OW);
 #pragma unroll
-                for (int m = 0; m < PW_RM; m++) acc[m] += w[(o0 + min(m, m1 - 1)) * C + c] * xv;
+                for (int m = 0; m < PW_RM; m++) acc[m] += w[(o0 + MIN(m, m1 - 1)) * C + c] * xv;
             }
 #pragma unroll
             for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
@@ -802,18 +802,18 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
         for (int m = 0; m < 8; m++) z[m] = 0.0f;
 #pragma unroll
         for (int m = 0; m < PW_RM; m++) {
-            z[m] = tot[m] + (has_bias ? bias[o0 + min(m, m1 - 1)] : 0.0f);
+            z[m] = tot[m] + (has_bias ? bias[o0 + MIN(m, m1 - 1)] : 0.0f);
             if (m < m1) *(__global ufloat16 *)(dst + m * OH * OW) = z[m];
         }
         if (stats) {  // the deviations' sum corrects the mean's rounding (norm.cl's bn_stats_part)
             const float8 sum = hsum16x8(z);
             float mus[8];
-            vstore8(sum / 16.0f, 0, mus);
+            *(ufloat8 *)mus = sum / 16.0f;
 #pragma unroll
             for (int m = 0; m < 8; m++) d[m] = z[m] - mus[m], dd[m] = d[m] * d[m];
             const float8 ds = hsum16x8(d), dev = hsum16x8(dd) - ds * ds / 16.0f;
             float sl[8], dl[8];
-            vstore8(sum, 0, sl), vstore8(dev, 0, dl);
+            *(ufloat8 *)sl = sum, *(ufloat8 *)dl = dev;
             for (int m = 0; m < m1; m++) {
                 __global float *o = st + 2 * ((o0 + m) * (int)get_global_size(0) + v);
                 o[0] = sl[m], o[1] = dl[m];
@@ -836,7 +836,7 @@ void pw2_fwd_cpu(const int C, const int CO, const int OH, const int OW, __global
 #define PW_HSUM hsum16
 #else
 #define PW_ACC float8
-#define PW_MAD(a, d, x) fma((d).hi, (x).hi, fma((d).lo, (x).lo, (a)))
+#define PW_MAD(a, d, x) ((d).hi * (x).hi + ((d).lo * (x).lo + (a)))  // two FMAs (contracted; fma() is a call on PyPI's PoCL 3.0)
 #define PW_HSUM hsum8
 #endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
@@ -848,22 +848,22 @@ void pw2_wgrad_cpu(const int N, const int C, const int CO, const int OH, const i
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int i = 0; i < PW_WC; i++) acc[j][i] = 0.0f;
-    for (int n = g * chunk; n < min(N, g * chunk + chunk); n++)
+    for (int n = g * chunk; n < MIN(N, g * chunk + chunk); n++)
         for (int y = 0, p0 = 0; y < OH; y += PW2_ROWS)
             for (int x0 = 0; x0 < OW; x0 += 16 / PW2_ROWS, p0 += 16) {
                 float16 xv[PW_WC];
 #pragma unroll
                 for (int i = 0; i < PW_WC; i++)
-                    xv[i] = PW2_LOAD(x + (n * C + min(c0 + i, C - 1)) * HW + 4 * y * OW + 2 * x0, OW);
+                    xv[i] = PW2_LOAD(x + (n * C + MIN(c0 + i, C - 1)) * HW + 4 * y * OW + 2 * x0, OW);
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    const float16 dv = *(__global const ufloat16 *)(dy + (n * CO + min(o0 + j, CO - 1)) * P + p0);
+                    const float16 dv = *(__global const ufloat16 *)(dy + (n * CO + MIN(o0 + j, CO - 1)) * P + p0);
 #pragma unroll
                     for (int i = 0; i < PW_WC; i++) acc[j][i] = PW_MAD(acc[j][i], dv, xv[i]);
                 }
             }
-    for (int j = 0; j < min(4, CO - o0); j++)
-        for (int i = 0; i < min(PW_WC, C - c0); i++) part[(g * CO + o0 + j) * C + c0 + i] = PW_HSUM(acc[j][i]);
+    for (int j = 0; j < MIN(4, CO - o0); j++)
+        for (int i = 0; i < MIN(PW_WC, C - c0); i++) part[(g * CO + o0 + j) * C + c0 + i] = PW_HSUM(acc[j][i]);
 }
 
 // dx[n][c][2y][2x] (+)= sum over o of w[o][c] * dy[n][o][y][x] where `add` (a Residual's shortcut
@@ -885,17 +885,17 @@ void pw2_dgrad_cpu(const int C, const int CO, const int OH, const int OW, __glob
     const int hi_at = PW2_ROWS == 1 ? 16 : 2 * W;  // where lanes 8..15 go from lane 0's input
     __global const float *src = dy + n * CO * P + p0;
     for (int c0 = 0; c0 < C; c0 += PW_RM) {
-        const int m1 = min(PW_RM, C - c0);
+        const int m1 = MIN(PW_RM, C - c0);
         float16 acc[PW_RM], tot[PW_RM];
 #pragma unroll
         for (int m = 0; m < PW_RM; m++) tot[m] = 0.0f;
         for (int o0 = 0; o0 < CO; o0 += FLUSH) {
 #pragma unroll
             for (int m = 0; m < PW_RM; m++) acc[m] = 0.0f;
-            for (int o = o0; o < min(CO, o0 + FLUSH); o++) {
+            for (int o = o0; o < MIN(CO, o0 + FLUSH); o++) {
                 const float16 dv = *(__global const ufloat16 *)(src + o * P);
 #pragma unroll
-                for (int m = 0; m < PW_RM; m++) acc[m] += w[o * C + c0 + min(m, m1 - 1)] * dv;
+                for (int m = 0; m < PW_RM; m++) acc[m] += w[o * C + c0 + MIN(m, m1 - 1)] * dv;
             }
 #pragma unroll
             for (int m = 0; m < PW_RM; m++) tot[m] += acc[m];
@@ -944,7 +944,7 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
                 __global const float *w, __global float *dx) {
     const int VP = OH * OW / 16, v = get_global_id(0), n = v / VP, p0 = (v - n * VP) * 16;
     const int y = p0 / OW, x0 = p0 - y * OW, P = OH * OW, W = 2 * OW, c0 = get_global_id(1) * CT2_RM;
-    const int m1 = min(CT2_RM, C - c0);
+    const int m1 = MIN(CT2_RM, C - c0);
     const int hi_at = PW2_ROWS == 1 ? 16 : 2 * W;  // where lanes 8..15 go from lane 0's output
     // the next dy row exists (PW2_ROWS 2: lanes 8..15's, rows y + 2; lanes 0..7's always do)
     const bool below = y + PW2_ROWS < OH, right = x0 + 16 < OW;
@@ -959,7 +959,7 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
         for (int m = 0; m < CT2_RM; m++)
 #pragma unroll
             for (int t = 0; t < 4; t++) acc[m][t] = 0.0f;
-        for (int o = o0; o < min(CO, o0 + FLUSH); o++) {
+        for (int o = o0; o < MIN(CO, o0 + FLUSH); o++) {
             __global const float *s = src + o * P;
             const float16 d0 = *(__global const ufloat16 *)s;
 #if PW2_ROWS == 1
@@ -976,7 +976,7 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 #endif
 #pragma unroll
             for (int m = 0; m < CT2_RM; m++) {
-                __global const float *k = w + (o * C + c0 + min(m, m1 - 1)) * 9;
+                __global const float *k = w + (o * C + c0 + MIN(m, m1 - 1)) * 9;
                 // one multiply-add a statement: a sum of products first would not contract
                 acc[m][0] += k[4] * d0;
                 acc[m][1] += k[3] * d0s;
@@ -1046,7 +1046,7 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
         for (int m = 0; m < WG2_O; m++)
 #pragma unroll
             for (int l = 0; l < 3; l++) acc[m][l] = 0.0f;
-        for (int n = g * chunk; n < min(N, g * chunk + chunk); n++) {
+        for (int n = g * chunk; n < MIN(N, g * chunk + chunk); n++) {
             // input row 2y + j - 1 from its column -1 (row -1, of j = 0 and y = 0, is zero: skipped)
             __global const float *xr = x + (n * C + c) * 4 * P + (j - 1) * 2 * OW - 1;
             __global const float *dn = dy + n * CO * P;
@@ -1063,14 +1063,14 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
                     const wg2v t2 = __builtin_shufflevector(a1, b1, WG2_ODD);
 #pragma unroll
                     for (int m = 0; m < WG2_O; m++) {
-                        const wg2v d = *(__global const uwg2v *)(dn + min(o0 + m, CO - 1) * P + y * OW + x0);
+                        const wg2v d = *(__global const uwg2v *)(dn + MIN(o0 + m, CO - 1) * P + y * OW + x0);
                         acc[m][0] += d * t0;
                         acc[m][1] += d * t1;
                         acc[m][2] += d * t2;
                     }
                 }
         }
-        for (int m = 0; m < min(WG2_O, CO - o0); m++) {
+        for (int m = 0; m < MIN(WG2_O, CO - o0); m++) {
             __global float *d = part + ((g * CO + o0 + m) * C + c) * 9 + 3 * j;
 #pragma unroll
             for (int l = 0; l < 3; l++) d[l] = WG2_HSUM(acc[m][l]);
@@ -1086,7 +1086,7 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
                  __global const float *w, __global float *dx) {
     const int XB = OW / 16, VP = OH / 2 * XB, v = get_global_id(0), n = v / VP, r = v - n * VP;
     const int y = r / XB * 2, x0 = (r - r / XB * XB) * 16, P = OH * OW, W = 2 * OW, c0 = get_global_id(1) * 2;
-    const int m1 = min(2, C - c0);
+    const int m1 = MIN(2, C - c0);
     const bool below = y + 2 < OH, right = x0 + 16 < OW;
     float16 acc[2][2][4], tot[2][2][4];
 #pragma unroll
@@ -1103,7 +1103,7 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int t = 0; t < 4; t++) acc[m][i][t] = 0.0f;
-        for (int o = o0; o < min(CO, o0 + FLUSH); o++) {
+        for (int o = o0; o < MIN(CO, o0 + FLUSH); o++) {
             __global const float *s = src + o * P;
             float16 d[3], ds[3];  // dy rows y, y + 1, y + 2 (zero past the plane), and one column on
             d[0] = *(__global const ufloat16 *)s;
@@ -1116,7 +1116,7 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
                                                                             9, 10, 11, 12, 13, 14, 15, 16);
 #pragma unroll
             for (int m = 0; m < 2; m++) {
-                __global const float *k = w + (o * C + c0 + min(m, m1 - 1)) * 9;
+                __global const float *k = w + (o * C + c0 + MIN(m, m1 - 1)) * 9;
                 const float k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3], k4 = k[4], k5 = k[5], k6 = k[6], k7 = k[7],
                             k8 = k[8];
 #pragma unroll
@@ -1176,7 +1176,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vecto
 void dw_fwd_cpu(const int NO, const int planes, const int C, const int M, const int OH, const int OW, const int HP,
                 const int WP, __global const float *xp, __global const float *w, __global const float *bias,
                 const int has_bias, __global float *y) {
-    const int p1 = min(NO, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NO, (int)get_global_id(0) * planes + planes);
     for (int po = get_global_id(0) * planes; po < p1; po++) {
         const int n = po / (C * M), o = po - n * C * M;
         __global const float *src = xp + ((long)n * C + o / M) * HP * WP;
@@ -1192,7 +1192,7 @@ void dw_fwd_cpu(const int NO, const int planes, const int C, const int M, const 
                 for (int kh = 0; kh < KS; kh++)
 #pragma unroll
                     for (int kw = 0; kw < KS; kw++)
-                        acc = fma(DW_XLOAD(src + (DWS * oh + kh) * WP + DWS * ow + kw), (DVEC)(wk[kh * KS + kw]), acc);
+                        acc += DW_XLOAD(src + (DWS * oh + kh) * WP + DWS * ow + kw) * (DVEC)(wk[kh * KS + kw]);
                 if (has_bias) acc += b;
                 if (ow + DWV <= OW) {
                     *(__global udvec *)(dst + oh * OW + ow) = acc;
@@ -1214,7 +1214,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vecto
 void dw_bwd_data_cpu(const int NC, const int planes, const int C, const int M, const int H, const int W,
                      const int HP, const int WP, __global const float *dyp, __global const float *w,
                      __global float *dx) {
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int pc = get_global_id(0) * planes; pc < p1; pc++) {
         const int n = pc / C, c = pc - n * C;
         __global float *dst = dx + (long)pc * H * W;
@@ -1229,8 +1229,8 @@ void dw_bwd_data_cpu(const int NC, const int planes, const int C, const int M, c
                     for (int kh = 0; kh < KS; kh++)
 #pragma unroll
                         for (int kw = 0; kw < KS; kw++)
-                            acc = fma(*(__global const udvec *)(src + (ih + kh) * WP + iw + kw),
-                                      (DVEC)(wk[(KS - 1 - kh) * KS + KS - 1 - kw]), acc);
+                            acc += *(__global const udvec *)(src + (ih + kh) * WP + iw + kw) *
+                                   (DVEC)(wk[(KS - 1 - kh) * KS + KS - 1 - kw]);
                 }
                 if (iw + DWV <= W) {
                     *(__global udvec *)(dst + ih * W + iw) = acc;
@@ -1266,7 +1266,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vecto
 void dw_bwd_data_s2_cpu(const int NC, const int planes, const int C, const int M, const int H, const int W,
                         const int p, const int HB, const int WB, __global const float *dyb, __global const float *w,
                         __global float *dx) {
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes), B = (KS - p) / 2;
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes), B = (KS - p) / 2;
     for (int pc = get_global_id(0) * planes; pc < p1; pc++) {
         const int n = pc / C, c = pc - n * C;
         __global float *dst = dx + (long)pc * H * W;
@@ -1284,8 +1284,7 @@ void dw_bwd_data_s2_cpu(const int NC, const int planes, const int C, const int M
 #pragma unroll
                         for (int kw = 0; kw < KS; kw++) {
                             const int e = (kw + p) & 1;  // the lanes (columns 2t + e) this tap reaches
-                            acc[e] = fma(*(__global const udvec *)(row + (e + p - kw) / 2), (DVEC)(wk[kh * KS + kw]),
-                                         acc[e]);
+                            acc[e] += *(__global const udvec *)(row + (e + p - kw) / 2) * (DVEC)(wk[kh * KS + kw]);
                         }
                     }
                 }
@@ -1330,8 +1329,7 @@ void dw_bwd_weight_cpu(const int N, const int CM, const int M, const int OH, con
                 for (int kh = 0; kh < KS; kh++)
 #pragma unroll
                     for (int kw = 0; kw < KS; kw++)
-                        acc[kh * KS + kw] = fma(gv, DW_XLOAD(src + (DWS * oh + kh) * WP + DWS * ow + kw),
-                                                acc[kh * KS + kw]);
+                        acc[kh * KS + kw] += gv * DW_XLOAD(src + (DWS * oh + kh) * WP + DWS * ow + kw);
             }
 #pragma unroll
         for (int t = 0; t < KS * KS; t++) tot[t] += VCAT(hsum, DWV)(acc[t]);
@@ -1369,7 +1367,7 @@ void wgrad_oc16_cpu(const int N, const int C, const int HP, const int OC, const 
         int off[16];  // each tap's offset in an image's padded planes
 #pragma unroll
         for (int t = 0; t < 16; t++) {
-            const int tt = min(t0 + t, T - 1), c = tt / (KS * KS), j = tt / KS % KS, l = tt % KS;
+            const int tt = MIN(t0 + t, T - 1), c = tt / (KS * KS), j = tt / KS % KS, l = tt % KS;
             off[t] = (c * HP + j) * XW + l;
         }
         float16 acc[16], accb = 0.0f;
@@ -1381,7 +1379,7 @@ void wgrad_oc16_cpu(const int N, const int C, const int HP, const int OC, const 
             for (int p0 = 0; p0 < P; p0 += 16) {
                 float16 d[16], u[16];
 #pragma unroll
-                for (int i = 0; i < 16; i++) d[i] = *(__global const ufloat16 *)(dn + min(o0 + i, OC - 1) * P + p0);
+                for (int i = 0; i < 16; i++) d[i] = *(__global const ufloat16 *)(dn + MIN(o0 + i, OC - 1) * P + p0);
                 TRANSPOSE16(d, u);  // d[p]: lane i = dy(o0 + i, p0 + p)
                 if (t0 == 0) {
                     float16 part = d[0];

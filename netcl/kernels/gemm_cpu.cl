@@ -23,7 +23,6 @@
 #define VEC CAT(float, VW)
 #define NR (NV * VW)
 typedef VEC __attribute__((aligned(4))) uvec;  // unaligned vector access
-#define MIN(a, b) ((a) < (b) ? (a) : (b))  // integer min() is an out-of-line call too
 #include "vec_cpu.h"
 
 // min_vector_width: clang marks a function whose signature has no wide vector as preferring

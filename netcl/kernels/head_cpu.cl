@@ -45,7 +45,7 @@ void linear_ce_cpu(const int N, const int IN, const int C, __global const float 
     for (int r0 = 0; r0 < N; r0 += ROWS) {
         __global const float *xr[ROWS];
 #pragma unroll
-        for (int j = 0; j < ROWS; j++) xr[j] = x + min(r0 + j, N - 1) * IN;  // rows past N: computed, not stored
+        for (int j = 0; j < ROWS; j++) xr[j] = x + MIN(r0 + j, N - 1) * IN;  // rows past N: computed, not stored
         float16 acc[ROWS];
 #pragma unroll
         for (int j = 0; j < ROWS; j++) acc[j] = bias;
@@ -83,12 +83,12 @@ void linear_ce_cpu(const int N, const int IN, const int C, __global const float 
         float16 acc[ROWS];
 #pragma unroll
         for (int j = 0; j < ROWS; j++) acc[j] = (float16)(0.0f);
-        const int il = min(ROWS, IN - i0);
+        const int il = MIN(ROWS, IN - i0);
         for (int r = 0; r < N; r++) {
             const float16 gv = ((__global const float16 *)gp)[r];
             __global const float *xr = x + r * IN + i0;
 #pragma unroll
-            for (int j = 0; j < ROWS; j++) acc[j] += xr[min(j, il - 1)] * gv;
+            for (int j = 0; j < ROWS; j++) acc[j] += xr[MIN(j, il - 1)] * gv;
         }
         for (int j = 0; j < il; j++) store_row(gw + (i0 + j) * C, acc[j], C, acc_w);
     }

@@ -25,7 +25,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void linear_cpu(const int rows, __global const float *restrict x, __global const float *restrict w,
                 __global const float *restrict b, __global float *restrict y, __global const float *restrict res) {
     const int j0 = get_global_id(0) * JV * 16;  // this group's first output
-    const int jv_n = min(JV, (OUT_P - j0) / 16);  // its vectors (the last group may have fewer)
+    const int jv_n = MIN(JV, (OUT_P - j0) / 16);  // its vectors (the last group may have fewer)
     for (int r0 = get_global_id(1) * RB; r0 < rows; r0 += get_global_size(1) * RB) {
         LIN_ROWS(r0, rows);
         float16 acc[RB][JV];

@@ -54,13 +54,13 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_stats_part_cpu(const int N, const int C, const int HW, const int plen, __global const float *x,
                        __global float *part) {
     const int pi = get_global_id(0), c = get_global_id(1), parts = get_global_size(0);
-    const int j0 = pi * plen, j1 = min(N * HW, j0 + plen);
+    const int j0 = pi * plen, j1 = MIN(N * HW, j0 + plen);
     float16 s16 = 0.0f, r16 = 0.0f;
     int nv = 0;
     for (int j = j0, len; j < j1; j += len) {
         const int n = j / HW, hw = j - n * HW;
         __global const float *p = x + (n * C + c) * HW + hw;
-        len = min(HW - hw, j1 - j);
+        len = MIN(HW - hw, j1 - j);
         int i = 0;
         for (; i + 16 <= len; i += 16) {
             r16 += *(__global const ufloat16 *)(p + i);
@@ -76,7 +76,7 @@ void bn_stats_part_cpu(const int N, const int C, const int HW, const int plen, _
     for (int j = j0, len; j < j1; j += len) {
         const int n = j / HW, hw = j - n * HW;
         __global const float *p = x + (n * C + c) * HW + hw;
-        len = min(HW - hw, j1 - j);
+        len = MIN(HW - hw, j1 - j);
         int i = 0;
         for (; i + 16 <= len; i += 16) {
             const float16 d = *(__global const ufloat16 *)(p + i) - mu;
@@ -106,14 +106,14 @@ void bn_bwd_part_cpu(const int N, const int C, const int HW, const int plen, __g
                      __global const float *gamma, __global const float *beta, const float eps, const float slope,
                      __global float *part) {
     const int pi = get_global_id(0), c = get_global_id(1), parts = get_global_size(0);
-    const int j0 = pi * plen, j1 = min(N * HW, j0 + plen);
+    const int j0 = pi * plen, j1 = MIN(N * HW, j0 + plen);
     const float mu = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
     float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
     int nv = 0;
     for (int j = j0, len; j < j1; j += len) {
         const int n = j / HW, hw = j - n * HW, o = (n * C + c) * HW + hw;
         __global const float *xp = x + o, *gp = dy + o;
-        len = min(HW - hw, j1 - j);
+        len = MIN(HW - hw, j1 - j);
         int i = 0;
         for (; i + 16 <= len; i += 16) {
             const float16 xv = *(__global const ufloat16 *)(xp + i);
@@ -153,14 +153,14 @@ inline void bn_channel_stats(const int c, const int first, __global const float 
     for (int p = 0; p < parts; p++) s += pc[2 * p];
     const float m = s / (float)M;
     for (int p = 0; p < parts; p++) {
-        const float n = (float)min(plen, M - p * plen), d = pc[2 * p] / n - m;
+        const float n = (float)MIN(plen, M - p * plen), d = pc[2 * p] / n - m;
         q += pc[2 * p + 1] + n * d * d;
     }
     *mu = m, *v = q / (float)M;
     if (first) {
         mean[c] = m, var[c] = *v;
         run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * m;
-        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * *v * (float)M / (float)max(M - 1, 1);
+        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * *v * (float)M / (float)MAX(M - 1, 1);
     }
 }
 
@@ -189,7 +189,7 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
                          __global float *run_var, const float momentum) {
     const int c = get_global_id(0);
     __global const float *pc = part + 2 * c * cs;
-    const int full = min(parts, M / plen), vec = ps == 1 ? full / 16 * 16 : 0;  // parts in the vector loop
+    const int full = MIN(parts, M / plen), vec = ps == 1 ? full / 16 * 16 : 0;  // parts in the vector loop
     const float inv = 1.0f / (float)plen;
     const float16 even = (float16)(1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);  // the s lanes
     float16 s0 = 0.0f, s1 = 0.0f;
@@ -218,7 +218,7 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
     const float v = sum16(b) / (float)M;
     mean[c] = m, var[c] = v;
     run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * m;
-    run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)max(M - 1, 1);
+    run_var[c] = (1.0f - momentum) * run_var[c] + momentum * v * (float)M / (float)MAX(M - 1, 1);
 }
 
 // bn_stats_finish_cpu for parts whose channels lie together (part[p][c] = (s, q), C a multiple of
@@ -238,7 +238,7 @@ void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int
     float16 tot = 0.0f;
     for (int p0 = 0; p0 < parts; p0 += FINISH_RUN) {
         float16 run = 0.0f;
-        for (int p = p0; p < min(parts, p0 + FINISH_RUN); p++) {
+        for (int p = p0; p < MIN(parts, p0 + FINISH_RUN); p++) {
             __global const float *pp = pc + 2 * p * C;
             run += __builtin_shufflevector(*(__global const ufloat16 *)pp, *(__global const ufloat16 *)(pp + 16),
                                            EVEN_LANES);
@@ -250,7 +250,7 @@ void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int
     float16 vt = 0.0f;
     for (int p0 = 0; p0 < parts; p0 += FINISH_RUN) {
         float16 run = 0.0f;
-        for (int p = p0; p < min(parts, p0 + FINISH_RUN); p++) {
+        for (int p = p0; p < MIN(parts, p0 + FINISH_RUN); p++) {
             __global const float *pp = pc + 2 * p * C;
             const float16 a = *(__global const ufloat16 *)pp, b = *(__global const ufloat16 *)(pp + 16);
             const float16 sv = __builtin_shufflevector(a, b, EVEN_LANES), qv = __builtin_shufflevector(a, b, ODD_LANES);
@@ -262,7 +262,7 @@ void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int
     const float16 v = vt / (float)M;
     float ms[16], vs[16];
     *(float16 *)ms = m, *(float16 *)vs = v;
-    const float unbias = (float)M / (float)max(M - 1, 1);
+    const float unbias = (float)M / (float)MAX(M - 1, 1);
     for (int i = 0; i < 16; i++) {
         const int c = c0 + i;
         mean[c] = ms[i], var[c] = vs[i];
@@ -317,14 +317,14 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
                   __global const float *beta, const float eps, const float slope, __global float *y,
                   __global const float *part, const int parts, const int plen, __global float *run_mean,
                   __global float *run_var, const float momentum) {
-    const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
+    const int i1 = MIN(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C;
         float m, v;
         bn_channel_stats(c, r < C && i == r * HW, part, parts, plen, total / C, mean, var, run_mean, run_var,
                          momentum, &m, &v);
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
-        e = min(i1, (r + 1) * HW);
+        e = MIN(i1, (r + 1) * HW);
         PAD_RUN(BN_APPLY_ROW, y + i, i, e - i);
     }
 }
@@ -351,7 +351,7 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
                     __global const float *sbeta, const float seps, __global const float *spart, const int sparts,
                     const int splen, __global float *srun_mean, __global float *srun_var, const float smomentum,
                     __global float *y) {
-    const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
+    const int i1 = MIN(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C, first = r < C && i == r * HW;
         float m, v, sm = 0.0f, sv = 0.0f;
@@ -361,7 +361,7 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
                              &sm, &sv);
         const float inv = rsqrt(v + eps), g = gamma[c], b = beta[c];
         const float sinv = sbn ? rsqrt(sv + seps) : 1.0f, sg = sbn ? sgamma[c] : 1.0f, sb = sbn ? sbeta[c] : 0.0f;
-        e = min(i1, (r + 1) * HW);
+        e = MIN(i1, (r + 1) * HW);
 #define ADD_ROW(T, o, k)                                                                                     \
     *(__global T *)(o) = ACT_APPLY(ACT_KIND, BN_Z(*(__global const T *)(x + (k)), m, inv, g, b) +           \
                                              BN_Z(*(__global const T *)(s + soff + (k)), sm, sinv, sg, sb), slope)
@@ -369,7 +369,7 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
         for (int k = i, len; k < e; k += len) {  // row segments: s's offset from k changes per row
             const int hw = k - r * HW, h = hw / S_W, w0 = hw - h * S_W;
             const int soff = r * (S_HP * S_WP) + (h + S_TOP) * S_WP + S_LEFT + w0 - k;
-            len = min(e - k, S_W - w0);
+            len = MIN(e - k, S_W - w0);
             PAD_RUN(ADD_ROW, y + k, k, len);
         }
 #else
@@ -391,7 +391,7 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
                       __global const float *part, const int parts, __global float *dgamma, __global float *dbeta,
                       const int acc, __global float *dx, const int batch_stats) {
     const float inv_m = 1.0f / (float)(total / C);
-    const int i1 = min(total, (int)get_global_id(0) * chunk + chunk);
+    const int i1 = MIN(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C;
         const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
@@ -399,7 +399,7 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
         bn_channel_sums(c, r < C && i == r * HW, part, parts, inv, dgamma, dbeta, acc, &db, &dg);
         const float k1 = batch_stats ? db * inv_m : 0.0f;
         const float k2 = batch_stats ? dg * inv * inv_m : 0.0f;
-        e = min(i1, (r + 1) * HW);
+        e = MIN(i1, (r + 1) * HW);
         PAD_RUN(BN_DX_ROW, dx + i, i, e - i);
     }
 }
@@ -444,7 +444,7 @@ void bn_apply_pad_cpu(const int NC, const int planes, const int C, const int H, 
                       __global const float *beta, const float eps, const float slope, __global float *out,
                       __global const float *part, const int parts, const int plen, __global float *run_mean,
                       __global float *run_var, const float momentum) {
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
         const int c = pl % C;
         float m, v;
@@ -464,7 +464,7 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
                           const float slope, __global const float *part, const int parts, __global float *dgamma,
                           __global float *dbeta, const int acc, __global float *out, const int batch_stats) {
     const float inv_m = 1.0f / (float)(NC / C * H * W);
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
         const int c = pl % C;
         const float inv = rsqrt(var[c] + eps), g = gamma[c] * inv, m = mean[c], ga = gamma[c], be = beta[c];
@@ -573,7 +573,7 @@ void bn_pool_bwd_part_cpu(const int N, const int C, const int H, const int W, co
                           __global const float *gamma, __global const float *beta, const float eps,
                           const float slope, __global float *part) {
     const int pi = get_global_id(0), c = get_global_id(1), parts = get_global_size(0);
-    const int r0 = pi * prow, r1 = min(N * OH, r0 + prow);
+    const int r0 = pi * prow, r1 = MIN(N * OH, r0 + prow);
     const float mu = mean[c], inv = rsqrt(var[c] + eps), ga = gamma[c], be = beta[c];
     float16 b16 = 0.0f, g16 = 0.0f, rb16 = 0.0f, rg16 = 0.0f;
     float8 b8 = 0.0f, g8 = 0.0f;  // the 4-window steps' sums (one a pooled row at most)
@@ -683,7 +683,7 @@ void bn_pool_bwd_apply_cpu(const int NCOH, const int rows, const int C, const in
                            __global const float *beta, const float eps, const float slope,
                            __global const float *sums, __global float *dx, const int batch_stats) {
     const float inv_m = 1.0f / (float)((NCOH / OH) / C * H * W);
-    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int r1 = MIN(NCOH, (int)get_global_id(0) * rows + rows);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W, c = nc % C;
         BN_POOL_DX_CONSTANTS(c);
@@ -706,7 +706,7 @@ void bn_pool_bwd_apply_pad_cpu(const int NC, const int planes, const int C, cons
                                __global const float *sums, __global float *dx, const int batch_stats,
                                __global float *psum, const int has_psum) {
     const float inv_m = 1.0f / (float)(NC / C * H * W);
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int pl = get_global_id(0) * planes; pl < p1; pl++) {
         const int c = pl % C;
         BN_POOL_DX_CONSTANTS(c);
@@ -800,7 +800,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void ln_fwd_cpu(const int M, const int D, const int rows, __global const float *x, __global const float *gamma,
                 __global const float *beta, const float eps, __global float *y, __global float *mean,
                 __global float *rstd) {
-    const int m1 = min(M, (int)(get_global_id(0) + 1) * rows);
+    const int m1 = MIN(M, (int)(get_global_id(0) + 1) * rows);
     for (int m = get_global_id(0) * rows; m < m1; m++) {
         __global const float *xr = x + (long)m * D;
         float a[16], b[16];
@@ -822,7 +822,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void ln_bwd_dx_cpu(const int M, const int D, const int rows, __global const float *x, __global const float *dy,
                    __global const float *gamma, __global const float *mean, __global const float *rstd,
                    __global float *dx) {
-    const int m1 = min(M, (int)(get_global_id(0) + 1) * rows);
+    const int m1 = MIN(M, (int)(get_global_id(0) + 1) * rows);
     for (int m = get_global_id(0) * rows; m < m1; m++) {
         const long base = (long)m * D;
         const float mu = mean[m], inv = rstd[m];
@@ -892,7 +892,7 @@ inline float hmax16(const float16 v) {
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void softmax_fwd_cpu(const int outer, const int D, const int inner, __global const float *x, __global float *y,
                      const int total, const int rows) {
-    const int g1 = min(total, (int)(get_global_id(0) + 1) * rows);
+    const int g1 = MIN(total, (int)(get_global_id(0) + 1) * rows);
     for (int g = get_global_id(0) * rows; g < g1; g++) {
         const int base = (g / inner) * D * inner + g % inner;
         if (inner == 1 && D >= 16) {
@@ -929,7 +929,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void softmax_bwd_cpu(const int outer, const int D, const int inner, __global const float *y,
                      __global const float *dy, __global float *dx, const float scale, const int total,
                      const int rows) {
-    const int g1 = min(total, (int)(get_global_id(0) + 1) * rows);
+    const int g1 = MIN(total, (int)(get_global_id(0) + 1) * rows);
     for (int g = get_global_id(0) * rows; g < g1; g++) {
         const int base = (g / inner) * D * inner + g % inner;
         if (inner == 1 && D >= 16) {

@@ -34,7 +34,7 @@ MAX2X2_FN(float, int)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void maxpool2_fwd_cpu(const int NCOH, const int rows, const int H, const int W, const int OH, const int OW,
                       __global const float *x, __global float *y, __global int *arg) {
-    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int r1 = MIN(NCOH, (int)get_global_id(0) * rows + rows);
     const int8 lane2 = (int8)(0, 2, 4, 6, 8, 10, 12, 14);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W;  // the window rows' offsets in the plane
@@ -72,7 +72,7 @@ void bn_maxpool2_cpu(const int NCOH, const int rows, const int C, const int H, c
                      __global const float *x, __global const float *mean, __global const float *var,
                      __global const float *gamma, __global const float *beta, const float eps, const float slope,
                      __global float *y, __global int *arg) {
-    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int r1 = MIN(NCOH, (int)get_global_id(0) * rows + rows);
     const int16 lane2 = (int16)(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
 #define BNA(v) BN_ACT(v, m, inv, ga, be, slope)
     for (int r = get_global_id(0) * rows; r < r1; r++) {
@@ -119,7 +119,7 @@ void bn_maxpool2_cpu(const int NCOH, const int rows, const int C, const int H, c
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void maxpool2_bwd_cpu(const int NCOH, const int rows, const int H, const int W, const int OH, const int OW,
                       __global const float *dy, __global const int *arg, __global float *dx) {
-    const int r1 = min(NCOH, (int)get_global_id(0) * rows + rows);
+    const int r1 = MIN(NCOH, (int)get_global_id(0) * rows + rows);
     const int8 lane2 = (int8)(0, 2, 4, 6, 8, 10, 12, 14);
     for (int r = get_global_id(0) * rows; r < r1; r++) {
         const int nc = r / OH, oh = r - nc * OH, top = 2 * oh * W;
@@ -169,7 +169,7 @@ void maxpool2_bwd_cpu(const int NCOH, const int rows, const int H, const int W, 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void global_avgpool_fwd_cpu(const int NC, const int planes, const int HW, __global const float *x,
                             __global float *y) {
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int p = get_global_id(0) * planes; p < p1; p++) {
         __global const float *s = x + (long)p * HW;
         float acc = 0.0f;
@@ -190,7 +190,7 @@ void global_avgpool_fwd_cpu(const int NC, const int planes, const int HW, __glob
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void global_avgpool_bwd_cpu(const int NC, const int planes, const int HW, __global const float *dy,
                             __global float *dx, __global const float *act_out, const float act_slope) {
-    const int p1 = min(NC, (int)get_global_id(0) * planes + planes);
+    const int p1 = MIN(NC, (int)get_global_id(0) * planes + planes);
     for (int p = get_global_id(0) * planes; p < p1; p++) {
         const float v = dy[p] / (float)HW;
         __global float *d = dx + p * HW;

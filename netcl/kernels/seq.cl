@@ -18,11 +18,11 @@ __kernel void layernorm(const int rows, __global const float *restrict x, __glob
     float v = 0.0f;
     for (int k = 0; k < D; k++) {
         const float d = xr[k] - m;
-        v = fma(d, d, v);
+        v += d * d;
     }
     const float rstd = 1.0f / sqrt(v / D + EPS);
     __global float *yr = y + (size_t)r * D;
-    for (int k = 0; k < D; k++) yr[k] = fma((xr[k] - m) * rstd, gamma[k], beta[k]);
+    for (int k = 0; k < D; k++) yr[k] = (xr[k] - m) * rstd * gamma[k] + beta[k];
 }
 
 #endif

@@ -1,8 +1,21 @@
 // What the CPU (PoCL) kernel files share: unaligned vector types (a row of odd length starts
-// anywhere; PoCL keeps a dereferenced vector in registers, where vloadN is an out-of-line call)
-// and the horizontal sum of a float16.
+// anywhere; PoCL keeps a dereferenced vector in registers, where vloadN is an out-of-line call),
+// MIN and MAX, and the horizontal sum of a float16.
+//
+// PyPI's PoCL 3.0 (pocl-binary-distribution, LLVM 14; the default device wherever it builds
+// kernels) calls every builtin of its kernel library out of line, fma, min and max included
+// (Debian's PoCL 3.1 inlines them): each call costs a call and, worse, sends the vector registers
+// around it through the stack. So CPU kernels write a * b + c (contracted to one FMA: OpenCL's
+// FP_CONTRACT is on by default; the same bits as fma on FMA hardware), dereference vector pointers
+// and use these integer MIN and MAX (arguments without side effects). Measured on a Zen 3 with
+// PyPI's PoCL 3.0 (tools/ab_kernels.py --step resnet8:64, the builtins as side B): winot_wgrad's
+// 8-wide sums with fma and vload8 took 7.7-9.4x as long, pw2_wgrad_cpu with fma 1.8-2.1x, and
+// with min and max (fma gone) wgrad2_cpu 1.3-1.6x, pw2_wgrad_cpu 1.8-2.0x, corrc_cpu 1.2x.
 #ifndef NETCL_VEC_CPU_H
 #define NETCL_VEC_CPU_H
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
 
 typedef float16 __attribute__((aligned(4))) ufloat16;
 typedef float8 __attribute__((aligned(4))) ufloat8;
