@@ -131,7 +131,7 @@ __kernel void dw_forward(const int N, const int C, const int H, const int W, con
             if (ih < 0 || ih >= H) continue;
             for (int kw = 0; kw < k; kw++) {
                 const int iw = ow * s - p + kw * d;
-                if (iw >= 0 && iw < W) acc = fma(src[ih * W + iw], wk[kh * k + kw], acc);
+                if (iw >= 0 && iw < W) acc += src[ih * W + iw] * wk[kh * k + kw];
             }
         }
         dst[ow] = has_bias ? acc + bias[o] : acc;
@@ -157,7 +157,7 @@ __kernel void dw_backward_data(const int N, const int C, const int H, const int 
                 const float wv = w[(o * k + kh) * k + kw];
                 for (int ow = 0; ow < OW; ow++) {
                     const int iw = ow * s - p + kw * d;
-                    if (iw >= 0 && iw < W) dst[iw] = fma(g[ow], wv, dst[iw]);
+                    if (iw >= 0 && iw < W) dst[iw] += g[ow] * wv;
                 }
             }
         }
@@ -181,7 +181,7 @@ __kernel void dw_backward_weight(const int N, const int C, const int H, const in
         __global const float *src = x + ((n * C + c) * H + ih) * W;
         for (int ow = 0; ow < OW; ow++) {
             const int iw = ow * s - p + kw * d;
-            if (iw >= 0 && iw < W) acc = fma(gy[ow], src[iw], acc);
+            if (iw >= 0 && iw < W) acc += gy[ow] * src[iw];
         }
     }
     const float total = group_sum(acc, part);
@@ -208,7 +208,7 @@ void dw_backward_weight_cpu(const int N, const int C, const int H, const int W, 
         float acc = 0.0f;
         for (int ow = 0; ow < OW; ow++) {
             const int iw = ow * s - p + kw * d;
-            if (iw >= 0 && iw < W) acc = fma(gy[ow], src[iw], acc);
+            if (iw >= 0 && iw < W) acc += gy[ow] * src[iw];
         }
         a[r % 16] += acc;
     }
