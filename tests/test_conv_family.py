@@ -223,6 +223,42 @@ def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, monkeyp
     assert_close(acc.to_host(), base + first[1], what="backward_into")
 
 
+@pytest.mark.parametrize("cls", ["native", "other"])
+@pytest.mark.parametrize("n,c,k,bias", [(2, 7, 20, True), (3, 4, 16, False)])
+def test_stride2_weight_gradient_kernels_by_class(queue, rng, monkeypatch, n, c, k, bias, cls):
+    """A 3x3 stride-2 convolution's weight and bias gradients after a "phases" forward: AVX2's blocks
+    (WG2_OL) take them with output channels in the lanes (dy_t8_cpu, wgrad2o_cpu), AVX-512's with
+    positions in the lanes (wgrad2_cpu, the bias by channel_sum); both against float64 numpy, an odd
+    input channel count (the last pair's second repeats the first) and output channels past a block
+    of 16 included."""
+    if not ops.is_cpu(queue):
+        pytest.skip("the CPU kernels")
+    use_cpu_class(queue, monkeypatch, cls)
+    launched, launch = [], ops.launch
+
+    def spy(q, family, name, *args, options=()):
+        launched.append(name)
+        return launch(q, family, name, *args, options=options)
+    monkeypatch.setattr(ops, "launch", spy)
+    layer = nn.Conv2d(c, k, 3, stride=2, padding=1, bias=bias).to(queue).train()
+    x, dy = rand(rng, n, c, 32, 32), rand(rng, n, k, 16, 16)
+    layer(Tensor.from_host(queue, x))
+    assert layer._saved[1] == "phases"
+    launched.clear()
+    layer.backward(Tensor.from_host(queue, dy))
+    lanes = conv_module._blocks(queue)["WG2_OL"]
+    assert lanes == (ops.config_class(queue) == "cpu")
+    assert ("wgrad2o_cpu" in launched, "dy_t8_cpu" in launched, "wgrad2_cpu" in launched) == (lanes, lanes, not lanes)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((k, c, 3, 3))
+    for j in range(3):
+        for l in range(3):
+            want[:, :, j, l] = np.einsum("nohw,nchw->oc", dy.astype(np.float64), xp[:, :, j:j + 32:2, l:l + 32:2])
+    assert_close(layer.weight.grad.to_host(), want, what="dW")
+    if bias:
+        assert_close(layer.bias.grad.to_host(), dy.astype(np.float64).sum(axis=(0, 2, 3)), what="db")
+
+
 winot_wgrad = conv_module._winot_wgrad
 
 WINOT_CASES = [  # N, C, H, W, K, bias: 3x3 stride-1 padding-1 convolutions conv_winot.cl trains

@@ -117,7 +117,7 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     enqueue_linear); direct [(label, kind, conv, xp shape, dy shape)] the weight gradients computed
     without a GEMM (a GEMM of M = out channels, N = weights per output channel, K = batch x output
     positions): kind "narrow" by Conv2d._wgrad_narrow, "oc16" by Conv2d._wgrad_oc16, "phases" by
-    Conv2d._backward_phases (wgrad2_cpu; xp shape: the input as it is), "pooled" inside the
+    Conv2d._backward_phases (wgrad2o_cpu on AVX2, wgrad2_cpu on AVX-512; xp shape: the input as it is), "pooled" inside the
     backward pass of the BatchNorm2d (+ activation + MaxPool2d) after the conv
     (BatchNorm2d._conv_grads_pooled). mode "trainstep": the step as a netcl.TrainStep runs it (its
     first call, eager: the replays run the same launches), "loop": as layer calls. Labels name the
@@ -349,7 +349,8 @@ def bench_direct(q, repeat, direct, rng):
     for more weights, 16 output channels in the lanes) replayed, and the launches they replaced
     (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0, conv._OC16_WIDTHS
     = ()). "phases" (Conv2d._backward_phases: a 3x3 stride-2 convolution's dW from x as it is by
-    wgrad2_cpu's per-chunk sums, then sum_chunks_cpu) likewise, against im2col_cpu from a padded
+    per-chunk sums, then sum_chunks_cpu: on AVX2 dy_t8_cpu transposes dy for wgrad2o_cpu and sums
+    its planes for the bias, on AVX-512 wgrad2_cpu reads dy as it is) likewise, against im2col_cpu from a padded
     copy of x, dy_rows_cpu and the GEMM. "pooled" (dW and db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the
     conv, instead of its dy): its cost is that pass's replayed time less the same pass writing dy
     (the unfused step's), under 0.1 us counted as 0.1; the replaced launches are that pass and
@@ -358,8 +359,8 @@ def bench_direct(q, repeat, direct, rng):
     rows = [bench.get(entry[1], _bench_narrow)(q, repeat, entry, rng) for entry in direct]
     one_launch, pooled = [r for r in rows if r["kind"] != "pooled"], [r for r in rows if r["kind"] == "pooled"]
     if one_launch:
-        print("\n== weight gradients without a GEMM (one launch; phases: wgrad2_cpu, sum_chunks_cpu) vs numpy's GEMM "
-              "of the same product ==")
+        print("\n== weight gradients without a GEMM (one launch; phases: dy_t8_cpu + wgrad2o_cpu or wgrad2_cpu, then "
+              "sum_chunks_cpu) vs numpy's GEMM of the same product ==")
         print(f"{'shape':18s} {'first run by':38s} {'replayed GF/s':>13s} {'numpy GF/s':>10s} {'numpy/netcl':>11s} "
               f"{'replayed us':>11s} {'numpy us':>8s} {'replaced us (launches)':>22s} {'rel err':>8s}")
     for r in one_launch:

@@ -1078,6 +1078,114 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
     }
 }
 
+// dyt (N, P, COP) = dy (N, CO, P) with a position's channels in a row (COP: CO rounded up to 16,
+// zero past CO), wgrad2o_cpu's operand, and sums[n * CO + o] = the sum of plane (n, o) (the bias
+// gradient's per-image sums). Work-item: image n, in 8 x 8 blocks transposed in registers (P a
+// multiple of 8). One image a work-item: the 8 channels of a block fill a part of each row's
+// cache lines, which another core's work-item wrote the rest of when blocks of channels were
+// work-items (1.5-2x as long).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1)))
+void dy_t8_cpu(const int CO, const int COP, const int P, __global const float *dy, __global float *dyt,
+               __global float *sums) {
+    const int n = get_global_id(0);
+    for (int o0 = 0; o0 < COP; o0 += 8) {
+        __global const float *src = dy + (n * CO + o0) * P;
+        __global float *dst = dyt + n * P * COP + o0;
+        float8 s = 0.0f;
+        for (int p0 = 0; p0 < P; p0 += 8) {
+            float8 a[8], t[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) a[i] = o0 + i < CO ? *(__global const ufloat8 *)(src + i * P + p0) : 0.0f;
+            TRANSPOSE8(a, t);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                *(__global ufloat8 *)(dst + (p0 + i) * COP) = t[i];
+                s += t[i];
+            }
+        }
+        union { float8 v; float f[8]; } u;
+        u.v = s;
+        for (int i = 0; i < 8 && o0 + i < CO; i++) sums[n * CO + o0 + i] = u.f[i];
+    }
+}
+
+// wgrad2_cpu's per-chunk sums part[g][o][c][j][l] on AVX2, output channels in the lanes: from x
+// (N, C, H, W) as it is and dyt (N, P, COP) (dy_t8_cpu). Work-item (input channels c0 and c0 + 1,
+// 16 output channels o0.., chunk g; the second channel repeats the first past C, not stored)
+// takes one kernel row j at a time: 2 channels x 3 taps x 2 vectors of 8 output channels, 12
+// accumulators; per position two dy loads and six broadcast inputs for 12 multiply-adds, no
+// shuffles (wgrad2_cpu's positions in the lanes shuffled each input row into its three taps: 7
+// shuffles per 12 multiply-adds). An image's sums join a running total (no lane adds more than
+// P products in one run).
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(256)))
+void wgrad2o_cpu(const int N, const int C, const int CO, const int COP, const int OH, const int OW, const int chunk,
+                 __global const float *x, __global const float *dyt, __global float *part) {
+    const int c0 = get_global_id(0) * 2, o0 = get_global_id(1) * 16, g = get_global_id(2);
+    const int P = OH * OW, W = 2 * OW, c1 = MIN(c0 + 1, C - 1), n1 = MIN(N, g * chunk + chunk);
+    for (int j = 0; j < 3; j++) {
+        float8 tot[2][2][3];  // [input channel][half of the output channels][tap l]
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int l = 0; l < 3; l++) tot[e][h][l] = 0.0f;
+        for (int n = g * chunk; n < n1; n++) {
+            float8 acc[2][2][3];
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int l = 0; l < 3; l++) acc[e][h][l] = 0.0f;
+            __global const float *xa = x + (n * C + c0) * 4 * P + (j - 1) * W;  // input row 2y + j - 1
+            __global const float *xb = x + (n * C + c1) * 4 * P + (j - 1) * W;
+            __global const float *dn = dyt + n * P * COP + o0;
+            for (int y = j == 0; y < OH; y++) {  // row -1 (j = 0, y = 0) is zero: skipped
+                __global const float *ra = xa + 2 * y * W, *rb = xb + 2 * y * W, *dr = dn + y * OW * COP;
+                {  // column -1 (tap l = 0 at x = 0) is zero
+                    const float8 d0 = *(__global const ufloat8 *)dr, d1 = *(__global const ufloat8 *)(dr + 8);
+                    const float a1 = ra[0], a2 = ra[1], b1 = rb[0], b2 = rb[1];
+                    acc[0][0][1] += d0 * a1;
+                    acc[0][1][1] += d1 * a1;
+                    acc[0][0][2] += d0 * a2;
+                    acc[0][1][2] += d1 * a2;
+                    acc[1][0][1] += d0 * b1;
+                    acc[1][1][1] += d1 * b1;
+                    acc[1][0][2] += d0 * b2;
+                    acc[1][1][2] += d1 * b2;
+                }
+                for (int i = 1; i < OW; i++) {
+                    __global const float *d = dr + i * COP;
+                    const float8 d0 = *(__global const ufloat8 *)d, d1 = *(__global const ufloat8 *)(d + 8);
+#pragma unroll
+                    for (int l = 0; l < 3; l++) {
+                        const float a = ra[2 * i + l - 1], b = rb[2 * i + l - 1];
+                        acc[0][0][l] += d0 * a;
+                        acc[0][1][l] += d1 * a;
+                        acc[1][0][l] += d0 * b;
+                        acc[1][1][l] += d1 * b;
+                    }
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int l = 0; l < 3; l++) tot[e][h][l] += acc[e][h][l];
+        }
+        for (int e = 0; e < 2 && c0 + e < C; e++)
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 3; l++) {
+                    union { float8 v; float f[8]; } u;
+                    u.v = tot[e][h][l];
+                    for (int m = 0; m < 8 && o0 + 8 * h + m < CO; m++)
+                        part[((g * CO + o0 + 8 * h + m) * C + c0 + e) * 9 + 3 * j + l] = u.f[m];
+                }
+    }
+}
+
 // corrt2_cpu for one row of dy a vector (PW2_ROWS 1) and an even number of rows: a work-item takes
 // dy rows y and y + 1 (y even) of a column block, which share row y + 1 (the second's d0, the
 // first's d1), so each weight it reads serves two vectors: 2 channels x 2 rows x 4 accumulators.

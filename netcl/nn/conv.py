@@ -97,9 +97,9 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64 (GEMM benchmark): not taken (dc5fb01).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
-                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8},
+                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8, "WG2_OL": False},
                "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
-                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_O": 4}}
+                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_O": 4, "WG2_OL": True}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
 
 
@@ -849,28 +849,44 @@ class Conv2d(Module):
                    int(into is not None), dx, *ops.dx_act_args(q, act), options=options + ops.dx_act_options(act))
         return dx.mark_written()
 
-    def _grads_of_chunks(self, part, chunks, dy):
+    def _grads_of_chunks(self, part, chunks, dy, sums=None):
         """The weight gradient (+)= a kernel's per-chunk partial sums `part` (chunks, weight.size),
-        added in order (sum_chunks_cpu); the bias gradient from dy."""
+        added in order (sum_chunks_cpu); the bias gradient from the per-image sums `sums` (N * OC)
+        where given, else from dy."""
         gw, acc = ops.grad_target(self.weight)
         _sum_chunks(dy.queue, gw.size, chunks, part.mark_written(), gw, int(acc))
         gw.mark_written()
-        if self.bias is not None:
+        if sums is not None:
+            self._bias_grad_cpu(dy.shape[0], dy.shape[1], sums)
+        elif self.bias is not None:
             _channel_sum(dy, self.bias)
 
     def _backward_phases(self, dy, need_dx, options):
         """_backward_cpu after a "phases" forward (_phases, whose build options are `options`) on
-        rows of whole wgrad2_cpu vectors (WG2_VW outputs): dW from wgrad2_cpu's per-chunk sums over
-        x as it is (added in order), dx from corrt2_cpu's phases, both reading dy as it is."""
+        rows of whole wgrad2_cpu vectors (WG2_VW outputs): dW from per-chunk sums over x as it is
+        (added in order) and dx from corrt2_cpu's phases, both reading dy as it is. The per-chunk
+        sums: on AVX2 (_CPU_BLOCKS' WG2_OL), wgrad2o_cpu's with output channels in the lanes from
+        dy transposed (dy_t8_cpu, which also sums its planes for the bias); on AVX-512, wgrad2_cpu's
+        with positions in the lanes."""
         (n, c, h, w), _, x = self._saved
         _, oc, oh, ow = dy.shape
         q, blocks = dy.queue, _blocks(dy.queue)
-        vw, wo = blocks["WG2_VW"], blocks["WG2_O"]
-        chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // wo), oh * ow // vw)
-        part = ops.new(q, (chunks, oc, c * 9))
-        ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // wo), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x, dy,
-                   part, options=options)
-        self._grads_of_chunks(part, chunks, dy)
+        if blocks["WG2_OL"]:
+            cop, P = -(-oc // 16) * 16, oh * ow
+            dyt, sums = ops.new(q, (n, P, cop)), ops.new(q, (n * oc,))
+            ops.launch(q, _FAMILY, "dy_t8_cpu", (n,), (1,), oc, cop, P, dy, dyt, sums, options=options)
+            chunk, chunks = _image_chunks(n, c * h * w + cop * P, -(-c // 2) * (cop // 16), 1)
+            part = ops.new(q, (chunks, oc, c * 9))
+            ops.launch(q, _FAMILY, "wgrad2o_cpu", (-(-c // 2), cop // 16, chunks), (1, 1, 1), n, c, oc, cop, oh, ow,
+                       chunk, x, dyt.mark_written(), part, options=options)
+            self._grads_of_chunks(part, chunks, dy, sums.mark_written())
+        else:
+            vw, wo = blocks["WG2_VW"], blocks["WG2_O"]
+            chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // wo), oh * ow // vw)
+            part = ops.new(q, (chunks, oc, c * 9))
+            ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // wo), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x,
+                       dy, part, options=options)
+            self._grads_of_chunks(part, chunks, dy)
         if not need_dx:
             return None
         return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
