@@ -224,13 +224,13 @@ def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, monkeyp
 
 
 @pytest.mark.parametrize("cls", ["native", "other"])
-@pytest.mark.parametrize("n,c,k,bias", [(2, 7, 20, True), (3, 4, 16, False)])
+@pytest.mark.parametrize("n,c,k,bias", [(2, 7, 20, True), (3, 4, 16, False), (3, 11, 40, True)])
 def test_stride2_weight_gradient_kernels_by_class(queue, rng, monkeypatch, n, c, k, bias, cls):
     """A 3x3 stride-2 convolution's weight and bias gradients after a "phases" forward: AVX2's blocks
     (WG2_OL) take them with output channels in the lanes (dy_t8_cpu, wgrad2o_cpu), AVX-512's with
     positions in the lanes (wgrad2_cpu, the bias by channel_sum); both against float64 numpy, an odd
-    input channel count (the last pair's second repeats the first) and output channels past a block
-    of 16 included."""
+    input channel count (the last pair's second repeats the first), output channels past a block
+    of 16 and (3, 11, 40) chunks of two images, the last one short, included."""
     if not ops.is_cpu(queue):
         pytest.skip("the CPU kernels")
     use_cpu_class(queue, monkeypatch, cls)
@@ -249,6 +249,7 @@ def test_stride2_weight_gradient_kernels_by_class(queue, rng, monkeypatch, n, c,
     lanes = conv_module._blocks(queue)["WG2_OL"]
     assert lanes == (ops.config_class(queue) == "cpu")
     assert ("wgrad2o_cpu" in launched, "dy_t8_cpu" in launched, "wgrad2_cpu" in launched) == (lanes, lanes, not lanes)
+    assert ("channel_sum" in launched) == (bias and not lanes)
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     want = np.zeros((k, c, 3, 3))
     for j in range(3):

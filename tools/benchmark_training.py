@@ -117,9 +117,9 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
     enqueue_linear); direct [(label, kind, conv, xp shape, dy shape)] the weight gradients computed
     without a GEMM (a GEMM of M = out channels, N = weights per output channel, K = batch x output
     positions): kind "narrow" by Conv2d._wgrad_narrow, "oc16" by Conv2d._wgrad_oc16, "phases" by
-    Conv2d._backward_phases (wgrad2o_cpu on AVX2, wgrad2_cpu on AVX-512; xp shape: the input as it is), "pooled" inside the
-    backward pass of the BatchNorm2d (+ activation + MaxPool2d) after the conv
-    (BatchNorm2d._conv_grads_pooled). mode "trainstep": the step as a netcl.TrainStep runs it (its
+    Conv2d._backward_phases (wgrad2o_cpu on AVX2, wgrad2_cpu on AVX-512; xp shape: the input as
+    it is), "pooled" inside the backward pass of the BatchNorm2d (+ activation + MaxPool2d) after
+    the conv (BatchNorm2d._conv_grads_pooled). mode "trainstep": the step as a netcl.TrainStep runs it (its
     first call, eager: the replays run the same launches), "loop": as layer calls. Labels name the
     first model, batch and layer method to run each."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -36,7 +36,8 @@
 #endif
 // UNPAD 1: corrc_cpu and im2col_cpu read a 3x3 stride-2 padding-1 convolution's input as it is
 // (HP = H, WP = W, both even): only its row -1 and column -1 fall outside it, and those are
-// skipped or zero (no padded copy; Conv2d's "phases" mode, whose wgrad2_cpu always reads so)
+// skipped or zero (no padded copy; Conv2d's "phases" mode, whose weight gradient kernels always
+// read so)
 #ifndef UNPAD
 #define UNPAD 0
 #endif
@@ -1011,31 +1012,15 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // from column 2 x0 - 1, or the odd lanes of the same one column on (l = 2). No im2col columns and
 // no GEMM operand copy of dy. Work-item (c, block of WG2_O output channels, chunk g) takes the taps
 // of one kernel row j at a time: WG2_O x 3 accumulators, the three tap vectors of an input row
-// serving WG2_O dy vectors. AVX-512: float16 and 8 channels (24 of its 32 registers); AVX2: float8
-// and 4 (12 of 16). All 9 taps of 2 channels at once (18 float16, 36 of AVX2's 16 registers)
-// ran 1.6x slower in AVX2 code and 1.07-1.17x on AVX-512 (paired, resnet8's and wider shapes). The
+// serving WG2_O dy vectors: float16 and 8 channels, 24 of AVX-512's 32 registers (AVX2 runs
+// wgrad2o_cpu: in float8 x 4 this kernel's shuffles took 7 uops per 12 multiply-adds). All 9 taps
+// of 2 channels at once ran 1.07-1.17x slower on AVX-512 (paired, resnet8's and wider shapes). The
 // chunks are short enough that no lane adds a long run (_image_chunks).
-#ifndef WG2_VW
 #define WG2_VW 16
-#endif
-#ifndef WG2_O
 #define WG2_O 8
-#endif
-#if WG2_VW == 8
-typedef float8 wg2v;
-typedef ufloat8 uwg2v;
-#define WG2_EVEN 0, 2, 4, 6, 8, 10, 12, 14
-#define WG2_ODD 1, 3, 5, 7, 9, 11, 13, 15
-#define WG2_ZSHIFT 0, 8, 9, 10, 11, 12, 13, 14
-#define WG2_HSUM hsum8
-#else
 typedef float16 wg2v;
 typedef ufloat16 uwg2v;
-#define WG2_EVEN EVEN_LANES
-#define WG2_ODD ODD_LANES
 #define WG2_ZSHIFT 0, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
-#define WG2_HSUM hsum16
-#endif
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int OW, const int chunk,
                 __global const float *x, __global const float *dy, __global float *part) {
@@ -1058,9 +1043,9 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
                     const wg2v a = x0 ? *(__global const uwg2v *)r
                                       : __builtin_shufflevector((wg2v)0.0f, a1, WG2_ZSHIFT);  // column -1: 0
                     const wg2v b = *(__global const uwg2v *)(r + WG2_VW);
-                    const wg2v t0 = __builtin_shufflevector(a, b, WG2_EVEN);  // taps l = 0, 1, 2
-                    const wg2v t1 = __builtin_shufflevector(a, b, WG2_ODD);
-                    const wg2v t2 = __builtin_shufflevector(a1, b1, WG2_ODD);
+                    const wg2v t0 = __builtin_shufflevector(a, b, EVEN_LANES);  // taps l = 0, 1, 2
+                    const wg2v t1 = __builtin_shufflevector(a, b, ODD_LANES);
+                    const wg2v t2 = __builtin_shufflevector(a1, b1, ODD_LANES);
 #pragma unroll
                     for (int m = 0; m < WG2_O; m++) {
                         const wg2v d = *(__global const uwg2v *)(dn + MIN(o0 + m, CO - 1) * P + y * OW + x0);
@@ -1073,17 +1058,17 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
         for (int m = 0; m < MIN(WG2_O, CO - o0); m++) {
             __global float *d = part + ((g * CO + o0 + m) * C + c) * 9 + 3 * j;
 #pragma unroll
-            for (int l = 0; l < 3; l++) d[l] = WG2_HSUM(acc[m][l]);
+            for (int l = 0; l < 3; l++) d[l] = hsum16(acc[m][l]);
         }
     }
 }
 
 // dyt (N, P, COP) = dy (N, CO, P) with a position's channels in a row (COP: CO rounded up to 16,
 // zero past CO), wgrad2o_cpu's operand, and sums[n * CO + o] = the sum of plane (n, o) (the bias
-// gradient's per-image sums). Work-item: image n, in 8 x 8 blocks transposed in registers (P a
-// multiple of 8). One image a work-item: the 8 channels of a block fill a part of each row's
-// cache lines, which another core's work-item wrote the rest of when blocks of channels were
-// work-items (1.5-2x as long).
+// gradient's per-image sums, flushed every 64 values a lane). Work-item: image n, in 8 x 8 blocks
+// transposed in registers (P a multiple of 8). One image a work-item: the 8 channels of a block
+// fill a part of each row's cache lines, which another core's work-item wrote the rest of when
+// blocks of channels were work-items (1.5-2x as long).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void dy_t8_cpu(const int CO, const int COP, const int P, __global const float *dy, __global float *dyt,
                __global float *sums) {
@@ -1091,7 +1076,7 @@ void dy_t8_cpu(const int CO, const int COP, const int P, __global const float *d
     for (int o0 = 0; o0 < COP; o0 += 8) {
         __global const float *src = dy + (n * CO + o0) * P;
         __global float *dst = dyt + n * P * COP + o0;
-        float8 s = 0.0f;
+        float8 s = 0.0f, r = 0.0f;
         for (int p0 = 0; p0 < P; p0 += 8) {
             float8 a[8], t[8];
 #pragma unroll
@@ -1100,11 +1085,12 @@ void dy_t8_cpu(const int CO, const int COP, const int P, __global const float *d
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 *(__global ufloat8 *)(dst + (p0 + i) * COP) = t[i];
-                s += t[i];
+                r += t[i];
             }
+            if (p0 % 64 == 56) s += r, r = 0.0f;
         }
         union { float8 v; float f[8]; } u;
-        u.v = s;
+        u.v = s + r;
         for (int i = 0; i < 8 && o0 + i < CO; i++) sums[n * CO + o0 + i] = u.f[i];
     }
 }
@@ -1112,32 +1098,26 @@ void dy_t8_cpu(const int CO, const int COP, const int P, __global const float *d
 // wgrad2_cpu's per-chunk sums part[g][o][c][j][l] on AVX2, output channels in the lanes: from x
 // (N, C, H, W) as it is and dyt (N, P, COP) (dy_t8_cpu). Work-item (input channels c0 and c0 + 1,
 // 16 output channels o0.., chunk g; the second channel repeats the first past C, not stored)
-// takes one kernel row j at a time: 2 channels x 3 taps x 2 vectors of 8 output channels, 12
+// takes one kernel row j at a time: 2 channels x 3 taps x 2 float8 of output channels, 12
 // accumulators; per position two dy loads and six broadcast inputs for 12 multiply-adds, no
 // shuffles (wgrad2_cpu's positions in the lanes shuffled each input row into its three taps: 7
-// shuffles per 12 multiply-adds). An image's sums join a running total (no lane adds more than
-// P products in one run).
-__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(256)))
+// shuffle uops per 12 multiply-adds). The accumulators join a running total after every 64 or
+// more products a lane (whole rows), so no lane adds a long run.
+__kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void wgrad2o_cpu(const int N, const int C, const int CO, const int COP, const int OH, const int OW, const int chunk,
                  __global const float *x, __global const float *dyt, __global float *part) {
     const int c0 = get_global_id(0) * 2, o0 = get_global_id(1) * 16, g = get_global_id(2);
     const int P = OH * OW, W = 2 * OW, c1 = MIN(c0 + 1, C - 1), n1 = MIN(N, g * chunk + chunk);
     for (int j = 0; j < 3; j++) {
-        float8 tot[2][2][3];  // [input channel][half of the output channels][tap l]
+        float8 acc[2][2][3], tot[2][2][3];  // [input channel][half of the output channels][tap l]
 #pragma unroll
         for (int e = 0; e < 2; e++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int l = 0; l < 3; l++) tot[e][h][l] = 0.0f;
+                for (int l = 0; l < 3; l++) acc[e][h][l] = tot[e][h][l] = 0.0f;
+        int run = 0;  // positions in the accumulators
         for (int n = g * chunk; n < n1; n++) {
-            float8 acc[2][2][3];
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int l = 0; l < 3; l++) acc[e][h][l] = 0.0f;
             __global const float *xa = x + (n * C + c0) * 4 * P + (j - 1) * W;  // input row 2y + j - 1
             __global const float *xb = x + (n * C + c1) * 4 * P + (j - 1) * W;
             __global const float *dn = dyt + n * P * COP + o0;
@@ -1167,14 +1147,23 @@ void wgrad2o_cpu(const int N, const int C, const int CO, const int COP, const in
                         acc[1][1][l] += d1 * b;
                     }
                 }
+                if ((run += OW) >= 64) {
+                    run = 0;
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+#pragma unroll
+                            for (int l = 0; l < 3; l++) tot[e][h][l] += acc[e][h][l], acc[e][h][l] = 0.0f;
+                }
             }
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int l = 0; l < 3; l++) tot[e][h][l] += acc[e][h][l];
         }
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int l = 0; l < 3; l++) tot[e][h][l] += acc[e][h][l];
         for (int e = 0; e < 2 && c0 + e < C; e++)
             for (int h = 0; h < 2; h++)
                 for (int l = 0; l < 3; l++) {

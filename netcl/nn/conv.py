@@ -88,19 +88,21 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # halve AVX-512's, whose accumulators alone filled its 16 registers once or twice over (paired, a
 # layer's training forward and backward in AVX2 code, resnet8's shapes at batch 64: the 1x1
 # shortcut 1.14-1.27x faster with PW_RM 4, then 1.03-1.08x with PW_WC 2; the 3x3 stride-2 layer on
-# 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x). wgrad2_cpu's
-# WG2_VW positions x WG2_O output channels: float16 x 8 on AVX-512, float8 x 4 on AVX2 (which also
-# takes rows of 8 there, where AVX-512 runs im2col_cpu and a GEMM). In AVX2 code on Zen 4 float8 x 4
-# ran 1.6x faster than float16 x 2 (all 9 taps then), x 3 1.4x, x 5-8 1.1-1.2x; on AVX-512 x 8
-# 1.07-1.17x, x 4-6 1.02-1.03x (paired, the weight gradient alone, 16 -> 32 and 32 -> 64 channels).
-# AVX-512's rows of 8 in float8 x 8 instead of im2col and the GEMM: 0.84-0.96x of their time at three
-# shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64 (GEMM benchmark): not taken (dc5fb01).
+# 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x). The 3x3
+# stride-2 weight gradient's kernel reads rows of whole WG2_VW vectors: on AVX-512 wgrad2_cpu's 16
+# positions x 8 output channels (x 8 1.07-1.17x faster than x 2, x 4-6 1.02-1.03x, paired, 16 -> 32
+# and 32 -> 64 channels), rows of 8 taking im2col_cpu and a GEMM (float8 x 8 instead: 0.84-0.96x of
+# their time at three shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64: not taken,
+# dc5fb01); on AVX2 (WG2_OL) wgrad2o_cpu's 16 output channels in the lanes on rows of 8 or more
+# (wgrad2_cpu in float8 x 4 there: 0.62x of its time at resnet8's 32 -> 64 channels, 0.80-0.92x at
+# 16 -> 32, paired on a Zen 3, the weight gradient alone).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
-                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_O": 8, "WG2_OL": False},
+                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_OL": False},
                "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
-                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_O": 4, "WG2_OL": True}}
+                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_OL": True}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
+_WG2_O = 8  # wgrad2_cpu's output channels a work-item (its WG2_O)
 
 
 def _blocks(q):
@@ -109,10 +111,9 @@ def _blocks(q):
 
 
 def _stride2_blocks(q):
-    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu, wgrad2_cpu) for q's
-    device class."""
+    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu) for q's device class."""
     b = _blocks(q)
-    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM", "WG2_VW", "WG2_O"))
+    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM"))
 
 
 def _cpu_options(k, flip=0, rm=8, ro=None, rr=_CORR_RR):
@@ -477,8 +478,8 @@ class Conv2d(Module):
 
     def _phases(self, q, shape):
         """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
-        planes _stride2_planes takes: corrc_cpu, and wgrad2_cpu (rows of whole WG2_VW vectors) or
-        im2col_cpu (AVX-512's 8-wide rows) for dW, read x as it is (UNPAD: no padded copy);
+        planes _stride2_planes takes: corrc_cpu, and for dW wgrad2o_cpu (AVX2), wgrad2_cpu (AVX-512's
+        rows of 16 or more) or im2col_cpu (AVX-512's 8-wide rows), read x as it is (UNPAD: no padded copy);
         corrt2_cpu gives dx."""
         return self._stride2_planes(q, shape, (3, 2, 1, 1)) is not None
 
@@ -677,8 +678,8 @@ class Conv2d(Module):
     def _backward_cpu(self, dy, need_dx, into=None):
         """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
         its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
-        _backward_pointwise2; after a "phases" forward on rows of whole wgrad2_cpu vectors,
-        _backward_phases.
+        _backward_pointwise2; after a "phases" forward on rows of whole vectors of the class's weight
+        gradient kernel (WG2_VW), _backward_phases.
         Otherwise one pass over dy gives the weight gradient's GEMM operand (OC, N*P) and the bias
         gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
         padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
@@ -863,7 +864,7 @@ class Conv2d(Module):
 
     def _backward_phases(self, dy, need_dx, options):
         """_backward_cpu after a "phases" forward (_phases, whose build options are `options`) on
-        rows of whole wgrad2_cpu vectors (WG2_VW outputs): dW from per-chunk sums over x as it is
+        rows of whole WG2_VW-output vectors: dW from per-chunk sums over x as it is
         (added in order) and dx from corrt2_cpu's phases, both reading dy as it is. The per-chunk
         sums: on AVX2 (_CPU_BLOCKS' WG2_OL), wgrad2o_cpu's with output channels in the lanes from
         dy transposed (dy_t8_cpu, which also sums its planes for the bias); on AVX-512, wgrad2_cpu's
@@ -875,13 +876,14 @@ class Conv2d(Module):
             cop, P = -(-oc // 16) * 16, oh * ow
             dyt, sums = ops.new(q, (n, P, cop)), ops.new(q, (n * oc,))
             ops.launch(q, _FAMILY, "dy_t8_cpu", (n,), (1,), oc, cop, P, dy, dyt, sums, options=options)
-            chunk, chunks = _image_chunks(n, c * h * w + cop * P, -(-c // 2) * (cop // 16), 1)
+            # a lane's run: 64 or more products (whole rows), then its running total
+            chunk, chunks = _image_chunks(n, c * h * w + cop * P, -(-c // 2) * (cop // 16), -(-P // 64))
             part = ops.new(q, (chunks, oc, c * 9))
             ops.launch(q, _FAMILY, "wgrad2o_cpu", (-(-c // 2), cop // 16, chunks), (1, 1, 1), n, c, oc, cop, oh, ow,
                        chunk, x, dyt.mark_written(), part, options=options)
             self._grads_of_chunks(part, chunks, dy, sums.mark_written())
         else:
-            vw, wo = blocks["WG2_VW"], blocks["WG2_O"]
+            vw, wo = blocks["WG2_VW"], _WG2_O
             chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // wo), oh * ow // vw)
             part = ops.new(q, (chunks, oc, c * 9))
             ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // wo), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x,
