@@ -230,7 +230,7 @@ def test_stride2_weight_gradient_kernels_by_class(queue, rng, monkeypatch, n, c,
     (WG2_OL) take them with output channels in the lanes (dy_t8_cpu, wgrad2o_cpu), AVX-512's with
     positions in the lanes (wgrad2_cpu, the bias by channel_sum); both against float64 numpy, an odd
     input channel count (the last pair's second repeats the first), output channels past a block
-    of 16 and (3, 11, 40) chunks of two images, the last one short, included."""
+    of 16 and (3, 11, 40; AVX2's chunking) chunks of two images, the last one short, included."""
     if not ops.is_cpu(queue):
         pytest.skip("the CPU kernels")
     use_cpu_class(queue, monkeypatch, cls)

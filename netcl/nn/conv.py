@@ -94,15 +94,15 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
 # and 32 -> 64 channels), rows of 8 taking im2col_cpu and a GEMM (float8 x 8 instead: 0.84-0.96x of
 # their time at three shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64: not taken,
 # dc5fb01); on AVX2 (WG2_OL) wgrad2o_cpu's 16 output channels in the lanes on rows of 8 or more
-# (wgrad2_cpu in float8 x 4 there: 0.62x of its time at resnet8's 32 -> 64 channels, 0.80-0.92x at
-# 16 -> 32, paired on a Zen 3, the weight gradient alone).
+# (paired on a Zen 3 at 55137ff, the weight gradient's launches replayed without a bias: 0.62x the
+# time of wgrad2_cpu's float8 x 4 at resnet8's 32 -> 64 channels, 0.80-0.92x at 16 -> 32).
 _FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
 _CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
                          "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_OL": False},
                "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
                        "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_OL": True}}
 _WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
-_WG2_O = 8  # wgrad2_cpu's output channels a work-item (its WG2_O)
+_WG2_VW, _WG2_O = 16, 8  # wgrad2_cpu's positions a vector and output channels a work-item (its defines)
 
 
 def _blocks(q):
@@ -341,10 +341,10 @@ def _pad_planes(q, src, dst, border, sums, options):
 
 def _image_chunks(n, floats, items, vectors):
     """(images per chunk, chunks) of a weight gradient's per-chunk partial sums over n images of
-    `floats` floats each (input and dy), `items` work-items per chunk and `vectors` vectors of dy
-    per image: a chunk's images stay in L2 while its work-items run, no lane of a work-item adds
-    more than _CHUNK_RUN vectors (then sum_chunks_cpu adds the chunks in order), and the chunks
-    give every core work."""
+    `floats` floats each (input and dy), `items` work-items per chunk and `vectors` additions per
+    image to a lane's sum (vectors of dy, or a kernel's flushed runs): a chunk's images stay in L2
+    while its work-items run, no lane of a work-item adds more than _CHUNK_RUN of them (then
+    sum_chunks_cpu adds the chunks in order), and the chunks give every core work."""
     chunk = max(1, min(n, _WGRAD_L2 // (4 * floats), _CHUNK_RUN // vectors))
     while chunk > 1 and items * -(-n // chunk) < _WGRAD_ITEMS:
         chunk = -(-chunk // 2)
@@ -883,7 +883,7 @@ class Conv2d(Module):
                        chunk, x, dyt.mark_written(), part, options=options)
             self._grads_of_chunks(part, chunks, dy, sums.mark_written())
         else:
-            vw, wo = blocks["WG2_VW"], _WG2_O
+            vw, wo = _WG2_VW, _WG2_O
             chunk, chunks = _image_chunks(n, c * h * w + oc * oh * ow, c * -(-oc // wo), oh * ow // vw)
             part = ops.new(q, (chunks, oc, c * 9))
             ops.launch(q, _FAMILY, "wgrad2_cpu", (c, -(-oc // wo), chunks), (1, 1, 1), n, c, oc, oh, ow, chunk, x,
