@@ -1,9 +1,15 @@
-"""Tensor: float32 storage on the host, on an OpenCL device, or both.
+"""Tensor: float32 (or int32) storage on the host, on an OpenCL device, or both, with autograd.
 
 A tensor made without a queue lives on the host only (parameters of a model that is built,
 loaded or exported where pyopencl is absent); it moves to a device on first use. Views made by
 `reshape` share their storage: a write through any of them is seen by all. The storage's
-`version` counts writes, so that derived data (fused inference weights) can tell when it is stale.
+`version` counts writes, so that derived data (fused inference weights) can tell when it is stale,
+and autograd can tell that a tensor saved for backward was changed in place.
+
+Autograd: a tensor that `requires_grad` and was made by an operation carries the node that made
+it (`grad_fn`); `backward()` walks those nodes (netcl.autograd). The operators and methods that
+compute (`+`, `@`, `sum`, `exp`, indexing, ...) are netcl.functions', installed here by install():
+this module sits below the kernels' launchers, which build on Tensor.
 """
 import math
 import threading
@@ -11,6 +17,9 @@ import threading
 import numpy as np
 
 from netcl.runtime import alloc, recorder
+
+
+FLOAT32, INT32 = np.dtype(np.float32), np.dtype(np.int32)  # what a device tensor can hold (4 bytes each)
 
 
 def _as_float32(x):
@@ -75,7 +84,7 @@ def _upload(queue, buf, host):
                                            hostbuf=staging), None]
                 slots.append(slot)
             if slot is not None:
-                slot[0][:host.size] = host
+                slot[0][:host.size] = host.view(np.float32)  # (int32 data copied bit for bit)
                 slot[2] = cl.enqueue_copy(queue, buf, slot[1], byte_count=host.nbytes)
                 return
     cl.enqueue_copy(queue, buf, host, is_blocking=False)
@@ -93,19 +102,27 @@ class _Storage:
 
 
 class Tensor:
-    """A float32 array. `queue` is None for a host-only tensor. `grad_home`, set by an optimizer on
-    its parameters, is where ops.grad_target puts the next gradient (see netcl.optim)."""
+    """An array of float32 (or int32: class indices, gather indices) on the host or a device.
+    `queue` is None for a host-only tensor. `grad_home`, set by an optimizer on its parameters, is
+    where ops.grad_target puts the next gradient (see netcl.optim). `requires_grad`, `grad` and
+    `grad_fn` are autograd's, as in PyTorch."""
 
-    __slots__ = ("shape", "_st", "grad", "grad_home", "__weakref__")
+    __slots__ = ("shape", "_st", "grad", "grad_home", "requires_grad", "_node", "_oi", "dtype", "_on_read",
+                 "__weakref__")
+    __array_priority__ = 1000  # numpy operands defer to Tensor's reflected operators (ndarray + Tensor -> Tensor)
 
-    def __init__(self, shape, queue=None, buf=None, host=None):
+    def __init__(self, shape, queue=None, buf=None, host=None, dtype=FLOAT32):
         self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (FLOAT32, INT32):
+            raise TypeError(f"a netcl Tensor holds float32 or int32, got {self.dtype}")
         if host is not None:
-            host = np.asarray(host, np.float32).reshape(-1)
+            host = np.asarray(host, self.dtype).reshape(-1)
             if host.size != self.size:
                 raise ValueError(f"host data has {host.size} elements, shape {self.shape} needs {self.size}")
         self._st = _Storage(queue, buf, host)
-        self.grad = self.grad_home = None
+        self.grad = self.grad_home = self._node = self._on_read = None
+        self.requires_grad, self._oi = False, 0
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -116,8 +133,8 @@ class Tensor:
         return t.to(queue) if queue is not None else t
 
     @classmethod
-    def empty(cls, queue, shape):
-        t = cls(shape, queue)
+    def empty(cls, queue, shape, dtype=FLOAT32):
+        t = cls(shape, queue, dtype=dtype)
         t._st.buf = alloc(queue, t.nbytes)
         return t
 
@@ -146,7 +163,9 @@ class Tensor:
 
     @property
     def size(self):
-        return math.prod(self.shape)  # shape holds Python ints; np.prod costs ~4 us per call
+        """The number of elements, as NumPy's `size`; also callable as PyTorch's `size()` (the
+        shape) and `size(dim)`."""
+        return _Size(math.prod(self.shape), self.shape)  # Python ints: np.prod costs ~4 us per call
 
     @property
     def nbytes(self):
@@ -172,9 +191,6 @@ class Tensor:
             raise ValueError("tensor is on the host only; call .to(queue) first")
         return self._st.buf
 
-    def __repr__(self):
-        where = "host" if self.queue is None else self.queue.device.name.strip()
-        return f"Tensor(shape={self.shape}, on={where})"
 
     # -- movement ----------------------------------------------------------------------
     def to(self, queue):
@@ -204,13 +220,15 @@ class Tensor:
         if st.host is None:
             import pyopencl as cl
 
-            a = np.empty(self.size, np.float32)
+            a = np.empty(self.size, self.dtype)
             rec = recorder()
             if rec is not None:
                 rec.refuse("a read to the host")
             if a.size:
                 cl.enqueue_copy(st.queue, a, st.buf, is_blocking=True)
             st.host = a
+        if self._on_read is not None:
+            self._on_read()
         return st.host.reshape(self.shape)
 
     # -- writes ------------------------------------------------------------------------
@@ -222,7 +240,7 @@ class Tensor:
 
     def set_(self, x):
         """Overwrite the contents with array-like `x` of the same shape."""
-        a = _as_float32(x)
+        a = _as_float32(x) if self.dtype == FLOAT32 else np.asarray(x, self.dtype)
         if a.shape != self.shape:
             raise ValueError(f"expected shape {self.shape}, got {a.shape}")
         a = a.reshape(-1).copy()
@@ -259,13 +277,14 @@ class Tensor:
     def of_storage(cls, storage, shape):
         """A view of `storage` (another tensor's .storage) with `shape` (as many elements)."""
         view = cls.__new__(cls)
-        view.shape, view._st, view.grad, view.grad_home = tuple(shape), storage, None, None
+        view.shape, view._st, view.grad, view.grad_home, view.dtype = tuple(shape), storage, None, None, FLOAT32
+        view.requires_grad, view._node, view._oi, view._on_read = False, None, 0, None
         return view
 
     def alias(self):
         """A tensor on the same device buffer with a storage record of its own (host copy, version):
         adopt_ can move either away without moving the other."""
-        t = Tensor(self.shape, self.queue, self._st.buf)
+        t = Tensor(self.shape, self.queue, self._st.buf, dtype=self.dtype)
         t._st.base = self._st.base
         return t
 
@@ -289,7 +308,15 @@ class Tensor:
         return self.mark_written()
 
     def reshape(self, *shape):
-        """A view with a new shape sharing this tensor's storage."""
+        """A view with a new shape sharing this tensor's storage (recorded by autograd where this
+        tensor requires grad)."""
+        view = self._view(shape)
+        return _math.record_view(self, view) if self.requires_grad else view
+
+    view = reshape
+
+    def _view(self, shape):
+        """reshape() without autograd: the view itself."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = [int(s) for s in shape]
@@ -302,4 +329,355 @@ class Tensor:
             shape[shape.index(-1)] = self.size // known
         if math.prod(shape) != self.size:  # Python ints: exact, and no ~4 us np.prod
             raise ValueError(f"cannot reshape {self.shape} ({self.size} elements) to {tuple(shape)}")
-        return Tensor.of_storage(self._st, shape)
+        v = Tensor.of_storage(self._st, shape)
+        v.dtype = self.dtype
+        return v
+
+    # -- autograd --------------------------------------------------------------------------
+    @property
+    def grad_fn(self):
+        """The node that made this tensor (None for a leaf: made by the user, a parameter)."""
+        return self._node
+
+    @property
+    def is_leaf(self):
+        return self._node is None
+
+    def requires_grad_(self, requires_grad=True):
+        """Ask autograd to compute this leaf's gradient (into `.grad`); returns the tensor."""
+        if self._node is not None and not requires_grad:
+            raise RuntimeError("requires_grad_(False) on a tensor made by an operation: use detach() instead")
+        if requires_grad and self.dtype != FLOAT32:
+            raise TypeError(f"only float32 tensors can require gradients, this one holds {self.dtype}")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def backward(self, gradient=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's `.grad` (self a scalar, or `gradient` given:
+        a tensor or array of self's shape), as torch.Tensor.backward."""
+        _math.backward(self, gradient, retain_graph)
+
+    def detach(self):
+        """The same data (shared storage) cut from the graph: requires no grad."""
+        v = Tensor.of_storage(self._st, self.shape)
+        v.dtype = self.dtype
+        return v
+
+    # -- reading values --------------------------------------------------------------------
+    def item(self):
+        """The value of a one-element tensor as a Python number (a read from the device)."""
+        if self.size != 1:
+            raise ValueError(f"item() takes a tensor of one element, this one has shape {self.shape}")
+        v = self.numpy().reshape(-1)[0]
+        return int(v) if self.dtype == INT32 else float(v)
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if self.dtype != INT32:
+            raise TypeError("only an integer tensor of one element can be used as an index")
+        return self.item()
+
+    def __bool__(self):
+        if self.size != 1:
+            raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous: use .any() or "
+                             ".all() (of a comparison), or compare one element")
+        _math.refuse_in_trace(self, "converted to bool")
+        return bool(self.item())
+
+    def __format__(self, spec):
+        if self.size == 1 and spec:
+            return format(self.item(), spec)
+        return format(repr(self), spec)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.to_host()
+        return a if dtype is None else a.astype(dtype)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __repr__(self):
+        where = "host" if self.queue is None else self.queue.device.name.strip()
+        extra = f", dtype={self.dtype.name}" if self.dtype != FLOAT32 else ""
+        if self._node is not None:
+            extra += f", grad_fn=<{self._node.name}>"
+        elif self.requires_grad:
+            extra += ", requires_grad=True"
+        if self.size <= 1000 and (self._st.host is not None or self.on_device) and recorder() is None:
+            body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
+            return f"tensor({body}, on={where}{extra})"
+        return f"Tensor(shape={self.shape}, on={where}{extra})"
+
+    def dim(self):
+        return len(self.shape)
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    # -- computing (netcl.functions: forward and backward in OpenCL kernels) ----------------
+    # arithmetic with NumPy broadcasting; a Python number, a NumPy array or a host tensor operand
+    # is taken to this tensor's device
+    def __add__(self, other):
+        return _math.add(self, other)
+
+    def __radd__(self, other):
+        return _math.add(other, self)
+
+    def __sub__(self, other):
+        return _math.sub(self, other)
+
+    def __rsub__(self, other):
+        return _math.sub(other, self)
+
+    def __mul__(self, other):
+        return _math.mul(self, other)
+
+    def __rmul__(self, other):
+        return _math.mul(other, self)
+
+    def __truediv__(self, other):
+        return _math.div(self, other)
+
+    def __rtruediv__(self, other):
+        return _math.div(other, self)
+
+    def __pow__(self, other):
+        return _math.pow(self, other)
+
+    def __rpow__(self, other):
+        return _math.pow(other, self)
+
+    def __matmul__(self, other):
+        return _math.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _math.matmul(other, self)
+
+    def __neg__(self):
+        return _math.neg(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _math.abs(self)
+
+    # in place: on tensors outside autograd (no_grad, or no gradient wanted); the version counter
+    # tells a backward that needs the old values
+    def __iadd__(self, other):
+        return _math.inplace("add", self, other)
+
+    def __isub__(self, other):
+        return _math.inplace("sub", self, other)
+
+    def __imul__(self, other):
+        return _math.inplace("mul", self, other)
+
+    def __itruediv__(self, other):
+        return _math.inplace("div", self, other)
+
+    def add_(self, other, alpha=1.0):
+        return _math.inplace("add", self, other if alpha == 1.0 else _math.mul(other, alpha))
+
+    def sub_(self, other, alpha=1.0):
+        return _math.inplace("sub", self, other if alpha == 1.0 else _math.mul(other, alpha))
+
+    def mul_(self, other):
+        return _math.inplace("mul", self, other)
+
+    def div_(self, other):
+        return _math.inplace("div", self, other)
+
+    def zero_(self):
+        _math.check_inplace(self)
+        return self.fill_(0.0)
+
+    # comparisons: float tensors of 0 and 1 (PyTorch gives bool tensors)
+    def __eq__(self, other):
+        return _math.compare("eq", self, other)
+
+    def __ne__(self, other):
+        return _math.compare("ne", self, other)
+
+    def __lt__(self, other):
+        return _math.compare("lt", self, other)
+
+    def __le__(self, other):
+        return _math.compare("le", self, other)
+
+    def __gt__(self, other):
+        return _math.compare("gt", self, other)
+
+    def __ge__(self, other):
+        return _math.compare("ge", self, other)
+
+    # element-wise functions
+    def exp(self):
+        return _math.exp(self)
+
+    def log(self):
+        return _math.log(self)
+
+    def sqrt(self):
+        return _math.sqrt(self)
+
+    def abs(self):
+        return _math.abs(self)
+
+    def neg(self):
+        return _math.neg(self)
+
+    def square(self):
+        return _math.pow(self, 2)
+
+    def pow(self, exponent):
+        return _math.pow(self, exponent)
+
+    def clamp(self, min=None, max=None):
+        return _math.clamp(self, min, max)
+
+    clip = clamp
+
+    def relu(self):
+        return _math.relu(self)
+
+    def sigmoid(self):
+        return _math.sigmoid(self)
+
+    def tanh(self):
+        return _math.tanh(self)
+
+    def softmax(self, dim):
+        return _math.softmax(self, dim)
+
+    def log_softmax(self, dim):
+        return _math.log_softmax(self, dim)
+
+    def maximum(self, other):
+        return _math.maximum(self, other)
+
+    def minimum(self, other):
+        return _math.minimum(self, other)
+
+    # reductions: dim None (all), an int or a tuple of ints
+    def sum(self, dim=None, keepdim=False):
+        return _math.sum(self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim=False):
+        return _math.mean(self, dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        """The maximum (dim None), or (values, indices) along `dim`, as torch.max."""
+        return _math.max(self, dim, keepdim)
+
+    def min(self, dim=None, keepdim=False):
+        return _math.min(self, dim, keepdim)
+
+    def amax(self, dim=None, keepdim=False):
+        return _math.amax(self, dim, keepdim)
+
+    def amin(self, dim=None, keepdim=False):
+        return _math.amin(self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim=False):
+        return _math.argmax(self, dim, keepdim)
+
+    def argmin(self, dim=None, keepdim=False):
+        return _math.argmin(self, dim, keepdim)
+
+    def any(self):
+        return bool(_math.compare("ne", self, 0.0).amax().item())
+
+    def all(self):
+        return bool(_math.compare("ne", self, 0.0).amin().item())
+
+    # shapes: views where the order of the elements stays, copies otherwise
+    def flatten(self, start_dim=0, end_dim=-1):
+        return _math.flatten(self, start_dim, end_dim)
+
+    def squeeze(self, dim=None):
+        return _math.squeeze(self, dim)
+
+    def unsqueeze(self, dim):
+        return _math.unsqueeze(self, dim)
+
+    def transpose(self, dim0, dim1):
+        return _math.transpose(self, dim0, dim1)
+
+    def permute(self, *dims):
+        return _math.permute(self, *dims)
+
+    def t(self):
+        if self.ndim > 2:
+            raise ValueError(f"t() takes a tensor of at most 2 dimensions, got shape {self.shape}")
+        return self if self.ndim < 2 else _math.transpose(self, 0, 1)
+
+    @property
+    def T(self):
+        return _math.permute(self, *reversed(range(self.ndim)))
+
+    def expand(self, *shape):
+        return _math.expand(self, *shape)
+
+    def contiguous(self):
+        return self
+
+    def clone(self):
+        return _math.clone(self)
+
+    def __getitem__(self, index):
+        return _math.getitem(self, index)
+
+    # types
+    def float(self):
+        return _math.cast(self, FLOAT32)
+
+    def int(self):
+        return _math.cast(self, INT32)
+
+    long = int
+
+
+    __hash__ = object.__hash__  # identity, as torch.Tensor (== compares element by element)
+
+
+class _Size(int):
+    """A tensor's element count (an int, as NumPy's `size`) that, called, gives its shape or one
+    dimension (PyTorch's `size()`, `size(dim)`)."""
+
+    def __new__(cls, n, shape):
+        v = int.__new__(cls, n)
+        v.shape = shape
+        return v
+
+    def __call__(self, dim=None):
+        if dim is None:
+            return self.shape
+        if not -len(self.shape) <= dim < len(self.shape):
+            raise IndexError(f"dimension {dim} is out of range for shape {self.shape}")
+        return self.shape[dim]
+
+
+_math = None  # netcl.functions, set by install(): the operators above call it
+
+
+def install(functions):
+    """Connect Tensor's computing operators and methods to `functions` (netcl.functions, which
+    builds on this module and calls this once when it loads)."""
+    global _math
+    _math = functions

@@ -131,9 +131,19 @@ def arg_dtypes(source):
         types = []
         for p in params.split(","):
             words = p.replace("const ", " ").split()
-            types.append(None if "*" in p else _SCALARS[words[-2]])
+            types.append(None if "*" in p else _scalar_type(words[-2]))
         out[name] = types
     return out
+
+
+def _scalar_type(name):
+    """The numpy dtype of a kernel's scalar argument type: int, uint, float, or a vector int8 (index
+    vectors of tensor.cl)."""
+    if name == "int8":
+        import pyopencl.cltypes as cltypes
+
+        return cltypes.int8
+    return _SCALARS[name]
 
 
 class _Kernels(dict):
