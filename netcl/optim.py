@@ -95,7 +95,9 @@ class Optimizer:
     def __init__(self, params, lr):
         self.params = list(params)
         if not self.params:
-            raise ValueError("optimizer got an empty parameter list")
+            raise ValueError("optimizer got an empty parameter list: the model has no parameters that parameters() "
+                             "finds (layers must be attributes, or held in nn.ModuleList / nn.ModuleDict; tensors "
+                             "to learn must be nn.Parameter; frozen ones are left out)")
         for i, p in enumerate(self.params):
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer parameters must be netcl Tensors, got {type(p).__name__}")

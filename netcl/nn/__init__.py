@@ -5,11 +5,11 @@ exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."
 from netcl.nn.activation import GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
-from netcl.nn.blocks import Concat, ModuleList, Residual
+from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
-from netcl.nn.module import Module, manual_seed
+from netcl.nn.module import Module, Parameter, manual_seed
 from netcl.nn.norm import BatchNorm2d, LayerNorm
 from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
@@ -22,7 +22,9 @@ LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d,
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
                                         Concat, ModuleList, Upsample)}
 
-__all__ = ["Module", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
+from netcl.nn import functional  # noqa: E402  (after the layers it calls)
+
+__all__ = ["Module", "Parameter", "ModuleDict", "functional", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",

@@ -79,6 +79,8 @@ class Hardsigmoid(_Activation):
 
 
 class Softmax(Module):
+    CALL_STATE = ("_y",)
+
     # x: any shape -> same, normalised along `dim`
     def __init__(self, dim=1):
         super().__init__()

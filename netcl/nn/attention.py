@@ -4,8 +4,7 @@ import math
 import numpy as np
 
 from netcl import ops
-from netcl.nn.module import Module, constant, positive, rng, uniform
-from netcl.tensor import Tensor
+from netcl.nn.module import Module, Parameter, constant, positive, rng, uniform
 
 
 class MultiheadAttention(Module):
@@ -19,8 +18,7 @@ class MultiheadAttention(Module):
         e = self.embed_dim
         bound = math.sqrt(6.0 / (e + 3 * e))  # xavier_uniform over the (3E, E) in-projection, as PyTorch
         shapes = self.tensor_shapes(e, self.num_heads)
-        self.in_proj_weight = Tensor.from_host(None, rng().uniform(-bound, bound, shapes["in_proj_weight"])
-                                               .astype(np.float32))
+        self.in_proj_weight = Parameter(rng().uniform(-bound, bound, shapes["in_proj_weight"]).astype(np.float32))
         self.in_proj_bias = constant(0.0, shapes["in_proj_bias"])
         self.out_proj_weight = uniform(1.0 / math.sqrt(e), shapes["out_proj.weight"])
         self.out_proj_bias = constant(0.0, shapes["out_proj.bias"])

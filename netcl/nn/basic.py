@@ -9,6 +9,8 @@ from netcl.nn.module import Module, as_float, as_int, rng
 
 
 class Identity(Module):
+    CALL_STATE = ()
+
     # x -> x (a placeholder, e.g. a block's shortcut); the same tensor, no copy
     def forward(self, x):
         self._on(x)
@@ -26,6 +28,8 @@ def _dim(layer, d, shape):
 
 
 class Flatten(Module):
+    CALL_STATE = ("_shape",)
+
     # x: (..., d_start, ..., d_end, ...) -> (..., prod(d_start..d_end), ...); a view, no copy.
     # The default (1, -1) gives (N, prod(...)); a 1-D input then becomes (N, 1), as netcl always did.
     def __init__(self, start_dim=1, end_dim=-1):
@@ -58,6 +62,8 @@ class Flatten(Module):
 
 
 class Transpose(Module):
+    CALL_STATE = ("_shape",)
+
     # x: (..., a, ..., b, ...) -> (..., b, ..., a, ...), like x.transpose(dim0, dim1); a copy
     def __init__(self, dim0, dim1):
         super().__init__()
@@ -112,6 +118,8 @@ def _seed():
 
 
 class Dropout(Module):
+    CALL_STATE = ("_mask",)
+
     # identity in eval; in training zeroes with probability p and scales the rest by 1/(1-p)
     def __init__(self, p=0.5):
         super().__init__()

@@ -4,7 +4,7 @@ children's state_dict keys follow PyTorch's attribute paths ("3.body.0.weight",
 "3.branches.1.0.weight"). Shape errors name the failing layer's path (module.ShapeError)."""
 import numpy as np
 
-from netcl import ops
+from netcl import functions, ops
 from netcl.nn.conv import Conv2d
 from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
 from netcl.nn.norm import _act_options
@@ -13,6 +13,7 @@ from netcl.nn.sequential import Sequential
 
 class Residual(Module):
     # x -> body(x) + x, or body(x) + shortcut(x); body = Sequential(*layers)
+    CALL_STATE = ("_act", "_act_applied")
     takes_act = True  # Sequential's training path on CPUs may hand it the activation after it
     def __init__(self, *layers, shortcut=None):
         super().__init__()
@@ -58,6 +59,8 @@ class Residual(Module):
         activation whose gradient its output gives: Act.grads_from_output), applied in the sum's pass
         and differentiated in backward (Sequential's training path: a pass less)."""
         q = self._on(x)
+        if not self.records_as_one():  # it holds a module with a forward of its own: tensor ops, recorded
+            return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
         self.output_shape(x.shape)  # a shape error names its layer before any work is done
         self._act, self._act_applied = None, False
         if act is not None and not (ops.is_cpu(q) and act.act.grads_from_output):
@@ -170,8 +173,44 @@ class Residual(Module):
 
 
 class ModuleList(LayerList):
-    """Layers held side by side (Concat's branches), keyed "<b>.<...>" like torch.nn.ModuleList.
-    It is not applied to an input itself: the block that holds it applies its layers."""
+    """Layers held in a list, keyed "<i>.<...>" like torch.nn.ModuleList (Concat's branches, a
+    model's blocks): ModuleList(iterable) or ModuleList(*layers). It is not applied to an input
+    itself: the module that holds it applies its layers."""
+
+    HOLDS_ONLY = True
+
+    def __init__(self, *layers):
+        if len(layers) == 1 and not isinstance(layers[0], Module):
+            try:
+                layers = tuple(layers[0])
+            except TypeError:
+                raise TypeError(f"ModuleList takes netcl.nn layers or an iterable of them, got "
+                                f"{type(layers[0]).__name__}") from None
+        super().__init__(*layers)
+
+    def __getitem__(self, i):
+        return ModuleList(self.layers[i]) if isinstance(i, slice) else self.layers[i]
+
+    def __setitem__(self, i, layer):
+        self.layers[i] = _layer(layer, type(self).__name__)
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def append(self, layer):
+        self.layers.append(_layer(layer, type(self).__name__))
+        return self
+
+    def extend(self, layers):
+        for layer in layers:
+            self.append(layer)
+        return self
+
+    def insert(self, index, layer):
+        self.layers.insert(index, _layer(layer, type(self).__name__))
 
     def output_shape(self, shape):
         raise ValueError("a ModuleList holds layers and is not applied to an input (use Sequential for layers "
@@ -179,6 +218,65 @@ class ModuleList(LayerList):
 
     def forward(self, x):
         self.output_shape(x.shape)
+
+
+def _layer(layer, holder):
+    if not isinstance(layer, Module):
+        raise TypeError(f"{holder} holds netcl.nn layers, got {type(layer).__name__}")
+    return layer
+
+
+class ModuleDict(Module):
+    """Layers held by name, as torch.nn.ModuleDict(mapping); keys are state_dict path parts."""
+
+    HOLDS_ONLY = True
+
+    def __init__(self, modules=None):
+        super().__init__()
+        for name, layer in dict(modules or {}).items():
+            self[name] = layer
+
+    def __setitem__(self, name, layer):
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(f"ModuleDict keys are non-empty strings without '.', got {name!r}")
+        self.add_module(name, _layer(layer, "ModuleDict"))
+
+    def __getitem__(self, name):
+        return self._modules[name]
+
+    def __delitem__(self, name):
+        delattr(self, name)
+
+    def __contains__(self, name):
+        return name in self._modules
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def update(self, modules):
+        for name, layer in dict(modules).items():
+            self[name] = layer
+
+    def output_shape(self, shape):
+        raise ValueError("a ModuleDict holds layers and is not applied to an input")
+
+    def forward(self, x):
+        self.output_shape(x.shape)
+
+    def __repr__(self):
+        return block_repr("ModuleDict", self.named_children())
 
 
 class Concat(Module):
@@ -230,6 +328,8 @@ class Concat(Module):
 
     def forward(self, x):
         q = self._on(x)
+        if not self.records_as_one():  # it holds a module with a forward of its own: tensor ops, recorded
+            return functions.cat([branch(x) for branch in self.branches.layers], self.dim)
         out = self.output_shape(x.shape)
         d = self._axis(len(out))
         inner = int(np.prod(out[d + 1:], dtype=np.int64))

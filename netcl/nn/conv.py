@@ -373,6 +373,8 @@ def _channel_sum(dy, p):
 
 
 class Conv2d(Module):
+    CALL_STATE = ("_saved", "_out_stats")
+
     # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, k, k)
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True):

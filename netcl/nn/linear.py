@@ -8,6 +8,8 @@ from netcl.nn.module import Module, as_bool, positive, uniform
 
 
 class Linear(Module):
+    CALL_STATE = ("_x2",)
+
     # x: (..., in) -> (..., out);  y = x @ W + b with W (in, out)
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()

@@ -18,41 +18,50 @@ walk the exporter and the fused planner share: the layers a model applies in ord
 """
 import inspect
 import math
+from collections import namedtuple
 
 import numpy as np
 
+from netcl import autograd
+from netcl.rng import manual_seed, rng, set_rng  # noqa: F401 (manual_seed, set_rng: re-exported)
 from netcl.runtime import default_queue
-from netcl.tensor import Tensor, _as_float32
-
-_rng = np.random.default_rng()
+from netcl.tensor import FLOAT32, Tensor, _as_float32
 
 
-def manual_seed(seed):
-    """Seed parameter initialisation and dropout masks."""
-    global _rng
-    _rng = np.random.default_rng(seed)
+class Parameter(Tensor):
+    """A tensor a Module registers as its parameter when assigned to one of its attributes (as
+    torch.nn.Parameter): it requires grad unless requires_grad=False. `data` is an array-like
+    (copied) or a Tensor (shared: the parameter is that tensor's storage)."""
 
+    __slots__ = ()
 
-def rng():
-    """netcl's random generator (initial weights, dropout masks; checkpoints save its state)."""
-    return _rng
+    def __init__(self, data=None, requires_grad=True):
+        if isinstance(data, Tensor):
+            super().__init__(data.shape, dtype=data.dtype)
+            self._st = data.storage
+        else:
+            a = _as_float32(np.zeros(0, np.float32) if data is None else data)
+            super().__init__(a.shape, None, None, a.copy())
+        if self.dtype != FLOAT32:
+            raise TypeError(f"a Parameter holds float32, got {self.dtype}")
+        self.requires_grad = bool(requires_grad)
 
-
-def set_rng(generator):
-    global _rng
-    _rng = generator
+    def __repr__(self):
+        return "Parameter containing:\n" + super().__repr__()
 
 
 def uniform(bound, shape):
-    """U(-bound, bound) drawn directly in float32 (no float64 temporary for large layers)."""
-    a = _rng.random(shape, dtype=np.float32)
+    """A Parameter of U(-bound, bound), drawn directly in float32 (no float64 temporary for large layers)."""
+    a = rng().random(shape, dtype=np.float32)
     a *= 2 * bound
     a -= bound
-    return Tensor.from_host(None, a)
+    return Parameter(Tensor.from_host(None, a))
 
 
-def constant(value, shape):
-    return Tensor.from_host(None, np.full(shape, value, np.float32))
+def constant(value, shape, parameter=True):
+    """A Parameter (or, parameter=False, a buffer) of `shape` filled with `value`."""
+    t = Tensor.from_host(None, np.full(shape, value, np.float32))
+    return Parameter(t) if parameter else t
 
 
 MAX_INT = 2**31 - 1  # int arguments: far past any real layer, and within the kernels' int arithmetic
@@ -130,14 +139,96 @@ def child_shape(name, layer, shape):
         raise ShapeError(name, type(layer).__name__, str(e)) from None
 
 
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+_OWN_BACKWARD = {}  # class -> whether its forward and backward are defined together (_own_backward)
+
+
+def _own_backward(cls):
+    """"own" where cls differentiates its own forward (a backward defined by the class that defines
+    forward, or by a subclass of it), "none" where no class but Module defines a backward (a user's
+    model: autograd records its operations), "mismatch" where a subclass overrides forward alone."""
+    own = _OWN_BACKWARD.get(cls)
+    if own is None:
+        mro = cls.__mro__
+        fwd = next(c for c in mro if "forward" in vars(c))
+        bwd = next(c for c in mro if "backward" in vars(c))
+        own = "none" if bwd is Module else "own" if issubclass(bwd, fwd) else "mismatch"
+        _OWN_BACKWARD[cls] = own
+    return own
+
+
 class Module:
-    """Base class of every layer. Subclasses fill `_params`/`_buffers` (name -> Tensor, in
-    state_dict order, as tensor_shapes declares them)."""
+    """Base class of every layer and model, as torch.nn.Module: attributes that are layers,
+    Parameters or registered buffers register themselves (state_dict keys are their attribute
+    paths). netcl's layers also declare the layer protocol above; a subclass that only writes
+    __init__ and forward is differentiated by autograd through the operations its forward runs.
+
+    CALL_STATE names the attributes a forward sets for its backward: autograd keeps them per call
+    (netcl.autograd.LayerCall), so a layer called twice in one forward has both calls' gradients."""
+
+    CALL_STATE = ("_saved",)
+    HOLDS_ONLY = False  # a container that is never called itself (ModuleList, ModuleDict)
 
     def __init__(self):
-        self.training = True
-        self._params = {}
-        self._buffers = {}
+        d = self.__dict__
+        d["training"], d["_params"], d["_buffers"], d["_modules"] = True, {}, {}, {}
+
+    def __setattr__(self, name, value):
+        d = self.__dict__
+        if isinstance(value, (Parameter, Module)):
+            if "_modules" not in d:
+                raise AttributeError(f"cannot assign {type(value).__name__} {name!r} before Module.__init__() is "
+                                     f"called: call super().__init__() first in {type(self).__name__}.__init__")
+            self._unregister(name)
+            (d["_params"] if isinstance(value, Parameter) else d["_modules"])[name] = value
+        elif name in d.get("_params", ()) or name in d.get("_modules", ()):
+            if value is not None:
+                raise TypeError(f"{type(self).__name__}.{name} holds a "
+                                f"{'parameter' if name in d['_params'] else 'layer'}: assign an nn.Parameter, an "
+                                f"nn.Module or None, not a {type(value).__name__}")
+            self._unregister(name)
+        elif name in d.get("_buffers", ()):
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{type(self).__name__}.{name} is a buffer: assign a Tensor or None")
+            d["_buffers"][name] = value
+            if value is None:
+                del d["_buffers"][name]
+        elif not name.startswith("_") and type(self).named_children is Module.named_children:
+            _check_unregistered(self, name, value)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        self._unregister(name)
+        object.__delattr__(self, name)
+
+    def _unregister(self, name):
+        for registry in ("_params", "_modules", "_buffers"):
+            self.__dict__.get(registry, {}).pop(name, None)
+
+    def register_buffer(self, name, tensor):
+        """A tensor the module keeps in its state_dict that is not a parameter (running statistics)."""
+        if tensor is not None and not isinstance(tensor, Tensor):
+            tensor = Tensor.from_host(None, tensor)
+        self._unregister(name)
+        if tensor is not None:
+            self._buffers[name] = tensor
+        object.__setattr__(self, name, tensor)
+
+    def register_parameter(self, name, param):
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter takes an nn.Parameter or None, got {type(param).__name__}")
+        if param is None:
+            self._unregister(name)
+            object.__setattr__(self, name, None)
+        else:
+            setattr(self, name, param)
+
+    def add_module(self, name, module):
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module takes an nn.Module or None, got {type(module).__name__}")
+        setattr(self, name, module)
+
+    register_module = add_module
 
     # -- the protocol: what a layer declares ----------------------------------------------
     def config(self):
@@ -151,7 +242,7 @@ class Module:
 
     def named_children(self):
         """(name, layer) of the layers this one holds, in state_dict order."""
-        return []
+        return list(self._modules.items())
 
     @classmethod
     def from_config(cls, config, children):
@@ -172,8 +263,9 @@ class Module:
         self.output_shape(shape)
         return 0
 
-    def forward(self, x):
-        raise NotImplementedError(type(self).__name__)
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward(): a Module subclass defines "
+                                  "forward(self, x) and computes its output there")
 
     def backward(self, dy):
         raise NotImplementedError(type(self).__name__)
@@ -191,11 +283,20 @@ class Module:
         yields its layers' chains (nested Sequentials flattened), paths as in the state_dict."""
         yield prefix, self
 
-    def named_parameters(self, prefix=""):
-        out = [(prefix + k, t) for k, t in self._params.items()]
-        for name, child in self.named_children():
-            out += child.named_parameters(f"{prefix}{name}.")
+    def named_parameters(self, prefix="", recurse=True):
+        """(key, Parameter) in state_dict order; a parameter shared by several layers once."""
+        out, seen = [], set()
+        for key, t in self._named_params(prefix, recurse):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append((key, t))
         return out
+
+    def _named_params(self, prefix, recurse=True):
+        yield from ((prefix + k, t) for k, t in self._params.items())
+        if recurse:
+            for name, child in self.named_children():
+                yield from child._named_params(f"{prefix}{name}.")
 
     def named_buffers(self, prefix=""):
         out = [(prefix + k, t) for k, t in self._buffers.items()]
@@ -203,8 +304,42 @@ class Module:
             out += child.named_buffers(f"{prefix}{name}.")
         return out
 
-    def parameters(self):
-        return [p for _, p in self.named_parameters()]
+    def parameters(self, recurse=True):
+        return [p for _, p in self.named_parameters(recurse=recurse)]
+
+    def buffers(self):
+        return [b for _, b in self.named_buffers()]
+
+    def children(self):
+        return [c for _, c in self.named_children()]
+
+    def named_modules(self, prefix=""):
+        """(path, module) of this module and every one it holds, depth first; each once."""
+        out, seen, todo = [], set(), [(prefix, self)]
+        while todo:
+            path, m = todo.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            out.append((path, m))
+            todo.extend(reversed([(f"{path}.{n}" if path else n, c) for n, c in m.named_children()]))
+        return out
+
+    def modules(self):
+        return [m for _, m in self.named_modules()]
+
+    def apply(self, fn):
+        """fn(module) for every module held, then for this one; returns self (as torch.nn.Module)."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def requires_grad_(self, requires_grad=True):
+        """Freeze (False) or unfreeze every parameter: a frozen one gets no gradient and no update."""
+        for p in self.parameters():
+            p.requires_grad = bool(requires_grad)
+        return self
 
     def named_tensors(self, prefix=""):
         """(key, Tensor) in state_dict order: each layer's parameters, then its buffers, then its children's."""
@@ -231,8 +366,10 @@ class Module:
     def state_dict(self):
         return {k: t.to_host() for k, t in self.named_tensors()}
 
-    def load_state_dict(self, state):
-        """Copy arrays into the parameters and buffers; every key must match, with its shape.
+    def load_state_dict(self, state, strict=True):
+        """Copy arrays into the parameters and buffers, each key with its shape. strict: every key
+        must match (ValueError naming them) and the model comes back; strict=False: the keys both
+        have are loaded and (missing_keys, unexpected_keys) comes back, as in PyTorch.
         Values that are torch tensors are read in PyTorch's layouts (Linear.weight (out, in)),
         anything else in netcl's (Linear.weight (in, out)): the type decides, never the shape,
         so a square matrix cannot slip through transposed. Everything is checked before
@@ -243,8 +380,10 @@ class Module:
         missing = [k for k in own if k not in state]
         # PyTorch's BatchNorm counter has no netcl counterpart: torch state dicts load as they are
         unexpected = [k for k in state if k not in own and not k.endswith(".num_batches_tracked")]
-        if missing or unexpected:
+        if strict and (missing or unexpected):
             raise ValueError(f"state_dict keys do not match the model: missing {missing}, unexpected {unexpected}")
+        if not strict:
+            own = {k: v for k, v in own.items() if k in state}
         arrays = {}
         for k, (t, layer, name) in own.items():
             value, torch_layout = state[k], _is_torch_tensor(state[k])
@@ -261,12 +400,16 @@ class Module:
                 raise ValueError(f"state_dict[{k!r}] has shape {arrays[k].shape}, the model expects {t.shape}")
         for k, (t, _, _) in own.items():
             t.set_(arrays[k])
-        return self
+        return self if strict else IncompatibleKeys(missing, unexpected)
 
-    def zero_grad(self):
-        """Drop every parameter's gradient (the next backward starts afresh), as torch.nn.Module."""
+    def zero_grad(self, set_to_none=True):
+        """Drop every parameter's gradient (the next backward starts afresh), as torch.nn.Module;
+        set_to_none=False fills them with zeros instead."""
         for p in self.parameters():
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.fill_(0.0)
 
     def train(self, mode=True):
         self.training = bool(mode)
@@ -277,20 +420,63 @@ class Module:
     def eval(self):
         return self.train(False)
 
-    def to(self, queue):
-        """Move every parameter and buffer to `queue`'s device; returns the layer."""
+    def to(self, device):
+        """Move every parameter and buffer to a device: a pyopencl.CommandQueue (netcl.default_queue())
+        or "cpu", "gpu" or a device name substring (as NETCL_DEVICE); returns the module."""
+        q = default_queue(device) if isinstance(device, str) else device
         for _, t in self.named_tensors():
-            t.to(queue)
+            t.to(q)
         return self
 
     def extra_repr(self):
         return ", ".join(f"{k}={v!r}" for k, v in self.config().items())
 
     def __repr__(self):
+        children = self.named_children()
+        if children and type(self).named_children is Module.named_children:  # a user's module: torch's form
+            return block_repr(type(self).__name__, children, self.extra_repr())
         return f"{type(self).__name__}({self.extra_repr()})"
 
-    def __call__(self, x):
-        return self.forward(x)
+    def __call__(self, *args, **kwargs):
+        """forward(...), recorded by autograd as one node where this layer has its own backward
+        (and an input or a parameter requires grad); a Module without one records the operations
+        its forward runs."""
+        if autograd.recording():
+            x = args[0] if len(args) == 1 else None
+            if isinstance(x, Tensor) and self.records_as_one():
+                if x.requires_grad or self._wants_grads():
+                    return autograd.call_layer(self, x, kwargs)
+            elif _own_backward(type(self)) == "mismatch" and (
+                    any(isinstance(a, Tensor) and a.requires_grad for a in args) or self._wants_grads()):
+                raise NotImplementedError(
+                    f"{type(self).__name__} overrides forward() of a netcl layer that has a backward() of its own, "
+                    f"which then no longer matches it: autograd cannot differentiate it. Subclass nn.Module "
+                    f"instead and hold the layer as an attribute")
+        return self.forward(*args, **kwargs)
+
+    def own_forward_modules(self):
+        """(path, module) of the modules held (this one included) whose forward netcl's layer types do not
+        describe: Module subclasses with a forward of their own (autograd records their operations, but
+        files and the ONNX exporter record layers)."""
+        return [(p, m) for p, m in self.named_modules() if not m.HOLDS_ONLY and _own_backward(type(m)) != "own"]
+
+    def describe_own_forward(self):
+        """own_forward_modules() in words, for error messages ("" where there are none)."""
+        own = [f"{p or 'the model'} ({type(m).__name__})" for p, m in self.own_forward_modules()]
+        if not own:
+            return ""
+        return (f"{own[0]} is a Module subclass" if len(own) == 1 else f"{', '.join(own)} are Module subclasses") + \
+            " with a forward of its own"
+
+    def records_as_one(self):
+        """Whether a call is one autograd node: this layer's backward differentiates its forward, and
+        every layer it holds is such a layer too."""
+        if not (self.HOLDS_ONLY or _own_backward(type(self)) == "own"):
+            return False
+        return all(c.records_as_one() for _, c in self.named_children())
+
+    def _wants_grads(self):
+        return any(p.requires_grad for _, p in self._named_params(""))
 
     def _on(self, x):
         """The queue of input `x` (uploading a host tensor to the default queue), parameters moved there."""
@@ -304,6 +490,27 @@ class Module:
             if tq is not q and (tq is None or tq.context != q.context):
                 t.to(q)
         return q
+
+
+def _check_unregistered(module, name, value):
+    """TypeError where `value`, about to be a public attribute of a module that registers its
+    attributes, holds what parameters() could not find: layers or parameters in a plain list,
+    tuple or dict (a layer already registered elsewhere in the module is fine), or a tensor made to
+    require grad that is not an nn.Parameter."""
+    where = f"{type(module).__name__}.{name}"
+    if isinstance(value, (list, tuple, dict, set)):
+        items = list(value.values()) if isinstance(value, dict) else list(value)
+        known = {id(m) for m in module.modules()}
+        if any(isinstance(v, Module) and id(v) not in known for v in items):
+            holder = "nn.ModuleDict(...)" if isinstance(value, dict) else "nn.ModuleList(...)"
+            raise TypeError(f"{where}: layers in a plain {type(value).__name__} are invisible to parameters(), "
+                            f"state_dict(), train() and to(); hold them in {holder}")
+        if any(isinstance(v, Parameter) for v in items):
+            raise TypeError(f"{where}: parameters in a plain {type(value).__name__} are invisible to parameters() "
+                            "and state_dict(); assign each to an attribute of its own")
+    elif isinstance(value, Tensor) and not isinstance(value, Parameter) and value.requires_grad and value.is_leaf:
+        raise TypeError(f"{where}: a tensor that requires grad is not a parameter of the module (parameters() finds "
+                        f"nn.Parameter only): assign nn.Parameter(tensor)")
 
 
 def _is_torch_tensor(v):

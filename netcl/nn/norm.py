@@ -64,7 +64,7 @@ class BatchNorm2d(Module):
                              f"momentum={momentum}")
         init = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
         for name, shape in self.tensor_shapes(self.num_features).items():
-            setattr(self, name, constant(init[name], shape))
+            setattr(self, name, constant(init[name], shape, parameter=name in ("weight", "bias")))
         self._params = {"weight": self.weight, "bias": self.bias}
         self._buffers = {"running_mean": self.running_mean, "running_var": self.running_var}
 

@@ -59,6 +59,8 @@ class Sequential(LayerList):
     """Layers applied in order. The layer list is the single source of truth: training,
     saving and export walk it; the fused inference path (eval mode) is derived from it."""
 
+    CALL_STATE = ("_fused_input", "_out_shape", "_skipped", "_pooled")
+
     def __init__(self, *layers):
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
@@ -97,7 +99,7 @@ class Sequential(LayerList):
     def _try_fuse_layers(self):
         """Prepare the fused inference path (netcl.jit) from the layer list; None when nothing fuses.
         The plan holds no device state until its first call, so eval() needs no OpenCL."""
-        self._fused = plan_fused(self)
+        self._fused = plan_fused(self) if self.records_as_one() else None
 
     def output_shape(self, shape):
         for name, layer in self.named_children():
@@ -116,6 +118,10 @@ class Sequential(LayerList):
         if not isinstance(x, Tensor):
             raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "
                             "use Tensor.from_host(queue, array)")
+        if not self.records_as_one():  # it holds a module with a forward of its own: the layers one by one
+            for layer in self.layers:  # (each call recorded by autograd)
+                x = layer(x)
+            return x
         self.output_shape(x.shape)  # a shape that does not fit: the same message, naming the layer, on both paths
         if not self.training and self._fused is not None:
             self._fused_input = x

@@ -7,6 +7,8 @@ MODES = ("nearest", "bilinear")
 
 
 class Upsample(Module):
+    CALL_STATE = ("_in_shape",)
+
     # x: (N, C, H, W) -> (N, C, H*s, W*s)
     def __init__(self, scale_factor=2, mode="nearest"):
         super().__init__()
