@@ -20,7 +20,10 @@ def torch_loss(torch, fn, pred, target):
 
 def check_loss(record_error, got_value, got_grad, ref):
     value, grad = ref
-    assert isinstance(got_value, float)
+    if isinstance(got_value, Tensor):  # a loss called: a 0-d tensor on the device
+        assert got_value.shape == ()
+        got_value = float(got_value)
+    assert isinstance(got_value, float)  # (PendingLoss.item())
     err = abs(got_value - value)
     assert err <= 1e-6 * max(1.0, abs(value)), f"loss {got_value} != reference {value}"
     record_error(err, assert_close(got_grad, grad, what="gradient"))
@@ -67,10 +70,15 @@ def test_cross_entropy_checks_device_labels_on_the_device(queue):
     logits = Tensor.from_host(queue, np.zeros((3, 4), np.float32))
     fn = nn.CrossEntropyLoss()
     for bad in ([0, 4, 1], [0, -1, 1], [0, 1.5, 2], [0, np.nan, 1]):
+        loss = fn(logits, Tensor.from_host(queue, np.array(bad, np.float32)))  # checked on the device
         with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):
-            fn(logits, Tensor.from_host(queue, np.array(bad, np.float32)))
-        with pytest.raises(RuntimeError):
+            float(loss)  # reading the loss tells
+        with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):
             fn.backward()  # no gradient of a refused loss
+        logits.requires_grad_()
+        with pytest.raises(ValueError, match=r"integers in \[0, 4\)"):
+            fn(logits, Tensor.from_host(queue, np.array(bad, np.float32))).backward()  # nor through autograd
+        logits.requires_grad_(False)
     assert fn(logits, Tensor.from_host(queue, [3, 0, 2])) == pytest.approx(np.log(4))
     with pytest.raises(ValueError, match="3 class indices"):
         fn(logits, Tensor.from_host(queue, [3, 0]))
@@ -275,9 +283,10 @@ def test_bce_refuses_predictions_outside_zero_one(queue, bad):
     p = np.full((2, 3), 0.5, np.float32)
     p[1, 2] = bad
     loss_fn = nn.BCELoss()
+    loss = loss_fn(Tensor.from_host(queue, p), np.ones((2, 3), np.float32))  # checked on the device
     with pytest.raises(ValueError, match="between 0 and 1"):
-        loss_fn(Tensor.from_host(queue, p), np.ones((2, 3), np.float32))
-    with pytest.raises(RuntimeError):
+        loss.item()
+    with pytest.raises(ValueError, match="between 0 and 1"):
         loss_fn.backward()  # no gradient of a refused loss
     p[1, 2] = 1.0  # the borders are probabilities
     assert np.isfinite(loss_fn(Tensor.from_host(queue, p), np.zeros((2, 3), np.float32)))

@@ -85,8 +85,10 @@ __kernel void bce(const int n, __global const float *x, __global const float *t,
     group_sum(term, bad, s, f, part);
 }
 
-// out[0] = the sum of the groups' sums, out[1] = 1 if any group refused a value
-__kernel void loss_sum(const int groups, __global const float *part, __global float *out) {
+// out[0] = the sum of the groups' sums, out[1] = 1 if any group refused a value; mean = out[0] * scale
+// (the loss as a tensor: scale = 1 / the number of terms)
+__kernel void loss_sum(const int groups, __global const float *part, __global float *out, __global float *mean,
+                       const float scale) {
     __local float s[RED], f[RED];
     const int t = get_local_id(0);
     float a = 0.0f, b = 0.0f;
@@ -98,5 +100,6 @@ __kernel void loss_sum(const int groups, __global const float *part, __global fl
     if (t == 0) {
         out[0] = s[0];
         out[1] = f[0];
+        mean[0] = s[0] * scale;
     }
 }

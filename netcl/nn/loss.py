@@ -1,48 +1,61 @@
-"""Losses (mean reduction, PyTorch semantics). Calling a loss returns the loss as a Python
-float; `backward()` then returns the gradient of that mean loss w.r.t. the prediction.
-`enqueue()` computes the same without waiting: it returns a PendingLoss whose item() reads the
-value later (after the backward pass and the optimizer step, as PyTorch's loss.item()), so that
-the device does not drain its queue in the middle of a training step.
+"""Losses (mean reduction, PyTorch semantics). Calling a loss returns the mean loss as a 0-d
+Tensor on the device, recorded by autograd (`loss.backward()`); `float(loss)` or `loss.item()`
+reads it. The explicit API stays: `backward()` returns the gradient of that mean loss w.r.t. the
+prediction, and `enqueue()` returns a PendingLoss whose item() reads the value later.
 
-On the device: a loss kernel writes the gradient and per-work-group sums, `loss_sum` their total;
-the host reads it once. Targets (and class indices) already on the device are used there."""
+On the device: a loss kernel writes the gradient and per-work-group sums, `loss_sum` their total
+and the mean; nothing is read until the value is asked for. A value the kernel refuses (a class
+index outside [0, C) given on the device, a BCELoss prediction outside [0, 1]) raises ValueError
+when the loss is read and at its backward (a read there: only for losses that can refuse);
+class indices given on the host are checked at once. Targets already on the device are used there."""
 import numpy as np
 
-from netcl import ops
+from netcl import array_ops, autograd, ops
+from netcl.autograd import Node, attach
 from netcl.nn.linear import Linear
-from netcl.tensor import Tensor
+from netcl.tensor import INT32, Tensor
 
 _RED = 64  # loss.cl's work-group size (RED)
 
 
 class _Loss:
     kernel = ""
+    can_refuse = False  # whether the kernel may refuse an input (then reading the loss checks)
 
     def __init__(self):
-        self._grad = None
+        self._grad = self._pending = None
 
-    def _reduce(self, q, items, count, refuse, *args):
+    def _reduce(self, q, items, count, refuse, *args, can_refuse=False):
         """Launch self.kernel over `items` work-items with `args` (then its partial sums), then the
         total: a PendingLoss of the mean over `count` terms, refuse() raising where it refused."""
         groups = -(-items // _RED)
-        part, out = ops.new(q, (2 * groups,)), ops.new(q, (2,))
+        part, out, mean = ops.new(q, (2 * groups,)), ops.new(q, (2,)), ops.new(q, ())
         ops.launch(q, "loss", self.kernel, (groups * _RED,), (_RED,), *args, part)
-        ops.launch(q, "loss", "loss_sum", (_RED,), (_RED,), groups, part, out)
-        return PendingLoss(out.mark_written(), count, refuse)
+        ops.launch(q, "loss", "loss_sum", (_RED,), (_RED,), groups, part, out, mean, 1.0 / count)
+        return PendingLoss(out.mark_written(), count, refuse, mean.mark_written(), can_refuse)
 
     def __call__(self, pred, target):
-        """The mean loss as a Python float (enqueue, then item() at once); a refused input raises
-        here, and backward() then refuses too."""
+        """The mean loss as a 0-d Tensor, recorded by autograd where pred requires grad; after the
+        call backward() gives its gradient w.r.t. pred (the explicit API)."""
+        if isinstance(target, Tensor) and target.requires_grad and autograd.recording():
+            return self.composite(pred, target)  # the kernels differentiate w.r.t. the prediction only
         pending = self.enqueue(pred, target)
-        try:
-            return pending.item()
-        except ValueError:
-            self._grad = None
-            raise
+        self._pending = pending  # backward() checks a refusal (enqueue()'s callers read it at item())
+        loss = pending.tensor
+        loss._on_read = pending.check
+        if autograd.needs_record(pred):
+            attach(LossBackward(type(self).__name__, pred, self._grad, pending), loss)
+        return loss
+
+    def composite(self, pred, target):
+        """The loss as tensor operations, differentiable w.r.t. both arguments."""
+        raise NotImplementedError(f"{type(self).__name__} with a target that requires grad")
 
     def backward(self):
         if self._grad is None:
             raise RuntimeError(f"{type(self).__name__}.backward() called before the loss was computed")
+        if self._pending is not None:
+            self._pending.check()  # a refused input: no gradient
         return self._grad
 
     def _check_prediction(self, pred, rank=None):
@@ -77,36 +90,74 @@ class _Loss:
         t = self._target(pred, target)
         self._grad = ops.new(pred, pred.shape)
         size = pred.size
-        pending = self._reduce(pred.queue, size, size, lambda: self._refuse(size), size, pred, t, self._grad)
+        pending = self._reduce(pred.queue, size, size, lambda: self._refuse(size), size, pred, t, self._grad,
+                               can_refuse=self.can_refuse)
         self._grad.mark_written()
+        self._pending = None
         return pending
 
     def _refuse(self, size):
         raise AssertionError(f"{self.kernel} refuses nothing")
 
 
+class LossBackward(Node):
+    """A loss kernel's gradient w.r.t. the prediction (of the mean loss), times the incoming one."""
+
+    takes_one = True
+
+    def __init__(self, name, pred, grad, pending):
+        super().__init__((pred,))
+        self.loss, self.grad, self.pending = name, grad, pending
+
+    @property
+    def name(self):
+        return f"{self.loss}Backward"
+
+    def backward(self, dy):
+        self.pending.check()
+        return (self.grad if dy is autograd.ONE else array_ops.binary("mul", self.grad, dy),)
+
+    def release(self):
+        super().release()
+        self.grad = None
+
+
 class PendingLoss:
     """A loss enqueued on the device (a loss's enqueue()): item() reads its mean once (later calls
     return the same float) and raises ValueError where the loss refused its input; float(p) is
-    p.item()."""
+    p.item(). `tensor` is the mean as a 0-d device Tensor."""
 
-    __slots__ = ("_out", "_count", "_refuse", "_value")
+    __slots__ = ("_out", "_count", "_refuse", "_value", "tensor", "can_refuse")
 
-    def __init__(self, out, count, refuse):
+    def __init__(self, out, count, refuse, tensor=None, can_refuse=True):
         self._out, self._count, self._refuse, self._value = out, count, refuse, None
+        self.tensor, self.can_refuse = tensor, can_refuse
+
+    def check(self):
+        """ValueError where the loss refused its input (a read from the device where it could)."""
+        if self.can_refuse:
+            self.item()
 
     def item(self):
         if self._value is None:
             total, refused = self._out.numpy()
             if refused:
                 self._refuse()
-            self._value = float(total) / self._count
+            # as the kernel's mean (loss_sum): float32 total times float32 1/count, so the two agree
+            self._value = float(np.float32(total) * np.float32(1.0 / self._count))
         return self._value
 
     __float__ = item
 
     def __repr__(self):
         return f"PendingLoss({self._value})" if self._value is not None else "PendingLoss(not read)"
+
+
+def _labels(q, labels):
+    """Class indices on q's device as the loss kernels read them (float32: exact for any class count)."""
+    if isinstance(labels, Tensor) and labels.dtype == INT32 and labels.on_device:
+        return array_ops.to_float(labels)
+    return _on_device(q, labels)
 
 
 def _on_device(q, x):
@@ -117,13 +168,23 @@ def _on_device(q, x):
 
 
 class MSELoss(_Loss):
+    """Mean squared error, as torch.nn.MSELoss()."""
     kernel = "mse"
+    can_refuse = False
+
+    def composite(self, pred, target):
+        return ((pred - target) ** 2).mean()
 
 
 class BCELoss(_Loss):
     """Binary cross-entropy on probabilities (e.g. after Sigmoid); logs clamped at -100 as PyTorch.
     Predictions outside [0, 1] (or NaN) raise ValueError, as PyTorch does."""
     kernel = "bce"
+    can_refuse = True
+
+    def composite(self, pred, target):
+        lp, lq = pred.log().clamp(min=-100.0), (1.0 - pred).log().clamp(min=-100.0)
+        return -(target * lp + (1.0 - target) * lq).mean()
 
     def _refuse(self, size):
         raise ValueError(f"BCELoss expects probabilities: every prediction must be between 0 and 1 (e.g. the "
@@ -145,14 +206,16 @@ class CrossEntropyLoss(_Loss):
             labels = self._host_labels(labels, n, c)
         elif labels.shape != (n,):
             raise ValueError(f"CrossEntropyLoss expects {n} class indices, got labels of shape {labels.shape}")
+        on_device = isinstance(labels, Tensor) and labels.on_device
         q = logits.queue
         self._grad = ops.new(q, (n, c))
 
         def refuse():
             raise ValueError(f"CrossEntropyLoss labels must be integers in [0, {c}) (class indices); some of the "
                              f"{n} labels on the device are not")
-        pending = self._reduce(q, n, n, refuse, n, c, logits, _on_device(q, labels), self._grad)
+        pending = self._reduce(q, n, n, refuse, n, c, logits, _labels(q, labels), self._grad, can_refuse=on_device)
         self._grad.mark_written()
+        self._pending = None
         return pending
 
     def enqueue_linear(self, linear, x, labels, input_grad=True):
@@ -182,7 +245,7 @@ class CrossEntropyLoss(_Loss):
         padded, wt = ops.new(q, (n, 16)), ops.new(q, (c, linear.in_features)) if input_grad else unused
         out = ops.new(q, (2,))
         ops.launch(q, "head_cpu", "linear_ce_cpu", (1,), (1,), n, linear.in_features, c, x, linear.weight,
-                   linear.bias if has_bias else unused, int(has_bias), _on_device(q, labels), logits, self._grad,
+                   linear.bias if has_bias else unused, int(has_bias), _labels(q, labels), logits, self._grad,
                    padded, wt, gw, int(acc_w), gb, int(acc_b), dx, int(input_grad), out)
         for t in (logits, self._grad, gw, out) + ((gb,) if has_bias else ()):
             t.mark_written()

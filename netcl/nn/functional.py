@@ -1,0 +1,277 @@
+"""netcl.nn.functional: activations, pools, normalisation and losses as functions, with PyTorch's
+signatures and reductions (import netcl.nn.functional as F). Each runs in OpenCL kernels and takes
+part in autograd: a layer's function calls the layer's kernels (recorded as one node), the rest are
+tensor operations (netcl.functions). Arguments netcl does not implement raise NotImplementedError."""
+import numpy as np
+
+from netcl import array_ops, functions, ops
+from netcl.act import Act
+from netcl.autograd import Node, attach, needs_record
+from netcl.nn.activation import GELU
+from netcl.nn.basic import Dropout
+from netcl.nn.norm import LayerNorm
+from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
+from netcl.nn.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from netcl.nn.upsample import Upsample
+from netcl.tensor import INT32, Tensor
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+# -- activations ----------------------------------------------------------------------------------
+def relu(x, inplace=False):
+    return functions.activation(x, Act.RELU)
+
+
+def relu6(x, inplace=False):
+    return functions.activation(x, Act.RELU6)
+
+
+def leaky_relu(x, negative_slope=0.01, inplace=False):
+    return functions.activation(x, Act.LEAKY_RELU, float(negative_slope))
+
+
+def gelu(x, approximate="none"):
+    return functions.activation(x, GELU(approximate).act)
+
+
+def silu(x, inplace=False):
+    return functions.activation(x, Act.SILU)
+
+
+def hardswish(x, inplace=False):
+    return functions.activation(x, Act.HARDSWISH)
+
+
+def hardsigmoid(x, inplace=False):
+    return functions.activation(x, Act.HARDSIGMOID)
+
+
+def sigmoid(x):
+    return functions.sigmoid(x)
+
+
+def tanh(x):
+    return functions.tanh(x)
+
+
+def softmax(x, dim):
+    return functions.softmax(x, dim)
+
+
+def log_softmax(x, dim):
+    return functions.log_softmax(x, dim)
+
+
+def dropout(x, p=0.5, training=True, inplace=False):
+    """Zeroes elements with probability p and scales the rest by 1/(1-p) when training."""
+    if not training or p == 0.0:
+        return x
+    return Dropout(p)(x)
+
+
+# -- layers as functions ------------------------------------------------------------------------------
+class _LinearBackward(Node):
+    def __init__(self, x2, weight, bias):
+        super().__init__((x2, weight, bias))
+        self.save(x2, weight)
+
+    def backward(self, dy):  # dy (N, out); weight (out, in)
+        x2, w = self.saved_tensors()
+        wx, ww, wb = self.wants
+        dx = ops.matmul(dy, w) if wx else None
+        dw = ops.matmul(dy, x2, trans_a=True) if ww else None
+        db = None
+        if wb:
+            db = ops.new(dy, (dy.shape[1],))
+            ops.sum_axis(dy, dy.shape[0], dy.shape[1], dy.shape[1], 1, db)
+        return dx, dw, db
+
+
+def linear(x, weight, bias=None):
+    """y = x @ weight^T + bias with weight in PyTorch's layout (out_features, in_features), as
+    torch.nn.functional.linear (netcl's nn.Linear stores (in, out) for y = x @ W)."""
+    x, weight = functions._tensor(x), functions._tensor(weight)
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input {x.shape} and weight {weight.shape} (out_features, in_features) do not fit")
+    if bias is not None and functions._tensor(bias).shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias of shape {bias.shape}, expected ({weight.shape[0]},)")
+    x2 = x._view((-1, x.shape[-1]))
+    y = ops.matmul(x2, weight, trans_b=True, bias=bias, bias_mode=1 if bias is not None else 0)
+    if needs_record(x, weight, bias):
+        attach(_LinearBackward(x2, weight, bias), y)
+        return y.reshape(x.shape[:-1] + (weight.shape[0],))
+    return y._view(x.shape[:-1] + (weight.shape[0],))
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if dilation != 1 or ceil_mode or return_indices:
+        raise NotImplementedError("max_pool2d: dilation, ceil_mode and return_indices are not supported")
+    return MaxPool2d(kernel_size, stride, padding)(x)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    if ceil_mode or not count_include_pad:
+        raise NotImplementedError("avg_pool2d: ceil_mode and count_include_pad=False are not supported")
+    return AvgPool2d(kernel_size, stride, padding)(x)
+
+
+def adaptive_avg_pool2d(x, output_size):
+    return AdaptiveAvgPool2d(output_size)(x)
+
+
+def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    """Integer upsampling of (N, C, H, W), "nearest" or "bilinear" (align_corners False)."""
+    if align_corners:
+        raise NotImplementedError("interpolate: align_corners=True is not supported")
+    if size is not None:
+        h, w = (size, size) if isinstance(size, int) else size
+        if h % x.shape[2] or w % x.shape[3] or h // x.shape[2] != w // x.shape[3]:
+            raise NotImplementedError(f"interpolate to {size} from {x.shape[2:]}: netcl scales by one integer factor")
+        scale_factor = h // x.shape[2]
+    if scale_factor is None:
+        raise ValueError("interpolate needs size or scale_factor")
+    return Upsample(scale_factor, mode)(x)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalises over the last dimension (netcl's LayerNorm); weight and bias: leaf tensors
+    (parameters) or None."""
+    layer = LayerNorm(normalized_shape, eps)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            getattr(layer, name).requires_grad = False  # the identity affine: nothing to learn
+            continue
+        if not isinstance(t, Tensor) or not t.is_leaf:
+            raise NotImplementedError("layer_norm takes weight and bias that are leaf tensors (parameters)")
+        if t.shape != (layer.normalized_shape,):
+            raise ValueError(f"layer_norm: {name} of shape {t.shape}, expected ({layer.normalized_shape},)")
+        layer._params[name] = t
+        object.__setattr__(layer, name, t)
+    return layer(x)
+
+
+# -- losses --------------------------------------------------------------------------------------------
+def _reduce(loss, reduction):
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _class_targets(target, x):
+    """Class indices (N, d...) as an int32 device tensor, checked where they are on the host."""
+    C = x.shape[1]
+    if isinstance(target, Tensor) and target.on_device:
+        if target.dtype != INT32:
+            target = functions.cast(target, INT32)
+        return target
+    t = target.to_host() if isinstance(target, Tensor) else np.asarray(target)
+    if not (np.issubdtype(t.dtype, np.integer) or (np.issubdtype(t.dtype, np.floating) and np.all(t == np.floor(t)))):
+        raise TypeError(f"class targets must be integers (class indices), got dtype {t.dtype}")
+    if t.size and (t.min() < 0 or t.max() >= C):
+        raise ValueError(f"class targets must be in [0, {C}), got {t.min()}..{t.max()}")
+    return functions.tensor(t.astype(np.int64), queue=x.queue, dtype=INT32)
+
+
+class _TakeBackward(Node):
+    def __init__(self, x, idx):
+        super().__init__((x,))
+        self.shape = x.shape
+        self.save(idx)
+
+    def backward(self, dy):
+        (idx,) = self.saved_tensors()
+        outer, C, inner = self.shape[0], self.shape[1], int(np.prod(self.shape[2:], dtype=np.int64))
+        return (array_ops.take_backward(dy, idx, outer, C, inner)._view(self.shape),)
+
+
+def _take_classes(x, target):
+    """x[n, target[n, ...], ...]: the score of each target class, (N, d...)."""
+    outer, C, inner = x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+    if target.shape != (x.shape[0],) + x.shape[2:]:
+        raise ValueError(f"class targets of shape {target.shape} for input {x.shape}: expected "
+                         f"{(x.shape[0],) + x.shape[2:]}")
+    y = array_ops.take(x, target, outer, C, inner)._view(target.shape)
+    return attach(_TakeBackward(x, target), y) if needs_record(x) else y
+
+
+def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """-input[n, target[n]] (log-probabilities and class indices), reduced."""
+    if weight is not None:
+        raise NotImplementedError("nll_loss: class weights are not supported")
+    x = functions._tensor(input)
+    if x.ndim < 2:
+        raise ValueError(f"nll_loss expects (N, C) or (N, C, d...) log-probabilities, got shape {x.shape}")
+    return _reduce(-_take_classes(x, _class_targets(target, x)), reduction)
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """log_softmax over dim 1, then nll_loss; (N, C) logits with the mean reduction run as one kernel."""
+    if weight is not None or label_smoothing:
+        raise NotImplementedError("cross_entropy: class weights and label_smoothing are not supported")
+    x = functions._tensor(input)
+    if x.ndim == 2 and reduction == "mean":
+        return CrossEntropyLoss()(x, target)
+    if x.ndim < 2:
+        raise ValueError(f"cross_entropy expects (N, C) or (N, C, d...) logits, got shape {x.shape}")
+    return nll_loss(functions.log_softmax(x, 1), target, reduction=reduction)
+
+
+def _pair(input, target, name):
+    x = functions._tensor(input)
+    t = target if isinstance(target, Tensor) else functions.tensor(np.asarray(target, np.float32), queue=x.queue)
+    if t.shape != x.shape:
+        raise ValueError(f"{name}: target shape {t.shape} differs from input {x.shape}")
+    return x, t
+
+
+def mse_loss(input, target, reduction="mean"):
+    x, t = _pair(input, target, "mse_loss")
+    if reduction == "mean":
+        return MSELoss()(x, t)
+    return _reduce((x - t) ** 2, reduction)
+
+
+def l1_loss(input, target, reduction="mean"):
+    x, t = _pair(input, target, "l1_loss")
+    return _reduce((x - t).abs(), reduction)
+
+
+def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (d = input - target)."""
+    x, t = _pair(input, target, "smooth_l1_loss")
+    d = (x - t).abs()
+    if beta == 0.0:
+        return _reduce(d, reduction)
+    small = d < beta
+    return _reduce(small * (0.5 / beta) * d * d + (1.0 - small) * (d - 0.5 * beta), reduction)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0):
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta)."""
+    return smooth_l1_loss(input, target, reduction, beta=delta) * delta
+
+
+def binary_cross_entropy(input, target, weight=None, reduction="mean"):
+    """On probabilities; logs clamped at -100 as PyTorch."""
+    x, t = _pair(input, target, "binary_cross_entropy")
+    if weight is None and reduction == "mean":
+        return BCELoss()(x, t)
+    loss = -(t * x.log().clamp(min=-100.0) + (1.0 - t) * (1.0 - x).log().clamp(min=-100.0))
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
+    """Sigmoid and binary cross-entropy in one stable form: max(x, 0) - x t + log(1 + exp(-|x|)),
+    with pos_weight p: (1 - t) x + (1 + (p - 1) t) (log(1 + exp(-|x|)) + max(-x, 0))."""
+    x, t = _pair(input, target, "binary_cross_entropy_with_logits")
+    soft = (1.0 + (-x.abs()).exp()).log()
+    if pos_weight is None:
+        loss = x.relu() - x * t + soft
+    else:
+        loss = (1.0 - t) * x + (1.0 + (pos_weight - 1.0) * t) * (soft + (-x).relu())
+    return _reduce(loss if weight is None else loss * weight, reduction)
