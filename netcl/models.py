@@ -1,5 +1,6 @@
 """The reference workloads of spec/MODELS.md, built from the public API."""
 from netcl import nn
+from netcl.nn import functional as F
 
 MODELS = {}
 
@@ -66,6 +67,43 @@ def resnet8():
                    nn.ReLU()]
     return nn.Sequential(*_conv_bn(3, 16, act=nn.ReLU), *stages, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(64, 10))
+
+
+class BasicBlock(nn.Module):
+    """resnet8's residual block as a PyTorch user writes it: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut)."""
+
+    def __init__(self, c_in, c_out, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = None
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class ResNet8(nn.Module):
+    """resnet8() written as a Module subclass: the same layers, the blocks' sums in Python (h + x).
+    What a PyTorch user's model looks like; netcl trains it through autograd."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.blocks = nn.ModuleList([BasicBlock(16, 16), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2)])
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.conv(x)))
+        for block in self.blocks:
+            h = block(h)
+        return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
 
 
 def _inverted_residual(c_in, c_out, stride, expand):

@@ -50,7 +50,7 @@ import threading
 
 import numpy as np
 
-from netcl import nn, ops, optim
+from netcl import autograd, nn, ops, optim
 from netcl.nn import sequential
 from netcl.nn.module import rng
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
@@ -113,7 +113,7 @@ class TrainStep:
                     self.replays += 1
                     return rp.run(self, xt, tt)
             else:
-                tt = self._on_device("target", q, target, self.model.output_shape(xt.shape))
+                tt = self._on_device("target", q, target, self._output_shape(sh, xt))
             sh.replay = None
             if not self.replay or sh.given_up:
                 return self._eager(xt, tt, None)[0]
@@ -153,7 +153,12 @@ class TrainStep:
             rec.start()
         try:
             head = _head(self.model, self.loss_fn, xt)
-            if head is None:
+            if not self.model.records_as_one():  # a module with a forward of its own: through autograd
+                self.output = self.model(xt)
+                pending = self.loss_fn.enqueue(self.output, tt)
+                if self.output.requires_grad:
+                    self.output.backward(self.loss_fn.backward())
+            elif head is None:
                 self.output = self.model(xt)
                 pending = self.loss_fn.enqueue(self.output, tt)
                 self.model.backward(self.loss_fn.backward(), input_grad=False)
@@ -176,6 +181,24 @@ class TrainStep:
         return _own_loss(pending, pending._out), rec
 
     # -- inputs -------------------------------------------------------------------------------
+    def _output_shape(self, sh, xt):
+        """The model's output shape for input xt: its layers say it, or (a module with a forward of its
+        own) a forward in eval mode without autograd tells it, once per input shape."""
+        if self.model.records_as_one():
+            return self.model.output_shape(xt.shape)
+        if sh.out_shape is None:
+            modules = self.model.modules()
+            modes = [m.training for m in modules]
+            try:
+                for m in modules:
+                    m.training = False  # (the flag alone: train() would also remake fused plans)
+                with autograd.no_grad():
+                    sh.out_shape = self.model(xt).shape
+            finally:
+                for m, mode in zip(modules, modes):
+                    m.training = mode
+        return sh.out_shape
+
     def _queue(self, x):
         if isinstance(x, Tensor) and x.on_device:
             return x.queue
@@ -334,10 +357,11 @@ def _own_loss(pending, out):
 
 
 class _Shape:
-    __slots__ = ("calls", "recording", "replay", "tries", "given_up")
+    __slots__ = ("calls", "recording", "replay", "tries", "given_up", "out_shape")
 
     def __init__(self):
         self.calls, self.recording, self.replay, self.tries, self.given_up = 0, None, None, 0, False
+        self.out_shape = None  # a module with a forward of its own: its output shape, once known
 
 
 def _differs(a, b):
@@ -418,7 +442,7 @@ class _Replay:
             else:
                 self.commands.append((_copy, (self.queue, c[1], c[2], c[3])))
         self.keep = commands  # the arguments' buffers: alive as long as the replay
-        self.bound, self.out_shape = {"x": xt, "target": tt}, step.model.output_shape(xt.shape)
+        self.bound, self.out_shape = {"x": xt, "target": tt}, step.output.shape
         self.out, self.pending, self.output = rec.pending._out, rec.pending, step.output
         self.step_delta = rec.step_delta
         self.written = [t for _, t in step.model.named_tensors()] + [

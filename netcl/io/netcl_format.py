@@ -115,6 +115,12 @@ def save_checkpoint(path, model, optimizer, epoch=None, **meta):
 
 
 def _model_header(model):
+    own = model.describe_own_forward() if isinstance(model, nn.Module) else ""
+    if own:
+        raise NotImplementedError(f"a .netcl file records netcl's layer types (an nn.Sequential of layers and "
+                                  f"blocks); {own}, which it cannot record: keep its weights with "
+                                  "model.state_dict() (numpy.savez(path, **model.state_dict()), then "
+                                  "load_state_dict)")
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"expected a netcl.nn.Sequential, got {type(model).__name__}")
     return {"netcl_version": _version(), "kind": "model", "training": bool(model.training),

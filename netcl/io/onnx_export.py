@@ -438,6 +438,11 @@ NOT_EMITTED = {
 def _check(model, input_shape, input_name, output_name):
     if not isinstance(model, nn.Module):
         raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
+    own = model.describe_own_forward()
+    if own:
+        raise NotImplementedError(f"export_onnx translates netcl's layer types (an nn.Sequential of layers and "
+                                  f"blocks); {own}, which the exporter cannot read: build the model as an "
+                                  "nn.Sequential")
     leaves = list(model.chain())
     held = list(_held(model))
     if model.training or any(m.training for _, m in held):
