@@ -111,8 +111,10 @@ class Node:
         return tuple(t is not None for t in self.inputs)
 
     def save(self, *tensors):
-        """Keep tensors for backward with their versions (an in-place change is caught there)."""
-        self.saved = tuple((t, t.version) for t in tensors)
+        """Keep tensors for backward with their versions (an in-place change is caught there), as
+        views without a node: a node that saves its own output must not hold itself (a cycle would
+        keep the buffers from the pool until the garbage collector runs)."""
+        self.saved = tuple((t.detach(), t.version) for t in tensors)
 
     def saved_tensors(self):
         for i, (t, v) in enumerate(self.saved):
@@ -284,6 +286,6 @@ def call_layer(layer, x, kwargs):
     if not isinstance(y, Tensor):
         raise TypeError(f"{type(layer).__name__}.forward returned {type(y).__name__}, autograd records layers that "
                         "return one Tensor")
-    if y.storage is x.storage or y.requires_grad:  # the input passed through (Identity, a view): its own object
-        y = y.detach()
-    return attach(LayerCall(layer, x), y)
+    # a tensor object of its own: the layer may keep its output (Sigmoid saves it, Identity passes x),
+    # and a node reachable from what it saved would be a reference cycle
+    return attach(LayerCall(layer, x), y.detach())

@@ -217,6 +217,8 @@ class Tensor:
     def numpy(self):
         """The data on the host (read from the device once, then cached); do not modify it."""
         st = self._st
+        if self._on_read is not None:
+            self._on_read()  # (a loss: raises where its kernel refused the input, or gives the value)
         if st.host is None:
             import pyopencl as cl
 
@@ -227,8 +229,6 @@ class Tensor:
             if a.size:
                 cl.enqueue_copy(st.queue, a, st.buf, is_blocking=True)
             st.host = a
-        if self._on_read is not None:
-            self._on_read()
         return st.host.reshape(self.shape)
 
     # -- writes ------------------------------------------------------------------------

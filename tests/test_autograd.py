@@ -340,3 +340,33 @@ def test_reading_values(queue):
     assert "2.5" in repr(x)
     with pytest.raises(ValueError, match="one element"):
         netcl.zeros(2).item()
+
+
+def test_the_graph_holds_no_reference_cycles(queue, rng):
+    """Buffers go back to the pool when the last tensor goes: a cycle (a node that saved its own
+    output, a loss and its pending value) would hold them until the garbage collector runs."""
+    import gc
+
+    from netcl import nn
+    from netcl.autograd import Node
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Sigmoid()).to(queue)
+    x = netcl.tensor(rng.standard_normal((3, 4)).astype(np.float32), queue=queue)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for loss_fn in (nn.MSELoss(), nn.BCELoss()):
+            y = model(x)
+            h = (y.exp().sqrt() + y.sigmoid() + y.tanh()).softmax(1).log_softmax(1).amax(1)
+            loss = loss_fn(y, np.full((3, 8), 0.5, np.float32)) + h.sum() * 0.1
+            loss.backward()
+            float(loss)
+        del y, h, loss
+        gc.collect()
+        cycles = sorted({type(o).__name__ for o in gc.garbage if isinstance(o, (Tensor, Node))})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not cycles, f"objects in reference cycles: {cycles}"

@@ -59,8 +59,8 @@ ops._config_class = {}
 for n, inputs, classes in [(3, 1, 1), (2, 7, 3), (5, 33, 10), (1, 17, 16), (4, 2, 15)]:
     lin = nn.Linear(inputs, classes)
     w = rng.standard_normal((inputs, classes)).astype(np.float32)
-    lin.weight = lin._params["weight"] = guarded(q, w)
-    lin.bias = lin._params["bias"] = guarded(q, np.zeros(classes, np.float32))
+    lin.weight = nn.Parameter(guarded(q, w))  # (a Parameter on the guarded buffer)
+    lin.bias = nn.Parameter(guarded(q, np.zeros(classes, np.float32)))
     x = rng.standard_normal((n, inputs)).astype(np.float32)
     labels = guarded(q, rng.integers(0, classes, n).astype(np.float32))
     logits, pending, dx = nn.CrossEntropyLoss().enqueue_linear(lin, guarded(q, x), labels)

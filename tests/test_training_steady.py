@@ -72,7 +72,7 @@ def test_steady_steps_make_no_buffers_build_nothing_and_read_once(queue, rng, mo
             pending = loss_fn.enqueue(model(Tensor.from_host(queue, x)), y)
             assert count.reads == r0, "enqueue reads nothing"
         else:
-            losses.append(loss_fn(model(Tensor.from_host(queue, x)), y))
+            losses.append(float(loss_fn(model(Tensor.from_host(queue, x)), y)))  # (the loss read: one read)
         model.backward(loss_fn.backward())
         middle = count.launches
         opt.step()
@@ -94,8 +94,10 @@ def test_loss_is_two_launches_and_one_read(queue, rng, monkeypatch):
     count = Counter(monkeypatch)
     for fn, target in ((nn.MSELoss(), on_device), (nn.BCELoss(), on_device), (nn.CrossEntropyLoss(), labels)):
         launches, reads = count.launches, count.reads
-        fn(pred, target)
-        assert (count.launches - launches, count.reads - reads) == (2, 1), type(fn).__name__
+        loss = fn(pred, target)  # a 0-d tensor: the read when its value is asked for
+        assert (count.launches - launches, count.reads - reads) == (2, 0), type(fn).__name__
+        float(loss), loss.item()
+        assert count.reads - reads == 1, type(fn).__name__
         pending = fn.enqueue(pred, target)  # the same launches; the read when item() asks
         assert (count.launches - launches, count.reads - reads) == (4, 1), type(fn).__name__
         pending.item(), pending.item()

@@ -60,6 +60,7 @@ MODELS = {  # name -> (per-sample input shape, loss, number of classes or None)
     "cnn": ((3, 32, 32), "ce", 10),
     "digits": ((1, 8, 8), "ce", 10),
     "resnet8": ((3, 32, 32), "ce", 10),
+    "resnet8_module": ((3, 32, 32), "ce", 10),  # resnet8 as a Module subclass (models.ResNet8): autograd's path
     "mobilenetv2_tiny": ((3, 32, 32), "ce", 10),
     "unet_tiny": ((3, 64, 64), "mse", None),
     "vit_tiny": ((1, 8, 8), "ce", 10),
@@ -74,6 +75,8 @@ def build_netcl(name):
     netcl.manual_seed(0)
     if name == "digits":
         return recipes.digits_cnn()
+    if name == "resnet8_module":
+        return models.ResNet8()
     return models.build(name)
 
 
@@ -106,12 +109,16 @@ def netcl_step(name, batch, q, mode="trainstep"):
     mode "trainstep": netcl.TrainStep (replays the recorded step from its third call); "loop":
     the same as layer calls; "eager-loss": layer calls, the loss read as its call returns it,
     before the backward pass. The function's .trainstep is the TrainStep (or None)."""
+    import netcl
     from netcl import Tensor, TrainStep, nn, optim
 
     model = build_netcl(name).to(q).train()
     x, y = data(name, batch)
     xt = Tensor.from_host(q, x)
-    out_shape = model.output_shape(x.shape)
+    with netcl.no_grad():
+        out_shape = model.eval()(Tensor.from_host(q, x)).shape if not model.records_as_one() else \
+            model.output_shape(x.shape)
+    model.train()
     target = y if y is not None else np.random.default_rng(1).uniform(0, 1, out_shape).astype(np.float32)
     # on the device once, as make_torch's target (class indices as float32, checked there by the loss)
     target = Tensor.from_host(q, np.asarray(target, np.float32))
@@ -125,11 +132,15 @@ def netcl_step(name, batch, q, mode="trainstep"):
             float(train(xt, target))  # one read per step, after the optimizer step (as torch's loss.item())
         step.trainstep = train
         return step
-    compute = loss_fn if mode == "eager-loss" else loss_fn.enqueue  # eager: a float, the queue drains there
-
     def step():
-        loss = compute(model(xt), target)
-        model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
+        out = model(xt)
+        loss = loss_fn.enqueue(out, target)
+        if mode == "eager-loss":
+            float(loss)  # read as the call returns it: the queue drains there
+        if model.records_as_one():
+            model.backward(loss_fn.backward(), input_grad=False)  # as torch: x needs no gradient
+        else:  # a Module subclass: autograd (x needs no gradient either)
+            out.backward(loss_fn.backward())
         opt.step()
         opt.zero_grad()
         float(loss)  # one read per step (enqueue: here, as torch's loss.item() after the step)
@@ -296,7 +307,8 @@ def make_torch(name, batch, args):
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
-    model = torch_twin(build_netcl(name), torch).to(dev).train()
+    twin = "resnet8" if name == "resnet8_module" else name  # the same layers as a Sequential
+    model = torch_twin(build_netcl(twin), torch).to(dev).train()
     x, y = data(name, batch)
     xt = torch.tensor(x, device=dev)
     with torch.no_grad():

@@ -8,6 +8,9 @@ and the mean; nothing is read until the value is asked for. A value the kernel r
 index outside [0, C) given on the device, a BCELoss prediction outside [0, 1]) raises ValueError
 when the loss is read and at its backward (a read there: only for losses that can refuse);
 class indices given on the host are checked at once. Targets already on the device are used there."""
+import functools
+import weakref
+
 import numpy as np
 
 from netcl import array_ops, autograd, ops
@@ -41,7 +44,7 @@ class _Loss:
             return self.composite(pred, target)  # the kernels differentiate w.r.t. the prediction only
         pending = self.enqueue(pred, target)
         self._pending = pending  # backward() checks a refusal (enqueue()'s callers read it at item())
-        loss = pending.tensor
+        loss = pending.take()
         loss._on_read = pending.check
         if autograd.needs_record(pred):
             attach(LossBackward(type(self).__name__, pred, self._grad, pending), loss)
@@ -90,14 +93,15 @@ class _Loss:
         t = self._target(pred, target)
         self._grad = ops.new(pred, pred.shape)
         size = pred.size
-        pending = self._reduce(pred.queue, size, size, lambda: self._refuse(size), size, pred, t, self._grad,
-                               can_refuse=self.can_refuse)
+        refuse = functools.partial(type(self)._refuse, size)  # (the class's: no cycle through self._pending)
+        pending = self._reduce(pred.queue, size, size, refuse, size, pred, t, self._grad, can_refuse=self.can_refuse)
         self._grad.mark_written()
         self._pending = None
         return pending
 
-    def _refuse(self, size):
-        raise AssertionError(f"{self.kernel} refuses nothing")
+    @staticmethod
+    def _refuse(size):
+        raise AssertionError("this loss refuses nothing")
 
 
 class LossBackward(Node):
@@ -127,16 +131,32 @@ class PendingLoss:
     return the same float) and raises ValueError where the loss refused its input; float(p) is
     p.item(). `tensor` is the mean as a 0-d device Tensor."""
 
-    __slots__ = ("_out", "_count", "_refuse", "_value", "tensor", "can_refuse")
+    __slots__ = ("_out", "_count", "_refuse", "_value", "_tensor", "_weak", "can_refuse")
 
     def __init__(self, out, count, refuse, tensor=None, can_refuse=True):
         self._out, self._count, self._refuse, self._value = out, count, refuse, None
-        self.tensor, self.can_refuse = tensor, can_refuse
+        self._tensor, self._weak, self.can_refuse = tensor, None, can_refuse
+
+    @property
+    def tensor(self):
+        """The mean loss as a 0-d device Tensor (None once that tensor is gone, after take())."""
+        return self._weak() if self._weak is not None else self._tensor
+
+    def take(self):
+        """The tensor, which will refer to this loss (its read checks it) and is from now on held
+        weakly here: no reference cycle keeps its buffers from the pool."""
+        t, self._tensor = self._tensor, None
+        self._weak = weakref.ref(t)
+        return t
 
     def check(self):
-        """ValueError where the loss refused its input (a read from the device where it could)."""
+        """ValueError where the loss refused its input (a read from the device where it could); the
+        tensor's value then comes from that read (the same float32 the kernel wrote)."""
         if self.can_refuse:
-            self.item()
+            value = self.item()
+            t = self.tensor
+            if t is not None and t.storage.host is None:
+                t.storage.host = np.array([value], np.float32)
 
     def item(self):
         if self._value is None:
@@ -186,7 +206,8 @@ class BCELoss(_Loss):
         lp, lq = pred.log().clamp(min=-100.0), (1.0 - pred).log().clamp(min=-100.0)
         return -(target * lp + (1.0 - target) * lq).mean()
 
-    def _refuse(self, size):
+    @staticmethod
+    def _refuse(size):
         raise ValueError(f"BCELoss expects probabilities: every prediction must be between 0 and 1 (e.g. the "
                          f"output of Sigmoid), but some of the {size} values are outside [0, 1] or NaN")
 

@@ -179,8 +179,10 @@ class Module:
             if "_modules" not in d:
                 raise AttributeError(f"cannot assign {type(value).__name__} {name!r} before Module.__init__() is "
                                      f"called: call super().__init__() first in {type(self).__name__}.__init__")
-            self._unregister(name)
-            (d["_params"] if isinstance(value, Parameter) else d["_modules"])[name] = value
+            registry = d["_params"] if isinstance(value, Parameter) else d["_modules"]
+            if name not in registry:  # (a replaced one keeps its place in state_dict order)
+                self._unregister(name)
+            registry[name] = value
         elif name in d.get("_params", ()) or name in d.get("_modules", ()):
             if value is not None:
                 raise TypeError(f"{type(self).__name__}.{name} holds a "
@@ -467,6 +469,14 @@ class Module:
             return ""
         return (f"{own[0]} is a Module subclass" if len(own) == 1 else f"{', '.join(own)} are Module subclasses") + \
             " with a forward of its own"
+
+    def knows_shapes(self):
+        """Whether output_shape() holds for this module and every one it holds: netcl's layers declare
+        it; a module with a forward of its own must define output_shape itself."""
+        if not self.HOLDS_ONLY and _own_backward(type(self)) != "own" and \
+                type(self).output_shape is Module.output_shape:
+            return False
+        return all(c.knows_shapes() for _, c in self.named_children())
 
     def records_as_one(self):
         """Whether a call is one autograd node: this layer's backward differentiates its forward, and

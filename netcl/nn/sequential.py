@@ -5,7 +5,7 @@ write the zero-bordered planes a Conv2d next to it reads (TRAIN_FUSE)."""
 import os
 from contextlib import nullcontext
 
-from netcl import runtime
+from netcl import autograd, runtime
 from netcl.act import Act
 from netcl.jit import plan_fused
 from netcl import ops
@@ -99,7 +99,7 @@ class Sequential(LayerList):
     def _try_fuse_layers(self):
         """Prepare the fused inference path (netcl.jit) from the layer list; None when nothing fuses.
         The plan holds no device state until its first call, so eval() needs no OpenCL."""
-        self._fused = plan_fused(self) if self.records_as_one() else None
+        self._fused = plan_fused(self) if self.knows_shapes() else None
 
     def output_shape(self, shape):
         for name, layer in self.named_children():
@@ -118,9 +118,9 @@ class Sequential(LayerList):
         if not isinstance(x, Tensor):
             raise TypeError(f"Sequential expects a netcl Tensor, got {type(x).__name__}; "
                             "use Tensor.from_host(queue, array)")
-        if not self.records_as_one():  # it holds a module with a forward of its own: the layers one by one
-            for layer in self.layers:  # (each call recorded by autograd)
-                x = layer(x)
+        if not self.records_as_one() and (autograd.recording() or not self.knows_shapes()):
+            for layer in self.layers:  # a module with a forward of its own: the layers one by one, each
+                x = layer(x)  # call recorded by autograd (this Sequential's backward could not follow it)
             return x
         self.output_shape(x.shape)  # a shape that does not fit: the same message, naming the layer, on both paths
         if not self.training and self._fused is not None:
