@@ -59,7 +59,7 @@ DEFAULT_OPSET = 17
 # export takes the highest opset within both that netcl writes (OPSET_IR_VERSION), so a file for an
 # older consumer is only ever a lower stamp of the same graph.
 TARGETS = {
-    # onnxruntime: measured by tools/verify_consumers.py on 2026-11-30 with each line's last wheel
+    # onnxruntime: measured by tools/verify_consumers.py with each line's last wheel
     # (1.15.1 ... 1.22.1): 1.15 has no AveragePool-19 or Reshape-19 kernels; 1.16, 1.18, 1.19 and
     # 1.20 call the next opset "under development"; 1.17 reads IR 9 at most, 1.21 and 1.22 IR 10.
     # (The matrix in onnxruntime's docs/reference/compatibility.md says one opset more for 1.15,
@@ -72,7 +72,7 @@ TARGETS = {
     # to Opset 17"; release/10.0-GA: opset 9 to 20 (the 10.0 line is from its release notes, not seen
     # in a stored copy). IR: the version those opsets came with
     "tensorrt-8.6": (17, 8), "tensorrt-10.0": (20, 9),
-    # Measured by tools/verify_consumers.py on 2026-11-30 (every layer type, opsets 11-25): the highest
+    # Measured by tools/verify_consumers.py (every layer type, opsets 11-25): the highest
     # opset at which every layer runs and agrees (<= 1e-4), one below a layer's newer single-op form.
     # OpenVINO 2023.0.2, tract 0.21.19: no Gelu-20 (GELU is written decomposed below 20); OpenCV 4.8.1
     # and 5.0.0: their Gelu-20 differs by 1.7e-4 (the decomposition agrees to 6e-8); onnx2torch 1.5.15:

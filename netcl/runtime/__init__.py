@@ -24,7 +24,7 @@ _arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): f
 def default_queue(spec=None):
     """The pyopencl.CommandQueue of the selected device (see select_device); one per device per process."""
     key = (spec, os.environ.get("NETCL_DEVICE", "")) if spec is None else (spec, None)
-    q = _chosen.get(key)  # selecting walks every platform's devices: ~16 us, each predict() asked
+    q = _chosen.get(key)  # selecting walks every platform's devices: too slow for every predict() to ask
     if q is not None:
         return q
     q = _chosen[key] = _queue_of(select_device(spec))
@@ -150,7 +150,7 @@ class _Kernels(dict):
 def kernels(queue, family, options=()):
     """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached). Their
     scalar argument types are declared from the source, so set_args packs them without inspecting
-    each value (on NVIDIA's OpenCL that took 35 us of a launch's 40)."""
+    each value (which cost most of a launch's host time on NVIDIA's OpenCL)."""
     key = (queue.context, family, tuple(options))
     ks = _kernels.get(key)
     if ks is None:
