@@ -134,6 +134,7 @@ def positive_ints(text):
 
 
 def positive_int(text):
+    """An argparse type: a positive integer, else an argparse error saying so."""
     try:
         v = int(text)
     except ValueError:

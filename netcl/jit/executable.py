@@ -196,6 +196,7 @@ class Executable:
         self.dev_in = Tensor(self.shape, q, self.target.buffer(nin))
 
     def infer(self, x):
+        """The round trip for a host array `x` of this executable's shape: upload, run, read -> numpy."""
         cl, q = self.target.cl, self.q
         if not self.staged:
             self._staging()
@@ -222,6 +223,7 @@ class Executable:
         return self.host_out.copy()
 
     def run(self, x):
+        """Enqueue the plan on device Tensor `x` (weights refolded where they changed) -> the output Tensor."""
         self.refresh()
         q = self.q
         bufs = list(self.bufs)

@@ -195,12 +195,15 @@ class Recorder:
         self.varying = {}  # command index -> (argument indices, fn): see vary()
 
     def launch(self, k, gsize, lsize, args):
+        """Record a kernel launch: kernel, global and local sizes, its arguments as set."""
         self.commands.append(("launch", k, tuple(gsize), tuple(lsize), tuple(args)))
 
     def fill(self, buf, value, nbytes):
+        """Record a fill of `nbytes` of `buf` with `value`."""
         self.commands.append(("fill", buf, float(value), int(nbytes)))
 
     def copy(self, dst, src, nbytes):
+        """Record a device-to-device copy of `nbytes`."""
         self.commands.append(("copy", dst, src, int(nbytes)))
 
     def vary(self, indices, fn):
@@ -209,16 +212,19 @@ class Recorder:
         self.varying[len(self.commands) - 1] = (tuple(indices), fn)
 
     def refuse(self, what):
+        """Note a command that cannot be replayed (a host transfer): the first such stays in `refused`."""
         if self.refused is None:
             self.refused = what
 
     def start(self):
+        """Record this thread's device commands from now on (RuntimeError if it already records)."""
         if _recording.recorder is not None:
             raise RuntimeError("this thread is already recording device commands")
         _recording.recorder = self
         return self
 
     def stop(self):
+        """Stop recording this thread's commands; returns the recorder."""
         _recording.recorder = None
         return self
 
