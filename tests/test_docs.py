@@ -117,6 +117,14 @@ def test_readme_is_a_guide():
     assert len(text.splitlines()) <= 250, "README.md is the guide (at most 250 lines); the rest belongs in docs/"
 
 
+def test_readme_links_resolve():
+    """The README is read on its own (GitHub, PyPI): each relative link must name a file that exists."""
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links into the docs"
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
 def test_no_commit_hashes_in_the_docs():
     """History is git's and CHANGELOG.md's: a README or docs page that cites a commit fails."""
     if not (ROOT / ".git").exists():

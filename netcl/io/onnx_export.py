@@ -631,22 +631,39 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
                 output_name="output", external_data=None, metadata=None, doc_string=""):
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
 
-    input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
-    opset: ai.onnx opset version, 11 to 25 (default 17, or the highest that `target` reads);
-        ir_version follows from OPSET_IR_VERSION.
-    target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the export
-        takes the highest opset and IR version it reads; an explicit opset it cannot read: ValueError.
-    dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
-    input_name, output_name: names of the graph input and output.
-    external_data: None chooses a side file (`<path>.data`) only if the model would pass protobuf's
-        2 GB limit; True forces it; False refuses (ValueError) a model that would pass the limit.
-    metadata: dict str -> str, written (keys sorted) as ModelProto.metadata_props after netcl's own
-        provenance keys (netcl.version, netcl.input_layout, netcl.input_shape, netcl.architecture).
-    doc_string: the ModelProto's doc_string.
-    Returns the list of files written. Raises ValueError for a model in training mode or an
-    input_shape that does not fit, NotImplementedError naming every unsupported layer, TypeError
-    for metadata that is not str -> str; nothing is written then, and a failed export leaves any
-    existing file untouched.
+    A literal, unfused translation of the declared layers, one EMITTERS entry per layer type;
+    the same model and options always give the same bytes.
+
+    Args:
+        model: a netcl model in eval mode.
+        input_shape: the input's shape with the batch first, e.g. `x.shape`; it must fit the first layer.
+        path: the .onnx file to write (atomically: a failed export leaves any existing file untouched).
+        opset: ai.onnx opset version, 11 to 25 (default 17, or the highest that `target` reads);
+            the IR version follows from OPSET_IR_VERSION.
+        target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the
+            highest opset and IR version it reads; an explicit opset it cannot read is a ValueError.
+        dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
+        input_name: the graph input's name.
+        output_name: the graph output's name.
+        external_data: None chooses a side file (`<path>.data`) only if the model would pass
+            protobuf's 2 GB limit; True forces it; False refuses (ValueError) a model past the limit.
+        metadata: dict str -> str, written (keys sorted) as ModelProto.metadata_props after netcl's
+            provenance keys (netcl.version, netcl.input_layout, netcl.input_shape, netcl.architecture).
+        doc_string: the ModelProto's doc_string.
+
+    Returns:
+        The list of files written.
+
+    Raises:
+        ValueError: a model in training mode, or an input_shape that does not fit (naming the layer).
+        NotImplementedError: unsupported layers, every one named, with the supported list.
+        TypeError: metadata that is not str -> str. Nothing is written then.
+
+    Example:
+        ```python
+        model.eval()
+        export_onnx(model, (1, 3, 32, 32), "model.onnx", dynamic_batch=True, target="onnxruntime-1.15")
+        ```
     """
     opset, ir_version = resolve_opset(opset, target)
     if not isinstance(doc_string, str):
