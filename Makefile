@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 OSTAMP := $(VENV)/.opencl-checked
+DSTAMP := $(VENV)/.installed-docs
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # a fresh machine may still be running its own apt at boot: wait for its lock rather than fail
 APT_OPTS := -o DPkg::Lock::Timeout=300
@@ -16,7 +17,7 @@ endif
 # the PyTorch CPU build that lies on this kind of machine; tests use it as an independent reference
 TORCH  ?= torch==2.13.0
 
-.PHONY: all proto test demo bench clean distclean system-pocl
+.PHONY: all proto test demo bench docs clean distclean system-pocl
 all: test
 
 $(BIN)/python:
@@ -68,8 +69,18 @@ demo: $(STAMP) proto $(OSTAMP)
 bench: $(STAMP) proto $(OSTAMP)
 	$(BIN)/python tools/benchmark_onnx_vs_native.py
 
+# the docs site (MkDocs, Material, mkdocstrings) into site/; --strict: a broken link or reference fails
+$(DSTAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[cpu,onnx,demo,docs]'
+	touch $@
+
+docs: $(DSTAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@# the changelog comes in through a snippet that skips missing files: check that it arrived
+	@grep -q "0.1.0" site/changelog/index.html || { echo "make docs: CHANGELOG.md is missing from the site"; exit 1; }
+
 clean:
-	rm -rf gen build dist *.egg-info out .pytest_cache
+	rm -rf gen build dist *.egg-info out .pytest_cache site
 
 distclean: clean
 	rm -rf $(VENV)

@@ -4,6 +4,8 @@ from enum import IntEnum
 
 
 class Act(IntEnum):
+    """Activation codes, the same numbers as kernels/act.h, which holds the arithmetic."""
+
     NONE = 0
     RELU = 1
     LEAKY_RELU = 2

@@ -201,7 +201,7 @@ we_spec.loader.exec_module(we)
 def test_winograd_error_tool_measures_each_kernel(queue):
     """tools/winograd_error.py runs each of netcl's 3x3 kernels (direct, the training F(2x2), the
     inference F(2x2) and F(4x4)) against float64: every one a correct convolution within float32
-    noise, and on a CPU the F(4x4) one's error the largest (the README's reason not to train with it)."""
+    noise, and on a CPU the F(4x4) one's error the largest (docs/performance.md's reason not to train with it)."""
     from netcl import ops
 
     e = we.errors(16, k=8, size=8)

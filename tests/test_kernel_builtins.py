@@ -5,7 +5,7 @@ MIN and MAX, or a ternary), no select or shuffle (clang's vector operators and
 __builtin_shufflevector). Checked: the files that include vec_cpu.h and conv_dw.cl (the fused
 depthwise kernel, built for GPUs and CPUs alike). Not checked: math functions (exp, log, sqrt, rsqrt,
 fmax), GPU-only files, and the headers and other files that CPUs also build, where calls remain
-outside the hot loops except in seq.cl's attention (one min a key; the README's Devices section
+outside the hot loops except in seq.cl's attention (one min a key; docs/device-setup.md
 lists them)."""
 import re
 from pathlib import Path

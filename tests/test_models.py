@@ -1,6 +1,6 @@
 """The reference architectures of netcl.models: they build to the documented shapes, train
 (backward reaches every parameter), save, export and come back; slow-marked, they learn their
-real tasks (the digits; the digits' foreground masks) to the figures the README quotes."""
+real tasks (the digits; the digits' foreground masks) to the figures docs/training.md quotes."""
 import numpy as np
 import pytest
 from conftest import assert_close

@@ -96,7 +96,7 @@ def main(argv=None):
     same = float((logits_ort.argmax(1) == logits_nc.argmax(1)).mean())
     diff = float(np.abs(logits_ort - logits_nc).max())
     # one warm-up run builds kernels and buffers; predict() is the inference call (numpy in and out;
-    # on PoCL it runs a call this small on the serial device: README, Performance)
+    # on PoCL it runs a call this small on the serial device: docs/inference.md)
     lat_nc = 1e3 * median_time(lambda: model.predict(x_te[:1]), args.repeats, warmup=1)
     lat_ort = 1e3 * median_time(lambda: sess.run(None, {"input": x_te[:1]}), args.repeats, warmup=1)
     ok_digits = np.allclose(logits_nc, logits_ort, atol=ATOL, rtol=RTOL)

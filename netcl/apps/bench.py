@@ -41,6 +41,7 @@ def prepare_model(name, queue, seed=0):
 
 
 def cuda_available():
+    """Whether onnxruntime is installed with its CUDA execution provider."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -287,6 +288,7 @@ COLUMNS = [("netcl", "netcl"), ("netcl_tensor", "netcl via Tensor API"), ("ort_c
 
 
 def format_row(r):
+    """One result row (a dict of run_model's) as a line of text: each runtime's time, launches, host time."""
     parts = [f"{r['model']:>10} b={r['batch']:<3}"]
     parts += [f"{label} {r[k]:.3f} ms" for k, label in COLUMNS if k in r]
     parts.append(f"{_launches(r)} launches, {r['host_us_per_launch']:.1f} us/launch host")

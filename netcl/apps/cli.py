@@ -28,6 +28,7 @@ def _load_model(path):
 
 # -- commands ----------------------------------------------------------------------------
 def cmd_devices(args):
+    """`netcl devices [--check]`: list the OpenCL devices and mark the selected one; --check probes each."""
     chosen = select_device(probe=False)  # listed even where it fails the probe (--check says so)
     bad = False
     for d, (_, dev) in zip(netcl.devices(), _all_devices()):
@@ -52,6 +53,7 @@ def _first_error_line(err):
 
 
 def cmd_train(args):
+    """`netcl train`: the digits recipe through TrainStep, with checkpoints and resuming."""
     q = netcl.default_queue()
     print(f"device: {q.device.name.strip()}")
     netcl.manual_seed(args.seed)
@@ -83,6 +85,7 @@ def cmd_train(args):
 
 
 def cmd_export(args):
+    """`netcl export MODEL.netcl OUT.onnx --input-shape ...`: export_onnx (and export_test_case)."""
     model = _load_model(args.model).eval()
     options = dict(opset=args.opset, target=args.target, dynamic_batch=args.dynamic_batch,
                    input_name=args.input_name, output_name=args.output_name, metadata=dict(args.metadata or []),
@@ -99,6 +102,7 @@ def cmd_export(args):
 
 
 def cmd_import(args):
+    """`netcl import MODEL.onnx OUT.netcl`: import_onnx, then save."""
     model = import_onnx(args.model)
     save(model, args.out)
     print(f"wrote {args.out}: {len(list(model.chain()))} layers, "
@@ -114,6 +118,7 @@ def _metadata(text):
 
 
 def cmd_verify(args):
+    """`netcl verify MODEL.netcl --input-shape ...`: netcl against onnxruntime; exit 1 on a mismatch."""
     if args.device:
         os.environ["NETCL_DEVICE"] = args.device
     model = _load_model(args.model).eval()
@@ -128,11 +133,13 @@ def cmd_verify(args):
 
 
 def cmd_bench(args):
+    """`netcl bench ...`: netcl.apps.bench.main with the remaining arguments."""
     rest = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     return bench_main(rest, prog="netcl bench")
 
 
 def build_parser():
+    """The argparse parser of the `netcl` command and its subcommands."""
     ap = argparse.ArgumentParser(prog="netcl", description="netcl: deep learning on OpenCL, exported to ONNX.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -197,6 +204,8 @@ def build_parser():
 
 
 def main(argv=None):
+    """The `netcl` console script: run a subcommand; returns the exit code (0 success, 1 mismatch,
+    2 bad input, 3 no OpenCL device)."""
     ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # bench has its own option parser (netcl.apps.bench.main)

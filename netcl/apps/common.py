@@ -12,9 +12,7 @@ PROVIDERS = ("cpu", "cuda")
 # environment that makes PoCL generate that set's code (its kernel library, and with it LLVM's
 # CPU: "pthread-haswell-..."), netcl run that vector width's kernel variants, and the peers run
 # theirs (PyTorch's ATen and oneDNN, numpy's OpenBLAS). Zen 4 running AVX2 code has Zen 3's
-# 256-bit FMA throughput; with the seventh session's AVX2 code paths (before Winograd trained
-# there) resnet8 at batch 64 read 0.78x of PyTorch's step that way, as on that session's Zen 3,
-# and detector26 at batch 8 0.53x against Zen 3's 0.57x.
+# 256-bit FMA throughput, so it stands in for an AVX2 machine (checked against a Zen 3: docs/performance.md).
 ISA_ENVIRONMENTS = {"avx2": {"POCL_KERNELLIB_NAME": "avx2", "NETCL_FLOAT_LANES": "8", "ATEN_CPU_CAPABILITY": "avx2",
                              "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell", "NETCL_BENCH_ISA": "avx2"}}
 
@@ -84,8 +82,7 @@ def median_time(fn, repeats, *, warmup=0, min_seconds=0.0, max_repeats=50):
 class PerBlock:
     """A runtime for interleaved_medians that exists only during its own blocks: make() returns
     (the callable to time, a function that closes it). For onnxruntime's CPU sessions, whose idle
-    workers keep spinning after a run: on 2 cores they took one from netcl's kernels timed next
-    (resnet8 batch 1: 0.39 ms alone, 0.51-0.57 ms after a live session's runs)."""
+    workers keep spinning after a run: on 2 cores they took a core from netcl's kernels timed next."""
 
     def __init__(self, make):
         self.make = make
@@ -137,6 +134,7 @@ def positive_ints(text):
 
 
 def positive_int(text):
+    """An argparse type: a positive integer, else an argparse error saying so."""
     try:
         v = int(text)
     except ValueError:

@@ -52,6 +52,7 @@ class Progress:
         self.postfix = ""
 
     def update(self, k=1, **metrics):
+        """Advance by `k` steps and show `metrics` (name=value) beside the bar."""
         self.n += k
         self.postfix = " ".join(f"{key}={val:.4g}" for key, val in metrics.items())
         if not self.enabled:
@@ -68,6 +69,7 @@ class Progress:
             sys.stderr.flush()
 
     def close(self):
+        """End the bar (tqdm's, where it is in use)."""
         if self._bar is not None:
             self._bar.close()
 

@@ -32,11 +32,13 @@ class VerifyResult:
 
     @property
     def ok(self):
+        """Whether the two outputs agree (np.allclose with atol and rtol)."""
         return self.allclose
 
     HEADER = f"{'batch':>5s}  {'provider':24s} {'max abs diff':>12s}  allclose"
 
     def row(self):
+        """One line under HEADER: batch, provider, largest absolute difference, allclose."""
         return f"{self.batch:5d}  {self.provider:24s} {self.max_abs_diff:12.3e}  {'yes' if self.allclose else 'NO'}"
 
     def __str__(self):

@@ -60,6 +60,8 @@ class AtomicFile:
         self._open = True  # the temporary file exists and is ours
 
     def commit(self):
+        """Flush, sync and rename the temporary file onto `path` (and sync the folder): the file
+        appears whole or not at all. ValueError if already committed or discarded."""
         if not self._open:
             raise ValueError(f"{self.path!r}: the temporary file was already committed or discarded")
         try:

@@ -77,8 +77,17 @@ def save(model, path):
 
 
 def save_checkpoint(path, model, optimizer, epoch=None, **meta):
-    """Write the model, the optimizer's state, `epoch`, the keyword metadata (JSON values) and
-    netcl's random-generator state, so that load_checkpoint() resumes the run exactly. Atomic."""
+    """Write a training checkpoint that load_checkpoint() resumes exactly. Atomic.
+
+    Args:
+        path: the .netcl file to write.
+        model: the model (architecture and weights).
+        optimizer: a netcl.optim optimizer of the model's parameters: its type, hyperparameters and state.
+        epoch: an int or None, returned in load_checkpoint's meta.
+        **meta: more metadata (JSON values), returned in load_checkpoint's meta.
+
+    netcl's random-generator state is saved too, so dropout masks continue as in the uninterrupted run.
+    """
     header = _model_header(model)
     if not isinstance(optimizer, optim.Optimizer) or type(optimizer) not in OPTIMIZERS.values():
         raise TypeError(f"save_checkpoint expects a netcl.optim optimizer ({', '.join(OPTIMIZERS)}), "

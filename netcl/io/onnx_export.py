@@ -59,7 +59,7 @@ DEFAULT_OPSET = 17
 # export takes the highest opset within both that netcl writes (OPSET_IR_VERSION), so a file for an
 # older consumer is only ever a lower stamp of the same graph.
 TARGETS = {
-    # onnxruntime: measured by tools/verify_consumers.py on 2026-11-30 with each line's last wheel
+    # onnxruntime: measured by tools/verify_consumers.py with each line's last wheel
     # (1.15.1 ... 1.22.1): 1.15 has no AveragePool-19 or Reshape-19 kernels; 1.16, 1.18, 1.19 and
     # 1.20 call the next opset "under development"; 1.17 reads IR 9 at most, 1.21 and 1.22 IR 10.
     # (The matrix in onnxruntime's docs/reference/compatibility.md says one opset more for 1.15,
@@ -72,7 +72,7 @@ TARGETS = {
     # to Opset 17"; release/10.0-GA: opset 9 to 20 (the 10.0 line is from its release notes, not seen
     # in a stored copy). IR: the version those opsets came with
     "tensorrt-8.6": (17, 8), "tensorrt-10.0": (20, 9),
-    # Measured by tools/verify_consumers.py on 2026-11-30 (every layer type, opsets 11-25): the highest
+    # Measured by tools/verify_consumers.py (every layer type, opsets 11-25): the highest
     # opset at which every layer runs and agrees (<= 1e-4), one below a layer's newer single-op form.
     # OpenVINO 2023.0.2, tract 0.21.19: no Gelu-20 (GELU is written decomposed below 20); OpenCV 4.8.1
     # and 5.0.0: their Gelu-20 differs by 1.7e-4 (the decomposition agrees to 6e-8); onnx2torch 1.5.15:
@@ -636,22 +636,39 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
                 output_name="output", external_data=None, metadata=None, doc_string=""):
     """Write `model` (a netcl Sequential in eval mode) to `path` as a standard ONNX model.
 
-    input_shape: the input's shape with the batch first, e.g. x.shape; it must fit the first layer.
-    opset: ai.onnx opset version, 11 to 25 (default 17, or the highest that `target` reads);
-        ir_version follows from OPSET_IR_VERSION.
-    target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the export
-        takes the highest opset and IR version it reads; an explicit opset it cannot read: ValueError.
-    dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
-    input_name, output_name: names of the graph input and output.
-    external_data: None chooses a side file (`<path>.data`) only if the model would pass protobuf's
-        2 GB limit; True forces it; False refuses (ValueError) a model that would pass the limit.
-    metadata: dict str -> str, written (keys sorted) as ModelProto.metadata_props after netcl's own
-        provenance keys (netcl.version, netcl.input_layout, netcl.input_shape, netcl.architecture).
-    doc_string: the ModelProto's doc_string.
-    Returns the list of files written. Raises ValueError for a model in training mode or an
-    input_shape that does not fit, NotImplementedError naming every unsupported layer, TypeError
-    for metadata that is not str -> str; nothing is written then, and a failed export leaves any
-    existing file untouched.
+    A literal, unfused translation of the declared layers, one EMITTERS entry per layer type;
+    the same model and options always give the same bytes.
+
+    Args:
+        model: a netcl model in eval mode.
+        input_shape: the input's shape with the batch first, e.g. `x.shape`; it must fit the first layer.
+        path: the .onnx file to write (atomically: a failed export leaves any existing file untouched).
+        opset: ai.onnx opset version, 11 to 25 (default 17, or the highest that `target` reads);
+            the IR version follows from OPSET_IR_VERSION.
+        target: a consumer and version from TARGETS, e.g. "onnxruntime-1.15", "tensorrt-8.6": the
+            highest opset and IR version it reads; an explicit opset it cannot read is a ValueError.
+        dynamic_batch: make the batch dimension symbolic ("batch") in the inputs, outputs and value infos.
+        input_name: the graph input's name.
+        output_name: the graph output's name.
+        external_data: None chooses a side file (`<path>.data`) only if the model would pass
+            protobuf's 2 GB limit; True forces it; False refuses (ValueError) a model past the limit.
+        metadata: dict str -> str, written (keys sorted) as ModelProto.metadata_props after netcl's
+            provenance keys (netcl.version, netcl.input_layout, netcl.input_shape, netcl.architecture).
+        doc_string: the ModelProto's doc_string.
+
+    Returns:
+        The list of files written.
+
+    Raises:
+        ValueError: a model in training mode, or an input_shape that does not fit (naming the layer).
+        NotImplementedError: unsupported layers, every one named, with the supported list.
+        TypeError: metadata that is not str -> str. Nothing is written then.
+
+    Example:
+        ```python
+        model.eval()
+        export_onnx(model, (1, 3, 32, 32), "model.onnx", dynamic_batch=True, target="onnxruntime-1.15")
+        ```
     """
     opset, ir_version = resolve_opset(opset, target)
     if not isinstance(doc_string, str):

@@ -23,10 +23,19 @@ def tensor_proto(array, name):
 
 
 def export_test_case(model, x, folder, **export_options):
-    """Write `model` (eval mode) as folder/model.onnx for input shape x.shape, with x and netcl's
-    output for it as folder/test_data_set_0/{input_0,output_0}.pb. `export_options` go to
-    export_onnx (opset, target, dynamic_batch, input_name, output_name, metadata, ...).
-    Returns the list of files written."""
+    """Write an ONNX backend test case: `folder/model.onnx`, and `x` with netcl's output for it as
+    `folder/test_data_set_0/input_0.pb` and `output_0.pb` (TensorProto).
+
+    Args:
+        model: a netcl model in eval mode.
+        x: the input (a host array); the export's input shape is `x.shape`.
+        folder: where to write (made if missing).
+        **export_options: passed to export_onnx (opset, target, dynamic_batch, input_name,
+            output_name, metadata, ...).
+
+    Returns:
+        The list of files written.
+    """
     x = _as_float32(x)
     if model.training:
         raise ValueError("the model is in training mode; call model.eval() before exporting a test case")

@@ -21,9 +21,7 @@ class JitConfig:
     # NETCL_GPU_SPLIT: "0" turns split-K off in the GPU conv family; anything else (default "1") leaves it on.
     gpu_split: bool = True
     # NETCL_CPU_CONV="maxvw,rm": the CPU direct conv's widest vector and output channels per
-    # work-item; default 16,8: on this 2-core AVX-512 machine (PoCL 3.0) 8 channels ran resnet8's
-    # stride-2 and 1x1 convolutions 25-40% faster than the 3 once measured best on an AVX2 one, and
-    # mobilenetv2_tiny, cnn, unet_tiny no slower (tools/profile_fused.py, NETCL_CPU_CONV=16,3 vs 16,8).
+    # work-item; default 16,8, measured fastest on AVX-512 (docs/performance.md has the figures).
     cpu_conv: Tuple[int, int] = (16, 8)
     # NETCL_CPU_WINO=0|2|4: forces the Winograd output tile on the CPU (0 = direct convolution);
     # None (unset) = chosen by shape.

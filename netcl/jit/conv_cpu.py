@@ -10,10 +10,9 @@ from netcl.jit.common import Launch
 def cpu_block(spec, config):
     """(VW, RM, RR, PACK) for this conv, or None when the shape does not suit the kernel.
     RR x RM float<VW> accumulators: 16 AVX-512 registers at the default (16, 8) and VW 16.
-    PACK 2: rows of 8 (8x8 planes) go two to a float16, where the
-    input carries its zero border (no bounds checks) and no pool follows (resnet8 batch 1's 8x8
-    convolutions, tools/profile_fused.py: 3x3 stride 2 32 -> 64 channels 34 -> 27 us, 64 -> 64 52 us
-    in Winograd -> 33 us direct; the model 10% faster at batch 1, 5% at 8, 1% at 32)."""
+    PACK 2: rows of 8 (8x8 planes) go two to a float16, where the input carries its zero border (no
+    bounds checks) and no pool follows: faster there than Winograd or one row a vector (measured with
+    tools/profile_fused.py on resnet8's 8x8 convolutions: docs/performance.md)."""
     maxvw, rm = config.cpu_conv
     ohu, uw = spec.used
     if spec.stride not in (1, 2):

@@ -27,11 +27,10 @@ def wino_tile(spec, config, n, direct_vw=0, native_vw=8):
     if config.cpu_wino is not None:
         return config.cpu_wino
     # Winograd's blocks are float8: on AVX-512 (PoCL's native float width 16) they run at half
-    # width, and the direct kernel's float16 rows beat them wherever a row fills one (resnet8 batch
-    # 32 here: its 16- and 32-channel layers 0.53 / 0.48 ms direct vs 1.13 / 0.57 ms Winograd; batch
-    # 1 34 vs 79 us); 8-wide rows (8x8 planes) go two to a float16 in the direct kernel where the
-    # input has its border (conv_cpu.cpu_block's PACK: direct_vw 16; resnet8's 64 channels at batch
-    # 1 33 vs 52 us, at 32 0.5% faster), else still to Winograd (0.46 vs 0.85 ms at 8-wide vectors)
+    # width, and the direct kernel's float16 rows beat them wherever a row fills one; 8-wide rows
+    # (8x8 planes) go two to a float16 in the direct kernel where the input has its border
+    # (conv_cpu.cpu_block's PACK: direct_vw 16), else still to Winograd, which beats the direct
+    # kernel's 8-wide vectors (the figures: docs/performance.md)
     if native_vw >= 16 and direct_vw >= native_vw:
         return 0
     oh, ow = spec.used

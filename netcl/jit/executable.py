@@ -196,13 +196,12 @@ class Executable:
         self.dev_in = Tensor(self.shape, q, self.target.buffer(nin))
 
     def infer(self, x):
+        """The round trip for a host array `x` of this executable's shape: upload, run, read -> numpy."""
         cl, q = self.target.cl, self.q
         if not self.staged:
             self._staging()
-        # the driver's own upload from the caller's pageable array: on the H200 faster than copying
-        # into a pinned buffer first (6.3 MB: 0.36 ms vs 0.52); on PoCL faster than mapping a pinned
-        # input buffer, copying and unmapping it, at every size (interleaved, same process: mlp batch
-        # 1 28.6 -> 19.4 us, resnet8 batch 8 1.28 -> 1.21 ms, detector26 batch 8 25.3 -> 25.0 ms)
+        # the driver's own upload from the caller's pageable array: faster than copying into a pinned
+        # buffer first on NVIDIA, and than mapping a pinned input buffer on PoCL, at every size measured
         cl.enqueue_copy(q, self.dev_in.buf, x, is_blocking=True)
         return self._finish(self.run(self.dev_in))
 
@@ -213,9 +212,8 @@ class Executable:
         else:
             # on CPU devices the calling thread first polls for the read, yielding its core to
             # PoCL's workers between polls, instead of sleeping in a blocking read: waking a sleeping
-            # thread cost ~45 us of a round trip here (11 empty launches + read: 88 -> 41 us; mlp
-            # batch 1 0.12 -> 0.08 ms). Past _POLL_S it sleeps: polling longer took time from the
-            # workers (0.5 ms: vit_tiny batch 1 0.30 -> 0.36 ms; 150 us: 0.29 -> 0.27, resnet8 even).
+            # thread costs more than a small model's forward. Past _POLL_S it sleeps: polling longer
+            # took time from the workers (docs/performance.md).
             done = cl.enqueue_copy(self.q, self.host_out, y.buf, is_blocking=False)
             self.q.flush()
             complete, until = cl.command_execution_status.COMPLETE, time.perf_counter() + _POLL_S
@@ -225,6 +223,7 @@ class Executable:
         return self.host_out.copy()
 
     def run(self, x):
+        """Enqueue the plan on device Tensor `x` (weights refolded where they changed) -> the output Tensor."""
         self.refresh()
         q = self.q
         bufs = list(self.bufs)

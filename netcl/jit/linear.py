@@ -9,8 +9,8 @@ from netcl.jit.common import Launch, act_defines
 
 _GPU_LJ, _GPU_RB = 4, 1
 # CPU register block: RB rows x JV float16 outputs, RB * JV <= 24 accumulators of the 32 AVX-512
-# registers (the rest: JV loads of W, a broadcast); vit_tiny batch 32's projections here ran at
-# ~20 GFLOP/s with linear.cl's 4 x 1 vector (vloadN and fma() are calls through memory on PoCL)
+# registers (the rest: JV loads of W, a broadcast); linear.cl's 4 x 1 vectors were slow on PoCL,
+# where vloadN and fma() are out-of-line calls
 _CPU_ACC, _CPU_JV, _CPU_RB = 24, 6, 8
 _CPU_ITEMS = 16  # work-items per compute unit, at most: each runs several row blocks
 

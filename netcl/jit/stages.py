@@ -137,6 +137,7 @@ class LinearStage(Stage):
 
     @classmethod
     def of(cls, lin, act=None, ln=None, swap=None):
+        """The stage of Linear `lin`, with the activation, LayerNorm and Transpose pair it absorbs."""
         return cls(lin.weight, lin.bias, act, ln=ln, swap=swap)
 
     def __str__(self):
@@ -181,6 +182,7 @@ class LayerNormStage(Stage):
         return "LayerNorm"
 
     def folded(self):
+        """(weight, bias) of the LayerNorm, as the kernel reads them."""
         return self.ln.weight.numpy(), self.ln.bias.numpy()
 
 
@@ -211,6 +213,7 @@ class MeanStage(Stage):
         return shape[0] * shape[1], int(np.prod(shape[2:], dtype=np.int64)), 1
 
     def output_shape(self, shape):
+        """The pooled shape for input `shape` (the mean over tokens of a swapped (N, L, E) input)."""
         if self.swapped:
             shape = (shape[0], shape[2], shape[1])
         return self.pool.output_shape(shape)
@@ -503,5 +506,6 @@ def conv_families(spec, target, depthwise=False):
 
 
 def make_conv(target, spec, family_tile):
+    """The conv family's launch for `spec` from a (family, tile) of conv_families."""
     family, tile = family_tile
     return family(target, spec, tile) if tile else family(target, spec)

@@ -24,7 +24,7 @@ _arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): f
 def default_queue(spec=None):
     """The pyopencl.CommandQueue of the selected device (see select_device); one per device per process."""
     key = (spec, os.environ.get("NETCL_DEVICE", "")) if spec is None else (spec, None)
-    q = _chosen.get(key)  # selecting walks every platform's devices: ~16 us, each predict() asked
+    q = _chosen.get(key)  # selecting walks every platform's devices: too slow for every predict() to ask
     if q is not None:
         return q
     q = _chosen[key] = _queue_of(select_device(spec))
@@ -160,7 +160,7 @@ class _Kernels(dict):
 def kernels(queue, family, options=()):
     """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached). Their
     scalar argument types are declared from the source, so set_args packs them without inspecting
-    each value (on NVIDIA's OpenCL that took 35 us of a launch's 40)."""
+    each value (which cost most of a launch's host time on NVIDIA's OpenCL)."""
     key = (queue.context, family, tuple(options))
     ks = _kernels.get(key)
     if ks is None:
@@ -205,12 +205,15 @@ class Recorder:
         self.varying = {}  # command index -> (argument indices, fn): see vary()
 
     def launch(self, k, gsize, lsize, args):
+        """Record a kernel launch: kernel, global and local sizes, its arguments as set."""
         self.commands.append(("launch", k, tuple(gsize), tuple(lsize), tuple(args)))
 
     def fill(self, buf, value, nbytes):
+        """Record a fill of `nbytes` of `buf` with `value`."""
         self.commands.append(("fill", buf, float(value), int(nbytes)))
 
     def copy(self, dst, src, nbytes):
+        """Record a device-to-device copy of `nbytes`."""
         self.commands.append(("copy", dst, src, int(nbytes)))
 
     def vary(self, indices, fn):
@@ -219,16 +222,19 @@ class Recorder:
         self.varying[len(self.commands) - 1] = (tuple(indices), fn)
 
     def refuse(self, what):
+        """Note a command that cannot be replayed (a host transfer): the first such stays in `refused`."""
         if self.refused is None:
             self.refused = what
 
     def start(self):
+        """Record this thread's device commands from now on (RuntimeError if it already records)."""
         if _recording.recorder is not None:
             raise RuntimeError("this thread is already recording device commands")
         _recording.recorder = self
         return self
 
     def stop(self):
+        """Stop recording this thread's commands; returns the recorder."""
         _recording.recorder = None
         return self
 

@@ -6,8 +6,8 @@ Unless POCL_DEVICES is set, netcl asks PoCL for both before its first OpenCL cal
 POCL_DEVICES once, when a process first lists platforms; netcl removes it again then, so child
 processes inherit the environment they were given), so that predict() can run calls too
 small for two cores on the serial device (netcl.jit.plan): handing a kernel to a worker thread that
-sleeps on another core costs ~20-45 us on this project's 2-core machine, more than many of a small
-model's kernels take. The serial device is never chosen as "cpu" or by default, only by its name.
+sleeps on another core costs tens of microseconds, more than many of a small model's kernels take
+(docs/performance.md has the figures). The serial device is never chosen as "cpu" or by default, only by its name.
 NETCL_CPU_SERIAL=0 leaves POCL_DEVICES alone (and predict() on the pthread device).
 
 A device that cannot compile: PoCL 3.0 from PyPI (pocl-binary-distribution, LLVM 14) names a CPU

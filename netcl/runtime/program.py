@@ -23,6 +23,8 @@ _MAGIC = b"NETCLBIN"
 
 
 def cache_dir():
+    """The folder of the disk cache of built programs: $NETCL_CACHE_DIR, else
+    $XDG_CACHE_HOME/netcl/kernels or ~/.cache/netcl/kernels (made if missing)."""
     d = os.environ.get("NETCL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "netcl", "kernels")
     os.makedirs(d, exist_ok=True)
