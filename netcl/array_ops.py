@@ -55,6 +55,7 @@ def broadcast_shapes(*shapes):
 
 
 def contiguous_strides(shape):
+    """Element strides of a contiguous tensor of `shape`."""
     strides, acc = [], 1
     for n in reversed(shape):
         strides.append(acc)

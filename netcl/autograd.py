@@ -31,6 +31,7 @@ _mode = _Mode()
 
 
 def is_grad_enabled():
+    """Whether grad mode is on (off inside netcl.no_grad())."""
     return _mode.enabled
 
 
@@ -117,6 +118,7 @@ class Node:
         self.saved = tuple((t.detach(), t.version) for t in tensors)
 
     def saved_tensors(self):
+        """The tensors saved for backward; RuntimeError if one was changed in place since."""
         for i, (t, v) in enumerate(self.saved):
             if t.version != v:
                 raise RuntimeError(f"a tensor that {self.name} saved for backward (number {i}, shape {t.shape}) was "
@@ -126,6 +128,7 @@ class Node:
 
     @property
     def name(self):
+        """The node's name in messages and reprs (e.g. MulBackward)."""
         return type(self).__name__
 
     def release(self):
@@ -133,6 +136,7 @@ class Node:
         self.saved, self.freed = (), True
 
     def backward(self, *dys):
+        """The gradients of the inputs (None where an input takes none) from those of the outputs."""
         raise NotImplementedError(self.name)
 
     def __repr__(self):
@@ -167,6 +171,7 @@ def needs_record(*tensors):
 
 
 def ones_like(t):
+    """A device tensor of ones of t's shape."""
     return ops.new(t, t.shape).fill_(1.0)
 
 
@@ -264,6 +269,7 @@ class LayerCall(Node):
 
     @property
     def name(self):
+        """The node\'s name in messages and reprs."""
         return f"{type(self.layer).__name__} (a layer call)"
 
     def backward(self, dy):

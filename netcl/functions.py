@@ -112,6 +112,7 @@ class Binary(Node):
 
     @property
     def name(self):
+        """The node\'s name in messages and reprs."""
         return f"{self.op.capitalize()}Backward"
 
     def backward(self, dy):
@@ -157,30 +158,37 @@ def _binary(op, a, b):
 
 
 def add(a, b):
+    """a + b with broadcasting."""
     return _binary("add", a, b)
 
 
 def sub(a, b):
+    """a - b with broadcasting."""
     return _binary("sub", a, b)
 
 
 def mul(a, b):
+    """a * b with broadcasting."""
     return _binary("mul", a, b)
 
 
 def div(a, b):
+    """a / b with broadcasting."""
     return _binary("div", a, b)
 
 
 def maximum(a, b):
+    """The larger of a and b, element by element."""
     return _binary("maximum", a, b)
 
 
 def minimum(a, b):
+    """The smaller of a and b, element by element."""
     return _binary("minimum", a, b)
 
 
 def pow(a, b):
+    """a ** b (a number exponent: one kernel)."""
     if isinstance(a, Tensor) and isinstance(b, _NUMBER):
         return _unary("square", a) if float(b) == 2.0 else _unary("pow", a, float(b))
     return _binary("pow", a, b)
@@ -199,6 +207,7 @@ def compare(op, a, b):
 
 # -- element-wise with one operand -------------------------------------------------------------------------
 class Unary(Node):
+    """An element-wise function's backward."""
     def __init__(self, op, x, y, p0, p1):
         super().__init__((x,))
         self.op, self.p0, self.p1 = op, p0, p1
@@ -206,6 +215,7 @@ class Unary(Node):
 
     @property
     def name(self):
+        """The node\'s name in messages and reprs."""
         return f"{self.op.capitalize()}Backward"
 
     def backward(self, dy):
@@ -243,34 +253,42 @@ def _unary(op, x, p0=0.0, p1=0.0):
 
 
 def neg(x):
+    """-x."""
     return _unary("neg", x)
 
 
 def exp(x):
+    """e ** x."""
     return _unary("exp", x)
 
 
 def log(x):
+    """The natural logarithm."""
     return _unary("log", x)
 
 
 def sqrt(x):
+    """The square root."""
     return _unary("sqrt", x)
 
 
 def abs(x):
+    """|x|."""
     return _unary("abs", x)
 
 
 def sin(x):
+    """sin(x)."""
     return _unary("sin", x)
 
 
 def cos(x):
+    """cos(x)."""
     return _unary("cos", x)
 
 
 def clamp(x, min=None, max=None):
+    """x limited to [min, max] (numbers: one kernel; tensors: maximum and minimum)."""
     if min is None and max is None:
         raise ValueError("clamp needs min or max")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
@@ -283,6 +301,7 @@ def clamp(x, min=None, max=None):
 
 # -- activations (the layers' kernels) ----------------------------------------------------------------
 class Activation(Node):
+    """An activation's backward (act.h's gradient, from its input or its output)."""
     def __init__(self, act, slope, x, y):
         super().__init__((x,))
         self.act, self.slope = act, slope
@@ -290,6 +309,7 @@ class Activation(Node):
 
     @property
     def name(self):
+        """The node\'s name in messages and reprs."""
         return f"{self.act.name.title().replace('_', '')}Backward"
 
     def backward(self, dy):
@@ -306,14 +326,17 @@ def activation(x, act, slope=0.0):
 
 
 def relu(x):
+    """max(x, 0)."""
     return activation(x, Act.RELU)
 
 
 def sigmoid(x):
+    """1 / (1 + exp(-x))."""
     return activation(x, Act.SIGMOID)
 
 
 def tanh(x):
+    """tanh(x)."""
     return activation(x, Act.TANH)
 
 
@@ -324,6 +347,7 @@ def _around(shape, d):
 
 
 class Softmax(Node):
+    """softmax's backward (the softmax kernels' own)."""
     def __init__(self, x, y, d):
         super().__init__((x,))
         self.d = d
@@ -336,6 +360,7 @@ class Softmax(Node):
 
 
 def softmax(x, dim):
+    """exp(x) / sum(exp(x)) along dim."""
     x = _float_tensor(x)
     d = _dim(dim, x.ndim)
     y = ops.new(x, x.shape)
@@ -345,6 +370,7 @@ def softmax(x, dim):
 
 
 class LogSoftmax(Node):
+    """log_softmax's backward: dy - softmax * sum(dy)."""
     def __init__(self, x, y, d):
         super().__init__((x,))
         self.d = d
@@ -396,12 +422,14 @@ def _reduce_raw(op, x, dims, keepdim=False, scale=1.0, want_idx=False):
 
 
 class Sum(Node):
+    """sum's and mean's backward: the gradient broadcast back (times 1/count for a mean)."""
     def __init__(self, x, dims, keepdim, scale):
         super().__init__((x,))
         self.shape, self.dims, self.keepdim, self.scale = x.shape, dims, keepdim, scale
 
     @property
     def name(self):
+        """The node\'s name in messages and reprs."""
         return "MeanBackward" if self.scale != 1.0 else "SumBackward"
 
     def backward(self, dy):
@@ -413,6 +441,7 @@ class Sum(Node):
 
 
 def sum(x, dim=None, keepdim=False):
+    """The sum over dim (None: all)."""
     x = _float_tensor(x)
     dims = _dims(dim, x.ndim)
     y = _reduce_raw("sum", x, dims, keepdim)[0]
@@ -420,6 +449,7 @@ def sum(x, dim=None, keepdim=False):
 
 
 def mean(x, dim=None, keepdim=False):
+    """The mean over dim (None: all)."""
     x = _float_tensor(x)
     dims = _dims(dim, x.ndim)
     count = math.prod(x.shape[d] for d in dims)
@@ -479,23 +509,34 @@ class MaxResult(tuple):
     def __new__(cls, values, indices):
         return tuple.__new__(cls, (values, indices))
 
-    values = property(lambda self: self[0])
-    indices = property(lambda self: self[1])
+    @property
+    def values(self):
+        """The maximum (minimum) values."""
+        return self[0]
+
+    @property
+    def indices(self):
+        """The indices (int32) of the values along the reduced dimension."""
+        return self[1]
 
 
 def max(x, dim=None, keepdim=False):
+    """The maximum, or (values, indices) along dim."""
     return _extremum("max", x, dim, keepdim, False)
 
 
 def min(x, dim=None, keepdim=False):
+    """The minimum, or (values, indices) along dim."""
     return _extremum("min", x, dim, keepdim, False)
 
 
 def amax(x, dim=None, keepdim=False):
+    """The maximum over dim (None: all)."""
     return _extremum("max", x, dim, keepdim, True)
 
 
 def amin(x, dim=None, keepdim=False):
+    """The minimum over dim (None: all)."""
     return _extremum("min", x, dim, keepdim, True)
 
 
@@ -510,10 +551,12 @@ def _arg(op, x, dim, keepdim):
 
 
 def argmax(x, dim=None, keepdim=False):
+    """The index of the first maximum (int32)."""
     return _arg("max", x, dim, keepdim)
 
 
 def argmin(x, dim=None, keepdim=False):
+    """The index of the first minimum (int32)."""
     return _arg("min", x, dim, keepdim)
 
 
@@ -592,6 +635,7 @@ def matmul(a, b):
 
 # -- shapes --------------------------------------------------------------------------------------------------------
 class View(Node):
+    """A view's backward: the gradient in the input's shape."""
     def __init__(self, x):
         super().__init__((x,))
         self.shape = x.shape
@@ -606,6 +650,7 @@ def record_view(x, v):
 
 
 def flatten(x, start_dim=0, end_dim=-1):
+    """Dimensions start_dim..end_dim merged (a view)."""
     x = _tensor(x)
     if x.ndim == 0:
         return x.reshape(1)
@@ -616,6 +661,7 @@ def flatten(x, start_dim=0, end_dim=-1):
 
 
 def squeeze(x, dim=None):
+    """Dimensions of size 1 dropped (a view)."""
     x = _tensor(x)
     if dim is None:
         return x.reshape(tuple(n for n in x.shape if n != 1))
@@ -624,12 +670,14 @@ def squeeze(x, dim=None):
 
 
 def unsqueeze(x, dim):
+    """A dimension of size 1 inserted (a view)."""
     x = _tensor(x)
     d = _dim(dim, x.ndim + 1)
     return x.reshape(x.shape[:d] + (1,) + x.shape[d:])
 
 
 class Permute(Node):
+    """permute's backward: the inverse permutation."""
     def __init__(self, x, order):
         super().__init__((x,))
         self.inverse = tuple(np.argsort(order))
@@ -647,6 +695,7 @@ def _permute_raw(x, order):
 
 
 def permute(x, *dims):
+    """The dimensions in a new order (a copy unless the elements keep their order)."""
     x = _tensor(x)
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         dims = tuple(dims[0])
@@ -660,6 +709,7 @@ def permute(x, *dims):
 
 
 def transpose(x, dim0, dim1):
+    """Two dimensions swapped."""
     x = _tensor(x)
     order = list(range(x.ndim))
     a, b = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
@@ -668,6 +718,7 @@ def transpose(x, dim0, dim1):
 
 
 class Expand(Node):
+    """expand's backward: the gradient summed back to the input's shape."""
     def __init__(self, x):
         super().__init__((x,))
         self.shape = x.shape
@@ -677,6 +728,7 @@ class Expand(Node):
 
 
 def expand(x, *shape):
+    """x broadcast out to `shape` (a copy)."""
     x = _tensor(x)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -693,11 +745,13 @@ def expand(x, *shape):
 
 
 class Copy(Node):
+    """clone's backward: the gradient as it is."""
     def backward(self, dy):
         return (dy,)
 
 
 def clone(x):
+    """A copy in autograd's graph."""
     x = _tensor(x)
     y = ops.new(x, x.shape) if x.dtype == FLOAT32 else Tensor.empty(x.queue, x.shape, x.dtype)
     y.copy_(x)
@@ -746,6 +800,7 @@ def _index_plan(shape, index):
 
 
 class Index(Node):
+    """Indexing's backward: the gradient written into zeros at the indexed places."""
     def __init__(self, x, plan):
         super().__init__((x,))
         self.shape, self.plan = x.shape, plan
@@ -757,6 +812,7 @@ class Index(Node):
 
 
 def getitem(x, index):
+    """Basic indexing: ints, slices, ... and None (a copy)."""
     x = _tensor(x)
     plan = _index_plan(x.shape, index)
     out, strides, offset = plan
@@ -767,6 +823,7 @@ def getitem(x, index):
 
 # -- joining --------------------------------------------------------------------------------------------------------
 class Cat(Node):
+    """cat's backward: each input's slice of the gradient."""
     def __init__(self, xs, d):
         super().__init__(xs)
         self.shapes, self.d = [x.shape for x in xs], d
@@ -825,6 +882,7 @@ def stack(tensors, dim=0):
 
 # -- types -----------------------------------------------------------------------------------------------------------
 def cast(x, dtype):
+    """x as float32 or int32 (a new tensor where the type changes)."""
     x = _tensor(x)
     if x.dtype == dtype:
         return x
@@ -895,11 +953,13 @@ def _shape_args(shape):
 
 
 def zeros(*shape, queue=None, requires_grad=False):
+    """A tensor of zeros of `shape` (on `queue`, else on the host until used)."""
     shape = _shape_args(shape)
     return _place(Tensor.from_host(None, np.zeros(shape, np.float32)), queue, requires_grad)
 
 
 def ones(*shape, queue=None, requires_grad=False):
+    """A tensor of ones of `shape` (on `queue`, else on the host until used)."""
     shape = _shape_args(shape)
     return _place(Tensor.from_host(None, np.ones(shape, np.float32)), queue, requires_grad)
 
@@ -920,6 +980,7 @@ def arange(start, end=None, step=1, queue=None):
 
 
 def backward(t, gradient, retain_graph):
+    """Tensor.backward's autograd walk."""
     autograd.backward(t, gradient, retain_graph)
 
 

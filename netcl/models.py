@@ -83,6 +83,7 @@ class BasicBlock(nn.Module):
             self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
 
     def forward(self, x):
+        """x: (N, C_in, H, W) -> (N, C_out, H / stride, W / stride)."""
         h = F.relu(self.bn1(self.conv1(x)))
         h = self.bn2(self.conv2(h))
         return F.relu(h + (x if self.shortcut is None else self.shortcut(x)))
@@ -100,6 +101,7 @@ class ResNet8(nn.Module):
         self.fc = nn.Linear(64, num_classes)
 
     def forward(self, x):
+        """x: (N, 3, 32, 32) -> logits (N, num_classes)."""
         h = F.relu(self.bn(self.conv(x)))
         for block in self.blocks:
             h = block(h)

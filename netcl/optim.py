@@ -50,6 +50,7 @@ class GradHome:
         return g
 
     def holds(self, g):
+        """Whether `g` is this home's region (the gradient already in place)."""
         return g.on_device and g.buf is self.region.buf
 
     def store(self, g):
@@ -89,6 +90,7 @@ class _Flat:
 
 
 class Optimizer:
+    """The base of netcl's optimizers: parameters in one flat buffer per device, one update launch per step."""
     slots = ()  # names of per-parameter state tensors
     zero_new_slots = True  # a new state tensor starts as zeros (SGD's momentum starts as the gradient)
 
@@ -110,10 +112,12 @@ class Optimizer:
         self._flats, self._placed, self._slots = [], [None] * len(self.params), None
 
     def zero_grad(self):
+        """Drop every parameter's gradient (the next backward writes a new one)."""
         for p in self.params:
             p.grad = None
 
     def step(self):
+        """Update every parameter that has a gradient."""
         live = [p.grad is not None for p in self.params]
         if not any(live):
             return
@@ -189,6 +193,7 @@ class Optimizer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def hyperparameters(self):
+        """The settings a step uses ({name: value}), as TrainStep compares them."""
         raise NotImplementedError
 
     def state_dict(self):
@@ -200,6 +205,7 @@ class Optimizer:
         return {"type": type(self).__name__, "hyper": self.hyperparameters(), "state": state}
 
     def load_state_dict(self, d):
+        """Restore state_dict()'s state (a checkpoint's)."""
         if d.get("type") != type(self).__name__:
             raise ValueError(f"optimizer state is for {d.get('type')!r}, not {type(self).__name__}")
         checked = type(self)(self.params, **d["hyper"])  # validates the hyperparameters
@@ -234,6 +240,7 @@ def _step(q, name, n, *args):
 
 
 class SGD(Optimizer):
+    """SGD(params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False): torch.optim.SGD's update on the device."""
     zero_new_slots = False
 
     def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
@@ -261,6 +268,7 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
+    """Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0): torch.optim.Adam's update on the device."""
     slots = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):

@@ -17,5 +17,6 @@ def rng():
 
 
 def set_rng(generator):
+    """Replace netcl's generator (a numpy Generator; checkpoints restore theirs)."""
     global _rng
     _rng = generator

@@ -134,12 +134,14 @@ class Tensor:
 
     @classmethod
     def empty(cls, queue, shape, dtype=FLOAT32):
+        """An uninitialised device tensor of `shape` on `queue` (float32 unless dtype says)."""
         t = cls(shape, queue, dtype=dtype)
         t._st.buf = alloc(queue, t.nbytes)
         return t
 
     @classmethod
     def zeros(cls, queue, shape):
+        """A device tensor of zeros."""
         t = cls.empty(queue, shape)
         t.fill_(0.0)
         return t
@@ -155,10 +157,12 @@ class Tensor:
     # -- properties --------------------------------------------------------------------
     @property
     def queue(self):
+        """The pyopencl.CommandQueue of the tensor's device (None: host only)."""
         return self._st.queue
 
     @property
     def version(self):
+        """How many times the storage was written (views share it)."""
         return self._st.version
 
     @property
@@ -169,10 +173,12 @@ class Tensor:
 
     @property
     def nbytes(self):
+        """The bytes of the data (4 per element)."""
         return 4 * self.size
 
     @property
     def ndim(self):
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
@@ -182,6 +188,7 @@ class Tensor:
 
     @property
     def on_device(self):
+        """Whether the data has a device buffer."""
         return self._st.buf is not None
 
     @property
@@ -341,6 +348,7 @@ class Tensor:
 
     @property
     def is_leaf(self):
+        """Whether no recorded operation made this tensor (a parameter, an input)."""
         return self._node is None
 
     def requires_grad_(self, requires_grad=True):
@@ -372,6 +380,7 @@ class Tensor:
         return int(v) if self.dtype == INT32 else float(v)
 
     def tolist(self):
+        """The values as nested Python lists (a read from the device)."""
         return self.numpy().tolist()
 
     def __float__(self):
@@ -424,9 +433,11 @@ class Tensor:
         return f"Tensor(shape={self.shape}, on={where}{extra})"
 
     def dim(self):
+        """The number of dimensions (PyTorch's dim(); also ndim)."""
         return len(self.shape)
 
     def numel(self):
+        """The number of elements (PyTorch's numel(); also size)."""
         return math.prod(self.shape)
 
     # -- computing (netcl.functions: forward and backward in OpenCL kernels) ----------------
@@ -492,18 +503,23 @@ class Tensor:
         return _math.inplace("div", self, other)
 
     def add_(self, other, alpha=1.0):
+        """x += alpha * other in place (outside autograd: see check_inplace)."""
         return _math.inplace("add", self, other if alpha == 1.0 else _math.mul(other, alpha))
 
     def sub_(self, other, alpha=1.0):
+        """x -= alpha * other in place."""
         return _math.inplace("sub", self, other if alpha == 1.0 else _math.mul(other, alpha))
 
     def mul_(self, other):
+        """x *= other in place."""
         return _math.inplace("mul", self, other)
 
     def div_(self, other):
+        """x /= other in place."""
         return _math.inplace("div", self, other)
 
     def zero_(self):
+        """Fill with zeros in place."""
         _math.check_inplace(self)
         return self.fill_(0.0)
 
@@ -528,57 +544,74 @@ class Tensor:
 
     # element-wise functions
     def exp(self):
+        """e ** x element by element."""
         return _math.exp(self)
 
     def log(self):
+        """The natural logarithm element by element."""
         return _math.log(self)
 
     def sqrt(self):
+        """The square root element by element."""
         return _math.sqrt(self)
 
     def abs(self):
+        """|x| element by element."""
         return _math.abs(self)
 
     def neg(self):
+        """-x."""
         return _math.neg(self)
 
     def square(self):
+        """x * x element by element."""
         return _math.pow(self, 2)
 
     def pow(self, exponent):
+        """x ** exponent (a number or a tensor)."""
         return _math.pow(self, exponent)
 
     def clamp(self, min=None, max=None):
+        """x limited to [min, max] (either may be None; numbers or tensors)."""
         return _math.clamp(self, min, max)
 
     clip = clamp
 
     def relu(self):
+        """max(x, 0) element by element (NaN stays NaN)."""
         return _math.relu(self)
 
     def sigmoid(self):
+        """1 / (1 + exp(-x)) element by element."""
         return _math.sigmoid(self)
 
     def tanh(self):
+        """tanh(x) element by element."""
         return _math.tanh(self)
 
     def softmax(self, dim):
+        """exp(x) / sum(exp(x)) along `dim`."""
         return _math.softmax(self, dim)
 
     def log_softmax(self, dim):
+        """log(softmax(x)) along `dim`, computed from the maximum (no overflow)."""
         return _math.log_softmax(self, dim)
 
     def maximum(self, other):
+        """The larger of x and other element by element (broadcasting)."""
         return _math.maximum(self, other)
 
     def minimum(self, other):
+        """The smaller of x and other element by element (broadcasting)."""
         return _math.minimum(self, other)
 
     # reductions: dim None (all), an int or a tuple of ints
     def sum(self, dim=None, keepdim=False):
+        """The sum over `dim` (None: all; an int or a tuple of ints)."""
         return _math.sum(self, dim, keepdim)
 
     def mean(self, dim=None, keepdim=False):
+        """The mean over `dim` (None: all; an int or a tuple of ints)."""
         return _math.mean(self, dim, keepdim)
 
     def max(self, dim=None, keepdim=False):
@@ -586,58 +619,75 @@ class Tensor:
         return _math.max(self, dim, keepdim)
 
     def min(self, dim=None, keepdim=False):
+        """The minimum (dim None), or (values, indices) along `dim`, as torch.min."""
         return _math.min(self, dim, keepdim)
 
     def amax(self, dim=None, keepdim=False):
+        """The maximum over `dim` (None: all), as torch.amax; ties share the gradient."""
         return _math.amax(self, dim, keepdim)
 
     def amin(self, dim=None, keepdim=False):
+        """The minimum over `dim` (None: all), as torch.amin."""
         return _math.amin(self, dim, keepdim)
 
     def argmax(self, dim=None, keepdim=False):
+        """The index of the first maximum along `dim` (None: of the flattened tensor), int32."""
         return _math.argmax(self, dim, keepdim)
 
     def argmin(self, dim=None, keepdim=False):
+        """The index of the first minimum along `dim` (None: of the flattened tensor), int32."""
         return _math.argmin(self, dim, keepdim)
 
     def any(self):
+        """Whether any element is non-zero (a read from the device)."""
         return bool(_math.compare("ne", self, 0.0).amax().item())
 
     def all(self):
+        """Whether every element is non-zero (a read from the device)."""
         return bool(_math.compare("ne", self, 0.0).amin().item())
 
     # shapes: views where the order of the elements stays, copies otherwise
     def flatten(self, start_dim=0, end_dim=-1):
+        """Dimensions start_dim..end_dim merged into one (a view)."""
         return _math.flatten(self, start_dim, end_dim)
 
     def squeeze(self, dim=None):
+        """Dimensions of size 1 dropped (all, or those of `dim`); a view."""
         return _math.squeeze(self, dim)
 
     def unsqueeze(self, dim):
+        """A dimension of size 1 inserted at `dim` (a view)."""
         return _math.unsqueeze(self, dim)
 
     def transpose(self, dim0, dim1):
+        """Dimensions dim0 and dim1 swapped (a copy unless the order of the elements stays)."""
         return _math.transpose(self, dim0, dim1)
 
     def permute(self, *dims):
+        """The dimensions in a new order (a copy unless the order of the elements stays)."""
         return _math.permute(self, *dims)
 
     def t(self):
+        """A matrix's transpose (a copy; tensors of 0 or 1 dimension come back as they are)."""
         if self.ndim > 2:
             raise ValueError(f"t() takes a tensor of at most 2 dimensions, got shape {self.shape}")
         return self if self.ndim < 2 else _math.transpose(self, 0, 1)
 
     @property
     def T(self):
+        """The dimensions reversed (a copy; a matrix's transpose)."""
         return _math.permute(self, *reversed(range(self.ndim)))
 
     def expand(self, *shape):
+        """The tensor broadcast out to `shape` (-1 keeps a dimension); a copy."""
         return _math.expand(self, *shape)
 
     def contiguous(self):
+        """The tensor itself: netcl's tensors are always contiguous."""
         return self
 
     def clone(self):
+        """A copy of the data, in autograd's graph (its gradient passes through)."""
         return _math.clone(self)
 
     def __getitem__(self, index):
@@ -645,9 +695,11 @@ class Tensor:
 
     # types
     def float(self):
+        """The tensor as float32 (itself when it is)."""
         return _math.cast(self, FLOAT32)
 
     def int(self):
+        """The tensor as int32, rounded toward zero (itself when it is)."""
         return _math.cast(self, INT32)
 
     long = int

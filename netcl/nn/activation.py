@@ -22,10 +22,12 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
+    """max(x, 0), element by element (NaN stays NaN)."""
     act = Act.RELU
 
 
 class LeakyReLU(_Activation):
+    """LeakyReLU(negative_slope=0.01): x where x > 0, else negative_slope * x."""
     act = Act.LEAKY_RELU
 
     def __init__(self, negative_slope=0.01):
@@ -37,10 +39,12 @@ class LeakyReLU(_Activation):
 
 
 class Sigmoid(_Activation):
+    """1 / (1 + exp(-x)), element by element."""
     act = Act.SIGMOID
 
 
 class Tanh(_Activation):
+    """tanh(x), element by element."""
     act = Act.TANH
 
 
@@ -49,6 +53,7 @@ _GELU_ACTS = {"none": Act.GELU, "tanh": Act.GELU_TANH}  # GELU's approximate -> 
 
 class GELU(_Activation):
     # x * Phi(x): "none" with erf, "tanh" with PyTorch's tanh approximation
+    """GELU(approximate="none"): x * Phi(x), with erf ("none") or PyTorch's tanh approximation."""
     def __init__(self, approximate="none"):
         super().__init__()
         if not isinstance(approximate, str):
@@ -63,22 +68,27 @@ class GELU(_Activation):
 
 
 class SiLU(_Activation):
+    """x * sigmoid(x), element by element."""
     act = Act.SILU  # x * sigmoid(x)
 
 
 class ReLU6(_Activation):
+    """min(max(x, 0), 6), element by element."""
     act = Act.RELU6  # min(max(x, 0), 6)
 
 
 class Hardswish(_Activation):
+    """x * relu6(x + 3) / 6, element by element."""
     act = Act.HARDSWISH  # x * relu6(x + 3) / 6
 
 
 class Hardsigmoid(_Activation):
+    """relu6(x + 3) / 6, element by element."""
     act = Act.HARDSIGMOID  # relu6(x + 3) / 6
 
 
 class Softmax(Module):
+    """Softmax(dim=1): exp(x) / sum(exp(x)) along dim."""
     CALL_STATE = ("_y",)
 
     # x: any shape -> same, normalised along `dim`

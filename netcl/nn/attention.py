@@ -9,6 +9,7 @@ from netcl.nn.module import Module, Parameter, constant, positive, rng, uniform
 
 class MultiheadAttention(Module):
     # x: (N, L, E) -> (N, L, E); self-attention, PyTorch's parameter names and (out, in) layouts
+    """MultiheadAttention(embed_dim, num_heads): self-attention on (N, L, E) -> (N, L, E), PyTorch's projections and state_dict keys."""
     def __init__(self, embed_dim, num_heads):
         super().__init__()
         self.embed_dim = positive("embed_dim", embed_dim)

@@ -9,6 +9,7 @@ from netcl.nn.module import Module, as_float, as_int, rng
 
 
 class Identity(Module):
+    """y = x (a placeholder, e.g. a block's shortcut)."""
     CALL_STATE = ()
 
     # x -> x (a placeholder, e.g. a block's shortcut); the same tensor, no copy
@@ -28,6 +29,7 @@ def _dim(layer, d, shape):
 
 
 class Flatten(Module):
+    """Flatten(start_dim=1, end_dim=-1): dimensions start_dim..end_dim merged into one (a view)."""
     CALL_STATE = ("_shape",)
 
     # x: (..., d_start, ..., d_end, ...) -> (..., prod(d_start..d_end), ...); a view, no copy.
@@ -62,6 +64,7 @@ class Flatten(Module):
 
 
 class Transpose(Module):
+    """Transpose(dim0, dim1): two dimensions swapped, as x.transpose(dim0, dim1)."""
     CALL_STATE = ("_shape",)
 
     # x: (..., a, ..., b, ...) -> (..., b, ..., a, ...), like x.transpose(dim0, dim1); a copy
@@ -118,6 +121,7 @@ def _seed():
 
 
 class Dropout(Module):
+    """Dropout(p=0.5): in training zeroes each element with probability p and scales the rest by 1/(1-p); the identity in eval."""
     CALL_STATE = ("_mask",)
 
     # identity in eval; in training zeroes with probability p and scales the rest by 1/(1-p)

@@ -13,6 +13,7 @@ from netcl.nn.sequential import Sequential
 
 class Residual(Module):
     # x -> body(x) + x, or body(x) + shortcut(x); body = Sequential(*layers)
+    """Residual(*layers, shortcut=None): y = body(x) + x, or body(x) + shortcut(x); body = Sequential(*layers)."""
     CALL_STATE = ("_act", "_act_applied")
     takes_act = True  # Sequential's training path on CPUs may hand it the activation after it
     def __init__(self, *layers, shortcut=None):
@@ -201,15 +202,18 @@ class ModuleList(LayerList):
         return iter(self.layers)
 
     def append(self, layer):
+        """Add a layer at the end; returns the list."""
         self.layers.append(_layer(layer, type(self).__name__))
         return self
 
     def extend(self, layers):
+        """Add the layers of an iterable at the end; returns the list."""
         for layer in layers:
             self.append(layer)
         return self
 
     def insert(self, index, layer):
+        """Insert a layer before position `index`."""
         self.layers.insert(index, _layer(layer, type(self).__name__))
 
     def output_shape(self, shape):
@@ -257,15 +261,19 @@ class ModuleDict(Module):
         return iter(self._modules)
 
     def keys(self):
+        """The names, in insertion order."""
         return self._modules.keys()
 
     def values(self):
+        """The layers, in insertion order."""
         return self._modules.values()
 
     def items(self):
+        """(name, layer) pairs in insertion order."""
         return self._modules.items()
 
     def update(self, modules):
+        """Add (or replace) the layers of a mapping."""
         for name, layer in dict(modules).items():
             self[name] = layer
 
@@ -273,6 +281,7 @@ class ModuleDict(Module):
         raise ValueError("a ModuleDict holds layers and is not applied to an input")
 
     def forward(self, x):
+        """Refused: a ModuleDict holds layers; the module that holds it applies them."""
         self.output_shape(x.shape)
 
     def __repr__(self):
@@ -281,6 +290,7 @@ class ModuleDict(Module):
 
 class Concat(Module):
     # x -> cat([branch(x) for branch in branches], dim); every branch sees the same x
+    """Concat(*branches, dim=1): every branch sees the same input; their outputs concatenated along dim."""
     def __init__(self, *branches, dim=1):
         super().__init__()
         if not branches:

@@ -373,6 +373,7 @@ def _channel_sum(dy, p):
 
 
 class Conv2d(Module):
+    """Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True): (N, C, H, W) -> (N, K, H', W'), weight (K, C/groups, k, k), PyTorch's semantics."""
     CALL_STATE = ("_saved", "_out_stats")
 
     # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, k, k)
@@ -408,6 +409,7 @@ class Conv2d(Module):
     def extra_repr(self):
         # dilation and groups only when set, as PyTorch prints them (ONNX doc strings quote the repr,
         # so models without them keep exporting to the same bytes)
+        """The constructor's arguments as they read in repr()."""
         return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
                          if not (k in ("dilation", "groups") and v == 1))
 
@@ -1070,6 +1072,7 @@ class Conv2d(Module):
 
 class ConvTranspose2d(Module):
     # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, k, k)
+    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True): the gradient of a convolution as a layer; weight (C, K, k, k), PyTorch's semantics."""
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True):
         super().__init__()
         self.in_channels = positive("in_channels", in_channels)

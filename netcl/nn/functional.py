@@ -20,46 +20,57 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 # -- activations ----------------------------------------------------------------------------------
 def relu(x, inplace=False):
+    """max(x, 0)."""
     return functions.activation(x, Act.RELU)
 
 
 def relu6(x, inplace=False):
+    """min(max(x, 0), 6)."""
     return functions.activation(x, Act.RELU6)
 
 
 def leaky_relu(x, negative_slope=0.01, inplace=False):
+    """x where x > 0, else negative_slope * x."""
     return functions.activation(x, Act.LEAKY_RELU, float(negative_slope))
 
 
 def gelu(x, approximate="none"):
+    """x * Phi(x): approximate "none" (erf) or "tanh"."""
     return functions.activation(x, GELU(approximate).act)
 
 
 def silu(x, inplace=False):
+    """x * sigmoid(x)."""
     return functions.activation(x, Act.SILU)
 
 
 def hardswish(x, inplace=False):
+    """x * relu6(x + 3) / 6."""
     return functions.activation(x, Act.HARDSWISH)
 
 
 def hardsigmoid(x, inplace=False):
+    """relu6(x + 3) / 6."""
     return functions.activation(x, Act.HARDSIGMOID)
 
 
 def sigmoid(x):
+    """1 / (1 + exp(-x))."""
     return functions.sigmoid(x)
 
 
 def tanh(x):
+    """tanh(x)."""
     return functions.tanh(x)
 
 
 def softmax(x, dim):
+    """exp(x) / sum(exp(x)) along dim."""
     return functions.softmax(x, dim)
 
 
 def log_softmax(x, dim):
+    """log(softmax(x)) along dim."""
     return functions.log_softmax(x, dim)
 
 
@@ -105,18 +116,21 @@ def linear(x, weight, bias=None):
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max pooling of (N, C, H, W) (MaxPool2d's kernels; padded positions never win)."""
     if dilation != 1 or ceil_mode or return_indices:
         raise NotImplementedError("max_pool2d: dilation, ceil_mode and return_indices are not supported")
     return MaxPool2d(kernel_size, stride, padding)(x)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """Average pooling of (N, C, H, W) (AvgPool2d's kernels)."""
     if ceil_mode or not count_include_pad:
         raise NotImplementedError("avg_pool2d: ceil_mode and count_include_pad=False are not supported")
     return AvgPool2d(kernel_size, stride, padding)(x)
 
 
 def adaptive_avg_pool2d(x, output_size):
+    """Average pooling of (N, C, H, W) to output_size (AdaptiveAvgPool2d's kernels)."""
     return AdaptiveAvgPool2d(output_size)(x)
 
 
@@ -230,6 +244,7 @@ def _pair(input, target, name):
 
 
 def mse_loss(input, target, reduction="mean"):
+    """(input - target) ** 2, reduced."""
     x, t = _pair(input, target, "mse_loss")
     if reduction == "mean":
         return MSELoss()(x, t)
@@ -237,6 +252,7 @@ def mse_loss(input, target, reduction="mean"):
 
 
 def l1_loss(input, target, reduction="mean"):
+    """|input - target|, reduced."""
     x, t = _pair(input, target, "l1_loss")
     return _reduce((x - t).abs(), reduction)
 

@@ -8,6 +8,7 @@ from netcl.nn.module import Module, as_bool, positive, uniform
 
 
 class Linear(Module):
+    """Linear(in_features, out_features, bias=True): y = x @ W + b over the last dimension, W stored (in_features, out_features) (PyTorch stores (out, in): state dicts convert by type, never by shape)."""
     CALL_STATE = ("_x2",)
 
     # x: (..., in) -> (..., out);  y = x @ W + b with W (in, out)

@@ -115,6 +115,7 @@ class LossBackward(Node):
 
     @property
     def name(self):
+        """The node\'s name in messages and reprs."""
         return f"{self.loss}Backward"
 
     def backward(self, dy):
@@ -159,6 +160,7 @@ class PendingLoss:
                 t.storage.host = np.array([value], np.float32)
 
     def item(self):
+        """The mean loss as a Python float (read once); ValueError where the loss refused its input."""
         if self._value is None:
             total, refused = self._out.numpy()
             if refused:

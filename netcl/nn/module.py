@@ -86,6 +86,7 @@ def as_int(name, v, low=-MAX_INT, high=MAX_INT):
 
 
 def positive(name, v):
+    """An int argument of at least 1, or a clear error."""
     return as_int(name, v, 1)
 
 
@@ -107,6 +108,7 @@ def as_float(name, v, low=-math.inf, high=math.inf):
 
 
 def check_rank(layer, shape, rank, what):
+    """ValueError unless `shape` has `rank` dimensions."""
     if len(shape) != rank:
         raise ValueError(f"{layer} expects a {rank}-D input {what}, got shape {tuple(shape)}")
 
@@ -126,6 +128,7 @@ class ShapeError(ValueError):
         super().__init__(f"layer {path} ({kind}): {reason}" if path else f"{kind}: {reason}")
 
     def at(self, name):
+        """The error as seen from the block that holds the layer at `name` (the path gains it)."""
         return ShapeError(f"{name}.{self.path}" if self.path else str(name), self.kind, self.reason)
 
 
@@ -217,6 +220,7 @@ class Module:
         object.__setattr__(self, name, tensor)
 
     def register_parameter(self, name, param):
+        """Register an nn.Parameter (or None) as `name`."""
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"register_parameter takes an nn.Parameter or None, got {type(param).__name__}")
         if param is None:
@@ -226,6 +230,7 @@ class Module:
             setattr(self, name, param)
 
     def add_module(self, name, module):
+        """Register `module` as child `name` (as setattr), as torch.nn.Module."""
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"add_module takes an nn.Module or None, got {type(module).__name__}")
         setattr(self, name, module)
@@ -266,10 +271,12 @@ class Module:
         return 0
 
     def forward(self, *args, **kwargs):
+        """The module's computation: a Module subclass defines it (forward(self, x, ...) -> Tensor); call the module, not forward, so that autograd records it."""
         raise NotImplementedError(f"{type(self).__name__} has no forward(): a Module subclass defines "
                                   "forward(self, x) and computes its output there")
 
     def backward(self, dy):
+        """dL/d(input) from dL/d(output), adding the parameters' gradients to their .grad (netcl's layers; autograd calls it for a layer call). A Module subclass with a forward of its own has none: autograd differentiates its operations."""
         raise NotImplementedError(type(self).__name__)
 
     def backward_params(self, dy):
@@ -301,18 +308,22 @@ class Module:
                 yield from child._named_params(f"{prefix}{name}.")
 
     def named_buffers(self, prefix=""):
+        """(key, buffer) in state_dict order."""
         out = [(prefix + k, t) for k, t in self._buffers.items()]
         for name, child in self.named_children():
             out += child.named_buffers(f"{prefix}{name}.")
         return out
 
     def parameters(self, recurse=True):
+        """Every parameter of this module and the ones it holds, in state_dict order, each once."""
         return [p for _, p in self.named_parameters(recurse=recurse)]
 
     def buffers(self):
+        """Every buffer of this module and the ones it holds (running statistics), in state_dict order."""
         return [b for _, b in self.named_buffers()]
 
     def children(self):
+        """The modules this one holds directly."""
         return [c for _, c in self.named_children()]
 
     def named_modules(self, prefix=""):
@@ -328,6 +339,7 @@ class Module:
         return out
 
     def modules(self):
+        """This module and every one it holds, each once, depth first."""
         return [m for _, m in self.named_modules()]
 
     def apply(self, fn):
@@ -366,6 +378,7 @@ class Module:
         return array
 
     def state_dict(self):
+        """{key: numpy array} of every parameter and buffer; keys are attribute paths ("conv.weight", "0.bias")."""
         return {k: t.to_host() for k, t in self.named_tensors()}
 
     def load_state_dict(self, state, strict=True):
@@ -414,12 +427,14 @@ class Module:
                 p.grad.fill_(0.0)
 
     def train(self, mode=True):
+        """Training mode (mode=True) or inference (False) for this module and every one it holds; returns the module."""
         self.training = bool(mode)
         for _, child in self.named_children():
             child.train(mode)
         return self
 
     def eval(self):
+        """Inference mode (train(False)); returns the module."""
         return self.train(False)
 
     def to(self, device):
@@ -431,6 +446,7 @@ class Module:
         return self
 
     def extra_repr(self):
+        """The settings repr() shows (the constructor's arguments)."""
         return ", ".join(f"{k}={v!r}" for k, v in self.config().items())
 
     def __repr__(self):

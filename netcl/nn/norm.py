@@ -55,6 +55,7 @@ def _grad_pair(weight, bias):
 
 class BatchNorm2d(Module):
     # x: (N, C, H, W) -> same; batch statistics in training, running statistics in eval
+    """BatchNorm2d(num_features, eps=1e-5, momentum=0.1): (N, C, H, W) normalised per channel with batch statistics in training (running statistics updated as PyTorch, unbiased variance) and the running ones in eval."""
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__()
         self.num_features = positive("num_features", num_features)
@@ -347,6 +348,7 @@ class BatchNorm2d(Module):
 
 class LayerNorm(Module):
     # x: (..., D) -> same, normalised over the last dimension (biased variance), then * weight + bias
+    """LayerNorm(normalized_shape, eps=1e-5): (..., D) normalised over the last dimension (biased variance), then * weight + bias."""
     def __init__(self, normalized_shape, eps=1e-5):
         super().__init__()
         if isinstance(normalized_shape, (tuple, list)):  # PyTorch's form; netcl normalises one dimension

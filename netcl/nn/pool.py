@@ -40,6 +40,7 @@ def _pool2_rows(q, g):
 
 class MaxPool2d(_Pool2d):
     # x: (N, C, H, W) -> (N, C, H', W'); padded positions never win
+    """MaxPool2d(kernel_size, stride=None, padding=0): (N, C, H, W) window maxima (padded positions never win)."""
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)
@@ -69,6 +70,7 @@ class MaxPool2d(_Pool2d):
 
 class AvgPool2d(_Pool2d):
     # x: (N, C, H, W) -> (N, C, H', W'); padding counts as zeros (count_include_pad=True)
+    """AvgPool2d(kernel_size, stride=None, padding=0): (N, C, H, W) window averages (padding counted, as PyTorch's default)."""
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)
@@ -142,9 +144,11 @@ class _AdaptiveAvgPool(Module):
 
 class AdaptiveAvgPool2d(_AdaptiveAvgPool):
     # x: (N, C, H, W) -> (N, C, S, S); S = 1 is global average pooling
+    """AdaptiveAvgPool2d(output_size): (N, C, H, W) averaged to (N, C, oh, ow) as PyTorch's windows (1: global average pooling)."""
     rank = 2
 
 
 class AdaptiveAvgPool1d(_AdaptiveAvgPool):
     # x: (N, C, L) -> (N, C, S)
+    """AdaptiveAvgPool1d(output_size): (N, C, L) averaged to (N, C, output_size) as PyTorch's windows."""
     rank = 1

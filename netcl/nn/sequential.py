@@ -90,6 +90,7 @@ class Sequential(LayerList):
             yield from layer.chain(f"{prefix}{name}" if not prefix else f"{prefix}.{name}")
 
     def train(self, mode=True):
+        """Training or eval mode for every layer; eval() prepares the fused inference plan (netcl.jit)."""
         super().train(mode)
         self._fused = None
         if not mode:

@@ -7,6 +7,7 @@ MODES = ("nearest", "bilinear")
 
 
 class Upsample(Module):
+    """Upsample(scale_factor=2, mode="nearest"): (N, C, H, W) -> (N, C, H*s, W*s), nearest or bilinear (align_corners=False)."""
     CALL_STATE = ("_in_shape",)
 
     # x: (N, C, H, W) -> (N, C, H*s, W*s)
