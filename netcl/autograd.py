@@ -15,6 +15,7 @@ keeps for backward (its class's CALL_STATE, its children's too) are captured per
 back before that call's backward, so a layer called twice in one forward gets both gradients.
 Inside such a call nothing else records.
 """
+import functools
 import itertools
 import threading
 
@@ -25,9 +26,42 @@ from netcl.tensor import FLOAT32, Tensor
 class _Mode(threading.local):
     enabled = True  # grad mode: no_grad() turns it off
     inside = 0  # depth of layer calls recorded as one node (their inner work records nothing)
+    tracer = None  # netcl.trace's recorder of operations and layer calls (netcl.nn.graph.Tracer), or None
 
 
 _mode = _Mode()
+
+# name -> function of every operation a trace can record (traced()): what a GraphModule replays
+TRACEABLE = {}
+
+
+def tracer():
+    """The tracer recording this thread's top-level operations, or None (nearly always)."""
+    t = _mode.tracer
+    return t if t is not None and not t.busy and not _mode.inside else None
+
+
+def traced(name):
+    """Register an operation under `name` for graphs; while netcl.trace runs, a call made by the
+    traced code itself (not by another operation or a layer) is recorded as one node."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            t = _mode.tracer
+            if t is None or t.busy or _mode.inside:
+                return fn(*args, **kwargs)
+            t.busy += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                t.busy -= 1
+            t.op(name, args, kwargs, out)
+            return out
+        if name in TRACEABLE:
+            raise AssertionError(f"two operations named {name!r}")
+        TRACEABLE[name] = op
+        return op
+    return wrap
 
 
 def is_grad_enabled():

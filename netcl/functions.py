@@ -11,7 +11,7 @@ import numpy as np
 
 from netcl import array_ops, autograd, ops
 from netcl.act import Act
-from netcl.autograd import Node, attach, needs_record
+from netcl.autograd import Node, attach, needs_record, traced
 from netcl.rng import rng
 from netcl.runtime import default_queue
 from netcl.tensor import FLOAT32, INT32, Tensor, install
@@ -157,36 +157,43 @@ def _binary(op, a, b):
     return attach(Binary(op, a, b), y) if needs_record(a, b) else y
 
 
+@traced("add")
 def add(a, b):
     """a + b with broadcasting."""
     return _binary("add", a, b)
 
 
+@traced("sub")
 def sub(a, b):
     """a - b with broadcasting."""
     return _binary("sub", a, b)
 
 
+@traced("mul")
 def mul(a, b):
     """a * b with broadcasting."""
     return _binary("mul", a, b)
 
 
+@traced("div")
 def div(a, b):
     """a / b with broadcasting."""
     return _binary("div", a, b)
 
 
+@traced("maximum")
 def maximum(a, b):
     """The larger of a and b, element by element."""
     return _binary("maximum", a, b)
 
 
+@traced("minimum")
 def minimum(a, b):
     """The smaller of a and b, element by element."""
     return _binary("minimum", a, b)
 
 
+@traced("pow")
 def pow(a, b):
     """a ** b (a number exponent: one kernel)."""
     if isinstance(a, Tensor) and isinstance(b, _NUMBER):
@@ -194,6 +201,7 @@ def pow(a, b):
     return _binary("pow", a, b)
 
 
+@traced("compare")
 def compare(op, a, b):
     """a op b element by element as a float tensor of 0 and 1 (no gradient); NotImplemented for an
     operand that is no number, array or tensor (Python then asks the other side: pytest.approx)."""
@@ -252,41 +260,49 @@ def _unary(op, x, p0=0.0, p1=0.0):
     return attach(Unary(op, x, y, p0, p1), y) if needs_record(x) else y
 
 
+@traced("neg")
 def neg(x):
     """-x."""
     return _unary("neg", x)
 
 
+@traced("exp")
 def exp(x):
     """e ** x."""
     return _unary("exp", x)
 
 
+@traced("log")
 def log(x):
     """The natural logarithm."""
     return _unary("log", x)
 
 
+@traced("sqrt")
 def sqrt(x):
     """The square root."""
     return _unary("sqrt", x)
 
 
+@traced("abs")
 def abs(x):
     """|x|."""
     return _unary("abs", x)
 
 
+@traced("sin")
 def sin(x):
     """sin(x)."""
     return _unary("sin", x)
 
 
+@traced("cos")
 def cos(x):
     """cos(x)."""
     return _unary("cos", x)
 
 
+@traced("clamp")
 def clamp(x, min=None, max=None):
     """x limited to [min, max] (numbers: one kernel; tensors: maximum and minimum)."""
     if min is None and max is None:
@@ -318,23 +334,28 @@ class Activation(Node):
         return (bwd(self.act, s, dy, self.slope),)
 
 
+@traced("activation")
 def activation(x, act, slope=0.0):
     """act(x) for a netcl.act.Act code (relu, sigmoid, tanh, gelu, silu, ...)."""
+    act = Act(act)
     x = _float_tensor(x)
     y = (ops.act_fwd_cpu if ops.is_cpu(x.queue) else ops.act_fwd)(act, x, slope)
     return attach(Activation(act, slope, x, y), y) if needs_record(x) else y
 
 
+@traced("relu")
 def relu(x):
     """max(x, 0)."""
     return activation(x, Act.RELU)
 
 
+@traced("sigmoid")
 def sigmoid(x):
     """1 / (1 + exp(-x))."""
     return activation(x, Act.SIGMOID)
 
 
+@traced("tanh")
 def tanh(x):
     """tanh(x)."""
     return activation(x, Act.TANH)
@@ -359,6 +380,7 @@ class Softmax(Node):
         return (ops.softmax_bwd(dy.queue, *_around(y.shape, self.d), y, dy, dx, 1.0),)
 
 
+@traced("softmax")
 def softmax(x, dim):
     """exp(x) / sum(exp(x)) along dim."""
     x = _float_tensor(x)
@@ -382,6 +404,7 @@ class LogSoftmax(Node):
         return (array_ops.binary("sub", dy, array_ops.binary("mul", array_ops.unary("exp", y), total)),)
 
 
+@traced("log_softmax")
 def log_softmax(x, dim):
     """x - logsumexp(x) along dim, from the maximum (no overflow, no log of an underflowed softmax)."""
     x = _float_tensor(x)
@@ -440,6 +463,7 @@ class Sum(Node):
         return (array_ops.binary("mul", g, self.scale, out_shape=self.shape),)
 
 
+@traced("sum")
 def sum(x, dim=None, keepdim=False):
     """The sum over dim (None: all)."""
     x = _float_tensor(x)
@@ -448,6 +472,7 @@ def sum(x, dim=None, keepdim=False):
     return attach(Sum(x, dims, keepdim, 1.0), y) if needs_record(x) else y
 
 
+@traced("mean")
 def mean(x, dim=None, keepdim=False):
     """The mean over dim (None: all)."""
     x = _float_tensor(x)
@@ -520,21 +545,25 @@ class MaxResult(tuple):
         return self[1]
 
 
+@traced("max")
 def max(x, dim=None, keepdim=False):
     """The maximum, or (values, indices) along dim."""
     return _extremum("max", x, dim, keepdim, False)
 
 
+@traced("min")
 def min(x, dim=None, keepdim=False):
     """The minimum, or (values, indices) along dim."""
     return _extremum("min", x, dim, keepdim, False)
 
 
+@traced("amax")
 def amax(x, dim=None, keepdim=False):
     """The maximum over dim (None: all)."""
     return _extremum("max", x, dim, keepdim, True)
 
 
+@traced("amin")
 def amin(x, dim=None, keepdim=False):
     """The minimum over dim (None: all)."""
     return _extremum("min", x, dim, keepdim, True)
@@ -550,11 +579,13 @@ def _arg(op, x, dim, keepdim):
     return _reduce_raw(op, x, (_dim(dim, x.ndim),), keepdim, want_idx=True)[1]
 
 
+@traced("argmax")
 def argmax(x, dim=None, keepdim=False):
     """The index of the first maximum (int32)."""
     return _arg("max", x, dim, keepdim)
 
 
+@traced("argmin")
 def argmin(x, dim=None, keepdim=False):
     """The index of the first minimum (int32)."""
     return _arg("min", x, dim, keepdim)
@@ -603,6 +634,7 @@ class MatMul(Node):
         return g._view(shape)
 
 
+@traced("matmul")
 def matmul(a, b):
     """a @ b with PyTorch's rules: 1-D operands as a row or a column, batch dimensions broadcast."""
     q = _queue(a, b)
@@ -649,6 +681,19 @@ def record_view(x, v):
     return attach(View(x), v) if needs_record(x) else v
 
 
+@traced("reshape")
+def reshape(x, *shape):
+    """x with a new shape (a view; one -1 is inferred)."""
+    return x.reshape(*shape)
+
+
+@traced("detach")
+def detach(x):
+    """x's data cut from autograd's graph (a view)."""
+    return x.detach()
+
+
+@traced("flatten")
 def flatten(x, start_dim=0, end_dim=-1):
     """Dimensions start_dim..end_dim merged (a view)."""
     x = _tensor(x)
@@ -660,6 +705,7 @@ def flatten(x, start_dim=0, end_dim=-1):
     return x.reshape(x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
 
 
+@traced("squeeze")
 def squeeze(x, dim=None):
     """Dimensions of size 1 dropped (a view)."""
     x = _tensor(x)
@@ -669,6 +715,7 @@ def squeeze(x, dim=None):
     return x.reshape(tuple(n for k, n in enumerate(x.shape) if not (k in dims and n == 1)))
 
 
+@traced("unsqueeze")
 def unsqueeze(x, dim):
     """A dimension of size 1 inserted (a view)."""
     x = _tensor(x)
@@ -694,6 +741,7 @@ def _permute_raw(x, order):
                                   array_ops.contiguous_strides(shape), 0)
 
 
+@traced("permute")
 def permute(x, *dims):
     """The dimensions in a new order (a copy unless the elements keep their order)."""
     x = _tensor(x)
@@ -708,6 +756,7 @@ def permute(x, *dims):
     return attach(Permute(x, order), y) if needs_record(x) else y
 
 
+@traced("transpose")
 def transpose(x, dim0, dim1):
     """Two dimensions swapped."""
     x = _tensor(x)
@@ -727,6 +776,7 @@ class Expand(Node):
         return (sum_to(dy, self.shape),)
 
 
+@traced("expand")
 def expand(x, *shape):
     """x broadcast out to `shape` (a copy)."""
     x = _tensor(x)
@@ -750,6 +800,7 @@ class Copy(Node):
         return (dy,)
 
 
+@traced("clone")
 def clone(x):
     """A copy in autograd's graph."""
     x = _tensor(x)
@@ -811,6 +862,7 @@ class Index(Node):
         return (array_ops.copy_strided(dy, out, array_ops.contiguous_strides(out), 0, dx, strides, offset),)
 
 
+@traced("getitem")
 def getitem(x, index):
     """Basic indexing: ints, slices, ... and None (a copy)."""
     x = _tensor(x)
@@ -844,6 +896,7 @@ class Cat(Node):
         return tuple(out)
 
 
+@traced("cat")
 def cat(tensors, dim=0):
     """Tensors of one shape but along `dim`, joined along it."""
     tensors = list(tensors)
@@ -869,6 +922,7 @@ def cat(tensors, dim=0):
     return attach(Cat(xs, d), y) if needs_record(*xs) else y
 
 
+@traced("stack")
 def stack(tensors, dim=0):
     """Tensors of one shape joined along a new dimension `dim`."""
     tensors = list(tensors)
@@ -881,6 +935,7 @@ def stack(tensors, dim=0):
 
 
 # -- types -----------------------------------------------------------------------------------------------------------
+@traced("cast")
 def cast(x, dtype):
     """x as float32 or int32 (a new tensor where the type changes)."""
     x = _tensor(x)
@@ -984,8 +1039,17 @@ def backward(t, gradient, retain_graph):
     autograd.backward(t, gradient, retain_graph)
 
 
+def tracing():
+    """Whether netcl.trace is recording this thread's operations (Tensor routes reshape here then)."""
+    return autograd.tracer() is not None
+
+
 def refuse_in_trace(t, what):
-    """A hook for tracing (netcl.trace): a value read from a tensor during a trace is refused."""
+    """During netcl.trace, reading a tensor's value (bool, int, item, numpy) makes the graph depend on
+    the example: TraceError naming the line of the traced code that did it."""
+    tr = autograd.tracer()
+    if tr is not None:
+        tr.refuse(what)
 
 
 install(sys.modules[__name__])  # Tensor's operators call this module

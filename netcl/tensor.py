@@ -223,6 +223,8 @@ class Tensor:
 
     def numpy(self):
         """The data on the host (read from the device once, then cached); do not modify it."""
+        if _math is not None:
+            _math.refuse_in_trace(self, "read to the host")
         st = self._st
         if self._on_read is not None:
             self._on_read()  # (a loss: raises where its kernel refused the input, or gives the value)
@@ -317,6 +319,8 @@ class Tensor:
     def reshape(self, *shape):
         """A view with a new shape sharing this tensor's storage (recorded by autograd where this
         tensor requires grad)."""
+        if _math.tracing():  # netcl.trace records it as an operation
+            return _math.reshape(self, *shape)
         view = self._view(shape)
         return _math.record_view(self, view) if self.requires_grad else view
 
@@ -367,6 +371,8 @@ class Tensor:
 
     def detach(self):
         """The same data (shared storage) cut from the graph: requires no grad."""
+        if _math.tracing():
+            return _math.detach(self)
         v = Tensor.of_storage(self._st, self.shape)
         v.dtype = self.dtype
         return v
@@ -374,6 +380,7 @@ class Tensor:
     # -- reading values --------------------------------------------------------------------
     def item(self):
         """The value of a one-element tensor as a Python number (a read from the device)."""
+        _math.refuse_in_trace(self, "read with item()")
         if self.size != 1:
             raise ValueError(f"item() takes a tensor of one element, this one has shape {self.shape}")
         v = self.numpy().reshape(-1)[0]
@@ -398,7 +405,7 @@ class Tensor:
         if self.size != 1:
             raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous: use .any() or "
                              ".all() (of a comparison), or compare one element")
-        _math.refuse_in_trace(self, "converted to bool")
+        _math.refuse_in_trace(self, "converted to bool (an if or while on a tensor's value)")
         return bool(self.item())
 
     def __format__(self, spec):

@@ -71,8 +71,16 @@ _RNG_TYPES = ("PCG64", "PCG64DXSM")  # numpy bit generators whose state is plain
 
 # ---------------------------------------------------------------------------------------
 # saving
-def save(model, path):
-    """Write `model` (an nn.Sequential): architecture and weights, no pickle. Atomic."""
+def save(model, path, example_input=None):
+    """Write `model`: architecture and weights, no pickle. Atomic.
+
+    Args:
+        model: an nn.Sequential of netcl layers and blocks, an nn.GraphModule, or a Module subclass
+            with a forward of its own, which is traced first (netcl.trace) with `example_input`, or
+            with zeros of the shape of the input it was last called with.
+        path: the file to write (replaced only once the new one is complete).
+        example_input: an array or Tensor for tracing a Module subclass."""
+    model = _recordable(model, example_input)
     _write(path, _model_header(model), _model_tensors(model))
 
 
@@ -123,15 +131,31 @@ def save_checkpoint(path, model, optimizer, epoch=None, **meta):
     _write(path, header, _model_tensors(model) + arrays)
 
 
+def _recordable(model, example_input):
+    """model as files and the exporter record it: a Module subclass with a forward of its own traced
+    into a GraphModule (the traced forward's side effects undone: BatchNorm's running statistics)."""
+    if not isinstance(model, nn.Module) or not model.own_forward_modules():
+        return model
+    if example_input is None:
+        shape = model.__dict__.get("_input_shape")
+        if shape is None:
+            raise ValueError(f"{model.describe_own_forward()}: to record it, netcl traces its forward, which "
+                             "needs an input: pass example_input=, or call the model once first")
+        example_input = np.zeros(shape, np.float32)
+    buffers = [(t, t.to_host()) for _, t in model.named_buffers()]
+    try:
+        return nn.trace(model, example_input)
+    finally:
+        for t, a in buffers:
+            t.set_(a)
+
+
 def _model_header(model):
-    own = model.describe_own_forward() if isinstance(model, nn.Module) else ""
-    if own:
-        raise NotImplementedError(f"a .netcl file records netcl's layer types (an nn.Sequential of layers and "
-                                  f"blocks); {own}, which it cannot record: keep its weights with "
-                                  "model.state_dict() (numpy.savez(path, **model.state_dict()), then "
-                                  "load_state_dict)")
+    if isinstance(model, nn.Module) and model.IS_GRAPH:  # a graph is the root layer itself
+        return {"netcl_version": _version(), "kind": "model", "training": bool(model.training), "root": "layer",
+                "architecture": [_entry(model, "")]}
     if not isinstance(model, nn.Sequential):
-        raise TypeError(f"expected a netcl.nn.Sequential, got {type(model).__name__}")
+        raise TypeError(f"expected a netcl.nn.Sequential or GraphModule, got {type(model).__name__}")
     return {"netcl_version": _version(), "kind": "model", "training": bool(model.training),
             "architecture": architecture(model)}
 
@@ -155,8 +179,12 @@ def _entry(layer, path):
     entry = {"type": name, "config": config}
     children = layer.named_children()
     if children:
-        entry["children"] = [[child, _entry(sub, f"{path}.{child}")] for child, sub in children]
+        entry["children"] = [[child, _entry(sub, _join(path, child))] for child, sub in children]
     return entry
+
+
+def _join(path, name):
+    return f"{path}.{name}" if path else name
 
 
 def _model_tensors(model):
@@ -234,6 +262,7 @@ def load_checkpoint(path):
 
 _FIELDS = {"model": {"netcl_version", "kind", "training", "architecture", "tensors", "data_bytes"}}
 _FIELDS["checkpoint"] = _FIELDS["model"] | {"optimizer", "meta", "rng"}
+_OPTIONAL = {"root"}  # "root": "layer": the architecture's one entry is the model (a GraphModule)
 
 
 class _Reader:
@@ -290,9 +319,12 @@ class _Reader:
         kind = h.get("kind")
         if not isinstance(kind, str) or kind not in _FIELDS:  # (a list or object is not hashable)
             fail(f"header 'kind' must be 'model' or 'checkpoint', got {kind!r}")
-        if set(h) != _FIELDS[kind]:
-            fail(f"header fields for a {kind} must be {sorted(_FIELDS[kind])}; missing "
-                 f"{sorted(_FIELDS[kind] - set(h))}, unexpected {sorted(set(h) - _FIELDS[kind])}")
+        if not _FIELDS[kind] <= set(h) <= _FIELDS[kind] | _OPTIONAL:
+            fail(f"header fields for a {kind} must be {sorted(_FIELDS[kind])} (and optionally "
+                 f"{sorted(_OPTIONAL)}); missing {sorted(_FIELDS[kind] - set(h))}, unexpected "
+                 f"{sorted(set(h) - _FIELDS[kind] - _OPTIONAL)}")
+        if h.get("root", "layer") != "layer":
+            fail(f"header 'root' must be 'layer' where present, got {h['root']!r:.50}")
         data = _count(h["data_bytes"], _MAX_INT)
         if data is None:
             fail(f"header 'data_bytes' must be a non-negative integer, got {h['data_bytes']!r}")
@@ -382,8 +414,13 @@ def _build_model(r):
         r.fail(f"header 'architecture' must be a list of at most {_MAX_LAYERS} layers")
     budget = [_MAX_LAYERS]
     with _scratch_rng():  # building layers draws initial weights; keep the user's random stream untouched
-        children = {str(i): _build_layer(r, entry, str(i), 1, budget) for i, entry in enumerate(arch)}
-    model = nn.Sequential(*children.values())
+        if r.header.get("root") == "layer":
+            if len(arch) != 1:
+                r.fail("header 'root' is 'layer': the architecture must hold exactly one layer")
+            model = _build_layer(r, arch[0], "", 1, budget)
+        else:
+            children = {str(i): _build_layer(r, entry, str(i), 1, budget) for i, entry in enumerate(arch)}
+            model = nn.Sequential(*children.values())
     for name, t in model.named_tensors():
         t.set_(r.read(name, t.shape))
     return model.train(r.header["training"])
@@ -413,14 +450,14 @@ def _build_layer(r, entry, path, depth, budget):
     try:
         shapes = cls.tensor_shapes(**_module.bound_config(cls, config))
     except (TypeError, ValueError, ArithmeticError) as e:
-        r.fail(f"layer {path} ({kind}): invalid config {config}: {e}")
+        r.fail(f"layer {path} ({kind}): invalid config {config!r:.200}: {e}")
     for name, shape in shapes.items():
-        r.check(f"{path}.{name}", shape)
-    children = {name: _build_layer(r, sub, f"{path}.{name}", depth + 1, budget) for name, sub in pairs}
+        r.check(_join(path, name), shape)
+    children = {name: _build_layer(r, sub, _join(path, name), depth + 1, budget) for name, sub in pairs}
     try:
         layer = cls.from_config(config, children)
     except (TypeError, ValueError, ArithmeticError) as e:
-        r.fail(f"layer {path} ({kind}): invalid config {config}: {e}")
+        r.fail(f"layer {path} ({kind}): invalid config {config!r:.200}: {e}")
     if [name for name, _ in layer.named_children()] != list(children):
         r.fail(f"layer {path} ({kind}): children {list(children)} do not match the layer's structure")
     return layer
@@ -488,6 +525,8 @@ def _config_problem(cls, config, lists=False):
     (Adam's betas)."""
     if not isinstance(config, dict):
         return f"must be an object, got {type(config).__name__}"
+    if hasattr(cls, "config_problem"):  # a config of structured values (a graph's nodes): its class checks it
+        return cls.config_problem(config)
     sig = inspect.signature(cls)
     names = [n for n, p in sig.parameters.items()
              if n != "params" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

@@ -18,7 +18,7 @@ import numpy as np
 
 from netcl import nn
 from netcl.io.atomic import AtomicFile, file_path
-from netcl.io.netcl_format import architecture
+from netcl.io.netcl_format import _recordable, architecture
 from netcl.nn.module import ShapeError
 from netcl.version import __version__
 
@@ -396,6 +396,357 @@ def _upsample(g, m, x, s, out):
     return g.op("Resize", ins, out, mode="linear", coordinate_transformation_mode="half_pixel")
 
 
+# -- traced graphs: a GraphModule's nodes, each layer call through the layer's own emitter ----------
+class _V:
+    """A graph value during export: its ONNX name and shape (the batch as g.batch)."""
+
+    __slots__ = ("name", "shape", "tensor")
+
+    def __init__(self, name, shape, tensor=None):
+        self.name, self.shape, self.tensor = name, tuple(shape), tensor  # tensor: a parameter's or constant's
+
+
+def _graph_module(g, gm, x, s, out):
+    """Each node in order: a layer call (or a layer made in forward) through EMITTERS, named by the
+    layer's path; a parameter or constant used as an operand as an initializer named by its path;
+    an operation through OP_EMITTERS. Names carry the node's index (an op's "add_9")."""
+    env, outer = [], g.path
+    base = f"{outer}." if outer else ""
+
+    def shape_of(node, k=0):
+        return tuple(g.batch if d == "N" else d for d in node["out"][k])
+
+    def resolve(a):
+        if isinstance(a, list):
+            return [resolve(v) for v in a]
+        if not isinstance(a, dict):
+            return a
+        if "v" in a:
+            v = env[a["v"]]
+            return v[a["k"]] if "k" in a else v
+        if "tuple" in a:
+            return tuple(resolve(v) for v in a["tuple"])
+        if "slice" in a:
+            return slice(*a["slice"])
+        if "ellipsis" in a:
+            return Ellipsis
+        if "dtype" in a:
+            return np.dtype(a["dtype"])
+        if "batch" in a:
+            return _BATCH
+        if "inf" in a:
+            return math.inf * a["inf"]
+        raise AssertionError(a)
+
+    for i, node in enumerate(gm.graph):
+        op = node["op"]
+        if op == "input":
+            env.append(_V(x, s))
+            continue
+        args = resolve(node.get("args", []))
+        kwargs = {k: resolve(v) for k, v in node.get("kwargs", {}).items()}
+        if op == "output":
+            return args[0].name
+        if op in ("param", "const"):
+            t = gm._tensor(node["target"])
+            name = base + node["target"]
+            g.inits.append((name, t.shape, FLOAT, t))
+            env.append(_V(name, t.shape, t))
+            continue
+        if op in ("call", "layer"):
+            layer = gm.submodule(node["target"]) if op == "call" else gm._layer(i, node)
+            path = base + (node["target"] if op == "call" else f"{node['type']}_{i}")
+            y = _layer_at(g, layer, path, args[0], shape_of(node))
+        else:
+            emit = OP_EMITTERS.get(op)
+            if emit is None:
+                raise NotImplementedError(f"cannot export node {i} ({op}) of the graph: no ONNX form for it")
+            g.begin(f"{base}{op}_{i}", gm)
+            y = emit(g, [shape_of(node, k) for k in range(len(node["out"]))], *args, **kwargs)
+        if isinstance(y, tuple):
+            env.append(tuple(_V(v, shape_of(node, k)) for k, v in enumerate(y)))
+        else:
+            env.append(_V(y, shape_of(node)))
+            g.shapes[y] = shape_of(node)
+    raise AssertionError("a checked graph ends with its output")
+
+
+_BATCH = object()  # a reshape or expand target's batch size
+
+
+def _layer_at(g, layer, path, x, out_shape):
+    """Emit `layer` (or a Sequential's chain) at state_dict path `path` on value x; the value's name."""
+    outer = g.path, g.layer, getattr(g, "_count", {})
+    y = g.chain(layer, path, x.name, (g.n,) + tuple(x.shape[1:]))
+    g.path, g.layer, g._count = outer
+    return y
+
+
+def _operand(g, v, shape):
+    """An operation's operand: a value's name, or a number as a scalar initializer."""
+    if isinstance(v, _V):
+        return v.name
+    return g.const("scalar", float(v), np.float32)
+
+
+def _binary(op_type):
+    def emit(g, outs, a, b):
+        return g.op(op_type, [_operand(g, a, outs[0]), _operand(g, b, outs[0])], outs[0])
+    return emit
+
+
+def _unary(op_type):
+    def emit(g, outs, x):
+        return g.op(op_type, [x.name], outs[0])
+    return emit
+
+
+_COMPARE = {"eq": ("Equal", False), "ne": ("Equal", True), "lt": ("Less", False), "gt": ("Greater", False),
+            "le": ("Greater", True), "ge": ("Less", True)}  # (op, negated): before opset 12 no *OrEqual
+
+
+def _compare(g, outs, name, a, b):
+    op_type, negate = _COMPARE[name]
+    y = g.op(op_type, [_operand(g, a, outs[0]), _operand(g, b, outs[0])], outs[0])
+    if negate:
+        y = g.op("Not", [y], outs[0])
+    return g.op("Cast", [y], outs[0], to=FLOAT)
+
+
+def _as_layer(make):
+    """An operation whose layer exists: emitted as that layer (make(args) builds it)."""
+    def emit(g, outs, x, *args, **kwargs):
+        return _layer_at(g, make(*args, **kwargs), g.path, x, outs[0])
+    return emit
+
+
+def _activation_layer(act, slope=0.0):
+    from netcl.act import Act
+
+    act = Act(act)
+    if act == Act.LEAKY_RELU:
+        return nn.LeakyReLU(slope)
+    if act in (Act.GELU, Act.GELU_TANH):
+        return nn.GELU("none" if act == Act.GELU else "tanh")
+    return {Act.RELU: nn.ReLU, Act.SIGMOID: nn.Sigmoid, Act.TANH: nn.Tanh, Act.SILU: nn.SiLU, Act.RELU6: nn.ReLU6,
+            Act.HARDSWISH: nn.Hardswish, Act.HARDSIGMOID: nn.Hardsigmoid}[act]()
+
+
+def _axes(dim, ndim):
+    dims = range(ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
+    return sorted({d % ndim for d in dims})
+
+
+def _reduce(op_type):
+    def emit(g, outs, x, dim=None, keepdim=False):
+        return _axes_op(g, op_type, x.name, _axes(dim, len(x.shape)), outs[0], keepdims=int(keepdim))
+    return emit
+
+
+def _arg_reduce(op_type):
+    def emit(g, outs, x, dim=None, keepdim=False):
+        src, axis = x.name, dim
+        if dim is None:  # of the flattened tensor
+            src, axis = g.op("Reshape", [x.name, g.const("shape", [-1])], (None,)), 0
+        y = g.op(op_type, [src], outs[0], axis=axis % max(1, len(x.shape)), keepdims=int(keepdim))
+        return g.op("Cast", [y], outs[0], to=P.TensorProto.INT32)
+    return emit
+
+
+def _extremum(reduce_op, arg_op):
+    def emit(g, outs, x, dim=None, keepdim=False):
+        if dim is None:
+            return _axes_op(g, reduce_op, x.name, _axes(None, len(x.shape)), outs[0], keepdims=0)
+        values = _axes_op(g, reduce_op, x.name, [dim % len(x.shape)], outs[0], keepdims=int(keepdim))
+        idx = g.op(arg_op, [x.name], outs[1], axis=dim % len(x.shape), keepdims=int(keepdim))
+        return values, g.op("Cast", [idx], outs[1], to=P.TensorProto.INT32)
+    return emit
+
+
+def _shape_arg(g, x, shape):
+    """A reshape or expand target: the batch stays free (0 copies the input's first dimension)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return g.const("shape", [0 if v is _BATCH else int(v) for v in shape])
+
+
+def _reshape(g, outs, x, *shape):
+    return g.op("Reshape", [x.name, _shape_arg(g, x, shape)], outs[0])
+
+
+def _flatten_op(g, outs, x, start_dim=0, end_dim=-1):
+    return g.op("Reshape", [x.name, g.const("shape", [0 if (k == 0 and isinstance(n, str)) else n
+                                                       for k, n in enumerate(outs[0])])], outs[0])
+
+
+def _same_shape_view(g, outs, x, *args):  # squeeze, unsqueeze: a Reshape to the traced shape
+    return _flatten_op(g, outs, x)
+
+
+def _permute(g, outs, x, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    perm = [d % len(x.shape) for d in dims]
+    return g.op("Transpose", [x.name], outs[0], perm=perm)
+
+
+def _transpose_op(g, outs, x, dim0, dim1):
+    perm = list(range(len(x.shape)))
+    a, b = dim0 % len(perm), dim1 % len(perm)
+    perm[a], perm[b] = perm[b], perm[a]
+    return g.op("Transpose", [x.name], outs[0], perm=perm)
+
+
+def _expand(g, outs, x, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    target = [1 if (v is _BATCH or v == -1) else int(v) for v in shape]  # 1: broadcast keeps the input's
+    return g.op("Expand", [x.name, g.const("shape", target)], outs[0])
+
+
+def _identity_op(g, outs, x, *args, **kwargs):
+    return g.op("Identity", [x.name], outs[0])
+
+
+def _getitem(g, outs, x, index):
+    if not isinstance(index, tuple):
+        index = (index,)
+    used = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if any(i is Ellipsis for i in index):
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (len(x.shape) - used) + index[k + 1:]
+    index = index + (slice(None),) * (len(x.shape) - sum(1 for i in index if i is not None))
+    starts, ends, axes, steps, drop, add, d, out_dim = [], [], [], [], [], [], 0, 0
+    for i in index:
+        if i is None:
+            add.append(out_dim)
+            out_dim += 1
+            continue
+        n = x.shape[d]
+        if isinstance(i, slice):
+            if (i.start, i.stop, i.step) != (None, None, None):
+                if isinstance(n, str):
+                    raise NotImplementedError(f"cannot export {g.path}: a slice of the batch dimension with "
+                                              "dynamic_batch")
+                a, b, c = i.indices(n)
+                starts, ends, axes, steps = starts + [a], ends + [b], axes + [d], steps + [c]
+            out_dim += 1
+        else:
+            if isinstance(n, str):
+                raise NotImplementedError(f"cannot export {g.path}: an index into the batch dimension with "
+                                          "dynamic_batch")
+            k = int(i) % n
+            starts, ends, axes, steps = starts + [k], ends + [k + 1], axes + [d], steps + [1]
+            drop.append(d)
+        d += 1
+    y = x.name
+    if axes:
+        y = g.op("Slice", [y, g.const("starts", starts), g.const("ends", ends), g.const("axes", axes),
+                           g.const("steps", steps)], None)
+    if drop:
+        y = _axes_op(g, "Squeeze", y, drop, None)
+    if add:
+        y = _axes_op(g, "Unsqueeze", y, add, None)
+    return y if y != x.name else g.op("Identity", [y], outs[0])
+
+
+def _cat(g, outs, tensors, dim=0):
+    return g.op("Concat", [t.name for t in tensors], outs[0], axis=dim % len(outs[0]))
+
+
+def _stack(g, outs, tensors, dim=0):
+    d = dim % len(outs[0])
+    ups = [_axes_op(g, "Unsqueeze", t.name, [d], None) for t in tensors]
+    return g.op("Concat", ups, outs[0], axis=d)
+
+
+def _cast(g, outs, x, dtype):
+    to = P.TensorProto.INT32 if np.dtype(dtype) == np.int32 else FLOAT
+    return g.op("Cast", [x.name], outs[0], to=to)
+
+
+def _clamp(g, outs, x, min=None, max=None):
+    if isinstance(min, _V) or isinstance(max, _V):
+        y = x.name if min is None else g.op("Max", [x.name, _operand(g, min, outs[0])], outs[0])
+        return y if max is None else g.op("Min", [y, _operand(g, max, outs[0])], outs[0])
+    lo = g.const("min", -3.4028234663852886e38 if min is None else float(min), np.float32)
+    hi = g.const("max", 3.4028234663852886e38 if max is None else float(max), np.float32)
+    return g.op("Clip", [x.name, lo, hi], outs[0])
+
+
+def _log_softmax(g, outs, x, dim):
+    axis, last = dim % len(x.shape), len(x.shape) - 1
+    if g.opset >= 13 or axis == last:
+        return g.op("LogSoftmax", [x.name], outs[0], axis=axis)
+    perm = list(range(len(x.shape)))
+    perm[axis], perm[last] = last, axis
+    swapped = tuple(x.shape[i] for i in perm)
+    y = g.op("LogSoftmax", [g.op("Transpose", [x.name], swapped, perm=perm)], swapped, axis=last)
+    return g.op("Transpose", [y], outs[0], perm=perm)
+
+
+def _linear_fn(g, outs, x, weight, bias=None):  # weight in PyTorch's layout (out, in): x @ W^T + b
+    ins = [x.name, weight.name] + ([bias.name] if bias is not None else [])
+    if len(x.shape) == 2:
+        return g.op("Gemm", ins, outs[0], transB=1)
+    y = g.op("MatMul", [x.name, g.op("Transpose", [weight.name], None, perm=[1, 0])], outs[0])
+    return g.op("Add", [y, bias.name], outs[0]) if bias is not None else y
+
+
+def _layer_norm_fn(g, outs, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    layer = nn.LayerNorm(normalized_shape, eps)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            layer._params[name] = t.tensor
+    return _layer_at(g, layer, g.path, x, outs[0])
+
+
+def _not_in_inference(what):
+    def emit(g, outs, *args, **kwargs):
+        raise NotImplementedError(f"cannot export {g.path}: {what} is not part of an inference graph")
+    return emit
+
+
+# operation name (autograd.TRACEABLE) -> emitter (graph, output shapes, the node's arguments with values
+# as _V) returning its value's name (a pair for max/min along a dimension)
+OP_EMITTERS = {
+    "add": _binary("Add"), "sub": _binary("Sub"), "mul": _binary("Mul"), "div": _binary("Div"),
+    "pow": _binary("Pow"), "maximum": _binary("Max"), "minimum": _binary("Min"), "compare": _compare,
+    "neg": _unary("Neg"), "exp": _unary("Exp"), "log": _unary("Log"), "sqrt": _unary("Sqrt"),
+    "abs": _unary("Abs"), "sin": _unary("Sin"), "cos": _unary("Cos"), "clamp": _clamp,
+    "activation": _as_layer(_activation_layer),
+    "relu": _as_layer(lambda: nn.ReLU()), "sigmoid": _as_layer(lambda: nn.Sigmoid()),
+    "tanh": _as_layer(lambda: nn.Tanh()), "softmax": _as_layer(lambda dim: nn.Softmax(dim)),
+    "log_softmax": _log_softmax,
+    "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "amax": _reduce("ReduceMax"),
+    "amin": _reduce("ReduceMin"), "max": _extremum("ReduceMax", "ArgMax"), "min": _extremum("ReduceMin", "ArgMin"),
+    "argmax": _arg_reduce("ArgMax"), "argmin": _arg_reduce("ArgMin"),
+    "matmul": lambda g, outs, a, b: g.op("MatMul", [a.name, b.name], outs[0]),
+    "reshape": _reshape, "flatten": _flatten_op, "squeeze": _same_shape_view, "unsqueeze": _same_shape_view,
+    "permute": _permute, "transpose": _transpose_op, "expand": _expand, "clone": _identity_op,
+    "detach": _identity_op, "getitem": _getitem, "cat": _cat, "stack": _stack, "cast": _cast,
+    "F.relu": _as_layer(lambda inplace=False: nn.ReLU()), "F.relu6": _as_layer(lambda inplace=False: nn.ReLU6()),
+    "F.leaky_relu": _as_layer(lambda negative_slope=0.01, inplace=False: nn.LeakyReLU(negative_slope)),
+    "F.gelu": _as_layer(lambda approximate="none": nn.GELU(approximate)),
+    "F.silu": _as_layer(lambda inplace=False: nn.SiLU()),
+    "F.hardswish": _as_layer(lambda inplace=False: nn.Hardswish()),
+    "F.hardsigmoid": _as_layer(lambda inplace=False: nn.Hardsigmoid()),
+    "F.sigmoid": _as_layer(lambda: nn.Sigmoid()), "F.tanh": _as_layer(lambda: nn.Tanh()),
+    "F.softmax": _as_layer(lambda dim: nn.Softmax(dim)), "F.log_softmax": _log_softmax,
+    "F.dropout": _identity_op, "F.linear": _linear_fn, "F.layer_norm": _layer_norm_fn,
+    "F.max_pool2d": _as_layer(lambda kernel_size, stride=None, padding=0, **_: nn.MaxPool2d(kernel_size, stride,
+                                                                                            padding)),
+    "F.avg_pool2d": _as_layer(lambda kernel_size, stride=None, padding=0, **_: nn.AvgPool2d(kernel_size, stride,
+                                                                                            padding)),
+    "F.adaptive_avg_pool2d": _as_layer(lambda output_size: nn.AdaptiveAvgPool2d(output_size)),
+    "F.interpolate": _as_layer(lambda size=None, scale_factor=None, mode="nearest", align_corners=None:
+                               nn.Upsample(scale_factor, mode)),
+    **{f"F.{loss}": _not_in_inference("a loss") for loss in (
+        "nll_loss", "cross_entropy", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+        "binary_cross_entropy_with_logits")},
+}
+
+
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
@@ -424,6 +775,7 @@ EMITTERS = {
     nn.Residual: _residual,                      # the body's nodes, the shortcut's (if any), Add
     nn.Concat: _concat,                          # each branch's nodes, Concat(axis=dim)
     nn.Upsample: _upsample,                      # Resize (scales initializer, empty roi)
+    nn.GraphModule: _graph_module,               # its nodes: layers by EMITTERS, operations by OP_EMITTERS
 }
 
 # Registered layers that need no emitter of their own, with the reason (tests check that every
@@ -431,6 +783,7 @@ EMITTERS = {
 NOT_EMITTED = {
     nn.Sequential: "walked by Module.chain(): a nested Sequential's layers are emitted in order",
     nn.ModuleList: "Concat's branches: emitted by Concat, branch by branch",
+    nn.ModuleDict: "a traced graph's containers: the graph emits the layers they hold by path",
 }
 
 
@@ -438,11 +791,6 @@ NOT_EMITTED = {
 def _check(model, input_shape, input_name, output_name):
     if not isinstance(model, nn.Module):
         raise TypeError(f"export_onnx expects a netcl model (nn.Sequential), got {type(model).__name__}")
-    own = model.describe_own_forward()
-    if own:
-        raise NotImplementedError(f"export_onnx translates netcl's layer types (an nn.Sequential of layers and "
-                                  f"blocks); {own}, which the exporter cannot read: build the model as an "
-                                  "nn.Sequential")
     leaves = list(model.chain())
     held = list(_held(model))
     if model.training or any(m.training for _, m in held):
@@ -475,6 +823,23 @@ def _check(model, input_shape, input_name, output_name):
             raise ValueError(f"input_shape {shape} does not fit the model: layer {p} ({type(m).__name__}) "
                              f"gets {shapes[-1]}: {e}") from None
     return shapes
+
+
+def _traced(model, input_shape):
+    """A Module subclass with a forward of its own as the GraphModule that netcl.trace records of it
+    (in eval mode, on zeros of input_shape with a batch of at least 2, so the batch stays free)."""
+    if not isinstance(model, nn.Module) or not model.own_forward_modules():
+        return model
+    if model.training or any(m.training for m in model.modules()):
+        raise ValueError("the model is in training mode; call model.eval() before exporting "
+                         "(BatchNorm would otherwise bake in meaningless statistics)")
+    try:
+        shape = tuple(int(s) for s in input_shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"input_shape must be a sequence of ints, e.g. x.shape; got {input_shape!r}") from None
+    if not shape or min(shape) < 1:
+        raise ValueError(f"input_shape must be positive ints with the batch first, got {shape}")
+    return _recordable(model, np.zeros((max(2, shape[0]),) + shape[1:], np.float32))
 
 
 def _held(layer, path=""):
@@ -673,6 +1038,7 @@ def export_onnx(model, input_shape, path, *, opset=None, target=None, dynamic_ba
     opset, ir_version = resolve_opset(opset, target)
     if not isinstance(doc_string, str):
         raise TypeError(f"doc_string must be a str, got {type(doc_string).__name__}")
+    model = _traced(model, input_shape)
     graph, inits, in_shape = _build(model, input_shape, dynamic_batch, input_name, output_name, opset=opset)
     props = _metadata_props(model, in_shape, in_shape[0], metadata)
     # canonical field order: ModelProto fields 1-6 | graph (7) | opset_import (8), metadata_props (14)

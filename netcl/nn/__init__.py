@@ -9,22 +9,23 @@ from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
 from netcl.nn.linear import Linear
 from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
-from netcl.nn.module import Module, Parameter, manual_seed
+from netcl.nn.graph import GraphModule, TraceError, trace
+from netcl.nn.module import LAYERS, Module, Parameter, manual_seed
 from netcl.nn.norm import BatchNorm2d, LayerNorm
 from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
 from netcl.nn.torch_import import from_torch
 from netcl.nn.upsample import Upsample
 
-LAYERS = {cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
+LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
                                         MultiheadAttention, GELU, SiLU, ReLU6, Hardswish, Hardsigmoid, LayerNorm,
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
-                                        Concat, ModuleList, Upsample)}
+                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample)})
 
 from netcl.nn import functional  # noqa: E402  (after the layers it calls)
 
-__all__ = ["Module", "Parameter", "ModuleDict", "functional", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
+__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",

@@ -6,7 +6,8 @@ import numpy as np
 
 from netcl import functions, ops
 from netcl.nn.conv import Conv2d
-from netcl.nn.module import LayerList, Module, ShapeError, as_int, block_repr, child_shape
+from netcl.nn.module import (LayerList, Module, ShapeError, as_int, block_repr, child_shape, declared_problem,
+                             declared_tensors, make_declared)
 from netcl.nn.norm import _act_options
 from netcl.nn.sequential import Sequential
 
@@ -231,14 +232,36 @@ def _layer(layer, holder):
 
 
 class ModuleDict(Module):
-    """Layers held by name, as torch.nn.ModuleDict(mapping); keys are state_dict path parts."""
+    """Layers held by name, as torch.nn.ModuleDict(mapping); keys are state_dict path parts. In a
+    traced graph it also holds the parameters a model kept at that path (`tensors`, declared by
+    shape: a file's data loads into them)."""
 
     HOLDS_ONLY = True
 
-    def __init__(self, modules=None):
+    def __init__(self, modules=None, tensors=None):
         super().__init__()
         for name, layer in dict(modules or {}).items():
             self[name] = layer
+        make_declared(self, tensors)
+
+    def config(self):
+        own = declared_tensors(self)
+        return {"tensors": own} if own else {}
+
+    @classmethod
+    def tensor_shapes(cls, modules=None, tensors=None):
+        return {name: tuple(d["shape"]) for name, d in (tensors or {}).items()}
+
+    @classmethod
+    def config_problem(cls, config):
+        """What is wrong with a file's config for this class, or None."""
+        if not isinstance(config, dict) or set(config) - {"tensors"}:
+            return "must be an object with at most the field 'tensors'"
+        return declared_problem(config.get("tensors"))
+
+    @classmethod
+    def from_config(cls, config, children):
+        return cls(children, config.get("tensors"))
 
     def __setitem__(self, name, layer):
         if not isinstance(name, str) or not name or "." in name:

@@ -6,7 +6,7 @@ import numpy as np
 
 from netcl import array_ops, functions, ops
 from netcl.act import Act
-from netcl.autograd import Node, attach, needs_record
+from netcl.autograd import Node, attach, needs_record, traced
 from netcl.nn.activation import GELU
 from netcl.nn.basic import Dropout
 from netcl.nn.norm import LayerNorm
@@ -19,61 +19,73 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 # -- activations ----------------------------------------------------------------------------------
+@traced("F.relu")
 def relu(x, inplace=False):
     """max(x, 0)."""
     return functions.activation(x, Act.RELU)
 
 
+@traced("F.relu6")
 def relu6(x, inplace=False):
     """min(max(x, 0), 6)."""
     return functions.activation(x, Act.RELU6)
 
 
+@traced("F.leaky_relu")
 def leaky_relu(x, negative_slope=0.01, inplace=False):
     """x where x > 0, else negative_slope * x."""
     return functions.activation(x, Act.LEAKY_RELU, float(negative_slope))
 
 
+@traced("F.gelu")
 def gelu(x, approximate="none"):
     """x * Phi(x): approximate "none" (erf) or "tanh"."""
     return functions.activation(x, GELU(approximate).act)
 
 
+@traced("F.silu")
 def silu(x, inplace=False):
     """x * sigmoid(x)."""
     return functions.activation(x, Act.SILU)
 
 
+@traced("F.hardswish")
 def hardswish(x, inplace=False):
     """x * relu6(x + 3) / 6."""
     return functions.activation(x, Act.HARDSWISH)
 
 
+@traced("F.hardsigmoid")
 def hardsigmoid(x, inplace=False):
     """relu6(x + 3) / 6."""
     return functions.activation(x, Act.HARDSIGMOID)
 
 
+@traced("F.sigmoid")
 def sigmoid(x):
     """1 / (1 + exp(-x))."""
     return functions.sigmoid(x)
 
 
+@traced("F.tanh")
 def tanh(x):
     """tanh(x)."""
     return functions.tanh(x)
 
 
+@traced("F.softmax")
 def softmax(x, dim):
     """exp(x) / sum(exp(x)) along dim."""
     return functions.softmax(x, dim)
 
 
+@traced("F.log_softmax")
 def log_softmax(x, dim):
     """log(softmax(x)) along dim."""
     return functions.log_softmax(x, dim)
 
 
+@traced("F.dropout")
 def dropout(x, p=0.5, training=True, inplace=False):
     """Zeroes elements with probability p and scales the rest by 1/(1-p) when training."""
     if not training or p == 0.0:
@@ -99,6 +111,7 @@ class _LinearBackward(Node):
         return dx, dw, db
 
 
+@traced("F.linear")
 def linear(x, weight, bias=None):
     """y = x @ weight^T + bias with weight in PyTorch's layout (out_features, in_features), as
     torch.nn.functional.linear (netcl's nn.Linear stores (in, out) for y = x @ W)."""
@@ -115,6 +128,7 @@ def linear(x, weight, bias=None):
     return y._view(x.shape[:-1] + (weight.shape[0],))
 
 
+@traced("F.max_pool2d")
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max pooling of (N, C, H, W) (MaxPool2d's kernels; padded positions never win)."""
     if dilation != 1 or ceil_mode or return_indices:
@@ -122,6 +136,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     return MaxPool2d(kernel_size, stride, padding)(x)
 
 
+@traced("F.avg_pool2d")
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     """Average pooling of (N, C, H, W) (AvgPool2d's kernels)."""
     if ceil_mode or not count_include_pad:
@@ -129,11 +144,13 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     return AvgPool2d(kernel_size, stride, padding)(x)
 
 
+@traced("F.adaptive_avg_pool2d")
 def adaptive_avg_pool2d(x, output_size):
     """Average pooling of (N, C, H, W) to output_size (AdaptiveAvgPool2d's kernels)."""
     return AdaptiveAvgPool2d(output_size)(x)
 
 
+@traced("F.interpolate")
 def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
     """Integer upsampling of (N, C, H, W), "nearest" or "bilinear" (align_corners False)."""
     if align_corners:
@@ -148,6 +165,7 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     return Upsample(scale_factor, mode)(x)
 
 
+@traced("F.layer_norm")
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Normalises over the last dimension (netcl's LayerNorm); weight and bias: leaf tensors
     (parameters) or None."""
@@ -213,6 +231,7 @@ def _take_classes(x, target):
     return attach(_TakeBackward(x, target), y) if needs_record(x) else y
 
 
+@traced("F.nll_loss")
 def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     """-input[n, target[n]] (log-probabilities and class indices), reduced."""
     if weight is not None:
@@ -223,6 +242,7 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     return _reduce(-_take_classes(x, _class_targets(target, x)), reduction)
 
 
+@traced("F.cross_entropy")
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     """log_softmax over dim 1, then nll_loss; (N, C) logits with the mean reduction run as one kernel."""
     if weight is not None or label_smoothing:
@@ -243,6 +263,7 @@ def _pair(input, target, name):
     return x, t
 
 
+@traced("F.mse_loss")
 def mse_loss(input, target, reduction="mean"):
     """(input - target) ** 2, reduced."""
     x, t = _pair(input, target, "mse_loss")
@@ -251,12 +272,14 @@ def mse_loss(input, target, reduction="mean"):
     return _reduce((x - t) ** 2, reduction)
 
 
+@traced("F.l1_loss")
 def l1_loss(input, target, reduction="mean"):
     """|input - target|, reduced."""
     x, t = _pair(input, target, "l1_loss")
     return _reduce((x - t).abs(), reduction)
 
 
+@traced("F.smooth_l1_loss")
 def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
     """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (d = input - target)."""
     x, t = _pair(input, target, "smooth_l1_loss")
@@ -267,11 +290,13 @@ def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
     return _reduce(small * (0.5 / beta) * d * d + (1.0 - small) * (d - 0.5 * beta), reduction)
 
 
+@traced("F.huber_loss")
 def huber_loss(input, target, reduction="mean", delta=1.0):
     """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta)."""
     return smooth_l1_loss(input, target, reduction, beta=delta) * delta
 
 
+@traced("F.binary_cross_entropy")
 def binary_cross_entropy(input, target, weight=None, reduction="mean"):
     """On probabilities; logs clamped at -100 as PyTorch."""
     x, t = _pair(input, target, "binary_cross_entropy")
@@ -281,6 +306,7 @@ def binary_cross_entropy(input, target, weight=None, reduction="mean"):
     return _reduce(loss if weight is None else loss * weight, reduction)
 
 
+@traced("F.binary_cross_entropy_with_logits")
 def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
     """Sigmoid and binary cross-entropy in one stable form: max(x, 0) - x t + log(1 + exp(-|x|)),
     with pos_weight p: (1 - t) x + (1 + (p - 1) t) (log(1 + exp(-|x|)) + max(-x, 0))."""

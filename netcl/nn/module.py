@@ -143,6 +143,7 @@ def child_shape(name, layer, shape):
 
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+LAYERS = {}  # class name -> layer type that files and graphs can hold (netcl.nn fills it)
 _OWN_BACKWARD = {}  # class -> whether its forward and backward are defined together (_own_backward)
 
 
@@ -171,6 +172,7 @@ class Module:
 
     CALL_STATE = ("_saved",)
     HOLDS_ONLY = False  # a container that is never called itself (ModuleList, ModuleDict)
+    IS_GRAPH = False  # a traced graph (nn.GraphModule): files and the exporter read its nodes
 
     def __init__(self):
         d = self.__dict__
@@ -459,6 +461,11 @@ class Module:
         """forward(...), recorded by autograd as one node where this layer has its own backward
         (and an input or a parameter requires grad); a Module without one records the operations
         its forward runs."""
+        if args and isinstance(args[0], Tensor):
+            self.__dict__["_input_shape"] = args[0].shape  # what save() and export_onnx trace it with
+        tracer = autograd.tracer()
+        if tracer is not None:  # netcl.trace: a layer call is one node, a module's forward is followed
+            return tracer.call(self, args, kwargs)
         if autograd.recording():
             x = args[0] if len(args) == 1 else None
             if isinstance(x, Tensor) and self.records_as_one():
@@ -476,7 +483,8 @@ class Module:
         """(path, module) of the modules held (this one included) whose forward netcl's layer types do not
         describe: Module subclasses with a forward of their own (autograd records their operations, but
         files and the ONNX exporter record layers)."""
-        return [(p, m) for p, m in self.named_modules() if not m.HOLDS_ONLY and _own_backward(type(m)) != "own"]
+        return [(p, m) for p, m in self.named_modules()
+                if not (m.HOLDS_ONLY or m.IS_GRAPH) and _own_backward(type(m)) != "own"]
 
     def describe_own_forward(self):
         """own_forward_modules() in words, for error messages ("" where there are none)."""
@@ -516,6 +524,38 @@ class Module:
             if tq is not q and (tq is None or tq.context != q.context):
                 t.to(q)
         return q
+
+
+def declared_tensors(m):
+    """{name: {"shape", "kind"}} of a container's own parameters and buffers (a graph's, or a
+    ModuleDict's in one: the config that lets a file declare them)."""
+    return {**{k: {"shape": list(t.shape), "kind": "parameter"} for k, t in m._params.items()},
+            **{k: {"shape": list(t.shape), "kind": "buffer"} for k, t in m._buffers.items()}}
+
+
+def make_declared(m, declared):
+    """Zero parameters and buffers of the declared shapes on m (a file's data then loads into them)."""
+    for name, d in (declared or {}).items():
+        t = Tensor.from_host(None, np.zeros(d["shape"], np.float32))
+        if d["kind"] == "parameter":
+            setattr(m, name, Parameter(t))
+        else:
+            m.register_buffer(name, t)
+
+
+def declared_problem(tensors):
+    """What is wrong with a file's declared tensors, or None."""
+    if tensors is None:
+        return None
+    if not isinstance(tensors, dict) or len(tensors) > 4096:
+        return "'tensors' must be an object of at most 4096 entries"
+    for name, d in tensors.items():
+        if not (isinstance(name, str) and name.isidentifier() and len(name) <= 64) or not isinstance(d, dict) \
+                or set(d) != {"shape", "kind"} or d["kind"] not in ("parameter", "buffer") \
+                or not isinstance(d["shape"], list) or len(d["shape"]) > 8 \
+                or any(type(n) is not int or not 0 <= n <= MAX_INT for n in d["shape"]):
+            return f"tensor {name!r:.64}: expected {{'shape': [up to 8 sizes], 'kind': 'parameter' or 'buffer'}}"
+    return None
 
 
 def _check_unregistered(module, name, value):

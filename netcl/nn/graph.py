@@ -1,0 +1,546 @@
+"""Graphs: netcl.trace(model, example_input) runs the model's forward once and records, in order,
+every layer call (a netcl layer, or a Sequential of them, as one node naming the layer's path in the
+model) and every tensor operation (netcl.functions, nn.functional) into a GraphModule: a DAG that
+trains through autograd, saves to .netcl without the model's Python class, and exports to ONNX.
+
+A node is a small JSON object (what a .netcl header stores):
+
+    {"op": "input"}                               the model's input (node 0)
+    {"op": "call", "target": "blocks.0.conv1", "args": [...]}   a layer held at that path
+    {"op": "layer", "type": "MaxPool2d", "config": {...}, "args": [...]}   a parameter-free layer made in forward
+    {"op": "param", "target": "scale"}            a parameter or buffer used as a tensor operand
+    {"op": "const", "target": "const_0"}          a tensor made in forward from no input (a buffer)
+    {"op": "<operation>", "args": [...], "kwargs": {...}}   autograd.TRACEABLE's function of that name
+    {"op": "output", "args": [ref]}
+
+and carries "out": the shapes of the values it makes, the batch dimension written "N". Arguments
+are JSON: numbers, booleans, null, short strings, lists, and the forms {"v": i} (node i's value;
+"k": its k-th element for an operation returning a pair), {"tuple": [...]}, {"slice": [a, b, c]},
+{"ellipsis": 1}, {"dtype": "float32"} and {"batch": 1} (the input's batch size: a reshape's target
+keeps the batch free). A graph is specialised to the traced input's shape but for its batch.
+
+Tracing refuses what a graph cannot hold, naming the line of the traced code: a tensor's value read
+in Python (an `if` on a tensor, item(), numpy()), a layer with parameters made inside forward."""
+import math
+import re
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from netcl import autograd
+from netcl.nn.blocks import ModuleDict
+from netcl.nn.module import LAYERS, Module, Parameter, _own_backward, declared_problem, declared_tensors, make_declared
+from netcl.tensor import FLOAT32, INT32, Tensor
+
+_NETCL = str(Path(__file__).resolve().parents[1])
+_PATH = re.compile(r"[A-Za-z_0-9]{1,64}(\.[A-Za-z_0-9]{1,64}){0,31}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]{0,63}")
+MAX_NODES = 100_000
+_MAX_ARG_DEPTH, _MAX_ARG_ITEMS = 6, 4096
+_DTYPES = {"float32": FLOAT32, "int32": INT32}
+
+
+class TraceError(RuntimeError):
+    """What netcl.trace cannot record, with the line of the traced code that did it."""
+
+
+def _user_line():
+    """'file:line: code' of the innermost frame outside netcl (the traced model's own code)."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not frame.filename.startswith(_NETCL):
+            return f"{frame.filename}:{frame.lineno}: {frame.line}"
+    return "(inside netcl)"
+
+
+class Tracer:
+    """Records one forward of `root` (autograd._mode.tracer while netcl.trace runs)."""
+
+    def __init__(self, root, x):
+        self.root, self.batch, self.busy = root, x.shape[0], 0
+        self.paths = {id(m): p for p, m in root.named_modules() if p}
+        self.owned = {}  # id(tensor) -> its state_dict key (parameters and buffers)
+        for key, t in root.named_tensors():
+            self.owned.setdefault(id(t), key)
+        self.nodes, self.values, self.batched = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}, [True]
+        self.keep, self.consts, self.fixed = [x], {}, {}
+        self.values[id(x)] = (0, None)
+
+    def _shape(self, shape, batched):
+        return ["N" if (k == 0 and batched) else int(n) for k, n in enumerate(shape)]
+
+    # -- values --------------------------------------------------------------------------
+    def ref(self, t):
+        """The argument form of tensor t: a node's value, a parameter, or a constant."""
+        v = self.values.get(id(t))
+        if v is None:
+            key = self.owned.get(id(t))
+            if key is not None:
+                node = {"op": "param", "target": key, "out": [self._shape(t.shape, False)]}
+            else:  # made in forward from nothing traced: its values become part of the graph
+                name = f"const_{len(self.consts)}"
+                self.consts[name] = t.to_host() if t.dtype == FLOAT32 else t.to_host().astype(np.float32)
+                node = {"op": "const", "target": name, "out": [self._shape(t.shape, False)]}
+            self._add(node, t, batched=False)
+            v = self.values[id(t)]
+        i, k = v
+        return {"v": i} if k is None else {"v": i, "k": k}
+
+    def _add(self, node, out, batched):
+        i = len(self.nodes)
+        if len(self.nodes) >= MAX_NODES:
+            raise TraceError(f"the graph passes {MAX_NODES} nodes")
+        outs = out if isinstance(out, tuple) else (out,)
+        shapes = []
+        for k, t in enumerate(outs):
+            if isinstance(t, Tensor):
+                b = batched and len(t.shape) > 0 and t.shape[0] == self.batch
+                self.values[id(t)] = (i, None if not isinstance(out, tuple) else k)
+                self.keep.append(t)
+                shapes.append(self._shape(t.shape, b))
+                self.batched.append(b)
+        node["out"] = shapes
+        self.nodes.append(node)
+
+    def encode(self, a, depth=0):
+        if depth > _MAX_ARG_DEPTH:
+            raise TraceError(f"{_user_line()}: an argument nested too deep to record")
+        if isinstance(a, Tensor):
+            return self.ref(a)
+        if a is None or isinstance(a, (bool, str)):
+            if isinstance(a, str) and len(a) > 32:
+                raise TraceError(f"{_user_line()}: a string argument longer than 32 characters")
+            return a
+        if isinstance(a, (int, np.integer)):
+            return int(a)
+        if isinstance(a, (float, np.floating)):
+            if not math.isfinite(a):
+                if math.isinf(a):
+                    return {"inf": 1 if a > 0 else -1}
+                raise TraceError(f"{_user_line()}: a NaN argument")
+            return float(a)
+        if isinstance(a, np.dtype) or a in (np.float32, np.int32):
+            return {"dtype": np.dtype(a).name}
+        if isinstance(a, slice):
+            return {"slice": [self.encode(a.start, depth + 1), self.encode(a.stop, depth + 1),
+                              self.encode(a.step, depth + 1)]}
+        if a is Ellipsis:
+            return {"ellipsis": 1}
+        if isinstance(a, np.ndarray):
+            return self.ref(Tensor.from_host(None, a))
+        if isinstance(a, (list, tuple)):
+            if len(a) > _MAX_ARG_ITEMS:
+                raise TraceError(f"{_user_line()}: an argument of more than {_MAX_ARG_ITEMS} items")
+            items = [self.encode(v, depth + 1) for v in a]
+            return {"tuple": items} if isinstance(a, tuple) else items
+        if isinstance(a, _Batch):
+            return {"batch": 1}
+        if hasattr(a, "__index__"):  # an enum (netcl.act.Act)
+            return int(a)
+        raise TraceError(f"{_user_line()}: an argument of type {type(a).__name__} cannot be recorded")
+
+    def _inputs_batched(self, args):
+        refs = []
+
+        def walk(a):
+            if isinstance(a, dict) and "v" in a:
+                refs.append(a["v"])
+            elif isinstance(a, dict):
+                for v in a.values():
+                    walk(v)
+            elif isinstance(a, list):
+                for v in a:
+                    walk(v)
+        walk(args)
+        return any(self.batched[i] for i in refs)
+
+    def _free_batch(self, name, args):
+        """reshape/view/expand of a tensor with the batch first: a target's leading batch size becomes
+        {"batch": 1}, so the graph runs for any batch."""
+        if name not in ("reshape", "expand") or not args or not isinstance(args[0], Tensor):
+            return args
+        ref = self.values.get(id(args[0]))
+        if ref is None or not self.batched[ref[0]]:
+            return args
+        shape = list(args[1:])
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = list(shape[0])
+        if shape and isinstance(shape[0], (int, np.integer)) and int(shape[0]) == self.batch:
+            shape[0] = _Batch()
+        return (args[0], *shape)
+
+    # -- what Module.__call__ and autograd.traced report ---------------------------------------
+    def op(self, name, args, kwargs, out):
+        args = self._free_batch(name, args)
+        node = {"op": name, "args": self.encode(list(args))}
+        if kwargs:
+            node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
+        self._add(node, out, self._inputs_batched(node["args"]) or self._inputs_batched(node.get("kwargs", {})))
+
+    def call(self, module, args, kwargs):
+        if _own_backward(type(module)) == "none" or not module.records_as_one():
+            return module.forward(*args, **kwargs)  # a module with a forward of its own: its parts record
+        path = self.paths.get(id(module))
+        self.busy += 1
+        try:
+            out = module(*args, **kwargs)
+        finally:
+            self.busy -= 1
+        if path is not None:
+            node = {"op": "call", "target": path}
+        elif not module.parameters() and not module.buffers() and LAYERS.get(type(module).__name__) is type(module):
+            node = {"op": "layer", "type": type(module).__name__, "config": self.encode(module.config())}
+        else:
+            raise TraceError(f"{_user_line()}: a {type(module).__name__} made inside forward (not an attribute of "
+                             "the model) holds parameters a graph cannot find: make it in __init__")
+        node["args"] = self.encode(list(args))
+        if kwargs:
+            node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
+        self._add(node, out, self._inputs_batched(node["args"]))
+        return out
+
+    def refuse(self, what):
+        raise TraceError(f"{_user_line()}: a tensor's value is {what} during netcl.trace; a graph cannot hold "
+                         "control flow that depends on tensor values (compute it with tensor operations)")
+
+
+class _Batch:
+    """The traced batch size in a reshape or expand target, recorded as {"batch": 1}."""
+
+
+def trace(model, example_input):
+    """Run model(example_input) once, recording its layer calls and tensor operations into a
+    GraphModule that holds the same layers (state_dict keys as the model's). No gradient is
+    recorded; the model's mode (train or eval) is the trace's, and the graph keeps it."""
+    if isinstance(model, GraphModule):
+        return model
+    if not isinstance(model, Module):
+        raise TypeError(f"netcl.trace takes a netcl nn.Module, got {type(model).__name__}")
+    x = example_input if isinstance(example_input, Tensor) else Tensor.from_host(None, example_input)
+    if not x.shape:
+        raise ValueError("netcl.trace needs an input with a batch dimension")
+    tr = Tracer(model, x)
+    prev = autograd._mode.tracer
+    autograd._mode.tracer = tr
+    try:
+        with autograd.no_grad():
+            out = model(x)
+    finally:
+        autograd._mode.tracer = prev
+    if not isinstance(out, Tensor):
+        raise TraceError(f"{type(model).__name__}.forward returned {type(out).__name__}: a graph has one tensor output")
+    out_ref = tr.ref(out)
+    tr.nodes.append({"op": "output", "args": [out_ref], "out": [tr.nodes[out_ref["v"]]["out"][out_ref.get("k", 0)]]})
+    used_modules = {n["target"] for n in tr.nodes if n["op"] == "call"}
+    used_tensors = {n["target"] for n in tr.nodes if n["op"] == "param"}
+    modules = {p: m for p, m in model.named_modules() if p in used_modules}
+    tensors = dict(model.named_tensors())
+    gm = GraphModule(tr.nodes, modules, {k: tensors[k] for k in used_tensors}, tr.consts)
+    gm.training = model.training
+    for m in gm.modules():
+        if m is not gm and isinstance(m, ModuleDict):
+            m.training = model.training
+    return gm
+
+
+# -- GraphModule -------------------------------------------------------------------------------------
+class GraphModule(Module):
+    """A traced model: its nodes (see the module docstring) and the layers and tensors they use,
+    held at their paths in the traced model (so its state_dict keys are the model's). forward
+    replays the nodes; autograd records the replay as it records any code."""
+
+    CALL_STATE = ()
+    IS_GRAPH = True
+
+    def __init__(self, graph, modules=None, tensors=None, constants=None):
+        super().__init__()
+        self.graph = [dict(n) for n in graph]
+        _place(self, modules or {}, tensors or {})
+        for name, a in (constants or {}).items():
+            self.register_buffer(name, Tensor.from_host(None, np.asarray(a, np.float32)))
+        self._layers = {}
+        problem = self._check()
+        if problem:
+            raise ValueError(f"GraphModule: {problem}")
+
+    # -- the layer protocol: what a .netcl file records ------------------------------------
+    def config(self):
+        return {"graph": self.graph, "tensors": declared_tensors(self)}
+
+    @classmethod
+    def tensor_shapes(cls, graph=(), modules=None, tensors=None, constants=None):
+        return {name: tuple(d["shape"]) for name, d in (tensors or {}).items()}
+
+    @classmethod
+    def config_problem(cls, config):
+        """What is wrong with a file's config for this class, or None (checked before anything is built)."""
+        if not isinstance(config, dict) or set(config) - {"graph", "tensors"}:
+            return "must be an object with fields 'graph' and 'tensors'"
+        return declared_problem(config.get("tensors")) or _graph_problem(config.get("graph"))
+
+    @classmethod
+    def from_config(cls, config, children):
+        gm = cls.__new__(cls)
+        Module.__init__(gm)
+        gm.graph = [dict(n) for n in config["graph"]]
+        for name, module in children.items():
+            setattr(gm, name, module)
+        make_declared(gm, config.get("tensors"))
+        gm._layers = {}
+        problem = gm._check()
+        if problem:
+            raise ValueError(problem)
+        return gm
+
+    def output_shape(self, shape):
+        want = self.graph[0]["out"][0]
+        if len(shape) != len(want) or any(w != "N" and int(s) != w for s, w in zip(shape, want)):
+            raise ValueError(f"this graph was traced for input {_show(want)}, got {tuple(shape)}")
+        return tuple(int(shape[0]) if n == "N" else n for n in self.graph[-1]["out"][0])
+
+    def records_as_one(self):
+        return False  # its forward replays operations: autograd records them
+
+    def knows_shapes(self):
+        return True
+
+    # -- replay ----------------------------------------------------------------------------
+    def forward(self, x):
+        """Replay the graph on x (its batch size free, the rest as traced)."""
+        self.output_shape(x.shape)
+        env = []
+        for i, node in enumerate(self.graph):
+            op = node["op"]
+            if op == "input":
+                v = x
+            elif op == "output":
+                return self._arg(node["args"][0], env, x)
+            elif op in ("param", "const"):
+                v = self._tensor(node["target"])
+            else:
+                args = self._arg(node.get("args", []), env, x)
+                kwargs = {k: self._arg(a, env, x) for k, a in node.get("kwargs", {}).items()}
+                if op == "call":
+                    v = self.submodule(node["target"])(*args, **kwargs)
+                elif op == "layer":
+                    v = self._layer(i, node)(*args, **kwargs)
+                else:
+                    v = autograd.TRACEABLE[op](*args, **kwargs)
+            env.append(v)
+        raise AssertionError("a checked graph ends with its output")
+
+    def _arg(self, a, env, x):
+        if isinstance(a, list):
+            return [self._arg(v, env, x) for v in a]
+        if not isinstance(a, dict):
+            return a
+        if "v" in a:
+            v = env[a["v"]]
+            return v[a["k"]] if "k" in a else v
+        if "tuple" in a:
+            return tuple(self._arg(v, env, x) for v in a["tuple"])
+        if "slice" in a:
+            return slice(*(self._arg(v, env, x) for v in a["slice"]))
+        if "ellipsis" in a:
+            return Ellipsis
+        if "dtype" in a:
+            return _DTYPES[a["dtype"]]
+        if "batch" in a:
+            return x.shape[0]
+        if "inf" in a:
+            return math.inf * a["inf"]
+        raise AssertionError(a)
+
+    def submodule(self, path):
+        """The layer held at `path` ("blocks.0.conv1")."""
+        m = self
+        for part in path.split("."):
+            m = dict(m.named_children())[part]
+        return m
+
+    def _tensor(self, path):
+        *where, name = path.split(".")
+        m = self.submodule(".".join(where)) if where else self
+        return dict(m.named_tensors())[name]
+
+    def _layer(self, i, node):
+        layer = self._layers.get(i)
+        if layer is None:
+            layer = self._layers[i] = LAYERS[node["type"]](**node["config"])
+            layer.training = self.training
+        return layer
+
+    def train(self, mode=True):
+        super().train(mode)
+        for layer in self._layers.values():
+            layer.train(mode)
+        return self
+
+    def _check(self):
+        """What is wrong with the graph and the layers and tensors it names, or None."""
+        problem = _graph_problem(self.graph)
+        if problem:
+            return problem
+        for i, node in enumerate(self.graph):
+            op = node["op"]
+            try:
+                if op == "call":
+                    m = self.submodule(node["target"])
+                    if not m.records_as_one():
+                        return f"node {i} calls {node['target']} ({type(m).__name__}), which is not a netcl layer"
+                elif op in ("param", "const"):
+                    self._tensor(node["target"])
+                elif op == "layer":
+                    cls = LAYERS.get(node["type"])
+                    if cls is None or cls.tensor_shapes(**node["config"]):
+                        return f"node {i}: {node['type']!r} is not a parameter-free netcl layer"
+                    self._layer(i, node)
+            except (KeyError, TypeError, ValueError) as e:
+                return f"node {i} ({op}): {node.get('target', node.get('type'))!r} does not resolve: {e}"
+        return None
+
+    def extra_repr(self):
+        return f"{len(self.graph)} nodes"
+
+    def __repr__(self):
+        lines = [f"  %{i} = {_show_node(n)}" for i, n in enumerate(self.graph)]
+        return "GraphModule(\n" + "\n".join(lines) + "\n)"
+
+
+def _show(shape):
+    return "(" + ", ".join(str(n) for n in shape) + ")"
+
+
+def _show_node(n):
+    op = n["op"]
+    what = n.get("target") or n.get("type") or ""
+    args = ", ".join(_show_arg(a) for a in n.get("args", []))
+    kw = ", ".join(f"{k}={_show_arg(v)}" for k, v in n.get("kwargs", {}).items())
+    shape = " -> " + ", ".join(_show(s) for s in n.get("out", [])) if n.get("out") else ""
+    return f"{op}{'[' + what + ']' if what else ''}({', '.join(p for p in (args, kw) if p)}){shape}"
+
+
+def _show_arg(a):
+    if isinstance(a, dict) and "v" in a:
+        return f"%{a['v']}" + (f"[{a['k']}]" if "k" in a else "")
+    if isinstance(a, list):
+        return "[" + ", ".join(_show_arg(v) for v in a) + "]"
+    if isinstance(a, dict) and "tuple" in a:
+        return "(" + ", ".join(_show_arg(v) for v in a["tuple"]) + ")"
+    if isinstance(a, dict) and "slice" in a:
+        return ":".join("" if v is None else str(v) for v in a["slice"])
+    if isinstance(a, dict):
+        return next(iter(a)) if "batch" not in a else "N"
+    return repr(a)
+
+
+# -- where a graph keeps what it uses ----------------------------------------------------------------
+def _place(gm, modules, tensors):
+    """Put the traced layers and tensors at their paths below gm (ModuleDicts in between), each path's
+    nearest held ancestor first (a Sequential called whole holds its layers already)."""
+    for path in modules:  # (in the model's order: state_dict keys keep it)
+        if any(path.startswith(q + ".") for q in modules if q != path):
+            continue  # inside a layer placed already
+        parent, name = _parent(gm, path)
+        setattr(parent, name, modules[path])
+    for path, t in tensors.items():
+        if any(path.startswith(q + ".") for q in modules):
+            continue  # a tensor of a placed layer
+        parent, name = _parent(gm, path)
+        if isinstance(t, Parameter):
+            setattr(parent, name, t)
+        else:
+            parent.register_buffer(name, t)
+
+
+def _parent(gm, path):
+    """(the module that holds `path`'s last part, that part), making ModuleDicts on the way."""
+    *where, name = path.split(".")
+    m = gm
+    for part in where:
+        kids = dict(m.named_children())
+        if part not in kids:
+            m.add_module(part, ModuleDict())
+        m = dict(m.named_children())[part]
+    return m, name
+
+
+_KINDS = {"input": set(), "output": {"args"}, "call": {"target", "args", "kwargs"},
+          "layer": {"type", "config", "args", "kwargs"}, "param": {"target"}, "const": {"target"}}
+
+
+def _graph_problem(graph):
+    """What is wrong with a node list (structure, references, sizes), or None: nothing in it runs."""
+    if not isinstance(graph, list) or not 2 <= len(graph) <= MAX_NODES:
+        return f"'graph' must be a list of 2 to {MAX_NODES} nodes"
+    for i, n in enumerate(graph):
+        if not isinstance(n, dict) or not isinstance(n.get("op"), str):
+            return f"node {i} must be an object with an 'op'"
+        op = n["op"]
+        allowed = _KINDS.get(op, {"args", "kwargs"} if op in autograd.TRACEABLE else None)
+        if allowed is None:
+            return f"node {i}: unknown operation {op!r:.64}"
+        if set(n) - allowed - {"op", "out"}:
+            return f"node {i} ({op}): unexpected fields {sorted(set(n) - allowed - {'op', 'out'})!r:.100}"
+        if (op == "input") != (i == 0) or (op == "output") != (i == len(graph) - 1):
+            return f"node {i} ({op}): a graph starts with its input and ends with its output"
+        if "target" in allowed and not (isinstance(n.get("target"), str) and _PATH.fullmatch(n["target"])):
+            return f"node {i} ({op}): 'target' must be a dotted path"
+        if op == "layer" and not (isinstance(n.get("type"), str) and _NAME.fullmatch(n["type"])
+                                  and isinstance(n.get("config"), dict)):
+            return f"node {i} (layer): needs a layer 'type' and a 'config' object"
+        for field in ("args", "kwargs", "config"):
+            if field in n:
+                value = n[field]
+                if field != "args":  # an object of named arguments
+                    if not isinstance(value, dict) or not all(isinstance(k, str) and _NAME.fullmatch(k) for k in value):
+                        return f"node {i} ({op}): '{field}' must map argument names to values"
+                    value = list(value.values())
+                p = _arg_problem(value, i, 0)
+                if p:
+                    return f"node {i} ({op}) {field}: {p}"
+        if "args" in allowed - {"kwargs"} and op != "output" and not isinstance(n.get("args", []), list):
+            return f"node {i} ({op}): 'args' must be a list"
+        out = n.get("out", [])
+        if not isinstance(out, list) or len(out) > 8 or any(
+                not isinstance(s, list) or len(s) > 8 or any(not (x == "N" or (type(x) is int and 0 <= x < 2**31))
+                                                             for x in s) for s in out):
+            return f"node {i} ({op}): 'out' must list shapes (sizes or \"N\")"
+    if not (isinstance(graph[-1].get("args"), list) and len(graph[-1]["args"]) == 1
+            and isinstance(graph[-1]["args"][0], dict) and "v" in graph[-1]["args"][0]):
+        return "the output node names one value"
+    if not graph[0].get("out") or not graph[-1].get("out"):
+        return "the input and output nodes give their shapes"
+    return None
+
+
+def _arg_problem(a, i, depth):
+    if depth > _MAX_ARG_DEPTH:
+        return "nested too deep"
+    if a is None or isinstance(a, bool) or (isinstance(a, int) and abs(a) < 2**31):
+        return None
+    if isinstance(a, float):
+        return None if math.isfinite(a) else "a non-finite number"
+    if isinstance(a, str):
+        return None if len(a) <= 32 else "a string longer than 32 characters"
+    if isinstance(a, list):
+        if len(a) > _MAX_ARG_ITEMS:
+            return f"a list of more than {_MAX_ARG_ITEMS} items"
+        return next((p for p in (_arg_problem(v, i, depth + 1) for v in a) if p), None)
+    if isinstance(a, dict):
+        if "v" in a:
+            ok = set(a) <= {"v", "k"} and type(a["v"]) is int and 0 <= a["v"] < i and \
+                (a.get("k", 0) in (0, 1) and type(a.get("k", 0)) is int)
+            return None if ok else f"{a!r:.60} refers to no earlier value"
+        if set(a) == {"tuple"}:
+            return _arg_problem(a["tuple"], i, depth + 1) if isinstance(a["tuple"], list) else "a malformed tuple"
+        if set(a) == {"slice"}:
+            s = a["slice"]
+            ok = isinstance(s, list) and len(s) == 3 and all(v is None or (type(v) is int and abs(v) < 2**31) for v in s)
+            return None if ok else "a malformed slice"
+        if a in ({"ellipsis": 1}, {"batch": 1}, {"inf": 1}, {"inf": -1}):
+            return None
+        if set(a) == {"dtype"} and a["dtype"] in _DTYPES:
+            return None
+        return f"an unknown argument form {a!r:.60}"
+    return f"an argument of type {type(a).__name__}"
