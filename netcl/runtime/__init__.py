@@ -12,6 +12,8 @@ from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, se
 from netcl.runtime.program import build, kernel_source
 
 _queues = {}  # device -> CommandQueue
+_contexts = {}  # device -> the Context of its queue, kept: Intel's OpenCL destroys a context with its last
+#                 reference even while a queue on it lives (clRetainContext: INVALID_CONTEXT)
 _chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQueue
 _device_locks = {}  # device (int_ptr) -> a Lock for PoCL's serial device, None for any other
 _made = threading.Lock()  # held while a queue or lock above is made (two threads must not make two)
@@ -39,7 +41,8 @@ def _queue_of(device):
         with _made:
             q = _queues.get(device.int_ptr)
             if q is None:
-                q = _queues[device.int_ptr] = cl.CommandQueue(cl.Context([device]))
+                ctx = _contexts[device.int_ptr] = cl.Context([device])
+                q = _queues[device.int_ptr] = cl.CommandQueue(ctx)
     return q
 
 
@@ -238,13 +241,29 @@ def recorder():
 _allocations = [0]  # device buffers created: pool misses of alloc() and buffer() calls
 
 
+def context_of(queue):
+    """queue.context, or a ValueError saying what to do where the context is gone: Intel's OpenCL
+    destroys a context with its last reference, queues on it or not, so a queue made as
+    cl.CommandQueue(cl.Context([dev])) has none left there."""
+    import pyopencl as cl
+
+    try:
+        return queue.context
+    except cl.LogicError as e:
+        raise ValueError(f"the queue's OpenCL context is gone ({e}): this OpenCL implementation destroyed it "
+                         "with its last reference; keep the pyopencl.Context the queue was made with "
+                         "(ctx = cl.Context([device]); q = cl.CommandQueue(ctx)), or use netcl.default_queue()"
+                         ) from e
+
+
 def alloc(queue, nbytes):
     """A device buffer of `nbytes` from the context's pool; it returns to the pool when dropped."""
     import pyopencl.tools as clt
 
-    pool = _pools.get(queue.context)
+    ctx = context_of(queue)
+    pool = _pools.get(ctx)
     if pool is None:
-        pool = _pools[queue.context] = clt.MemoryPool(clt.ImmediateAllocator(queue))
+        pool = _pools[ctx] = clt.MemoryPool(clt.ImmediateAllocator(queue))
     blocks = pool.active_blocks + pool.held_blocks
     buf = pool.allocate(max(int(nbytes), 4))
     if pool.active_blocks + pool.held_blocks != blocks:  # a hit moves a held block to active
@@ -259,7 +278,7 @@ def buffer(queue, nbytes):
     import pyopencl as cl
 
     nbytes = max(int(nbytes), 4)
-    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
+    buf = cl.Buffer(context_of(queue), cl.mem_flags.READ_WRITE, nbytes)
     _allocations[0] += 1
     cl.enqueue_fill_buffer(queue, buf, np.float32(0), 0, nbytes)
     if _recording.recorder is not None:
