@@ -117,9 +117,32 @@ def lanes_override():
 
 
 def float_lanes(device):
-    """The float vector width netcl's CPU kernels size their vectors and register blocks by: the
-    device's preferred one (PoCL: 16 on AVX-512, 8 on AVX2), or lanes_override()'s."""
-    return lanes_override() or device.preferred_vector_width_float
+    """The float vector width netcl's CPU kernels size their vectors and register blocks by:
+    lanes_override()'s, else device_lanes(device)."""
+    return lanes_override() or device_lanes(device)
+
+
+def device_lanes(device):
+    """What the device can do: its preferred float vector width where that is a width netcl's CPU
+    kernels have (4, 8, 16: PoCL's 16 on AVX-512, 8 on AVX2), else its native one (Intel's CPU
+    runtime prefers 1 and is native 16 on AVX-512: its 8-lane kernels ran resnet8 about 2x slower),
+    else, for a CPU, the host's instruction set (host_lanes)."""
+    for width in (device.preferred_vector_width_float, device.native_vector_width_float):
+        if width in _LANES:
+            return width
+    import pyopencl as cl
+
+    return host_lanes() if device.type & cl.device_type.CPU else _LANES[0]
+
+
+def host_lanes(cpuinfo="/proc/cpuinfo"):
+    """This machine's float vector width by its CPU's flags: 16 with AVX-512F, 8 with AVX, else 4."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return 16 if "avx512f" in flags else 8 if "avx" in flags else 4
 
 
 _SIGNATURE = re.compile(r"__kernel\b(?:\s*__attribute__\s*\(\(.*?\)\))?\s*void\s+(\w+)\s*\(([^)]*)\)", re.S)
@@ -295,4 +318,4 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "device_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
