@@ -68,6 +68,11 @@ class Launch:
         None at in_arg and out_arg, the global size, and the output (out_bytes: with its stored border)."""
         raise NotImplementedError
 
+    def passes(self, args, gsize):
+        """The kernels this stage launches for sized()'s (args, gsize), in order, as (kernel name, global
+        size): each takes the same arguments. One, `name`, unless a family runs more (conv_gpu's split-K)."""
+        return [(self.name, gsize)]
+
     def pack(self, w, b):
         """(host weights, host bias): the folded float32 (w, b) in this family's device layout."""
         raise NotImplementedError

@@ -208,15 +208,16 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
     }
     float b[16];
     *(float16 *)b = b0 + b1;
-    LANES16(p, vec, parts, l, {
-        if (p < full) {
-            const float d = pc[2 * p * ps] - (float)plen * m;
-            b[l] += pc[2 * p * ps + 1] + d * d * inv;
-        } else {  // the short last part
-            const float n = (float)(M - p * plen), d = pc[2 * p * ps] - n * m;
-            b[l] += pc[2 * p * ps + 1] + d * d / n;
-        }
+    LANES16(p, vec, full, l, {
+        const float d = pc[2 * p * ps] - (float)plen * m;
+        b[l] += pc[2 * p * ps + 1] + d * d * inv;
     });
+    if (full < parts) {  // the short last part (one at most), into lane full % 16
+        const float n = (float)(M - full * plen), d = pc[2 * full * ps] - n * m;
+        const float t = pc[2 * full * ps + 1] + d * d / n;
+#pragma unroll
+        for (int l = 0; l < 16; l++) b[l] += l == full % 16 ? t : 0.0f;
+    }
     const float v = sum16(b) / (float)M;
     mean[c] = m, var[c] = v;
     run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * m;
