@@ -504,7 +504,7 @@ void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, cons
         __global const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
         int i = 0;
         for (; i + 16 <= HW; i += 16) {
-            if (n + 1 < N) __builtin_prefetch(xp + C * HW + i), __builtin_prefetch(gp + C * HW + i);
+            if (n + 1 < N) PREFETCH(xp + C * HW + i), PREFETCH(gp + C * HW + i);
             const float16 xv = *(__global const ufloat16 *)(xp + i);
             const float16 d = BN_DZ(xv, *(__global const ufloat16 *)(gp + i), m, inv, ga, be, slope);
             rb16 += d;
