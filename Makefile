@@ -16,7 +16,7 @@ endif
 # the PyTorch CPU build that lies on this kind of machine; tests use it as an independent reference
 TORCH  ?= torch==2.13.0
 
-.PHONY: all proto test demo bench clean distclean system-pocl
+.PHONY: all proto test test-portability test-intel test-oclgrind demo bench clean distclean system-pocl
 all: test
 
 $(BIN)/python:
@@ -61,6 +61,33 @@ gen/onnx_pb2.py: proto/onnx.proto | $(BIN)/python
 
 test: $(TSTAMP) proto $(OSTAMP)
 	$(BIN)/python -m pytest -q tests
+
+# netcl on two more OpenCL implementations (docs/DEVICES.md): Intel's OpenCL CPU runtime (PyPI) runs
+# a test subset that covers every kernel family, in both CPU classes (8 and 16 float lanes); Oclgrind
+# (Debian), a simulator that checks every memory access, runs a training step and a predict of every
+# reference model in the GPU and both CPU classes, failing on any report. Each is registered for its
+# run only, through an ICD file in a temporary folder (OCL_ICD_VENDORS): the Intel wheel's own .icd
+# files name a placeholder path.
+INTEL_RT := intel-opencl-rt intel-cmplr-lib-rt tbb
+INTEL_TESTS := tests/test_lane_sums.py tests/test_runtime.py tests/test_layers.py tests/test_jit.py \
+               tests/test_jit_seq.py tests/test_jit_blocks.py tests/test_bn_act_fusion.py tests/test_models.py \
+               tests/test_gemm.py tests/test_conv_family.py tests/test_losses_optim.py
+test-portability: test-intel test-oclgrind
+
+test-intel: $(TSTAMP) proto
+	$(BIN)/python -m pip install -q $(INTEL_RT)
+	@icd=$$(mktemp -d) && trap 'rm -rf "$$icd"' EXIT && \
+	echo "$(CURDIR)/$(VENV)/lib/libintelocl.so" > "$$icd/intel.icd" && \
+	for lanes in 8 16; do \
+	  echo "netcl on Intel's OpenCL CPU runtime, NETCL_FLOAT_LANES=$$lanes"; \
+	  OCL_ICD_VENDORS="$$icd" NETCL_DEVICE="Intel(R) OpenCL" NETCL_FLOAT_LANES=$$lanes \
+	    $(BIN)/python -m pytest -q -p no:cacheprovider $(INTEL_TESTS) || exit 1; \
+	done
+
+test-oclgrind: $(TSTAMP) proto
+	@[ -e /usr/lib/oclgrind/liboclgrind-rt-icd.so ] || $(SUDO) apt-get $(APT_OPTS) install -y -q oclgrind || \
+	  { $(SUDO) apt-get $(APT_OPTS) update -q && $(SUDO) apt-get $(APT_OPTS) install -y -q oclgrind; }
+	$(BIN)/python tools/portability.py --oclgrind
 
 demo: $(STAMP) proto $(OSTAMP)
 	$(BIN)/python tools/demo.py

@@ -279,11 +279,26 @@ def context_of(queue):
                          ) from e
 
 
+def exact_buffers():
+    """$NETCL_EXACT_BUFFERS=1: alloc() makes every buffer at its exact size, unpooled (the pool rounds
+    sizes up to its bins, where a kernel reading or writing past its tensor goes unseen), so that a
+    checker such as Oclgrind reports any access past a tensor's end. Read per call."""
+    return os.environ.get("NETCL_EXACT_BUFFERS", "") == "1"
+
+
 def alloc(queue, nbytes):
-    """A device buffer of `nbytes` from the context's pool; it returns to the pool when dropped."""
+    """A device buffer of `nbytes` from the context's pool; it returns to the pool when dropped
+    (exact_buffers(): a buffer of its own of exactly `nbytes`, at least 4)."""
+    import pyopencl as cl
     import pyopencl.tools as clt
 
     ctx = context_of(queue)
+    if exact_buffers():
+        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
+        _allocations[0] += 1
+        if _recording.recorder is not None:
+            _recording.recorder.allocated.add(buf.int_ptr)
+        return buf
     pool = _pools.get(ctx)
     if pool is None:
         pool = _pools[ctx] = clt.MemoryPool(clt.ImmediateAllocator(queue))
