@@ -12,11 +12,12 @@ their range. Every figure is a full host -> device -> host predict() of a refere
     # this checkout against another (e.g. the main branch's), split-K on in both
     NETCL_DEVICE=gpu python tools/benchmark_predict.py --models detector26,resnet8 --against /work/main
     # Intel's OpenCL CPU runtime against PoCL (docs/DEVICES.md says how to register Intel's)
-    python tools/benchmark_predict.py --models resnet8 --batches 32 --ab "NETCL_DEVICE=Intel(R) OpenCL"
+    python tools/benchmark_predict.py --models resnet8 --batches 32 --ab 'NETCL_DEVICE="Intel(R) OpenCL"'
 """
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,14 +70,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=30, help="timed predicts per side per round (their median)")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--ab", default="", help="side B's environment, 'NAME=VALUE NAME=VALUE'")
+    ap.add_argument("--ab", default="", help="side B's environment, 'NAME=VALUE NAME=\"VALUE WITH SPACES\"'")
     ap.add_argument("--against", default=None, help="side B's checkout (its netcl/), default this one")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--checkout", default=HERE, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
-    env_b = dict(kv.split("=", 1) for kv in args.ab.split()) if args.ab else {}
+    env_b = dict(kv.split("=", 1) for kv in shlex.split(args.ab)) if args.ab else {}
     if "=" in args.ab and not env_b:
         sys.exit("--ab takes 'NAME=VALUE ...'")
     b_checkout = os.path.abspath(args.against) if args.against else HERE
