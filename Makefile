@@ -17,7 +17,7 @@ endif
 # the PyTorch CPU build that lies on this kind of machine; tests use it as an independent reference
 TORCH  ?= torch==2.13.0
 
-.PHONY: all proto test demo bench docs clean distclean system-pocl
+.PHONY: all proto test test-portability test-intel test-oclgrind demo bench docs clean distclean system-pocl
 all: test
 
 $(BIN)/python:
@@ -62,6 +62,37 @@ gen/onnx_pb2.py: proto/onnx.proto | $(BIN)/python
 
 test: $(TSTAMP) proto $(OSTAMP)
 	$(BIN)/python -m pytest -q tests
+
+# netcl on two more OpenCL implementations (docs/DEVICES.md): Intel's OpenCL CPU runtime (PyPI) runs
+# a test subset that covers every kernel family, in both CPU classes (8 and 16 float lanes); Oclgrind
+# (Debian), a simulator that checks every memory access, runs a training step and a predict of every
+# reference model in the GPU and both CPU classes, failing on any report. Each is registered for its
+# run only, through an ICD file in a temporary folder (OCL_ICD_VENDORS): the Intel wheel's own .icd
+# files name a placeholder path.
+INTEL_RT := intel-opencl-rt intel-cmplr-lib-rt tbb
+# At 16 lanes (this kind of machine's native class) the layers' tests, which take the other CPU class
+# too (conftest's use_cpu_class) and the GPU kernels on the CPU; at 8 the fused families (their vector
+# width). Deselected: two checks of PoCL's rounding (bit-equal CPU and GPU pooling sums; fused vs
+# unfused gradients within 2e-6), which Intel's compiler misses by an ulp.
+INTEL_TESTS16 := tests/test_lane_sums.py tests/test_runtime.py tests/test_layers.py tests/test_jit.py \
+                 tests/test_jit_seq.py tests/test_jit_blocks.py tests/test_bn_act_fusion.py tests/test_gemm.py \
+                 tests/test_losses_optim.py
+INTEL_TESTS8 := tests/test_lane_sums.py tests/test_jit.py tests/test_jit_seq.py tests/test_jit_blocks.py
+INTEL_SKIP := not test_global_avg_pool_cpu_kernel_equals_the_general_one and not test_fused_training_many_parts
+test-portability: test-intel test-oclgrind
+
+test-intel: $(TSTAMP) proto
+	$(BIN)/python -m pip install -q $(INTEL_RT)
+	@icd=$$(mktemp -d) && trap 'rm -rf "$$icd"' EXIT && \
+	echo "$(CURDIR)/$(VENV)/lib/libintelocl.so" > "$$icd/intel.icd" && \
+	export OCL_ICD_VENDORS="$$icd" NETCL_DEVICE="Intel(R) OpenCL" NETCL_SLOW_TESTS= && \
+	NETCL_FLOAT_LANES=16 $(BIN)/python -m pytest -q -p no:cacheprovider -k "$(INTEL_SKIP)" $(INTEL_TESTS16) && \
+	NETCL_FLOAT_LANES=8 $(BIN)/python -m pytest -q -p no:cacheprovider -k "$(INTEL_SKIP)" $(INTEL_TESTS8)
+
+test-oclgrind: $(TSTAMP) proto
+	@[ -e /usr/lib/oclgrind/liboclgrind-rt-icd.so ] || $(SUDO) apt-get $(APT_OPTS) install -y -q oclgrind || \
+	  { $(SUDO) apt-get $(APT_OPTS) update -q && $(SUDO) apt-get $(APT_OPTS) install -y -q oclgrind; }
+	$(BIN)/python tools/portability.py --oclgrind
 
 demo: $(STAMP) proto $(OSTAMP)
 	$(BIN)/python tools/demo.py

@@ -251,7 +251,7 @@ _OPTION_KEYS = ("BM", "BN", "BK", "RM", "RN")
 _config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
 _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
 _local_mem = {}  # device int_ptr -> local_mem_size (the same)
-_float_lanes = {}  # device int_ptr -> preferred_vector_width_float (the same)
+_float_lanes = {}  # device int_ptr -> runtime.device_lanes (driver queries: once)
 
 
 def _device_value(cache, q, attr):
@@ -268,9 +268,14 @@ def compute_units(q):
 
 
 def float_lanes(q):
-    """netcl.runtime.float_lanes of the queue's device: $NETCL_FLOAT_LANES (read per call), else its
-    preferred float vector width (cached: a driver query; PoCL gives 16 on AVX-512, 8 on AVX2)."""
-    return runtime.lanes_override() or _device_value(_float_lanes, q, "preferred_vector_width_float")
+    """netcl.runtime.float_lanes of the queue's device: $NETCL_FLOAT_LANES (read per call), else what
+    the device can do (runtime.device_lanes, cached; PoCL: 16 on AVX-512, 8 on AVX2)."""
+    lanes = runtime.lanes_override()
+    if lanes is None:
+        lanes = _float_lanes.get(q.device.int_ptr)
+        if lanes is None:
+            lanes = _float_lanes[q.device.int_ptr] = runtime.device_lanes(q.device)
+    return lanes
 
 
 def local_mem(q):

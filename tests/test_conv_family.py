@@ -295,12 +295,15 @@ def winot_lanes(request, queue, monkeypatch):
 
 
 def test_float_lanes_follow_the_device_or_the_environment(queue, monkeypatch):
-    """The vector width the CPU kernels assume: the device's preferred one, or NETCL_FLOAT_LANES (4, 8
-    or 16; anything else a ValueError saying what it takes)."""
+    """The vector width the CPU kernels assume: what the device can do (runtime.device_lanes; PoCL's
+    preferred width as it is), or NETCL_FLOAT_LANES (4, 8 or 16; anything else a ValueError saying
+    what it takes)."""
     from netcl import runtime
 
     monkeypatch.delenv("NETCL_FLOAT_LANES", raising=False)
-    assert ops.float_lanes(queue) == runtime.float_lanes(queue.device) == queue.device.preferred_vector_width_float
+    assert ops.float_lanes(queue) == runtime.float_lanes(queue.device) == runtime.device_lanes(queue.device)
+    if "pocl" in queue.device.platform.name.lower():
+        assert runtime.device_lanes(queue.device) == queue.device.preferred_vector_width_float
     for text in ("4", "8", "16"):
         monkeypatch.setenv("NETCL_FLOAT_LANES", text)
         assert ops.float_lanes(queue) == runtime.float_lanes(queue.device) == int(text)
@@ -308,6 +311,29 @@ def test_float_lanes_follow_the_device_or_the_environment(queue, monkeypatch):
         monkeypatch.setenv("NETCL_FLOAT_LANES", text)
         with pytest.raises(ValueError, match="NETCL_FLOAT_LANES must be one of 4, 8, 16"):
             ops.float_lanes(queue)
+
+
+def test_device_lanes_by_what_the_device_can_do(tmp_path, monkeypatch):
+    """The preferred width where netcl has kernels of it (PoCL: 16 on AVX-512, 8 on AVX2), else the
+    native one (Intel's CPU runtime: preferred 1, native 16 on AVX-512), else the host CPU's flags."""
+    import pyopencl as cl
+
+    from netcl import runtime
+
+    class Dev:
+        def __init__(self, preferred, native, type=cl.device_type.CPU):
+            self.preferred_vector_width_float, self.native_vector_width_float, self.type = preferred, native, type
+
+    assert [runtime.device_lanes(Dev(p, n)) for p, n in [(16, 16), (8, 8), (8, 16), (4, 4)]] == [16, 8, 8, 4]
+    assert [runtime.device_lanes(Dev(1, n)) for n in (16, 8)] == [16, 8]
+    info = tmp_path / "cpuinfo"
+    for flags, lanes in [("fpu sse2 avx avx2 avx512f avx512bw", 16), ("fpu sse2 avx avx2 fma", 8), ("fpu sse2", 4)]:
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        assert runtime.host_lanes(str(info)) == lanes
+    assert runtime.host_lanes("/no/such/cpuinfo") == 4
+    monkeypatch.setattr(runtime, "host_lanes", lambda: 16)
+    assert runtime.device_lanes(Dev(1, 1)) == 16
+    assert runtime.device_lanes(Dev(1, 1, cl.device_type.GPU)) == 4
 
 
 def test_winot_blocks_follow_the_vector_width():

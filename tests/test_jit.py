@@ -58,6 +58,46 @@ def test_gpu_kernels_on_this_device(q, monkeypatch):
     np.testing.assert_allclose(_fused(model, q, x), _unfused(model, q, x), atol=1e-5, rtol=1e-5)
 
 
+def _conv_ref(x, w, b, pad):
+    """float64 conv2d, stride 1: x (N, C, H, W), w (K, C, k, k)."""
+    k = w.shape[-1]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = xp.shape[2] - k + 1, xp.shape[3] - k + 1
+    cols = np.stack([xp[:, :, i:i + oh, j:j + ow] for i in range(k) for j in range(k)], 2)  # N, C, k*k, OH, OW
+    return np.einsum("nckhw,ock->nohw", cols, w.reshape(w.shape[0], w.shape[1], k * k)) + b[None, :, None, None]
+
+
+@pytest.mark.slow  # PoCL compiles the GPU family's local-memory kernels slowly (about 45 s a program)
+def test_gpu_split_k_is_deterministic_and_equals_the_unsplit_conv(q, monkeypatch):
+    """The GPU family's split-K (few output tiles, a long reduction: the parts, then conv_gpu_reduce
+    sums them in a fixed order) against float64 numpy, against NETCL_GPU_SPLIT=0, and equal to
+    itself bit for bit, with the 2x2 pool and without."""
+    from netcl.jit.executable import _Bound
+
+    monkeypatch.setenv("NETCL_JIT_CLASS", "gpu")  # two tiles a conv here: split in 2 on a 2-core CPU
+    netcl.manual_seed(8)
+    model = nn.Sequential(nn.Conv2d(48, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                          nn.MaxPool2d(2)).eval()
+    x = np.random.default_rng(8).normal(size=(2, 48, 6, 6)).astype(np.float32)
+    sd = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    h = np.maximum(_conv_ref(x.astype(np.float64), sd["0.weight"], sd["0.bias"], 1), 0)
+    h = np.maximum(_conv_ref(h, sd["2.weight"], sd["2.bias"], 1), 0)
+    ref = h.reshape(2, 32, 3, 2, 3, 2).max((3, 5))
+    runs = {}
+    for split in ("1", "0"):
+        monkeypatch.setenv("NETCL_GPU_SPLIT", split)
+        model.train().eval()  # a new plan, built under this environment
+        runs[split] = [_fused(model, q, x) for _ in range(3)]
+        names = [s.name for s in next(iter(model._fused._exe.values())).steps if isinstance(s, _Bound)]
+        assert names.count("conv_gpu_reduce") == (2 if split == "1" else 0), names
+    split, whole = runs["1"], runs["0"]
+    for y in split + whole:
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    for y in split[1:]:
+        np.testing.assert_array_equal(y, split[0])
+    np.testing.assert_allclose(split[0], whole[0], rtol=1e-5, atol=1e-5)
+
+
 def test_plan_structure_and_launches(q):
     model = models.detector26().eval()
     plan = model._fused

@@ -197,7 +197,8 @@ def test_gradients_in_the_optimizer_buffer_keep_torch_semantics(queue, rng, torc
     ref.weight.grad = torch.tensor(held_values.reshape(lin.weight.shape).T, dtype=torch.float64)
     step()
     check("set by hand")
-    q = cl.CommandQueue(cl.Context([queue.device]))  # another context: the layout is made again there
+    ctx = cl.Context([queue.device])  # another context (kept: Intel's OpenCL destroys an unreferenced one)
+    q = cl.CommandQueue(ctx)  # the layout is made again there
     model.to(q)
     for x in xs[5:]:
         opt.zero_grad()

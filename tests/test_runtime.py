@@ -325,3 +325,63 @@ def test_every_kernel_declares_its_scalar_argument_types(queue):
                    "gemm_cpu": tuple(f"-D{k}={v}" for k, v in ops._CPU_GEMM["cpu16"].items())}.get(family, ())
         for name, k in kernels(queue, family, options).items():
             assert len(types[name]) == k.num_args, (family, name)
+
+
+_USERS_QUEUE = """
+import gc, sys
+import numpy as np
+import netcl
+from netcl import nn, optim
+q = netcl.default_queue()
+gc.collect()  # nothing here holds the context: netcl must
+sys.path.insert(0, sys.argv[1])
+from test_runtime import linear_step_and_predict
+linear_step_and_predict(q)
+print("ok")
+"""
+
+
+def linear_step_and_predict(q):
+    """An SGD step of a Linear on MSE and a predict after it, through queue `q`, against float64 numpy."""
+    from netcl import nn, optim
+
+    rng = np.random.default_rng(7)
+    x, t = rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=(5, 3))
+    lin = nn.Linear(4, 3).to(q)
+    w, b = lin.weight.to_host().astype(np.float64), lin.bias.to_host().astype(np.float64)
+    model, loss_fn = nn.Sequential(lin), nn.MSELoss()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    loss = loss_fn(model(Tensor.from_host(q, x)), t)
+    model.backward(loss_fn.backward())
+    opt.step()
+    y = x.astype(np.float64) @ w + b  # netcl's Linear weight is (in, out)
+    np.testing.assert_allclose(loss, np.mean((y - t) ** 2), rtol=1e-5)
+    dy = 2 * (y - t) / y.size
+    w, b = w - 0.1 * x.T @ dy, b - 0.1 * dy.sum(0)
+    np.testing.assert_allclose(model.eval().predict(x, q), x @ w + b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_queue_keeps_its_context():
+    """netcl's own queue outlives every reference a caller holds to its context (Intel's OpenCL
+    destroys an unreferenced context under its queues: the first upload was INVALID_CONTEXT)."""
+    r = subprocess.run([sys.executable, "-c", _USERS_QUEUE, os.path.dirname(os.path.abspath(__file__))],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_queues_whose_context_the_caller_does_not_keep(queue):
+    """A queue over netcl's context made from a temporary runs netcl; a queue over a Context nobody
+    keeps (cl.CommandQueue(cl.Context([dev]))) runs it where the implementation keeps a queue's
+    context alive (PoCL), and is a ValueError saying what to do where it does not (Intel's)."""
+    import pyopencl as cl
+
+    linear_step_and_predict(cl.CommandQueue(queue.context, queue.device))
+    bare = cl.CommandQueue(cl.Context([queue.device]))
+    try:
+        bare.context
+    except cl.LogicError:
+        with pytest.raises(ValueError, match="keep the pyopencl.Context"):
+            netcl.runtime.alloc(bare, 64)
+        return
+    linear_step_and_predict(bare)

@@ -51,7 +51,7 @@ def main(argv=None):
                 s.kernel.set_arg(j, b)
                 s.bound[i] = None
             run = lambda s=s: exe.target.cl.enqueue_nd_range_kernel(q, s.kernel, s.gsize, s.lsize)  # noqa: E731
-            name = f"{s.stage}  [{s.launch.name} {'x'.join(map(str, s.gsize))}/{'x'.join(map(str, s.lsize))}]"
+            name = f"{s.stage}  [{s.name} {'x'.join(map(str, s.gsize))}/{'x'.join(map(str, s.lsize))}]"
         else:
             st = s
             src = Tensor(exe.shapes[st.src], q, bufs[exe.root[st.src]] or exe.dev_in.buf)

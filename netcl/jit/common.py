@@ -12,7 +12,7 @@ from netcl.convspec import ConvSpec, act_defines  # noqa: F401 (the families imp
 
 # counters for tests and benchmarks: program builds, device buffers made, kernels launched, weight folds
 STATS = {"builds": 0, "buffers": 0, "launches": 0, "folds": 0}
-_programs = {}  # (context, family, options) -> pyopencl.Program; bounded by the layers and image sizes seen
+_programs = {}  # (Context, family, options) -> pyopencl.Program; bounded by the layers and image sizes seen
 
 
 class Target:
@@ -30,7 +30,7 @@ class Target:
         """netcl/kernels/<family>.cl built with `defines` as -D options, once per context and options
         (kernel objects are made from it per executable: their set arguments are per executable)."""
         options = tuple(f"-D{k}={v}" for k, v in defines.items()) + tuple(extra)
-        key = (self.q.context.int_ptr, family, options)
+        key = (self.q.context, family, options)  # the Context itself: kept alive, its address never reused
         prog = _programs.get(key)
         if prog is None:
             STATS["builds"] += 1  # a miss of ours, whether or not runtime.build's caches answer
@@ -67,6 +67,11 @@ class Launch:
         """(args, gsize, out_shape, out_bytes) for input `shape`: the kernel's arguments in order with
         None at in_arg and out_arg, the global size, and the output (out_bytes: with its stored border)."""
         raise NotImplementedError
+
+    def passes(self, args, gsize):
+        """The kernels this stage launches for sized()'s (args, gsize), in order, as (kernel name, global
+        size): each takes the same arguments. One, `name`, unless a family runs more (conv_gpu's split-K)."""
+        return [(self.name, gsize)]
 
     def pack(self, w, b):
         """(host weights, host bias): the folded float32 (w, b) in this family's device layout."""

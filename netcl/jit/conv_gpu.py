@@ -1,5 +1,5 @@
 """GPU conv family (kernels/conv_gpu.cl): a local-memory implicit GEMM with register blocks and,
-when there are too few output tiles to fill the device, split-K with an in-kernel reduction.
+when there are too few output tiles to fill the device, split-K: the parts, then conv_gpu_reduce.
 The CPU also runs it, unsplit, for the shapes its own families do not take."""
 import numpy as np
 
@@ -33,8 +33,8 @@ def gpu_split(k, r, nout, pool, n_cu, bm, bn, bk, split_k=True):
 
 
 class ConvGpu(Launch):
-    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, counters, res); weights [R padded][K padded]."""
-    in_arg, out_arg, res_arg = 3, 6, 9
+    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, res); weights [R padded][K padded]."""
+    in_arg, out_arg, res_arg = 3, 6, 8
 
     def __init__(self, target, spec):
         k, r = spec.k, spec.r
@@ -59,10 +59,14 @@ class ConvGpu(Launch):
                          if self.gpu else (1, -(-spec.r // BK) * BK))
         gx, gy = -(-nout * (4 if spec.pool else 1) // BN), self.kp // BM
         part = target.buffer(4 * split * gx * gy * BM * BN) if split > 1 else target.buffer(4)
-        # split-K's arrival counters, zero-filled once: the kernel leaves them zero again
-        counters = target.buffer(4 * gx * gy, zero=True) if split > 1 else target.buffer(4)
-        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, counters, None]
+        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, None]
         return args, (gx * self.nt, gy, split), spec.out_shape(n), spec.out_bytes(n)
+
+    def passes(self, args, gsize):
+        """Split over its reduction, the parts and then their sum (conv_gpu_reduce, same arguments)."""
+        if gsize[2] == 1:
+            return [(self.name, gsize)]
+        return [(self.name, gsize), ("conv_gpu_reduce", (gsize[0], gsize[1], 1))]
 
     def pack(self, w, b):
         host_w = np.zeros((self.rp, self.kp), np.float32)

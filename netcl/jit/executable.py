@@ -96,12 +96,12 @@ class Compiled:
 
 
 class _Bound:
-    """One fused stage's launch in an Executable: its kernel, and the values its buffer arguments
-    read and write (bound per call when the value's buffer changed: the plan's input, an unfused
-    layer's output, the model's output)."""
+    """One kernel launch of a fused stage in an Executable (a stage has one, or more: Launch.passes):
+    its kernel, and the values its buffer arguments read and write (bound per call when the value's
+    buffer changed: the plan's input, an unfused layer's output, the model's output)."""
 
-    def __init__(self, step, launch, kernel, args, gsize, binds):
-        self.stage, self.launch, self.kernel, self.gsize = step.stage, launch, kernel, gsize
+    def __init__(self, step, launch, name, kernel, args, gsize, binds):
+        self.stage, self.launch, self.name, self.kernel, self.gsize = step.stage, launch, name, kernel, gsize
         self.args = args  # held: a kernel argument does not keep its buffer alive
         self.lsize, self.binds = launch.lsize, binds
         self.bound = [None] * len(binds)
@@ -160,11 +160,12 @@ class Executable:
                     binds.append((launch.res_arg, root[st.res]))
                 else:
                     args[launch.res_arg] = compiled.dummy
-            kernel = cl.Kernel(launch.program, launch.name)
-            for j, a in enumerate(args):
-                if a is not None:
-                    kernel.set_arg(j, a)
-            self.steps.append(_Bound(step, launch, kernel, args, gsize, binds))
+            for name, size in launch.passes(args, gsize):
+                kernel = cl.Kernel(launch.program, name)
+                for j, a in enumerate(args):
+                    if a is not None:
+                        kernel.set_arg(j, a)
+                self.steps.append(_Bound(step, launch, name, kernel, args, size, list(binds)))
         self.fused = [s for s in self.steps if isinstance(s, _Bound)]
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current

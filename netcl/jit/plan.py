@@ -58,8 +58,9 @@ class FusedPlan:
 
     def launches(self, x_shape):
         """Kernel launches the plan enqueues per forward for an input of x_shape: one per fused stage
-        (conv, linear, residual add, concat copy), whatever the shape. Unfused layers (unfused())
-        enqueue their own kernels besides, which this does not count."""
+        (conv, linear, residual add, concat copy), whatever the shape; on GPUs a conv split over its
+        reduction (split-K) adds its reduction's, which this does not count, nor the kernels that
+        unfused layers (unfused()) enqueue besides."""
         self.model.output_shape(x_shape)
         return sum(1 for s in self.stages if s.fused)
 

@@ -3,6 +3,7 @@
 // On CPUs im2col walks whole image rows per work-item: the index divisions happen once per row
 // instead of once per element, and the row is read and written along w (GPU variants below;
 // the CPUs' col2im is convbwd_cpu.cl's).
+#include "lanes.h"
 
 // One work-item per (cols row r, output row (n, oh)).
 __kernel void im2col(const int N, const int C, const int H, const int W, const int k, const int s,
@@ -200,18 +201,19 @@ void dw_backward_weight_cpu(const int N, const int C, const int H, const int W, 
     const int o = g / (k * k), kh = (g / k) % k, kw = g % k, c = o / M;
     float a[16];
     for (int i = 0; i < 16; i++) a[i] = 0.0f;
-    for (int r = 0; r < N * OH; r++) {
+    LANES16(r, 0, N * OH, l, {
         const int n = r / OH, oh = r - n * OH, ih = oh * s - p + kh * d;
-        if (ih < 0 || ih >= H) continue;
-        __global const float *gy = dy + ((n * C * M + o) * OH + oh) * OW;
-        __global const float *src = x + ((n * C + c) * H + ih) * W;
-        float acc = 0.0f;
-        for (int ow = 0; ow < OW; ow++) {
-            const int iw = ow * s - p + kw * d;
-            if (iw >= 0 && iw < W) acc += gy[ow] * src[iw];
+        if (ih >= 0 && ih < H) {
+            __global const float *gy = dy + ((n * C * M + o) * OH + oh) * OW;
+            __global const float *src = x + ((n * C + c) * H + ih) * W;
+            float acc = 0.0f;
+            for (int ow = 0; ow < OW; ow++) {
+                const int iw = ow * s - p + kw * d;
+                if (iw >= 0 && iw < W) acc += gy[ow] * src[iw];
+            }
+            a[l] += acc;
         }
-        a[r % 16] += acc;
-    }
+    });
     for (int w = 8; w > 0; w /= 2)
         for (int i = 0; i < w; i++) a[i] += a[i + w];
     dw[g] = accumulate ? dw[g] + a[0] : a[0];

@@ -8,21 +8,50 @@
 // computes a BM x BN tile through local memory, BK reduction rows at a time; each work-item a
 // RM x RN register block. Columns are conv pixels; with POOL == 2 a work-item's RN = 4 columns
 // are one 2x2 pool window, so the pool is a max over its registers. split > 1 splits the
-// reduction over get_group_id(2); the last work-group of a tile to finish (atomic counter)
-// sums the partials in a fixed order and runs the epilogue.
+// reduction over get_group_id(2): each part's work-group writes its register blocks to `part`, and
+// conv_gpu_reduce, launched next over the same tiles, sums them in a fixed order and stores. (One
+// kernel whose last work-group to arrive sums the others' parts relies on an ordering across
+// work-groups that OpenCL 1.2 does not give: Oclgrind reported it as a race.)
 #define TX (BN / RN)
 #define TY (BM / RM)
 #define NT (TX * TY)
 #define Q (POOL * POOL)
 #define KP (((K + BM - 1) / BM) * BM)
 
+// A work-item's register block out: bias, activation, the 2x2 pool (POOL 2) or the residual (EPI).
+inline void conv_gpu_store(float acc[RM][RN], const int nout, const int m0, const int o0, const int tx, const int ty,
+                           __global const float *bias, __global float *y, __global const float *res) {
+    for (int i = 0; i < RM; i++) {
+        const int m = m0 + ty * RM + i;
+        if (m >= K) break;
+        const float bm = bias[m];
+#if POOL == 2
+        const int oo = o0 + tx;
+        if (oo < nout) {
+            float v = ACTF(acc[i][0] + bm);
+            for (int j = 1; j < 4; j++) v = NAN_MAX(v, ACTF(acc[i][j] + bm));
+            const int nn = oo / (POH * POW), q = oo % (POH * POW);
+            y[OUT_AT(nn, m, q / POW, q % POW)] = v;
+        }
+#else
+        for (int j = 0; j < RN; j++) {
+            const int oo = o0 + tx * RN + j;
+            if (oo >= nout) break;
+            const int nn = oo / (OH * OW), q = oo % (OH * OW);
+            y[OUT_AT(nn, m, q / OW, q % OW)] = EPI(ACTF(acc[i][j] + bm), nn, m, q / OW, q % OW);
+        }
+#endif
+    }
+}
+
+// the register blocks of tile `tile` of part s, work-item tid's: part[s][tile][i][j][tid]
+#define PART_AT(s, tile, i, j) ((((s) * ntile + (tile)) * (RM * RN) + (i) * RN + (j)) * NT + tid)
+
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void conv_gpu(const int nout, const int split, const int rchunk, __global const float *x, __global const float *wt,
-              __global const float *bias, __global float *y, __global float *part, __global int *counters,
-              __global const float *res) {
+              __global const float *bias, __global float *y, __global float *part, __global const float *res) {
     __local float As[BK][BM];
     __local float Bs[BK][BN];
-    __local int last;
     const int tid = get_local_id(0), tx = tid % TX, ty = tid / TX;
     const int m0 = get_group_id(1) * BM;
     const int o0 = get_group_id(0) * (BN / Q);  // first output pixel of the tile
@@ -75,47 +104,32 @@ void conv_gpu(const int nout, const int split, const int rchunk, __global const 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    if (split > 1) {  // uniform over the work-group, so its barriers are too
+    if (split > 1) {  // one part of the reduction: conv_gpu_reduce sums the parts and stores
         const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
         const int ntile = get_num_groups(0) * get_num_groups(1);
-        __global float *mine = part + ((get_group_id(2) * ntile + tile) * (RM * RN)) * NT + tid;
         for (int i = 0; i < RM; i++)
-            for (int j = 0; j < RN; j++) mine[(i * RN + j) * NT] = acc[i][j];
-        mem_fence(CLK_GLOBAL_MEM_FENCE);
-        barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-        if (tid == 0) last = atomic_inc(counters + tile) == split - 1;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (!last) return;
-        mem_fence(CLK_GLOBAL_MEM_FENCE);
-        if (tid == 0) counters[tile] = 0;  // ready for the next launch
-        for (int i = 0; i < RM; i++)
-            for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
-        for (int s = 0; s < split; s++) {  // fixed order: the result does not depend on who came last
-            volatile __global float *ps = part + ((s * ntile + tile) * (RM * RN)) * NT + tid;
-            for (int i = 0; i < RM; i++)
-                for (int j = 0; j < RN; j++) acc[i][j] += ps[(i * RN + j) * NT];
-        }
+            for (int j = 0; j < RN; j++) part[PART_AT(get_group_id(2), tile, i, j)] = acc[i][j];
+        return;
     }
+    conv_gpu_store(acc, nout, m0, o0, tx, ty, bias, y, res);
+}
 
-    for (int i = 0; i < RM; i++) {
-        const int m = m0 + ty * RM + i;
-        if (m >= K) break;
-        const float bm = bias[m];
-#if POOL == 2
-        const int oo = o0 + tx;
-        if (oo < nout) {
-            float v = ACTF(acc[i][0] + bm);
-            for (int j = 1; j < 4; j++) v = NAN_MAX(v, ACTF(acc[i][j] + bm));
-            const int nn = oo / (POH * POW), q = oo % (POH * POW);
-            y[OUT_AT(nn, m, q / POW, q % POW)] = v;
-        }
-#else
-        for (int j = 0; j < RN; j++) {
-            const int oo = o0 + tx * RN + j;
-            if (oo >= nout) break;
-            const int nn = oo / (OH * OW), q = oo % (OH * OW);
-            y[OUT_AT(nn, m, q / OW, q % OW)] = EPI(ACTF(acc[i][j] + bm), nn, m, q / OW, q % OW);
-        }
-#endif
-    }
+// split > 1: conv_gpu's parts of each tile summed in a fixed order (the result does not depend on
+// which part finished first), then stored as conv_gpu stores an unsplit tile. The same arguments
+// as conv_gpu, launched over its tiles with one part (global size (gx NT, gy, 1)).
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
+void conv_gpu_reduce(const int nout, const int split, const int rchunk, __global const float *x,
+                     __global const float *wt, __global const float *bias, __global float *y,
+                     __global const float *part, __global const float *res) {
+    const int tid = get_local_id(0), tx = tid % TX, ty = tid / TX;
+    const int m0 = get_group_id(1) * BM, o0 = get_group_id(0) * (BN / Q);
+    const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
+    const int ntile = get_num_groups(0) * get_num_groups(1);
+    float acc[RM][RN];
+    for (int i = 0; i < RM; i++)
+        for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
+    for (int s = 0; s < split; s++)
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) acc[i][j] += part[PART_AT(s, tile, i, j)];
+    conv_gpu_store(acc, nout, m0, o0, tx, ty, bias, y, res);
 }

@@ -133,8 +133,8 @@
     do {                                                                   \
         _Pragma("unroll") for (int r_ = 0; r_ < (rows); r_++) {            \
             __global const float *pr_ = (p) + r_ * (ws);                   \
-            __builtin_prefetch(pr_), __builtin_prefetch(pr_ + (last));     \
-            if (T == 1) __builtin_prefetch(pr_ + 16);                      \
+            PREFETCH(pr_), PREFETCH(pr_ + (last));                         \
+            if (T == 1) PREFETCH(pr_ + 16);                                \
         }                                                                  \
     } while (0)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))

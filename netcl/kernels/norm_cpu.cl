@@ -8,6 +8,7 @@
 #include "act.h"
 #include "bn_act.h"
 
+#include "lanes.h"
 #include "vec_cpu.h"
 #include "softmax.h"
 
@@ -197,7 +198,7 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
         s0 += *(__global const ufloat16 *)(pc + 2 * p), s1 += *(__global const ufloat16 *)(pc + 2 * p + 16);
     float a[16];
     *(float16 *)a = (s0 + s1) * even;
-    for (int p = vec; p < parts; p++) a[p % 16] += pc[2 * p * ps];
+    LANES16(p, vec, parts, l, a[l] += pc[2 * p * ps]);
     const float m = sum16(a) / (float)M;
     const float16 nm = (float)plen * m * even;
     float16 b0 = 0.0f, b1 = 0.0f;
@@ -207,13 +208,15 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
     }
     float b[16];
     *(float16 *)b = b0 + b1;
-    for (int p = vec; p < full; p++) {
+    LANES16(p, vec, full, l, {
         const float d = pc[2 * p * ps] - (float)plen * m;
-        b[p % 16] += pc[2 * p * ps + 1] + d * d * inv;
-    }
-    for (int p = full; p < parts; p++) {
-        const float n = (float)(M - p * plen), d = pc[2 * p * ps] - n * m;
-        b[p % 16] += pc[2 * p * ps + 1] + d * d / n;
+        b[l] += pc[2 * p * ps + 1] + d * d * inv;
+    });
+    if (full < parts) {  // the short last part (one at most), into lane full % 16
+        const float n = (float)(M - full * plen), d = pc[2 * full * ps] - n * m;
+        const float t = pc[2 * full * ps + 1] + d * d / n;
+#pragma unroll
+        for (int l = 0; l < 16; l++) b[l] += l == full % 16 ? t : 0.0f;
     }
     const float v = sum16(b) / (float)M;
     mean[c] = m, var[c] = v;
@@ -284,7 +287,7 @@ void bn_bwd_finish_cpu(const int parts, __global const float *part, __global con
     float a[16], b[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) a[i] = b[i] = 0.0f;
-    for (int p = 0; p < parts; p++) a[p % 16] += pc[2 * p], b[p % 16] += pc[2 * p + 1];
+    LANES16(p, 0, parts, l, a[l] += pc[2 * p], b[l] += pc[2 * p + 1]);
     const float db = sum16(a), dg = sum16(b) * rsqrt(var[c] + eps);
     dgamma[c] = acc ? dgamma[c] + dg : dg;
     dbeta[c] = acc ? dbeta[c] + db : db;
@@ -501,7 +504,7 @@ void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, cons
         __global const float *xp = x + (n * C + c) * HW, *gp = dy + (n * C + c) * HW;
         int i = 0;
         for (; i + 16 <= HW; i += 16) {
-            if (n + 1 < N) __builtin_prefetch(xp + C * HW + i), __builtin_prefetch(gp + C * HW + i);
+            if (n + 1 < N) PREFETCH(xp + C * HW + i), PREFETCH(gp + C * HW + i);
             const float16 xv = *(__global const ufloat16 *)(xp + i);
             const float16 d = BN_DZ(xv, *(__global const ufloat16 *)(gp + i), m, inv, ga, be, slope);
             rb16 += d;
@@ -806,9 +809,9 @@ void ln_fwd_cpu(const int M, const int D, const int rows, __global const float *
         float a[16], b[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) a[i] = b[i] = 0.0f;
-        for (int d = 0; d < D; d++) a[d % 16] += xr[d];
+        LANES16(d, 0, D, l, a[l] += xr[d]);
         const float mu = sum16(a) / (float)D;
-        for (int d = 0; d < D; d++) b[d % 16] += (xr[d] - mu) * (xr[d] - mu);
+        LANES16(d, 0, D, l, b[l] += (xr[d] - mu) * (xr[d] - mu));
         const float inv = rsqrt(sum16(b) / (float)D + eps);
         __global float *yr = y + (long)m * D;
         for (int d = 0; d < D; d++) yr[d] = (xr[d] - mu) * inv * gamma[d] + beta[d];
@@ -829,11 +832,11 @@ void ln_bwd_dx_cpu(const int M, const int D, const int rows, __global const floa
         float sa[16], sb[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) sa[i] = sb[i] = 0.0f;
-        for (int d = 0; d < D; d++) {
+        LANES16(d, 0, D, l, {
             const float g = dy[base + d] * gamma[d];
-            sa[d % 16] += g;
-            sb[d % 16] += g * (x[base + d] - mu) * inv;
-        }
+            sa[l] += g;
+            sb[l] += g * (x[base + d] - mu) * inv;
+        });
         const float a = sum16(sa) / (float)D, b = sum16(sb) / (float)D;
         for (int d = 0; d < D; d++) {
             const float g = dy[base + d] * gamma[d];  // its own statement: not contracted into an fma with - a
@@ -852,11 +855,11 @@ void ln_bwd_params_cpu(const int M, const int D, __global const float *x, __glob
     float sg[16], sb[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) sg[i] = sb[i] = 0.0f;
-    for (int m = 0; m < M; m++) {
+    LANES16(m, 0, M, l, {
         const long o = (long)m * D + d;
-        sg[m % 16] += dy[o] * (x[o] - mean[m]) * rstd[m];
-        sb[m % 16] += dy[o];
-    }
+        sg[l] += dy[o] * (x[o] - mean[m]) * rstd[m];
+        sb[l] += dy[o];
+    });
     const float dg = sum16(sg), db = sum16(sb);
     dgamma[d] = acc ? dgamma[d] + dg : dg;
     dbeta[d] = acc ? dbeta[d] + db : db;
@@ -873,7 +876,7 @@ void sum_axis_cpu(const int I, const int J, __global const float *X, const int o
     float a[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) a[i] = 0.0f;
-    for (int i = 0; i < I; i++) a[i % 16] += xj[(long)i * si];
+    LANES16(i, 0, I, l, a[l] += xj[(long)i * si]);
     const float s = sum16(a);
     out[j] = accumulate ? out[j] + s : s;
 }

@@ -17,6 +17,17 @@
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
+// PREFETCH(p): the cache line of global float pointer p, ahead of its use: OpenCL C's prefetch(),
+// which PoCL 3 compiles to nothing (no instruction in its kernel binaries), so under PoCL (its own
+// predefined POCL_DEVICE_ADDRESS_BITS, a Clang front end) Clang's __builtin_prefetch, whose
+// prefetch instructions norm_cpu.cl and conv_winot.cl measured worth having. Nowhere else: it is
+// no OpenCL C, and Oclgrind, say, aborts on it.
+#if defined(POCL_DEVICE_ADDRESS_BITS) && defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) prefetch((p), 1)
+#endif
+
 typedef float16 __attribute__((aligned(4))) ufloat16;
 typedef float8 __attribute__((aligned(4))) ufloat8;
 typedef float4 __attribute__((aligned(4))) ufloat4;

@@ -12,6 +12,8 @@ from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, se
 from netcl.runtime.program import build, kernel_source
 
 _queues = {}  # device -> CommandQueue
+_contexts = {}  # device -> the Context of its queue, kept: Intel's OpenCL destroys a context with its last
+#                 reference even while a queue on it lives (clRetainContext: INVALID_CONTEXT)
 _chosen = {}  # device spec as given (None: $NETCL_DEVICE's value) -> CommandQueue
 _device_locks = {}  # device (int_ptr) -> a Lock for PoCL's serial device, None for any other
 _made = threading.Lock()  # held while a queue or lock above is made (two threads must not make two)
@@ -39,7 +41,8 @@ def _queue_of(device):
         with _made:
             q = _queues.get(device.int_ptr)
             if q is None:
-                q = _queues[device.int_ptr] = cl.CommandQueue(cl.Context([device]))
+                ctx = _contexts[device.int_ptr] = cl.Context([device])
+                q = _queues[device.int_ptr] = cl.CommandQueue(ctx)
     return q
 
 
@@ -114,9 +117,32 @@ def lanes_override():
 
 
 def float_lanes(device):
-    """The float vector width netcl's CPU kernels size their vectors and register blocks by: the
-    device's preferred one (PoCL: 16 on AVX-512, 8 on AVX2), or lanes_override()'s."""
-    return lanes_override() or device.preferred_vector_width_float
+    """The float vector width netcl's CPU kernels size their vectors and register blocks by:
+    lanes_override()'s, else device_lanes(device)."""
+    return lanes_override() or device_lanes(device)
+
+
+def device_lanes(device):
+    """What the device can do: its preferred float vector width where that is a width netcl's CPU
+    kernels have (4, 8, 16: PoCL's 16 on AVX-512, 8 on AVX2), else its native one (Intel's CPU
+    runtime prefers 1 and is native 16 on AVX-512: its 8-lane kernels ran resnet8 about 2x slower),
+    else, for a CPU, the host's instruction set (host_lanes)."""
+    for width in (device.preferred_vector_width_float, device.native_vector_width_float):
+        if width in _LANES:
+            return width
+    import pyopencl as cl
+
+    return host_lanes() if device.type & cl.device_type.CPU else _LANES[0]
+
+
+def host_lanes(cpuinfo="/proc/cpuinfo"):
+    """This machine's float vector width by its CPU's flags: 16 with AVX-512F, 8 with AVX, else 4."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return 16 if "avx512f" in flags else 8 if "avx" in flags else 4
 
 
 _SIGNATURE = re.compile(r"__kernel\b(?:\s*__attribute__\s*\(\(.*?\)\))?\s*void\s+(\w+)\s*\(([^)]*)\)", re.S)
@@ -254,13 +280,44 @@ def recorder():
 _allocations = [0]  # device buffers created: pool misses of alloc() and buffer() calls
 
 
+def context_of(queue):
+    """queue.context, or a ValueError saying what to do where the context is gone: Intel's OpenCL
+    destroys a context with its last reference, queues on it or not, so a queue made as
+    cl.CommandQueue(cl.Context([dev])) has none left there."""
+    import pyopencl as cl
+
+    try:
+        return queue.context
+    except cl.LogicError as e:
+        raise ValueError(f"the queue's OpenCL context is gone ({e}): this OpenCL implementation destroyed it "
+                         "with its last reference; keep the pyopencl.Context the queue was made with "
+                         "(ctx = cl.Context([device]); q = cl.CommandQueue(ctx)), or use netcl.default_queue()"
+                         ) from e
+
+
+def exact_buffers():
+    """$NETCL_EXACT_BUFFERS=1: alloc() makes every buffer at its exact size, unpooled (the pool rounds
+    sizes up to its bins, where a kernel reading or writing past its tensor goes unseen), so that a
+    checker such as Oclgrind reports any access past a tensor's end. Read per call."""
+    return os.environ.get("NETCL_EXACT_BUFFERS", "") == "1"
+
+
 def alloc(queue, nbytes):
-    """A device buffer of `nbytes` from the context's pool; it returns to the pool when dropped."""
+    """A device buffer of `nbytes` from the context's pool; it returns to the pool when dropped
+    (exact_buffers(): a buffer of its own of exactly `nbytes`, at least 4)."""
+    import pyopencl as cl
     import pyopencl.tools as clt
 
-    pool = _pools.get(queue.context)
+    ctx = context_of(queue)
+    if exact_buffers():
+        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
+        _allocations[0] += 1
+        if _recording.recorder is not None:
+            _recording.recorder.allocated.add(buf.int_ptr)
+        return buf
+    pool = _pools.get(ctx)
     if pool is None:
-        pool = _pools[queue.context] = clt.MemoryPool(clt.ImmediateAllocator(queue))
+        pool = _pools[ctx] = clt.MemoryPool(clt.ImmediateAllocator(queue))
     blocks = pool.active_blocks + pool.held_blocks
     buf = pool.allocate(max(int(nbytes), 4))
     if pool.active_blocks + pool.held_blocks != blocks:  # a hit moves a held block to active
@@ -275,7 +332,7 @@ def buffer(queue, nbytes):
     import pyopencl as cl
 
     nbytes = max(int(nbytes), 4)
-    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, nbytes)
+    buf = cl.Buffer(context_of(queue), cl.mem_flags.READ_WRITE, nbytes)
     _allocations[0] += 1
     cl.enqueue_fill_buffer(queue, buf, np.float32(0), 0, nbytes)
     if _recording.recorder is not None:
@@ -292,4 +349,4 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "device_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
