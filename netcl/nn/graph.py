@@ -103,6 +103,7 @@ class Tracer:
         self.nodes.append(node)
 
     def encode(self, a, depth=0):
+        """An argument in the graph's JSON form (tensors as references, see the module docstring)."""
         if depth > _MAX_ARG_DEPTH:
             raise TraceError(f"{_user_line()}: an argument nested too deep to record")
         if isinstance(a, Tensor):
@@ -171,6 +172,7 @@ class Tracer:
 
     # -- what Module.__call__ and autograd.traced report ---------------------------------------
     def op(self, name, args, kwargs, out):
+        """Record operation `name` (autograd.traced) called with args, kwargs, giving out."""
         args = self._free_batch(name, args)
         node = {"op": name, "args": self.encode(list(args))}
         if kwargs:
@@ -178,6 +180,8 @@ class Tracer:
         self._add(node, out, self._inputs_batched(node["args"]) or self._inputs_batched(node.get("kwargs", {})))
 
     def call(self, module, args, kwargs):
+        """A module called while tracing: a netcl layer runs as one node; a module with a forward of its
+        own runs its forward, whose operations and layer calls record themselves."""
         if _own_backward(type(module)) == "none" or not module.records_as_one():
             return module.forward(*args, **kwargs)  # a module with a forward of its own: its parts record
         path = self.paths.get(id(module))
@@ -200,6 +204,7 @@ class Tracer:
         return out
 
     def refuse(self, what):
+        """TraceError: a tensor's value was read in the traced code (`what` says how)."""
         raise TraceError(f"{_user_line()}: a tensor's value is {what} during netcl.trace; a graph cannot hold "
                          "control flow that depends on tensor values (compute it with tensor operations)")
 
