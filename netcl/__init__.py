@@ -10,6 +10,7 @@ from netcl import errors, nn, optim
 from netcl.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from netcl.errors import CompileError, FormatError, NetclError, NoDeviceError
 from netcl.functions import arange, cat, ones, randn, stack, tensor, zeros
+from netcl.nn.graph import trace
 from netcl.rng import manual_seed
 from netcl.runtime import default_queue, devices
 from netcl.tensor import FLOAT32 as float32
@@ -25,7 +26,7 @@ def __getattr__(name):  # netcl.io on first use: keeps `import netcl` light (no 
     raise AttributeError(f"module 'netcl' has no attribute {name!r}")
 
 
-__all__ = ["Tensor", "tensor", "zeros", "ones", "randn", "arange", "cat", "stack", "float32", "int32", "no_grad",
+__all__ = ["Tensor", "tensor", "trace", "zeros", "ones", "randn", "arange", "cat", "stack", "float32", "int32", "no_grad",
            "enable_grad", "set_grad_enabled", "is_grad_enabled", "TrainStep", "nn", "optim", "io", "errors", "devices",
            "default_queue", "manual_seed", "NetclError", "NoDeviceError", "CompileError", "FormatError",
            "__version__"]

@@ -452,7 +452,7 @@ class _Replay:
             self.written.append(step.loss_fn._grad)
         self.homes = [p for p in step.optimizer.params if p.grad_home is not None]
         self.guard = _Guard(step.model, step.optimizer)
-        if any(c[0] == "copy" and inputs.values() & {c[1].int_ptr, c[2].int_ptr} for c in commands):
+        if any(c[0] == "copy" and set(inputs.values()) & {c[1].int_ptr, c[2].int_ptr} for c in commands):
             self.bindings = None  # an input in a copy: replay only with the same input buffers
 
     def accepts(self, xt, tt):

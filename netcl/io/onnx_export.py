@@ -103,6 +103,7 @@ class _Graph:
     def __init__(self, batch, n, opset):
         self.batch, self.n, self.opset = batch, n, opset  # n: the concrete batch, for the layers' output_shape
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
+        self.named = {}  # id(tensor) -> its initializer's name
         self.layer = self.path = None
 
     def begin(self, path, layer):
@@ -114,11 +115,19 @@ class _Graph:
         return f"{self.path}.{what}" + (f"_{k}" if k else "")
 
     def param(self, name):
-        """The layer's parameter or buffer `name` as an initializer named as in the state_dict."""
+        """The layer's parameter or buffer `name` as an initializer named as in the state_dict (once:
+        a layer a graph calls twice reads the same one)."""
         tensor = dict(self.layer.named_parameters() + self.layer.named_buffers())[name]
-        full = f"{self.path}.{name}"
-        self.inits.append((full, tensor.shape, FLOAT, tensor))
-        return full
+        return self.tensor_init(f"{self.path}.{name}", tensor)
+
+    def tensor_init(self, name, tensor):
+        """Tensor `tensor` as an initializer `name`, or the name it already has."""
+        known = self.named.get(id(tensor))
+        if known is not None:
+            return known
+        self.named[id(tensor)] = name
+        self.inits.append((name, tensor.shape, FLOAT, tensor))
+        return name
 
     def const(self, what, values, dtype=np.int64):
         a = np.asarray(values, dtype=dtype)
@@ -410,7 +419,7 @@ def _graph_module(g, gm, x, s, out):
     """Each node in order: a layer call (or a layer made in forward) through EMITTERS, named by the
     layer's path; a parameter or constant used as an operand as an initializer named by its path;
     an operation through OP_EMITTERS. Names carry the node's index (an op's "add_9")."""
-    env, outer = [], g.path
+    env, outer, calls = [], g.path, {}
     base = f"{outer}." if outer else ""
 
     def shape_of(node, k=0):
@@ -449,13 +458,13 @@ def _graph_module(g, gm, x, s, out):
             return args[0].name
         if op in ("param", "const"):
             t = gm._tensor(node["target"])
-            name = base + node["target"]
-            g.inits.append((name, t.shape, FLOAT, t))
-            env.append(_V(name, t.shape, t))
+            env.append(_V(g.tensor_init(base + node["target"], t), t.shape, t))
             continue
         if op in ("call", "layer"):
             layer = gm.submodule(node["target"]) if op == "call" else gm._layer(i, node)
             path = base + (node["target"] if op == "call" else f"{node['type']}_{i}")
+            calls[path] = calls.get(path, -1) + 1
+            path += f"_{calls[path]}" if calls[path] else ""  # a layer called again: its values named apart
             y = _layer_at(g, layer, path, args[0], shape_of(node))
         else:
             emit = OP_EMITTERS.get(op)
@@ -467,7 +476,6 @@ def _graph_module(g, gm, x, s, out):
             env.append(tuple(_V(v, shape_of(node, k)) for k, v in enumerate(y)))
         else:
             env.append(_V(y, shape_of(node)))
-            g.shapes[y] = shape_of(node)
     raise AssertionError("a checked graph ends with its output")
 
 
@@ -507,9 +515,9 @@ _COMPARE = {"eq": ("Equal", False), "ne": ("Equal", True), "lt": ("Less", False)
 
 def _compare(g, outs, name, a, b):
     op_type, negate = _COMPARE[name]
-    y = g.op(op_type, [_operand(g, a, outs[0]), _operand(g, b, outs[0])], outs[0])
+    y = g.op(op_type, [_operand(g, a, outs[0]), _operand(g, b, outs[0])], None)  # (booleans: no float value_info)
     if negate:
-        y = g.op("Not", [y], outs[0])
+        y = g.op("Not", [y], None)
     return g.op("Cast", [y], outs[0], to=FLOAT)
 
 
@@ -548,8 +556,8 @@ def _arg_reduce(op_type):
         src, axis = x.name, dim
         if dim is None:  # of the flattened tensor
             src, axis = g.op("Reshape", [x.name, g.const("shape", [-1])], (None,)), 0
-        y = g.op(op_type, [src], outs[0], axis=axis % max(1, len(x.shape)), keepdims=int(keepdim))
-        return g.op("Cast", [y], outs[0], to=P.TensorProto.INT32)
+        y = g.op(op_type, [src], None, axis=axis % max(1, len(x.shape)), keepdims=int(keepdim))
+        return g.op("Cast", [y], None, to=P.TensorProto.INT32)  # (int32: no float value_info)
     return emit
 
 
@@ -558,8 +566,8 @@ def _extremum(reduce_op, arg_op):
         if dim is None:
             return _axes_op(g, reduce_op, x.name, _axes(None, len(x.shape)), outs[0], keepdims=0)
         values = _axes_op(g, reduce_op, x.name, [dim % len(x.shape)], outs[0], keepdims=int(keepdim))
-        idx = g.op(arg_op, [x.name], outs[1], axis=dim % len(x.shape), keepdims=int(keepdim))
-        return values, g.op("Cast", [idx], outs[1], to=P.TensorProto.INT32)
+        idx = g.op(arg_op, [x.name], None, axis=dim % len(x.shape), keepdims=int(keepdim))
+        return values, g.op("Cast", [idx], None, to=P.TensorProto.INT32)
     return emit
 
 
@@ -662,7 +670,7 @@ def _stack(g, outs, tensors, dim=0):
 
 def _cast(g, outs, x, dtype):
     to = P.TensorProto.INT32 if np.dtype(dtype) == np.int32 else FLOAT
-    return g.op("Cast", [x.name], outs[0], to=to)
+    return g.op("Cast", [x.name], outs[0] if to == FLOAT else None, to=to)
 
 
 def _clamp(g, outs, x, min=None, max=None):

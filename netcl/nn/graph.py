@@ -79,7 +79,11 @@ class Tracer:
                 node = {"op": "param", "target": key, "out": [self._shape(t.shape, False)]}
             else:  # made in forward from nothing traced: its values become part of the graph
                 name = f"const_{len(self.consts)}"
-                self.consts[name] = t.to_host() if t.dtype == FLOAT32 else t.to_host().astype(np.float32)
+                self.busy += 1  # (the tracer's own read)
+                try:
+                    self.consts[name] = t.to_host().astype(np.float32, copy=False)
+                finally:
+                    self.busy -= 1
                 node = {"op": "const", "target": name, "out": [self._shape(t.shape, False)]}
             self._add(node, t, batched=False)
             v = self.values[id(t)]
@@ -120,7 +124,7 @@ class Tracer:
                     return {"inf": 1 if a > 0 else -1}
                 raise TraceError(f"{_user_line()}: a NaN argument")
             return float(a)
-        if isinstance(a, np.dtype) or a in (np.float32, np.int32):
+        if isinstance(a, np.dtype) or (isinstance(a, type) and a in (np.float32, np.int32)):
             return {"dtype": np.dtype(a).name}
         if isinstance(a, slice):
             return {"slice": [self.encode(a.start, depth + 1), self.encode(a.stop, depth + 1),

@@ -1,0 +1,170 @@
+"""netcl.trace and GraphModule: a Module subclass's forward recorded as a graph replays exactly, for any
+batch size; trains as the module does; saves and loads without the module's class; exports to ONNX
+that onnxruntime and onnx.checker accept at every opset; refuses what a graph cannot hold."""
+import numpy as np
+import pytest
+
+import netcl
+import netcl.nn.functional as F
+from netcl import models, nn, optim
+from netcl.errors import FormatError
+from netcl.io import export_onnx, load, save
+
+ort = pytest.importorskip("onnxruntime")
+
+
+class Attention(nn.Module):
+    """Operations a graph records beyond layer calls: matmul, softmax, transpose, slicing, cat,
+    reshape by x.size(0), reductions, a parameter and a constant used directly, comparisons."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+        self.norm = nn.LayerNorm(8)
+        self.scale = nn.Parameter(np.full(1, 0.5, np.float32))
+        self.head = nn.Linear(8 * 4 + 4, 3)
+
+    def forward(self, x):  # x: (N, 4, 8)
+        h = self.norm(x)
+        q, k, v = self.proj(h)[..., :8], self.proj(h)[..., 8:16], self.proj(h)[..., 16:]
+        attn = (q @ k.transpose(1, 2) * self.scale).softmax(-1)
+        y = attn @ v + x
+        gate = (y.mean(2, keepdim=True) > 0).float() * 0.5 + 0.5
+        y = (y * gate).clamp(-3.0, 3.0)
+        stats = netcl.cat([y.amax(2), y.sum(2) / 8.0], 1)[:, ::2]
+        flat = y.reshape(x.size(0), -1)
+        return self.head(netcl.cat([flat, stats.exp().sqrt() + np.ones(4, np.float32)], 1))
+
+
+def _bn_stats(model, q, shape, rng):
+    model.train()
+    with netcl.no_grad():
+        for _ in range(2):
+            model(netcl.tensor(rng.uniform(0, 1, shape).astype(np.float32), queue=q))
+    return model.eval()
+
+
+CASES = [(models.ResNet8, (3, 3, 32, 32)), (Attention, (3, 4, 8))]
+
+
+@pytest.mark.parametrize("make,shape", CASES, ids=["resnet8_module", "attention"])
+def test_a_trace_replays_the_module_for_any_batch(queue, rng, make, shape):
+    model = _bn_stats(make().to(queue), queue, shape, rng)
+    x = rng.standard_normal(shape).astype(np.float32)
+    gm = netcl.trace(model, netcl.tensor(x, queue=queue))
+    assert isinstance(gm, nn.GraphModule)
+    ours, theirs = gm.state_dict(), model.state_dict()
+    assert [k for k in ours if not k.startswith("const_")] == list(theirs)  # the model's keys, in its order
+    assert all(np.array_equal(ours[k], v) for k, v in theirs.items())
+    for batch in (shape[0], 1, 5):
+        xb = rng.standard_normal((batch,) + shape[1:]).astype(np.float32)
+        with netcl.no_grad():
+            np.testing.assert_array_equal(gm(netcl.tensor(xb, queue=queue)).numpy(),
+                                          model(netcl.tensor(xb, queue=queue)).numpy())
+    with pytest.raises(ValueError, match="traced for input"):
+        gm(netcl.tensor(np.zeros((2,) + tuple(n + 1 for n in shape[1:]), np.float32), queue=queue))
+
+
+@pytest.mark.parametrize("make,shape", CASES, ids=["resnet8_module", "attention"])
+def test_a_graph_saves_loads_and_exports(queue, rng, tmp_path, make, shape):
+    model = _bn_stats(make().to(queue), queue, shape, rng)
+    x = rng.standard_normal(shape).astype(np.float32)
+    with netcl.no_grad():
+        want = model(netcl.tensor(x, queue=queue)).numpy()
+    save(model, tmp_path / "m.netcl", example_input=x)  # a Module subclass: traced, then saved
+    loaded = load(tmp_path / "m.netcl")
+    assert isinstance(loaded, nn.GraphModule) and not loaded.training
+    with netcl.no_grad():
+        np.testing.assert_array_equal(loaded.to(queue)(netcl.tensor(x, queue=queue)).numpy(), want)
+    import onnx
+
+    for opset in (11, 13, 17, 20, 25):
+        path = tmp_path / f"m{opset}.onnx"
+        export_onnx(model, (1,) + shape[1:], path, dynamic_batch=True, opset=opset)
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+        got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5 * max(1.0, float(np.abs(want).max())))
+    export_onnx(loaded, shape, tmp_path / "loaded.onnx")  # a loaded graph exports without its class,
+    export_onnx(model, shape, tmp_path / "model.onnx")  # to the bytes the module itself exports to
+    assert (tmp_path / "loaded.onnx").read_bytes() == (tmp_path / "model.onnx").read_bytes()
+
+
+def test_a_graph_trains_as_its_module(queue, rng):
+    netcl.manual_seed(3)
+    model = Attention().to(queue)
+    netcl.manual_seed(3)
+    twin = Attention().to(queue)
+    x = rng.standard_normal((3, 4, 8)).astype(np.float32)
+    gm = netcl.trace(twin, netcl.tensor(x, queue=queue))
+    y = [0, 2, 1]
+    for m in (model, gm):
+        m.train()
+        F.cross_entropy(m(netcl.tensor(x, queue=queue)), y).backward()
+    for (k, p), (k2, p2) in zip(model.named_parameters(), gm.named_parameters()):
+        assert k == k2
+        np.testing.assert_allclose(p2.grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+    opt = optim.SGD(gm.parameters(), lr=0.1, momentum=0.9)
+    step = netcl.TrainStep(gm, nn.CrossEntropyLoss(), opt)
+    losses = [float(step(x, np.array(y))) for _ in range(6)]
+    assert step.replays >= 3 and losses[-1] < losses[0]
+
+
+def test_control_flow_on_values_is_refused_naming_the_line(queue):
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            if x.sum() > 0:  # the refused line
+                return self.lin(x)
+            return x
+
+    with pytest.raises(netcl.nn.TraceError, match=r"test_graph.py:\d+: +if x.sum\(\) > 0"):
+        netcl.trace(Branchy(), np.ones((2, 3), np.float32))
+
+    class Reads(nn.Module):
+        def forward(self, x):
+            return x * float(x.amax())
+
+    with pytest.raises(netcl.nn.TraceError, match="item"):
+        netcl.trace(Reads(), np.ones((2, 3), np.float32))
+
+    class MakesLayers(nn.Module):
+        def forward(self, x):
+            return nn.Linear(3, 3)(x)
+
+    with pytest.raises(netcl.nn.TraceError, match="made inside forward"):
+        netcl.trace(MakesLayers(), np.ones((2, 3), np.float32))
+
+
+def test_saving_a_module_needs_an_input_to_trace(queue, tmp_path):
+    model = Attention()
+    with pytest.raises(ValueError, match="example_input"):
+        save(model, tmp_path / "x.netcl")
+    model.to(queue)(netcl.tensor(np.zeros((2, 4, 8), np.float32), queue=queue))  # the last input's shape
+    save(model, tmp_path / "x.netcl")
+    assert isinstance(load(tmp_path / "x.netcl"), nn.GraphModule)
+
+
+def test_a_file_with_a_broken_graph_is_refused(queue, tmp_path):
+    model = Attention().to(queue).eval()
+    save(model, tmp_path / "ok.netcl", example_input=np.zeros((2, 4, 8), np.float32))
+    raw = (tmp_path / "ok.netcl").read_bytes()
+    for old, new, why in [(b'"op": "add"', b'"op": "xyz"', "unknown operation"),  # (lengths kept)
+                          (b'"args": [{"v": 0}]', b'"args": [{"v": 8}]', "no earlier value"),
+                          (b'"target": "proj"', b'"target": "nope"', "does not resolve"),
+                          (b'"op": "input"', b'"op": "const"', "starts with its input")]:
+        assert old in raw, old
+        bad = raw.replace(old, new, 1)
+        (tmp_path / "bad.netcl").write_bytes(_refresh_checksum(bad))
+        with pytest.raises(FormatError, match=why):
+            load(tmp_path / "bad.netcl")
+
+
+def _refresh_checksum(raw):
+    """The file with its trailing SHA-256 made to fit its new bytes (the loader checks it first)."""
+    import hashlib
+
+    body = raw[:-32]
+    return body + hashlib.sha256(body).digest()
