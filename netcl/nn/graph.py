@@ -245,10 +245,12 @@ def trace(model, example_input):
     modules = {p: m for p, m in model.named_modules() if p in used_modules}
     tensors = dict(model.named_tensors())
     gm = GraphModule(tr.nodes, modules, {k: tensors[k] for k in used_tensors}, tr.consts)
-    gm.training = model.training
     for m in gm.modules():
-        if m is not gm and isinstance(m, ModuleDict):
+        if isinstance(m, ModuleDict):
             m.training = model.training
+    gm.training = model.training
+    if gm._lifted is not None:
+        gm._lifted.train(model.training)
     return gm
 
 
@@ -271,6 +273,7 @@ class GraphModule(Module):
         problem = self._check()
         if problem:
             raise ValueError(f"GraphModule: {problem}")
+        self.__dict__["_lifted"] = lift(self)  # (not a child: it holds the same layers)
 
     # -- the layer protocol: what a .netcl file records ------------------------------------
     def config(self):
@@ -299,6 +302,7 @@ class GraphModule(Module):
         problem = gm._check()
         if problem:
             raise ValueError(problem)
+        gm.__dict__["_lifted"] = lift(gm)
         return gm
 
     def output_shape(self, shape):
@@ -315,8 +319,11 @@ class GraphModule(Module):
 
     # -- replay ----------------------------------------------------------------------------
     def forward(self, x):
-        """Replay the graph on x (its batch size free, the rest as traced)."""
+        """Replay the graph on x (its batch size free, the rest as traced): through its lifted
+        Sequential where it has one (lift: the Sequential's training fusions and fused inference)."""
         self.output_shape(x.shape)
+        if self._lifted is not None and autograd.tracer() is None:
+            return self._lifted(x)
         env = []
         for i, node in enumerate(self.graph):
             op = node["op"]
@@ -383,7 +390,22 @@ class GraphModule(Module):
         super().train(mode)
         for layer in self._layers.values():
             layer.train(mode)
+        if self._lifted is not None:
+            self._lifted.train(mode)  # (eval: its fused plan)
         return self
+
+    def predict(self, x, queue=None):
+        """Inference on a host array, numpy in and out: through the lifted Sequential's fused path
+        where the graph lifts (see lift), else by replaying the graph."""
+        if self._lifted is not None and not self.training:
+            self.output_shape(np.shape(x))
+            return self._lifted.predict(x, queue)
+        return super().predict(x, queue)
+
+    @property
+    def lifted(self):
+        """The graph as a Sequential of blocks of the same layers (lift), or None."""
+        return self._lifted
 
     def _check(self):
         """What is wrong with the graph and the layers and tensors it names, or None."""
@@ -553,3 +575,145 @@ def _arg_problem(a, i, depth):
             return None
         return f"an unknown argument form {a!r:.60}"
     return f"an argument of type {type(a).__name__}"
+
+
+# -- lifting: a graph of layer calls, residual adds and concatenations as a Sequential of blocks -------
+_ACTIVATIONS = {"F.relu": "ReLU", "relu": "ReLU", "F.relu6": "ReLU6", "F.sigmoid": "Sigmoid", "sigmoid": "Sigmoid",
+                "F.tanh": "Tanh", "tanh": "Tanh", "F.silu": "SiLU", "F.hardswish": "Hardswish",
+                "F.hardsigmoid": "Hardsigmoid"}
+
+
+def _as_layer(gm, i, node, args):
+    """The layer that does what node i does to its one tensor argument, or None."""
+    op = node["op"]
+    if op == "call":
+        return gm.submodule(node["target"])
+    if op == "layer":
+        return gm._layer(i, node)
+    kw = node.get("kwargs", {})
+    if op in _ACTIVATIONS and len(args) == 1 and set(kw) <= {"inplace"}:
+        return LAYERS[_ACTIVATIONS[op]]()
+    if op == "F.leaky_relu" and len(args) <= 2 and set(kw) <= {"negative_slope", "inplace"}:
+        return LAYERS["LeakyReLU"](kw.get("negative_slope", args[1] if len(args) > 1 else 0.01))
+    if op == "F.gelu" and len(args) <= 2 and set(kw) <= {"approximate"}:
+        return LAYERS["GELU"](kw.get("approximate", args[1] if len(args) > 1 else "none"))
+    if op == "flatten" and not kw and all(isinstance(a, int) for a in args[1:]):
+        start, end = (list(args[1:]) + [0, -1][len(args) - 1:])[:2]
+        return LAYERS["Flatten"](start, end) if start != 0 else None  # (a layer keeps the batch)
+    if op in ("softmax", "F.softmax") and len(args) == 2 and isinstance(args[1], int) and not kw:
+        return LAYERS["Softmax"](args[1])
+    if op == "F.adaptive_avg_pool2d" and len(args) == 2 and not kw:
+        return LAYERS["AdaptiveAvgPool2d"](args[1])
+    if op in ("F.max_pool2d", "F.avg_pool2d") and 2 <= len(args) <= 4 and not kw:
+        return LAYERS["MaxPool2d" if op == "F.max_pool2d" else "AvgPool2d"](*args[1:])
+    if op == "F.dropout" and not kw and len(args) <= 2:
+        return LAYERS["Dropout"](args[1] if len(args) > 1 else 0.5)
+    return None
+
+
+def lift(gm):
+    """The graph as an nn.Sequential of the same layer objects (activations, pools and flattens made
+    layers; `a + b` between two branches of one value a Residual; `cat` of branches a Concat), or None
+    where the graph is not of that shape (an operation with a parameter, a layer called twice, ...).
+    The Sequential runs the graph's training fusions and fused inference."""
+    nodes = gm.graph
+    users = {}
+    for j, n in enumerate(nodes):
+        for ref in _refs(n.get("args", [])) + _refs(list(n.get("kwargs", {}).values())):
+            users.setdefault(ref, []).append(j)
+    calls = [n["target"] for n in nodes if n["op"] == "call"]
+    if len(calls) != len(set(calls)):
+        return None  # a layer twice in one Sequential would overwrite its own saved state
+
+    def layer_at(j):
+        n = nodes[j]
+        args = n.get("args", [])
+        if not args or args[0] != {"v": _input_of(n)} or _refs(args[1:]) or _refs(list(n.get("kwargs", {}).values())):
+            return None
+        return _as_layer(gm, j, n, [None] + list(args[1:]))
+
+    def walk(v, until=None):
+        """(layers, the value reached) from value v along single uses, through forks that rejoin."""
+        layers = []
+        while v != until:
+            us = users.get(v, [])
+            if len(us) == 1:
+                j = us[0]
+                if nodes[j]["op"] in ("add", "cat", "output"):
+                    return layers, v
+                layer = layer_at(j)
+                if layer is None:
+                    raise _NotLiftable
+                layers.append(layer)
+                v = j
+                continue
+            block, v = fork(v, us)
+            layers.append(block)
+        return layers, v
+
+    def fork(v, us):
+        """The block of value v's branches (v used by every node in us) and the value they join at."""
+        branches, join = [], None
+        for u in us:
+            if nodes[u]["op"] in ("add", "cat"):
+                b, end = [], v
+                j = u
+            else:
+                layer = layer_at(u)
+                if layer is None:
+                    raise _NotLiftable
+                rest, end = walk(u)
+                b = [layer] + rest
+                j = users.get(end, [None])[0]
+                if len(users.get(end, [])) != 1:
+                    raise _NotLiftable
+            if join is not None and j != join:
+                raise _NotLiftable
+            join = j
+            branches.append((b, end))
+        n = nodes[join]
+        ins = _refs(n["args"])
+        if sorted(ins) != sorted(e for _, e in branches) or len(ins) != len(branches):
+            raise _NotLiftable
+        by_end = {e: b for b, e in branches}
+        ordered = [by_end[e] for e in ins]
+        if n["op"] == "add" and len(ordered) == 2 and len(n["args"]) == 2:
+            body, short = sorted(ordered, key=len, reverse=True)
+            if not body:
+                raise _NotLiftable
+            shortcut = None if not short else (short[0] if len(short) == 1 else LAYERS["Sequential"](*short))
+            return LAYERS["Residual"](*body, shortcut=shortcut), join
+        if n["op"] == "cat" and isinstance(n["args"][0], list) and len(n["args"]) == 2 and isinstance(n["args"][1], int):
+            dim = n["args"][1]
+            parts = [LAYERS["Sequential"](*b) if b else LAYERS["Identity"]() for b in ordered]
+            return LAYERS["Concat"](*parts, dim=dim), join
+        raise _NotLiftable
+
+    try:
+        layers, end = walk(0)
+    except (_NotLiftable, KeyError, TypeError, ValueError):
+        return None
+    if users.get(end) != [len(nodes) - 1] or nodes[-1]["args"][0] != {"v": end}:
+        return None
+    return LAYERS["Sequential"](*layers)
+
+
+class _NotLiftable(Exception):
+    pass
+
+
+def _refs(args):
+    out = []
+    for a in args:
+        if isinstance(a, dict) and "v" in a:
+            out.append(a["v"])
+        elif isinstance(a, dict):
+            out += _refs(list(a.values()))
+        elif isinstance(a, list):
+            out += _refs(a)
+    return out
+
+
+def _input_of(node):
+    refs = _refs(node.get("args", [])[:1])
+    return refs[0] if refs else None

@@ -502,6 +502,16 @@ class Module:
             return False
         return all(c.knows_shapes() for _, c in self.named_children())
 
+    def predict(self, x, queue=None):
+        """Inference on a host array: numpy in, numpy out, in eval mode and without autograd, on
+        `queue` (default: netcl.default_queue())."""
+        if self.training:
+            raise RuntimeError("predict() runs inference: call model.eval() first")
+        x = _as_float32(x)
+        q = queue or default_queue()
+        with autograd.no_grad():
+            return self(Tensor.from_host(q, x)).to_host()
+
     def records_as_one(self):
         """Whether a call is one autograd node: this layer's backward differentiates its forward, and
         every layer it holds is such a layer too."""
