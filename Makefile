@@ -72,13 +72,11 @@ test: $(TSTAMP) proto $(OSTAMP)
 INTEL_RT := intel-opencl-rt intel-cmplr-lib-rt tbb
 # At 16 lanes (this kind of machine's native class) the layers' tests, which take the other CPU class
 # too (conftest's use_cpu_class) and the GPU kernels on the CPU; at 8 the fused families (their vector
-# width). Deselected: two checks of PoCL's rounding (bit-equal CPU and GPU pooling sums; fused vs
-# unfused gradients within 2e-6), which Intel's compiler misses by an ulp.
+# width); the autograd and graph tests at 16.
 INTEL_TESTS16 := tests/test_lane_sums.py tests/test_runtime.py tests/test_layers.py tests/test_jit.py \
                  tests/test_jit_seq.py tests/test_jit_blocks.py tests/test_bn_act_fusion.py tests/test_gemm.py \
-                 tests/test_losses_optim.py
+                 tests/test_losses_optim.py tests/test_autograd.py tests/test_module_api.py tests/test_graph.py
 INTEL_TESTS8 := tests/test_lane_sums.py tests/test_jit.py tests/test_jit_seq.py tests/test_jit_blocks.py
-INTEL_SKIP := not test_global_avg_pool_cpu_kernel_equals_the_general_one and not test_fused_training_many_parts
 test-portability: test-intel test-oclgrind
 
 test-intel: $(TSTAMP) proto
@@ -86,8 +84,8 @@ test-intel: $(TSTAMP) proto
 	@icd=$$(mktemp -d) && trap 'rm -rf "$$icd"' EXIT && \
 	echo "$(CURDIR)/$(VENV)/lib/libintelocl.so" > "$$icd/intel.icd" && \
 	export OCL_ICD_VENDORS="$$icd" NETCL_DEVICE="Intel(R) OpenCL" NETCL_SLOW_TESTS= && \
-	NETCL_FLOAT_LANES=16 $(BIN)/python -m pytest -q -p no:cacheprovider -k "$(INTEL_SKIP)" $(INTEL_TESTS16) && \
-	NETCL_FLOAT_LANES=8 $(BIN)/python -m pytest -q -p no:cacheprovider -k "$(INTEL_SKIP)" $(INTEL_TESTS8)
+	NETCL_FLOAT_LANES=16 $(BIN)/python -m pytest -q -p no:cacheprovider $(INTEL_TESTS16) && \
+	NETCL_FLOAT_LANES=8 $(BIN)/python -m pytest -q -p no:cacheprovider $(INTEL_TESTS8)
 
 test-oclgrind: $(TSTAMP) proto
 	@[ -e /usr/lib/oclgrind/liboclgrind-rt-icd.so ] || $(SUDO) apt-get $(APT_OPTS) install -y -q oclgrind || \

@@ -160,6 +160,13 @@ def test_control_flow_on_values_is_refused_naming_the_line(queue):
     with pytest.raises(netcl.nn.TraceError, match="made inside forward"):
         netcl.trace(MakesLayers(), np.ones((2, 3), np.float32))
 
+    class Doubled(nn.Linear):  # its kernels would run unseen by the graph
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    with pytest.raises(netcl.nn.TraceError, match="overrides forward"):
+        netcl.trace(nn.Sequential(Doubled(3, 3)), np.ones((2, 3), np.float32))
+
 
 def test_saving_a_module_needs_an_input_to_trace(queue, tmp_path):
     model = Attention()

@@ -317,12 +317,17 @@ def test_adaptive_avg_pool_vs_torch(queue, rng, torch, record_error, name, shape
 @pytest.mark.parametrize("shape", [(2, 3, 7, 5), (64, 64, 8, 8), (1, 1, 1, 1), (2, 3, 11)])
 def test_global_avg_pool_cpu_kernel_equals_the_general_one(queue, rng, monkeypatch, shape):
     """Global average pooling's CPU forward (planes per work-item) adds each plane in the order the
-    general kernel does: the same values bit for bit."""
+    general kernel does: on PoCL the same values bit for bit; another compiler may contract or
+    vectorise the two kernels' sums differently (Intel's: an ulp apart)."""
     layer = (nn.AdaptiveAvgPool2d if len(shape) == 4 else nn.AdaptiveAvgPool1d)(1)
     x = rand(rng, *shape)
     y = layer(Tensor.from_host(queue, x)).to_host()
     monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
-    assert np.array_equal(y, layer(Tensor.from_host(queue, x)).to_host())
+    general = layer(Tensor.from_host(queue, x)).to_host()
+    if "portable computing language" in queue.device.platform.name.lower():
+        assert np.array_equal(y, general)
+    else:
+        np.testing.assert_array_max_ulp(y, general, maxulp=4)
 
 
 def test_adaptive_avg_pool_checks_rank_and_size():

@@ -186,6 +186,9 @@ class Tracer:
     def call(self, module, args, kwargs):
         """A module called while tracing: a netcl layer runs as one node; a module with a forward of its
         own runs its forward, whose operations and layer calls record themselves."""
+        if _own_backward(type(module)) == "mismatch":
+            raise TraceError(f"{_user_line()}: {type(module).__name__} overrides forward() of a netcl layer: its "
+                             "kernels run outside what a graph records; subclass nn.Module and hold the layer")
         if _own_backward(type(module)) == "none" or not module.records_as_one():
             return module.forward(*args, **kwargs)  # a module with a forward of its own: its parts record
         path = self.paths.get(id(module))
