@@ -30,6 +30,7 @@ class _Mode(threading.local):
 
 
 _mode = _Mode()
+MODE = _mode  # (read directly on hot paths: Module.__call__)
 
 # name -> function of every operation a trace can record (traced()): what a GraphModule replays
 TRACEABLE = {}

@@ -113,9 +113,11 @@ class Tensor:
 
     def __init__(self, shape, queue=None, buf=None, host=None, dtype=FLOAT32):
         self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (FLOAT32, INT32):
-            raise TypeError(f"a netcl Tensor holds float32 or int32, got {self.dtype}")
+        if dtype is not FLOAT32:  # (the common case without a numpy call: predict() makes tensors per call)
+            dtype = np.dtype(dtype)
+            if dtype != FLOAT32 and dtype != INT32:
+                raise TypeError(f"a netcl Tensor holds float32 or int32, got {dtype}")
+        self.dtype = dtype
         if host is not None:
             host = np.asarray(host, self.dtype).reshape(-1)
             if host.size != self.size:

@@ -16,6 +16,7 @@ import numpy as np
 
 import netcl.runtime as runtime
 from netcl import ops
+from netcl.autograd import inside_layer
 from netcl.jit.common import STATS, Target
 from netcl.jit.config import JitConfig
 from netcl.jit.eltwise import AddLaunch, CopyLaunch
@@ -242,9 +243,10 @@ class Executable:
                         s.kernel.set_arg(j, b)
                         s.bound[i] = b
                 enqueue(q, s.kernel, s.gsize, s.lsize)
-            else:  # an unfused layer: it takes and returns Tensors
+            else:  # an unfused layer: it takes and returns Tensors (inference: nothing for autograd)
                 st = s
-                y = st.layer(Tensor(self.shapes[st.src], q, bufs[self.root[st.src]]))
+                with inside_layer:
+                    y = st.layer(Tensor(self.shapes[st.src], q, bufs[self.root[st.src]]))
                 held.append(y)
                 bufs[st.dst] = y.buf
                 if st.dst == self.out_root:

@@ -463,10 +463,12 @@ class Module:
         its forward runs."""
         if args and isinstance(args[0], Tensor):
             self.__dict__["_input_shape"] = args[0].shape  # what save() and export_onnx trace it with
-        tracer = autograd.tracer()
-        if tracer is not None:  # netcl.trace: a layer call is one node, a module's forward is followed
-            return tracer.call(self, args, kwargs)
-        if autograd.recording():
+        mode = autograd.MODE
+        if mode.inside:  # inside a layer call recorded as one node: nothing to record
+            return self.forward(*args, **kwargs)
+        if mode.tracer is not None and not mode.tracer.busy:  # netcl.trace: a layer call is one node
+            return mode.tracer.call(self, args, kwargs)
+        if mode.enabled:
             x = args[0] if len(args) == 1 else None
             if isinstance(x, Tensor) and self.records_as_one():
                 if x.requires_grad or self._wants_grads():
