@@ -67,6 +67,25 @@ def modern_model():
         nn.ReLU6(), nn.Transpose(-1, -2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Hardsigmoid(), nn.Linear(7, 5))
 
 
+def graph_model():
+    # x: (N, 3, 8, 8) -> (N, 5); a traced graph (GraphModule, its ModuleDict containers) written by
+    # hand, so that no device is needed: conv, relu, times a parameter of its own, plus a constant
+    nodes = [{"op": "input", "out": [["N", 4, 8, 8]]},
+             {"op": "call", "target": "enc.conv", "args": [{"v": 0}], "out": [["N", 4, 8, 8]]},
+             {"op": "F.relu", "args": [{"v": 1}], "out": [["N", 4, 8, 8]]},
+             {"op": "param", "target": "enc.gain", "out": [[4, 1, 1]]},
+             {"op": "mul", "args": [{"v": 2}, {"v": 3}], "out": [["N", 4, 8, 8]]},
+             {"op": "const", "target": "const_0", "out": [[8]]},
+             {"op": "add", "args": [{"v": 4}, {"v": 5}], "out": [["N", 4, 8, 8]]},
+             {"op": "flatten", "args": [{"v": 6}, 1, -1], "out": [["N", 256]]},
+             {"op": "call", "target": "head", "args": [{"v": 7}], "out": [["N", 5]]},
+             {"op": "output", "args": [{"v": 8}], "out": [["N", 5]]}]
+    gain = nn.Parameter(np.linspace(0.5, 1.5, 4, dtype=np.float32).reshape(4, 1, 1))
+    graph = nn.GraphModule(nodes, {"enc.conv": nn.Conv2d(4, 4, 3, padding=1), "head": nn.Linear(256, 5)},
+                           {"enc.gain": gain}, {"const_0": np.arange(8, dtype=np.float32) / 8})
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), graph)
+
+
 def with_running_stats(model, rng):
     sd = model.state_dict()
     for k in sd:
@@ -81,7 +100,7 @@ def with_running_stats(model, rng):
 # round trips
 @pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6)),
                                           (transposed_conv_model, (2, 3, 5, 5)), (blocks_model, (2, 3, 8, 8)),
-                                          (modern_model, (2, 3, 8, 8))])
+                                          (modern_model, (2, 3, 8, 8)), (graph_model, (2, 3, 8, 8))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -104,8 +123,8 @@ def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
 def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
     """The round-trip models hold every registered layer; each class's tensor_shapes (what the
     loader checks files against) names exactly the tensors a layer of that config holds."""
-    layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model)
-              for m in held(build())]
+    layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model,
+                              graph_model) for m in held(build())]
     assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
     for layer in layers:
         own = {k: t.shape for k, t, owner, _ in layer._owned_tensors() if owner is layer}  # not its children's

@@ -13,6 +13,7 @@ import pytest
 
 import netcl
 from netcl import FormatError, Tensor, nn, optim
+from test_io import graph_model
 from netcl.io import load, load_checkpoint, save, save_checkpoint
 from netcl.io import netcl_format as fmt
 
@@ -50,9 +51,11 @@ def bases(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
     save(model(), d / "m.netcl")
     save(attention().eval(), d / "a.netcl")
+    save(graph_model().layers[1], d / "g.netcl")  # a GraphModule as the root (header "root": "layer")
+    save(graph_model(), d / "gs.netcl")  # and inside a Sequential
     checkpoint(d / "adam.netcl", model(), optim.Adam, betas=(0.8, 0.99))
     checkpoint(d / "sgd.netcl", attention(), optim.SGD, lr=0.1, momentum=0.9, nesterov=True)
-    return [(d / n).read_bytes() for n in ("m.netcl", "a.netcl", "adam.netcl", "sgd.netcl")]
+    return [(d / n).read_bytes() for n in ("m.netcl", "a.netcl", "g.netcl", "gs.netcl", "adam.netcl", "sgd.netcl")]
 
 
 def split(blob):
