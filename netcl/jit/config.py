@@ -20,6 +20,9 @@ class JitConfig:
     jit_class: Optional[str] = None
     # NETCL_GPU_SPLIT: "0" turns split-K off in the GPU conv family; anything else (default "1") leaves it on.
     gpu_split: bool = True
+    # NETCL_GPU_SPLIT_ATOMIC=0: split-K in two launches (conv_gpu_reduce) even on a device whose OpenCL
+    # 2 atomics let one launch finish each tile (tests compare both)
+    gpu_split_atomic: bool = True
     # NETCL_CPU_CONV="maxvw,rm": the CPU direct conv's widest vector and output channels per
     # work-item; default 16,8, measured fastest on AVX-512 (docs/performance.md has the figures).
     cpu_conv: Tuple[int, int] = (16, 8)
@@ -40,6 +43,7 @@ class JitConfig:
         wino = os.environ.get("NETCL_CPU_WINO")
         return cls(jit_class=os.environ.get("NETCL_JIT_CLASS") or None,
                    gpu_split=os.environ.get("NETCL_GPU_SPLIT", "1") != "0",
+                   gpu_split_atomic=os.environ.get("NETCL_GPU_SPLIT_ATOMIC", "1") != "0",
                    cpu_conv=_ints("NETCL_CPU_CONV") or cls.cpu_conv,
                    cpu_wino=int(wino) if wino else None,
                    cpu_winot=winot_choice(os.environ.get("NETCL_CPU_WINOT")),

@@ -3,6 +3,7 @@ when there are too few output tiles to fill the device, split-K: the parts, then
 The CPU also runs it, unsplit, for the shapes its own families do not take."""
 import numpy as np
 
+import netcl.runtime as runtime
 from netcl.jit.common import Launch
 
 _MAX_SPLIT = 64  # reduction parts at most
@@ -33,15 +34,19 @@ def gpu_split(k, r, nout, pool, n_cu, bm, bn, bk, split_k=True):
 
 
 class ConvGpu(Launch):
-    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, res); weights [R padded][K padded]."""
-    in_arg, out_arg, res_arg = 3, 6, 8
+    """Arguments: (nout, split, rchunk, x, wt, bias, y, part, counters, res); weights [R padded][K padded]."""
+    in_arg, out_arg, res_arg = 3, 6, 9
 
     def __init__(self, target, spec):
         k, r = spec.k, spec.r
         BM, BN, RM, RN, BK = gpu_tiles(k) if target.gpu else cpu_tiles(k)
         self.tiles, self.nt = (BM, BN, BK), (BN // RN) * (BM // RM)
+        # split-K in one launch where the device orders work-groups' memory by OpenCL 2's atomics
+        std = runtime.acq_rel_atomics(target.q.device) if target.gpu and target.config.gpu_split_atomic else None
+        self.atomic = std is not None
+        extra = (f"-cl-std={std}", "-DSPLIT_ATOMIC=1") if self.atomic else ()
         self.program, self.name = target.program("conv_gpu", dict(spec.defines(), BM=BM, BN=BN, RM=RM, RN=RN,
-                                                                  BK=BK)), "conv_gpu"
+                                                                  BK=BK), extra), "conv_gpu"
         self.kp, self.r, self.k, self.spec, self.gpu = -(-k // BM) * BM, r, k, spec, target.gpu
         # weight rows: padded to the longest split * rchunk any batch size can ask for (zeros past R)
         rtiles = -(-r // BK)
@@ -59,12 +64,16 @@ class ConvGpu(Launch):
                          if self.gpu else (1, -(-spec.r // BK) * BK))
         gx, gy = -(-nout * (4 if spec.pool else 1) // BN), self.kp // BM
         part = target.buffer(4 * split * gx * gy * BM * BN) if split > 1 else target.buffer(4)
-        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, None]
+        # the one-launch split's arrival counters, zero-filled once: the kernel leaves them zero again
+        counters = target.buffer(4 * gx * gy, zero=True) if split > 1 and self.atomic else target.buffer(4)
+        args = [np.int32(nout), np.int32(split), np.int32(rchunk), None, self.w_buf, self.b_buf, None, part, counters,
+                None]
         return args, (gx * self.nt, gy, split), spec.out_shape(n), spec.out_bytes(n)
 
     def passes(self, args, gsize):
-        """Split over its reduction, the parts and then their sum (conv_gpu_reduce, same arguments)."""
-        if gsize[2] == 1:
+        """Split over its reduction without the atomics, the parts and then their sum (conv_gpu_reduce,
+        the same arguments); else one launch."""
+        if gsize[2] == 1 or self.atomic:
             return [(self.name, gsize)]
         return [(self.name, gsize), ("conv_gpu_reduce", (gsize[0], gsize[1], 1))]
 

@@ -8,10 +8,12 @@
 // computes a BM x BN tile through local memory, BK reduction rows at a time; each work-item a
 // RM x RN register block. Columns are conv pixels; with POOL == 2 a work-item's RN = 4 columns
 // are one 2x2 pool window, so the pool is a max over its registers. split > 1 splits the
-// reduction over get_group_id(2): each part's work-group writes its register blocks to `part`, and
-// conv_gpu_reduce, launched next over the same tiles, sums them in a fixed order and stores. (One
-// kernel whose last work-group to arrive sums the others' parts relies on an ordering across
-// work-groups that OpenCL 1.2 does not give: Oclgrind reported it as a race.)
+// reduction over get_group_id(2): each part's work-group writes its register blocks to `part`. Built
+// with SPLIT_ATOMIC (devices with OpenCL 2.0's acquire-release atomics at device scope), the last
+// work-group of a tile to arrive (an acq_rel increment of the tile's counter) sums every part in a
+// fixed order and stores: one launch. Elsewhere conv_gpu_reduce, launched next over the same tiles,
+// does that sum: OpenCL 1.2's mem_fence does not order one work-group's writes before another's
+// reads (Oclgrind reported the one-launch form as a race).
 #define TX (BN / RN)
 #define TY (BM / RM)
 #define NT (TX * TY)
@@ -49,9 +51,13 @@ inline void conv_gpu_store(float acc[RM][RN], const int nout, const int m0, cons
 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void conv_gpu(const int nout, const int split, const int rchunk, __global const float *x, __global const float *wt,
-              __global const float *bias, __global float *y, __global float *part, __global const float *res) {
+              __global const float *bias, __global float *y, __global float *part, __global int *counters,
+              __global const float *res) {
     __local float As[BK][BM];
     __local float Bs[BK][BN];
+#ifdef SPLIT_ATOMIC
+    __local int last;  // (the one-launch split-K's: whether this group arrived last at its tile)
+#endif
     const int tid = get_local_id(0), tx = tid % TX, ty = tid / TX;
     const int m0 = get_group_id(1) * BM;
     const int o0 = get_group_id(0) * (BN / Q);  // first output pixel of the tile
@@ -104,12 +110,31 @@ void conv_gpu(const int nout, const int split, const int rchunk, __global const 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    if (split > 1) {  // one part of the reduction: conv_gpu_reduce sums the parts and stores
+    if (split > 1) {  // one part of the reduction
         const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
         const int ntile = get_num_groups(0) * get_num_groups(1);
         for (int i = 0; i < RM; i++)
             for (int j = 0; j < RN; j++) part[PART_AT(get_group_id(2), tile, i, j)] = acc[i][j];
-        return;
+#ifdef SPLIT_ATOMIC
+        // the group's writes before its increment (a barrier at device scope), the increment a release
+        // the last group's acquire pairs with, and the barrier after it hands the parts to its work-items
+        work_group_barrier(CLK_GLOBAL_MEM_FENCE, memory_scope_device);
+        if (tid == 0)
+            last = atomic_fetch_add_explicit((volatile __global atomic_int *)(counters + tile), 1,
+                                             memory_order_acq_rel, memory_scope_device) == split - 1;
+        work_group_barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE, memory_scope_device);
+        if (!last) return;
+        if (tid == 0)  // zero again for the next launch (which the queue orders after this one)
+            atomic_store_explicit((volatile __global atomic_int *)(counters + tile), 0, memory_order_relaxed,
+                                  memory_scope_device);
+        for (int i = 0; i < RM; i++)
+            for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
+        for (int s = 0; s < split; s++)  // fixed order: the result does not depend on who came last
+            for (int i = 0; i < RM; i++)
+                for (int j = 0; j < RN; j++) acc[i][j] += part[PART_AT(s, tile, i, j)];
+#else
+        return;  // conv_gpu_reduce sums the parts and stores
+#endif
     }
     conv_gpu_store(acc, nout, m0, o0, tx, ty, bias, y, res);
 }
@@ -120,7 +145,7 @@ void conv_gpu(const int nout, const int split, const int rchunk, __global const 
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1)))
 void conv_gpu_reduce(const int nout, const int split, const int rchunk, __global const float *x,
                      __global const float *wt, __global const float *bias, __global float *y,
-                     __global const float *part, __global const float *res) {
+                     __global const float *part, __global int *counters, __global const float *res) {
     const int tid = get_local_id(0), tx = tid % TX, ty = tid / TX;
     const int m0 = get_group_id(1) * BM, o0 = get_group_id(0) * (BN / Q);
     const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);

@@ -116,6 +116,30 @@ def lanes_override():
     return int(text)
 
 
+_ATOMICS = {}  # device int_ptr -> acq_rel_atomics' answer
+
+
+def acq_rel_atomics(device):
+    """The -cl-std option ("CL2.0" or "CL3.0") under which the device's OpenCL C has atomics with
+    acquire-release order at device scope (every 2.x device; a 3.0 device that names both features),
+    or None: then one work-group's writes are ordered before another's reads only by a new launch."""
+    known = _ATOMICS.get(device.int_ptr, False)
+    if known is not False:
+        return known
+    version, std = device.version.split()[1] if device.version.startswith("OpenCL ") else "1.2", None
+    if version.startswith("2."):
+        std = "CL2.0"
+    elif version >= "3.0":
+        try:
+            names = {f.name for f in device.opencl_c_features}
+        except Exception:  # noqa: BLE001 - a pyopencl or driver without the query: assume the minimum
+            names = set()
+        if {"__opencl_c_atomic_order_acq_rel", "__opencl_c_atomic_scope_device"} <= names:
+            std = "CL3.0"
+    _ATOMICS[device.int_ptr] = std
+    return std
+
+
 def float_lanes(device):
     """The float vector width netcl's CPU kernels size their vectors and register blocks by:
     lanes_override()'s, else device_lanes(device)."""
@@ -349,4 +373,4 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "device_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "acq_rel_atomics", "float_lanes", "device_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
