@@ -15,6 +15,7 @@ from conftest import randomize_batchnorm
 from test_blocks import MODELS as BLOCK_MODELS
 from test_conv_family import EXPORT_CASES
 from test_onnx_export import every_layer_model, modern_model
+from test_io import graph_model
 
 OLD_OPSETS = (11, 12)
 BATCHES = (1, 3)
@@ -50,6 +51,7 @@ LAYER_MODELS = {
     nn.Residual: (lambda: nn.Sequential(nn.Residual(nn.Conv2d(3, 3, 3, padding=1), nn.ReLU())), (3, 5, 4)),
     nn.Concat: (lambda: nn.Sequential(nn.Concat(nn.Conv2d(3, 2, 1), nn.Identity())), (3, 5, 4)),
     nn.Upsample: (lambda: nn.Sequential(nn.Upsample(2, "nearest"), nn.Upsample(2, "bilinear")), (2, 3, 4)),
+    nn.GraphModule: (graph_model, (3, 8, 8)),  # a conv, then a graph: a layer call, operations, a parameter
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from netcl import nn
+from netcl.act import Act
 from netcl.io.atomic import AtomicFile, file_path
 from netcl.io.netcl_format import _recordable, architecture
 from netcl.nn.module import ShapeError
@@ -529,8 +530,6 @@ def _as_layer(make):
 
 
 def _activation_layer(act, slope=0.0):
-    from netcl.act import Act
-
     act = Act(act)
     if act == Act.LEAKY_RELU:
         return nn.LeakyReLU(slope)

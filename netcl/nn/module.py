@@ -486,7 +486,8 @@ class Module:
         describe: Module subclasses with a forward of their own (autograd records their operations, but
         files and the ONNX exporter record layers)."""
         return [(p, m) for p, m in self.named_modules()
-                if not (m.HOLDS_ONLY or m.IS_GRAPH) and _own_backward(type(m)) != "own"]
+                if not (m.HOLDS_ONLY or m.IS_GRAPH) and _own_backward(type(m)) != "own"
+                and type(m).forward is not Module.forward]  # (one without a forward is an unknown layer type)
 
     def describe_own_forward(self):
         """own_forward_modules() in words, for error messages ("" where there are none)."""
