@@ -245,9 +245,9 @@ def check_fusion(queue, rng, torch, record_error, monkeypatch, cls, act, shape, 
     fused = run(queue, model, x, dy, True, monkeypatch)
     model.load_state_dict(state)
     unfused = run(queue, model, x, dy, False, monkeypatch)
-    check(fused, unfused, "fused vs unfused", 2e-6)
-    # (2e-5: float32 sums of a few hundred terms; Intel's compiler came to 1.34e-5 where PoCL's stays under 1e-5)
-    record_error(*check(fused, run_torch(torch, ref, x, dy), "fused vs torch", 2e-5))
+    # (4e-6: the two paths add in different orders; Intel's compiler came to 2.2e-6 where PoCL's stays under 2e-6)
+    check(fused, unfused, "fused vs unfused", 4e-6)
+    record_error(*check(fused, run_torch(torch, ref, x, dy), "fused vs torch", 1e-5))
 
 
 @pytest.mark.parametrize("pooled", [False, True])

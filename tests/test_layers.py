@@ -318,7 +318,7 @@ def test_adaptive_avg_pool_vs_torch(queue, rng, torch, record_error, name, shape
 def test_global_avg_pool_cpu_kernel_equals_the_general_one(queue, rng, monkeypatch, shape):
     """Global average pooling's CPU forward (planes per work-item) adds each plane in the order the
     general kernel does: on PoCL the same values bit for bit; another compiler may contract or
-    vectorise the two kernels' sums differently (Intel's: an ulp apart)."""
+    vectorise the two kernels' sums differently (Intel's: float32 noise apart)."""
     layer = (nn.AdaptiveAvgPool2d if len(shape) == 4 else nn.AdaptiveAvgPool1d)(1)
     x = rand(rng, *shape)
     y = layer(Tensor.from_host(queue, x)).to_host()
@@ -326,8 +326,8 @@ def test_global_avg_pool_cpu_kernel_equals_the_general_one(queue, rng, monkeypat
     general = layer(Tensor.from_host(queue, x)).to_host()
     if "portable computing language" in queue.device.platform.name.lower():
         assert np.array_equal(y, general)
-    else:
-        np.testing.assert_array_max_ulp(y, general, maxulp=4)
+    else:  # float32 noise of a mean (near zero: ulps would mislead)
+        np.testing.assert_allclose(y, general, rtol=0, atol=1e-6 * float(np.abs(x).max()))
 
 
 def test_adaptive_avg_pool_checks_rank_and_size():
