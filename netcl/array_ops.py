@@ -105,26 +105,37 @@ def _launch_elements(q, k, n, args):
         ops._enqueue(q, k, (-(-n // _GPU_LOCAL) * _GPU_LOCAL,), (_GPU_LOCAL,), args + (0,))
 
 
+_plans = {}  # (operand shapes (None: a number), out_shape) -> (output shape, its size, index vector arguments)
+
+
+def _binary_plan(sa, sb, out_shape):
+    """binary()'s shape work, once per combination of shapes: (output shape, size, (nd, shape, strides a,
+    strides b) as kernel arguments). Eager operations repeat their shapes, and this is their host time."""
+    key = (sa, sb, out_shape)
+    plan = _plans.get(key)
+    if plan is None:
+        out = broadcast_shapes(sa or (), sb or (), *([out_shape] if out_shape else []))
+        stra = _broadcast_strides(sa, out) if sa is not None else (0,) * len(out)
+        strb = _broadcast_strides(sb, out) if sb is not None else (0,) * len(out)
+        shp, stra, strb = _merge(out, stra, strb)
+        vectors = (len(shp), _int8(_pad8(shp, 1)), _int8(_pad8(stra, 0)), _int8(_pad8(strb, 0)))
+        plan = _plans[key] = (out, math.prod(out), vectors)
+    return plan
+
+
 def binary(op, a, b, p0=0.0, p1=0.0, out_shape=()):
     """op(a, b) with broadcasting (to `out_shape` too, where given); a or b may be a Python number
     (not both). Float tensors only."""
     ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
-    like = a if ta else b
-    q = like.queue
-    sa_shape, sb_shape = (a.shape if ta else ()), (b.shape if tb else ())
-    out = broadcast_shapes(sa_shape, sb_shape, *([out_shape] if out_shape else []))
+    q = a.queue if ta else b.queue
+    out, n, (nd, shp, stra, strb) = _binary_plan(a.shape if ta else None, b.shape if tb else None, out_shape)
     y = ops.new(q, out)
-    n = y.size
     if n == 0:
         return y.mark_written()
-    stra = _broadcast_strides(sa_shape, out) if ta else (0,) * len(out)
-    strb = _broadcast_strides(sb_shape, out) if tb else (0,) * len(out)
-    shp, stra, strb = _merge(out, stra, strb)
-    unused = ops.dummy(q) if not (ta and tb) else None
+    unused = y if not (ta and tb) else None  # (a number's buffer argument is never read)
     k = _family(q, "OP2", BINARY[op])["ew2"]
-    _launch_elements(q, k, n, (n, len(shp), _int8(_pad8(shp, 1)),
-                               a if ta else unused, _int8(_pad8(stra, 0)), 0, 0.0 if ta else float(a), int(not ta),
-                               b if tb else unused, _int8(_pad8(strb, 0)), 0, 0.0 if tb else float(b), int(not tb),
+    _launch_elements(q, k, n, (n, nd, shp, a if ta else unused, stra, 0, 0.0 if ta else float(a), int(not ta),
+                               b if tb else unused, strb, 0, 0.0 if tb else float(b), int(not tb),
                                float(p0), float(p1), y))
     return y.mark_written()
 
