@@ -1,9 +1,12 @@
 """GPU conv family (kernels/conv_gpu.cl): a local-memory implicit GEMM with register blocks and,
 when there are too few output tiles to fill the device, split-K: the parts, then conv_gpu_reduce.
 The CPU also runs it, unsplit, for the shapes its own families do not take."""
+import logging
+
 import numpy as np
 
 import netcl.runtime as runtime
+from netcl.errors import CompileError
 from netcl.jit.common import Launch
 
 _MAX_SPLIT = 64  # reduction parts at most
@@ -43,10 +46,17 @@ class ConvGpu(Launch):
         self.tiles, self.nt = (BM, BN, BK), (BN // RN) * (BM // RM)
         # split-K in one launch where the device orders work-groups' memory by OpenCL 2's atomics
         std = runtime.acq_rel_atomics(target.q.device) if target.gpu and target.config.gpu_split_atomic else None
-        self.atomic = std is not None
-        extra = (f"-cl-std={std}", "-DSPLIT_ATOMIC=1") if self.atomic else ()
-        self.program, self.name = target.program("conv_gpu", dict(spec.defines(), BM=BM, BN=BN, RM=RM, RN=RN,
-                                                                  BK=BK), extra), "conv_gpu"
+        defines = dict(spec.defines(), BM=BM, BN=BN, RM=RM, RN=RN, BK=BK)
+        self.atomic, self.name = std is not None, "conv_gpu"
+        if self.atomic:
+            try:
+                self.program = target.program("conv_gpu", defines, (f"-cl-std={std}", "-DSPLIT_ATOMIC=1"))
+            except CompileError as e:  # a device that names the features but does not build them
+                logging.getLogger("netcl").info("conv_gpu with OpenCL %s atomics did not build; split-K in two "
+                                                "launches: %s", std, e.log or e)
+                self.atomic = False
+        if not self.atomic:
+            self.program = target.program("conv_gpu", defines)
         self.kp, self.r, self.k, self.spec, self.gpu = -(-k // BM) * BM, r, k, spec, target.gpu
         # weight rows: padded to the longest split * rchunk any batch size can ask for (zeros past R)
         rtiles = -(-r // BK)
