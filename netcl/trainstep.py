@@ -26,7 +26,8 @@ Not replayed, run eagerly instead (after three recordings that did not agree; th
 `step.eager_reason`):
 - steps whose recordings differ: a scalar argument that changes every step, unless the launch
   says how to draw it anew (ops.varies: a dropout seed from netcl's generator, Adam's bias
-  corrections from its step count, both drawn as the layer calls would), or control flow that
+  corrections from its step count, both drawn as the layer calls would; an optimizer group's
+  settings, read from the group, so that a learning-rate schedule replays), or control flow that
   changes;
 - steps that move data between host and device in the middle (a layer reading a value), or
   draw from netcl's generator other than through ops.varies (a replay would not draw, and every
@@ -36,7 +37,8 @@ inputs) must be the same buffer in both recordings: state a layer carries from s
 new buffer each time would otherwise be read from one buffer for ever.
 Before each replay the step checks what it cannot see in the recording: the input shapes, every
 layer's plain public settings and Tensor attributes, its parameters' and buffers' device buffers,
-the layers each container holds, the optimizer's hyperparameters, parameter list, state (a
+the layers each container holds, the optimizer's parameter groups and the settings that choose
+its launches (launch_settings(): momentum on or off, amsgrad, ...), its parameter list, state (a
 loaded checkpoint is new state) and step counts, every parameter's gradient (the model's and the
 optimizer's), and the process-wide switches that
 choose training kernels (_knobs). Any change records anew (two eager calls). A gradient the user
@@ -82,7 +84,8 @@ class TrainStep:
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainStep trains a netcl nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, optim.Optimizer):
-            raise TypeError(f"TrainStep needs a netcl optimizer (optim.SGD, optim.Adam), got {type(optimizer).__name__}")
+            raise TypeError(f"TrainStep needs a netcl optimizer (optim.SGD, optim.Adam, ...), got "
+                            f"{type(optimizer).__name__}")
         if not callable(getattr(loss_fn, "enqueue", None)):
             raise TypeError(f"TrainStep needs a netcl loss (nn.MSELoss(), nn.CrossEntropyLoss(), ...), got "
                             f"{type(loss_fn).__name__}")
@@ -290,7 +293,7 @@ class _Guard:
     whether all of it is still so: every layer's plain public settings (training, stride, eps,
     ...), its parameters, buffers and public Tensor attributes (the same Tensors on the same
     device buffers), the layers a
-    container holds, the optimizer's hyperparameters, its parameters' buffers and state tensors,
+    container holds, the optimizer's launch_settings(), its parameters' buffers and state tensors,
     and that no gradient is set."""
 
     def __init__(self, model, optimizer):
@@ -310,7 +313,7 @@ class _Guard:
             if kids:
                 self.children.append((m, kids))
             stack.extend(kids)
-        self.optimizer, self.hyper = optimizer, optimizer.hyperparameters()
+        self.optimizer, self.launch_settings = optimizer, optimizer.launch_settings()
         self.containers = (optimizer.params, optimizer.state, list(optimizer.params), list(optimizer.state))
         for p, st in zip(optimizer.params, optimizer.state):
             self.tensors.append((None, p, p, p._st.buf))
@@ -347,7 +350,7 @@ class _Guard:
             return False
         if any(st.get("step") != t for st, t in zip(opt.state, self.steps)):
             return False  # a step count set by hand (Adam's corrections, how its runs split)
-        return opt.hyperparameters() == self.hyper and _knobs() == self.knobs
+        return opt.launch_settings() == self.launch_settings and _knobs() == self.knobs
 
 
 def _own_loss(pending, out):

@@ -243,9 +243,11 @@ def good(tmp_path_factory):
     for st, p in zip(opt.state, opt.params):  # slots as after a step, without needing a device
         st.update(step=1, exp_avg=Tensor.from_host(None, np.ones(p.shape)),
                                               exp_avg_sq=Tensor.from_host(None, np.ones(p.shape)))
+    sched = optim.lr_scheduler.SequentialLR(opt, [optim.lr_scheduler.LinearLR(opt, total_iters=2),
+                                                  optim.lr_scheduler.CosineAnnealingLR(opt, T_max=3)], [2])
     d = tmp_path_factory.mktemp("good")
     save(model, d / "m.netcl")
-    save_checkpoint(d / "c.netcl", model, opt, epoch=1)
+    save_checkpoint(d / "c.netcl", model, opt, epoch=1, scheduler=sched)
     return (d / "m.netcl").read_bytes(), (d / "c.netcl").read_bytes()
 
 
@@ -398,6 +400,33 @@ CORRUPT_CHECKPOINT = {
 }
 
 
+def group(h, i=0):
+    return h["optimizer"]["groups"][i]
+
+
+def scheduler(h):
+    return h["scheduler"]
+
+
+CORRUPT_CHECKPOINT.update({
+    "group counts": (lambda h: group(h).update(params=3), "add up to 4"),
+    "group setting name": (lambda h: group(h).update(__class__=1.0), "not a short identifier"),
+    "group setting value": (lambda h: group(h).update(initial_lr="x"), "expected a finite number"),
+    "group bad lr": (lambda h: group(h).update(lr=-1.0), "lr must be in"),
+    "group not an object": (lambda h: h["optimizer"]["groups"].append(1), "'params' counts"),
+    "unknown scheduler": (lambda h: scheduler(h).update(type="Evil"), "unknown scheduler type 'Evil'"),
+    "scheduler argument injection": (lambda h: scheduler(h)["config"]["schedulers"][0]["config"].update(
+        __init__=1), "'__init__' is not an argument"),
+    "scheduler argument value": (lambda h: scheduler(h)["config"]["schedulers"][1]["config"].update(T_max=0),
+                                 "T_max must be in"),
+    "scheduler nested state": (lambda h: scheduler(h)["config"].update(schedulers=[]), "SequentialLR's config"),
+    "scheduler state field": (lambda h: scheduler(h)["state"].update(evil=1), "must have the fields"),
+    "scheduler state kind": (lambda h: scheduler(h)["state"]["_schedulers"][1].update(T_max="3"),
+                             "expected a value like"),
+    "scheduler state length": (lambda h: scheduler(h)["state"]["_last_lr"].append(0.1), "list of 1 values"),
+})
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPT_CHECKPOINT))
 def test_corrupt_checkpoint_raises_format_error(good, tmp_path, case):
     edit, message = CORRUPT_CHECKPOINT[case]
@@ -416,7 +445,9 @@ def test_the_unedited_files_load(good, tmp_path):
         (tmp_path / f"{i}.netcl").write_bytes(edited(blob, lambda h: None))
         assert len(load(tmp_path / f"{i}.netcl")) == 3
     model, opt, meta = load_checkpoint(tmp_path / "1.netcl")
+    sched = meta.pop("scheduler")
     assert isinstance(opt, optim.Adam) and meta == {"epoch": 1} and opt.state[3]["step"] == 1
+    assert isinstance(sched, optim.lr_scheduler.SequentialLR) and sched.optimizer is opt
 
 
 def test_model_file_is_not_a_checkpoint(good, tmp_path):
