@@ -1,5 +1,6 @@
 """The training loop around the optimizers: parameter groups, learning-rate schedulers (their rates
-step for step, torch's), a schedule inside netcl.TrainStep (replayed, not recorded anew)."""
+step for step, torch's), a schedule inside netcl.TrainStep (replayed, not recorded anew),
+gradient clipping on the device."""
 import numpy as np
 import pytest
 from conftest import assert_close, loop_step
@@ -232,3 +233,99 @@ def test_trainstep_replays_through_a_schedule(queue, rng, kind):
     assert step.replays == 8 * len(data) - 3  # the first call and the two recorded ones, then only replays
     for (key, a), (_, b) in zip(ma.named_tensors(), mb.named_tensors()):
         np.testing.assert_array_equal(a.to_host(), b.to_host(), err_msg=key)
+
+
+# -- gradient clipping -----------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf"), 3.0])
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])
+@pytest.mark.parametrize("in_optimizer", [False, True])
+def test_clip_grad_norm_vs_torch(queue, rng, torch, record_error, monkeypatch, norm_type, max_norm, in_optimizer,
+                                 cls):
+    """The total norm (a 0-d device Tensor, not read) and the clipped gradients, as torch's; with the
+    gradients in an optimizer's flat buffer three launches and no read (a parameter without a gradient
+    in the middle splits the run)."""
+    import pyopencl as cl
+
+    kernel_class(queue, monkeypatch, cls)
+    shapes = [(5, 3), (7,), (2, 3, 3), (4,), (6, 2)]
+    params = [Tensor.from_host(queue, rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    grads = [rng.standard_normal(s).astype(np.float32) * 3 for s in shapes]
+    grads[3] = None
+    if in_optimizer:
+        opt = optim.SGD(params, lr=0.1)
+        for p in params:
+            p.grad = Tensor.zeros(queue, p.shape)
+        opt.step()
+        opt.zero_grad()
+    for p, g in zip(params, grads):
+        if g is not None:
+            t, _ = ops.grad_target(p)  # where a backward would write it
+            t.set_(g)
+    refs = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    for r, g in zip(refs, grads):
+        r.grad = None if g is None else torch.tensor(g, dtype=torch.float64)
+    names, reads, copy = launches_named(monkeypatch), [0], cl.enqueue_copy
+    monkeypatch.setattr(cl, "enqueue_copy", lambda q, d, s, **kw: reads.__setitem__(0, reads[0] + isinstance(
+        d, np.ndarray)) or copy(q, d, s, **kw))
+    norm = nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    assert reads[0] == 0 and norm.shape == () and norm.on_device
+    if in_optimizer:
+        assert len(names) == 5  # the two runs' partial norms, the total, the two runs' scalings
+    monkeypatch.setattr(cl, "enqueue_copy", copy)
+    ref = torch.nn.utils.clip_grad_norm_(refs, max_norm, norm_type)
+    err = assert_close(float(norm), ref.item(), what="norm")
+    for p, r in zip(params, refs):
+        if r.grad is not None:
+            err = max(err, assert_close(p.grad.numpy(), r.grad.numpy(), what="clipped gradient"))
+        else:
+            assert p.grad is None
+    record_error(err)
+
+
+@pytest.mark.parametrize("cls", ["native", "gpu"])
+def test_the_norm_has_the_same_bits_wherever_the_gradients_live(queue, rng, monkeypatch, cls):
+    """In an optimizer's flat buffer (one run) or each in a buffer of its own: the same partials in the
+    same order, so the same norm and clipped gradients, bit for bit (a resumed run clips as the
+    uninterrupted one)."""
+    kernel_class(queue, monkeypatch, cls)
+    grads = [rng.standard_normal(s).astype(np.float32) * 3 for s in [(300, 7), (5,), (4097,), (2, 2)]]
+    results = []
+    for in_place in (False, True):
+        params = [Tensor.from_host(queue, np.zeros(g.shape, np.float32)) for g in grads]
+        if in_place:
+            opt = optim.SGD(params, lr=0.1)
+            for p in params:
+                p.grad = Tensor.zeros(queue, p.shape)
+            opt.step()
+            opt.zero_grad()
+        for p, g in zip(params, grads):
+            ops.grad_target(p)[0].set_(g)
+        assert all(p.grad_home is not None and p.grad_home.holds(p.grad) for p in params) == in_place
+        norm = nn.utils.clip_grad_norm_(params, 1.0)
+        results.append((norm.numpy().copy(), [p.grad.to_host() for p in params]))
+    (na, ga), (nb, gb) = results
+    np.testing.assert_array_equal(na, nb)
+    for a, b in zip(ga, gb):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_clip_grad_value_and_errors(queue, rng, torch):
+    params = [Tensor.from_host(queue, np.zeros(s, np.float32)) for s in [(4, 3), (5,)]]
+    grads = [rng.standard_normal(p.shape).astype(np.float32) * 2 for p in params]
+    grads[0][0, 0] = np.nan
+    for p, g in zip(params, grads):
+        p.grad = Tensor.from_host(queue, g)
+    assert nn.utils.clip_grad_value_(params, 0.7) is None
+    for p, g in zip(params, grads):
+        want = torch.clamp(torch.tensor(g, dtype=torch.float64), -0.7, 0.7).numpy()
+        np.testing.assert_array_equal(np.isnan(p.grad.numpy()), np.isnan(want))
+        assert_close(np.nan_to_num(p.grad.numpy()), np.nan_to_num(want), what="clamped")
+    with pytest.raises(RuntimeError, match="non-finite"):
+        nn.utils.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+    assert np.isnan(params[0].grad.numpy()[0, 0])  # nothing clipped
+    with pytest.raises(ValueError, match="norm_type"):
+        nn.utils.clip_grad_norm_(params, 1.0, norm_type=0)
+    with pytest.raises(TypeError, match="netcl Tensors"):
+        nn.utils.clip_grad_norm_([np.zeros(3)], 1.0)
+    assert float(nn.utils.clip_grad_norm_([Tensor.from_host(queue, np.zeros(2, np.float32))], 1.0)) == 0.0

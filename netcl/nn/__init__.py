@@ -23,9 +23,9 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
                                         Concat, ModuleList, ModuleDict, GraphModule, Upsample)})
 
-from netcl.nn import functional  # noqa: E402  (after the layers it calls)
+from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
-__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
+__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
