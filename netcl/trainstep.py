@@ -86,7 +86,7 @@ class TrainStep:
         if not isinstance(optimizer, optim.Optimizer):
             raise TypeError(f"TrainStep needs a netcl optimizer (optim.SGD, optim.Adam, ...), got "
                             f"{type(optimizer).__name__}")
-        if not callable(getattr(loss_fn, "enqueue", None)):
+        if not callable(getattr(loss_fn, "enqueue", None)) or not callable(getattr(loss_fn, "check_target", None)):
             raise TypeError(f"TrainStep needs a netcl loss (nn.MSELoss(), nn.CrossEntropyLoss(), ...), got "
                             f"{type(loss_fn).__name__}")
         if replay is None:  # NETCL_TRAIN_REPLAY=0: every TrainStep runs the layer calls (e.g. netcl train's)
@@ -219,15 +219,8 @@ class TrainStep:
             return value
         if role == "x":
             a = np.asarray(value.to_host() if isinstance(value, Tensor) else value, np.float32)
-        elif isinstance(self.loss_fn, CrossEntropyLoss):
-            if len(out_shape) != 2:
-                raise ValueError(f"CrossEntropyLoss expects a (N, C) prediction, the model gives {out_shape}")
-            a = CrossEntropyLoss._host_labels(value, *out_shape)
-        else:
-            a = np.asarray(value.to_host() if isinstance(value, Tensor) else value, np.float32)
-            if a.shape != tuple(out_shape):
-                raise ValueError(f"{type(self.loss_fn).__name__}: target shape {a.shape} differs from prediction "
-                                 f"{tuple(out_shape)}")
+        else:  # (class indices as float32, as the loss kernels read them)
+            a = self.loss_fn.check_target(value, out_shape)
         key = (role, a.shape, q)
         t = self._owned.pop(key, None)
         if t is None:
@@ -250,8 +243,8 @@ def _head(model, loss_fn, x):
     enqueue_linear; a CPU device, N * in <= _HEAD_MAX, training fusions on: sequential.TRAIN_FUSE);
     else None. Six launches of a few microseconds' arithmetic each become one: on the 2-core PoCL
     machine the head of resnet8 at batch 64 took 15 us against 35, the CNN's at batch 8 9 against 30."""
-    if not (sequential.TRAIN_FUSE and type(loss_fn) is CrossEntropyLoss and type(model) is nn.Sequential
-            and len(model) >= 2 and type(model.layers[-1]) is nn.Linear and model.layers[-1].out_features <= 16
+    if not (sequential.TRAIN_FUSE and type(loss_fn) is CrossEntropyLoss and loss_fn.plain
+            and type(model) is nn.Sequential and len(model) >= 2 and type(model.layers[-1]) is nn.Linear and model.layers[-1].out_features <= 16
             and ops.is_cpu(x.queue)):
         return None
     body = nn.Sequential(*model.layers[:-1])  # not model[:-1]: its train() would set every layer's mode

@@ -1,6 +1,6 @@
 """The training loop around the optimizers: parameter groups, learning-rate schedulers (their rates
 step for step, torch's), a schedule inside netcl.TrainStep (replayed, not recorded anew),
-gradient clipping on the device."""
+gradient clipping on the device, losses composed of tensor operations inside TrainStep."""
 import numpy as np
 import pytest
 from conftest import assert_close, loop_step
@@ -233,6 +233,27 @@ def test_trainstep_replays_through_a_schedule(queue, rng, kind):
     assert step.replays == 8 * len(data) - 3  # the first call and the two recorded ones, then only replays
     for (key, a), (_, b) in zip(ma.named_tensors(), mb.named_tensors()):
         np.testing.assert_array_equal(a.to_host(), b.to_host(), err_msg=key)
+
+
+@pytest.mark.parametrize("loss", ["ce-smoothing", "bce-logits", "huber"])
+def test_trainstep_replays_composed_losses(queue, rng, loss):
+    """A loss composed of tensor operations: recorded and replayed as the layer calls, bit for bit."""
+    def build():
+        netcl.manual_seed(0)
+        model = mlp().to(queue).train()
+        fn = {"ce-smoothing": lambda: nn.CrossEntropyLoss(label_smoothing=0.1, weight=np.linspace(0.5, 1.5, 20)),
+              "bce-logits": lambda: nn.BCEWithLogitsLoss(pos_weight=np.full(20, 2.0, np.float32)),
+              "huber": lambda: nn.HuberLoss(delta=0.5)}[loss]()
+        return model, fn, optim.Adam(model.parameters(), lr=1e-2)
+    a, b = build(), build()
+    step = TrainStep(*a)
+    for _ in range(7):
+        x = rng.standard_normal((8, 12)).astype(np.float32)
+        y = rng.integers(0, 20, 8) if loss == "ce-smoothing" else rng.integers(0, 2, (8, 20)).astype(np.float32)
+        assert step(x, y).item() == loop_step(*b, x, y).item()
+    assert step.replays == 4 and step.eager_reason is None
+    for (key, ta), (_, tb) in zip(a[0].named_tensors(), b[0].named_tensors()):
+        np.testing.assert_array_equal(ta.to_host(), tb.to_host(), err_msg=key)
 
 
 # -- gradient clipping -----------------------------------------------------------------------------
