@@ -209,6 +209,73 @@ def test_resume_matches_the_straight_run(queue, digits, tmp_path, which):
         assert np.array_equal(a, final[name]), name
 
 
+def digits_loop(model, loss_fn, opt, sched, loader, epochs):
+    """Epochs of a training loop with the loop's parts: a DataLoader, gradient clipping, a scheduler
+    stepped per batch (OneCycleLR) or per epoch (ReduceLROnPlateau on the epoch's mean loss)."""
+    losses = []
+    for _ in range(epochs):
+        epoch = []
+        for xb, yb in loader:
+            loss = loss_fn(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            epoch.append(float(loss))
+            if isinstance(sched, optim.lr_scheduler.OneCycleLR):
+                sched.step()
+        if isinstance(sched, optim.lr_scheduler.ReduceLROnPlateau):
+            sched.step(np.mean(epoch))
+        elif not isinstance(sched, optim.lr_scheduler.OneCycleLR):
+            sched.step()
+        losses += epoch
+    return losses
+
+
+RESUMED = {  # name -> make(optimizer) of the scheduler
+    "OneCycleLR": lambda o: optim.lr_scheduler.OneCycleLR(o, max_lr=[0.02, 0.05], total_steps=4 * 12),
+    "SequentialLR": lambda o: optim.lr_scheduler.SequentialLR(
+        o, [optim.lr_scheduler.LinearLR(o, 0.2, total_iters=2), optim.lr_scheduler.CosineAnnealingLR(o, 3)], [2]),
+    "ReduceLROnPlateau": lambda o: optim.lr_scheduler.ReduceLROnPlateau(o, factor=0.5, patience=0),
+}
+
+
+@pytest.mark.parametrize("which", sorted(RESUMED))
+def test_resume_with_groups_a_scheduler_and_a_loader_continues_exactly(queue, digits, tmp_path, which):
+    """AdamW with two parameter groups (amsgrad in one), a scheduler, a shuffling DataLoader, clipping,
+    Dropout: two epochs, a checkpoint, two more; against loading the checkpoint and running the last
+    two: the same losses and weights, bit for bit (the scheduler comes back in meta)."""
+    from netcl.data import DataLoader, TensorDataset
+
+    def setup():
+        netcl.manual_seed(11)
+        model = digits_net().to(queue).train()
+        ps = model.parameters()
+        opt = optim.AdamW([{"params": ps[:4], "lr": 3e-3}, {"params": ps[4:], "amsgrad": True}], lr=1e-2)
+        return model, opt, RESUMED[which](opt)
+
+    def loader():
+        return DataLoader(TensorDataset(*digits), batch_size=16, shuffle=True, drop_last=True, queue=queue)
+
+    model, opt, sched = setup()
+    straight = digits_loop(model, nn.CrossEntropyLoss(), opt, sched, loader(), 4)
+    final, lrs = model.state_dict(), sched.get_last_lr()
+
+    model, opt, sched = setup()
+    first = digits_loop(model, nn.CrossEntropyLoss(), opt, sched, loader(), 2)
+    save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=2, scheduler=sched)
+    del model, opt, sched
+    netcl.manual_seed(999)
+    model, opt, meta = load_checkpoint(tmp_path / "c.netcl")
+    sched = meta.pop("scheduler")
+    assert type(sched).__name__ == which and sched.optimizer is opt and meta == {"epoch": 2}
+    assert [len(g["params"]) for g in opt.param_groups] == [4, 2] and opt.param_groups[1]["amsgrad"]
+    second = digits_loop(model.to(queue), nn.CrossEntropyLoss(), opt, sched, loader(), 2)
+    assert first + second == straight and sched.get_last_lr() == lrs
+    for name, a in model.state_dict().items():
+        assert np.array_equal(a, final[name]), name
+
+
 def test_checkpoint_of_an_optimizer_over_some_parameters(tmp_path):
     model = digits_net()
     save_checkpoint(tmp_path / "c.netcl", model, optim.SGD(model.parameters()[2:], lr=0.1))
