@@ -276,6 +276,24 @@ def test_resume_with_groups_a_scheduler_and_a_loader_continues_exactly(queue, di
         assert np.array_equal(a, final[name]), name
 
 
+def test_checkpoint_keeps_parameter_groups_and_their_settings(tmp_path):
+    """Groups over some of the parameters in another order, a group's own settings, a name, a
+    scheduler's keys: all back as they were (a file's groups partition the optimizer's parameters)."""
+    model = digits_net()
+    ps = model.parameters()
+    opt = optim.SGD([{"params": [ps[4], ps[0]], "name": "head", "lr": 0.5}, {"params": ps[2:4], "nesterov": True}],
+                    lr=0.1, momentum=0.9)
+    optim.lr_scheduler.StepLR(opt, 3)
+    save_checkpoint(tmp_path / "c.netcl", model, opt)
+    loaded, back, _ = load_checkpoint(tmp_path / "c.netcl")
+    lp = loaded.parameters()
+    assert [[id(p) for p in g["params"]] for g in back.param_groups] == [[id(lp[4]), id(lp[0])], [id(lp[2]), id(lp[3])]]
+    strip = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    assert [{k: v for k, v in g.items() if k != "params"} for g in back.param_groups] == strip
+    assert strip[0]["name"] == "head" and strip[1]["initial_lr"] == 0.1 and back.hyperparameters() == \
+        opt.hyperparameters()
+
+
 def test_checkpoint_of_an_optimizer_over_some_parameters(tmp_path):
     model = digits_net()
     save_checkpoint(tmp_path / "c.netcl", model, optim.SGD(model.parameters()[2:], lr=0.1))
@@ -478,7 +496,8 @@ def scheduler(h):
 CORRUPT_CHECKPOINT.update({
     "group counts": (lambda h: group(h).update(params=3), "add up to 4"),
     "group setting name": (lambda h: group(h).update(__class__=1.0), "not a short identifier"),
-    "group setting value": (lambda h: group(h).update(initial_lr="x"), "expected a finite number"),
+    "group setting value": (lambda h: group(h).update(initial_lr=[[1]]), "expected a finite number"),
+    "group setting string": (lambda h: group(h).update(lr="0.1"), "lr must be a number"),
     "group bad lr": (lambda h: group(h).update(lr=-1.0), "lr must be in"),
     "group not an object": (lambda h: h["optimizer"]["groups"].append(1), "'params' counts"),
     "unknown scheduler": (lambda h: scheduler(h).update(type="Evil"), "unknown scheduler type 'Evil'"),

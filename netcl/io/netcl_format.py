@@ -598,7 +598,8 @@ def _build_optimizer(r, model):
 
 def _group_problem(g):
     """What is wrong with a saved parameter group {"params": count, setting: value, ...}, or None:
-    settings are short names with finite numbers, booleans, null or lists of them (betas)."""
+    settings are short names with finite numbers, booleans, null, short strings (a group's name) or
+    short lists of numbers (betas)."""
     if not isinstance(g, dict) or len(g) > 64:
         return "must be an object of at most 64 settings"
     for k, v in g.items():
@@ -606,8 +607,9 @@ def _group_problem(g):
             return f"setting name {k!r:.70} is not a short identifier"
         for x in v if isinstance(v, list) and len(v) <= 8 else [v]:
             if not (x is None or isinstance(x, bool) or (isinstance(x, float) and math.isfinite(x))
-                    or (isinstance(x, int) and abs(x) <= _MAX_INT)):
-                return f"{k!r} = {v!r:.100}: expected a finite number, boolean, null or a short list of numbers"
+                    or (isinstance(x, int) and abs(x) <= _MAX_INT) or (isinstance(x, str) and len(x) <= 64)):
+                return f"{k!r} = {v!r:.100}: expected a finite number, boolean, null, a short string or a short " \
+                       "list of numbers"
     return None
 
 
