@@ -7,9 +7,10 @@
 Batches are made and uploaded by a background thread while the caller's step runs: it indexes the
 dataset (a TensorDataset's arrays in one fancy index each, other datasets item by item through
 collate_fn), converts the leaves (float data to float32, integer and boolean data to int32) and
-queues their uploads on the loader's queue (staged as netcl.tensor._upload stages them), up to
-prefetch_factor batches ahead. The order of an epoch is drawn when iteration starts, on the
-caller's thread, from netcl's generator (netcl.manual_seed; a checkpoint saves it) or `generator`.
+queues their uploads on the loader's queue (on PoCL's CPU devices through a staging buffer on host
+memory, as netcl.tensor._upload stages small uploads: _Slot), up to prefetch_factor batches ahead.
+The order of an epoch is drawn when iteration starts, on the caller's thread, from
+netcl's generator (netcl.manual_seed; a checkpoint saves it) or `generator`.
 
 Why a batch's device buffers are never overwritten while a step that reads them is still queued:
 uploads go to the same in-order queue as the steps, and a buffer is refilled only once every Tensor
@@ -25,7 +26,7 @@ import numpy as np
 
 from netcl import array_ops, runtime
 from netcl.rng import rng
-from netcl.tensor import FLOAT32, INT32, Tensor, _upload
+from netcl.tensor import FLOAT32, INT32, Tensor, _stages_on, _upload
 
 
 class Dataset:
@@ -192,15 +193,44 @@ class DataLoader:
         key = (max(a.nbytes, 4), q.context.int_ptr)
         free = self._free.setdefault(key, [])
         try:
-            buf = free.pop()
+            slot = free.pop()
         except IndexError:
-            buf = runtime.buffer(q, key[0])
-        t = Tensor(a.shape, q, buf, dtype=dtype)
-        weakref.finalize(t.storage, free.append, buf)  # refilled once the batch's Tensors are gone
-        if a.size:
-            _upload(q, buf, a.reshape(-1))
-        t._st.host = a.reshape(-1)  # the data (and kept alive while the upload may read it)
+            slot = _Slot(q, key[0])
+        t = Tensor(a.shape, q, slot.buf, dtype=dtype)
+        weakref.finalize(t.storage, free.append, slot)  # refilled once the batch's Tensors are gone
+        slot.fill(q, a.reshape(-1))
+        t._st.host = a.reshape(-1)  # the data (and kept alive while an upload may read it)
         return t
+
+
+class _Slot:
+    """A batch field's device buffer, refilled batch after batch; on PoCL's CPU devices with a
+    staging buffer on host memory of its own (USE_HOST_PTR, which PoCL reads in place) and the
+    event of its last copy: PoCL returns from a write of host memory only once every command
+    queued before it has run (tensor._upload), which held the loader's thread for a whole step
+    where a batch did not fit tensor._upload's staging slots."""
+
+    def __init__(self, q, nbytes):
+        import pyopencl as cl
+
+        self.buf, self.host, self.stage, self.copied = runtime.buffer(q, nbytes), None, None, None
+        if _stages_on(q) is not None:
+            self.host = np.empty(nbytes // 4, np.float32)
+            self.stage = cl.Buffer(q.context, cl.mem_flags.READ_ONLY | cl.mem_flags.USE_HOST_PTR, hostbuf=self.host)
+
+    def fill(self, q, flat):
+        """Queue the copy of host array `flat` (4-byte elements) into the buffer."""
+        import pyopencl as cl
+
+        if not flat.size:
+            return
+        if self.stage is None:
+            _upload(q, self.buf, flat)
+            return
+        if self.copied is not None:
+            self.copied.wait()  # (long done: the buffer is refilled only after its batch's steps were queued)
+        self.host[:flat.size] = flat.view(np.float32)  # (int32 data copied bit for bit)
+        self.copied = cl.enqueue_copy(q, self.buf, self.stage, byte_count=flat.nbytes)
 
 
 class _Epoch:
