@@ -6,7 +6,7 @@ models can be built, loaded and exported on machines without OpenCL.
 """
 import importlib
 
-from netcl import errors, nn, optim
+from netcl import data, errors, nn, optim
 from netcl.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from netcl.errors import CompileError, FormatError, NetclError, NoDeviceError
 from netcl.functions import arange, cat, ones, randn, stack, tensor, zeros
@@ -27,6 +27,6 @@ def __getattr__(name):  # netcl.io on first use: keeps `import netcl` light (no 
 
 
 __all__ = ["Tensor", "tensor", "trace", "zeros", "ones", "randn", "arange", "cat", "stack", "float32", "int32", "no_grad",
-           "enable_grad", "set_grad_enabled", "is_grad_enabled", "TrainStep", "nn", "optim", "io", "errors", "devices",
+           "enable_grad", "set_grad_enabled", "is_grad_enabled", "TrainStep", "nn", "optim", "data", "io", "errors", "devices",
            "default_queue", "manual_seed", "NetclError", "NoDeviceError", "CompileError", "FormatError",
            "__version__"]

@@ -26,7 +26,8 @@ Not replayed, run eagerly instead (after three recordings that did not agree; th
 `step.eager_reason`):
 - steps whose recordings differ: a scalar argument that changes every step, unless the launch
   says how to draw it anew (ops.varies: a dropout seed from netcl's generator, Adam's bias
-  corrections from its step count, both drawn as the layer calls would), or control flow that
+  corrections from its step count, both drawn as the layer calls would; an optimizer group's
+  settings, read from the group, so that a learning-rate schedule replays), or control flow that
   changes;
 - steps that move data between host and device in the middle (a layer reading a value), or
   draw from netcl's generator other than through ops.varies (a replay would not draw, and every
@@ -36,7 +37,8 @@ inputs) must be the same buffer in both recordings: state a layer carries from s
 new buffer each time would otherwise be read from one buffer for ever.
 Before each replay the step checks what it cannot see in the recording: the input shapes, every
 layer's plain public settings and Tensor attributes, its parameters' and buffers' device buffers,
-the layers each container holds, the optimizer's hyperparameters, parameter list, state (a
+the layers each container holds, the optimizer's parameter groups and the settings that choose
+its launches (launch_settings(): momentum on or off, amsgrad, ...), its parameter list, state (a
 loaded checkpoint is new state) and step counts, every parameter's gradient (the model's and the
 optimizer's), and the process-wide switches that
 choose training kernels (_knobs). Any change records anew (two eager calls). A gradient the user
@@ -82,8 +84,9 @@ class TrainStep:
         if not isinstance(model, nn.Module):
             raise TypeError(f"TrainStep trains a netcl nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, optim.Optimizer):
-            raise TypeError(f"TrainStep needs a netcl optimizer (optim.SGD, optim.Adam), got {type(optimizer).__name__}")
-        if not callable(getattr(loss_fn, "enqueue", None)):
+            raise TypeError(f"TrainStep needs a netcl optimizer (optim.SGD, optim.Adam, ...), got "
+                            f"{type(optimizer).__name__}")
+        if not callable(getattr(loss_fn, "enqueue", None)) or not callable(getattr(loss_fn, "check_target", None)):
             raise TypeError(f"TrainStep needs a netcl loss (nn.MSELoss(), nn.CrossEntropyLoss(), ...), got "
                             f"{type(loss_fn).__name__}")
         if replay is None:  # NETCL_TRAIN_REPLAY=0: every TrainStep runs the layer calls (e.g. netcl train's)
@@ -216,15 +219,8 @@ class TrainStep:
             return value
         if role == "x":
             a = np.asarray(value.to_host() if isinstance(value, Tensor) else value, np.float32)
-        elif isinstance(self.loss_fn, CrossEntropyLoss):
-            if len(out_shape) != 2:
-                raise ValueError(f"CrossEntropyLoss expects a (N, C) prediction, the model gives {out_shape}")
-            a = CrossEntropyLoss._host_labels(value, *out_shape)
-        else:
-            a = np.asarray(value.to_host() if isinstance(value, Tensor) else value, np.float32)
-            if a.shape != tuple(out_shape):
-                raise ValueError(f"{type(self.loss_fn).__name__}: target shape {a.shape} differs from prediction "
-                                 f"{tuple(out_shape)}")
+        else:  # (class indices as float32, as the loss kernels read them)
+            a = self.loss_fn.check_target(value, out_shape)
         key = (role, a.shape, q)
         t = self._owned.pop(key, None)
         if t is None:
@@ -247,8 +243,8 @@ def _head(model, loss_fn, x):
     enqueue_linear; a CPU device, N * in <= _HEAD_MAX, training fusions on: sequential.TRAIN_FUSE);
     else None. Six launches of a few microseconds' arithmetic each become one: on the 2-core PoCL
     machine the head of resnet8 at batch 64 took 15 us against 35, the CNN's at batch 8 9 against 30."""
-    if not (sequential.TRAIN_FUSE and type(loss_fn) is CrossEntropyLoss and type(model) is nn.Sequential
-            and len(model) >= 2 and type(model.layers[-1]) is nn.Linear and model.layers[-1].out_features <= 16
+    if not (sequential.TRAIN_FUSE and type(loss_fn) is CrossEntropyLoss and loss_fn.plain
+            and type(model) is nn.Sequential and len(model) >= 2 and type(model.layers[-1]) is nn.Linear and model.layers[-1].out_features <= 16
             and ops.is_cpu(x.queue)):
         return None
     body = nn.Sequential(*model.layers[:-1])  # not model[:-1]: its train() would set every layer's mode
@@ -290,7 +286,7 @@ class _Guard:
     whether all of it is still so: every layer's plain public settings (training, stride, eps,
     ...), its parameters, buffers and public Tensor attributes (the same Tensors on the same
     device buffers), the layers a
-    container holds, the optimizer's hyperparameters, its parameters' buffers and state tensors,
+    container holds, the optimizer's launch_settings(), its parameters' buffers and state tensors,
     and that no gradient is set."""
 
     def __init__(self, model, optimizer):
@@ -310,7 +306,7 @@ class _Guard:
             if kids:
                 self.children.append((m, kids))
             stack.extend(kids)
-        self.optimizer, self.hyper = optimizer, optimizer.hyperparameters()
+        self.optimizer, self.launch_settings = optimizer, optimizer.launch_settings()
         self.containers = (optimizer.params, optimizer.state, list(optimizer.params), list(optimizer.state))
         for p, st in zip(optimizer.params, optimizer.state):
             self.tensors.append((None, p, p, p._st.buf))
@@ -347,7 +343,7 @@ class _Guard:
             return False
         if any(st.get("step") != t for st, t in zip(opt.state, self.steps)):
             return False  # a step count set by hand (Adam's corrections, how its runs split)
-        return opt.hyperparameters() == self.hyper and _knobs() == self.knobs
+        return opt.launch_settings() == self.launch_settings and _knobs() == self.knobs
 
 
 def _own_loss(pending, out):

@@ -228,6 +228,91 @@ def test_resume_matches_the_straight_run(queue, digits, tmp_path, which):
         assert np.array_equal(a, final[name]), name
 
 
+def digits_loop(model, loss_fn, opt, sched, loader, epochs):
+    """Epochs of a training loop with the loop's parts: a DataLoader, gradient clipping, a scheduler
+    stepped per batch (OneCycleLR) or per epoch (ReduceLROnPlateau on the epoch's mean loss)."""
+    losses = []
+    for _ in range(epochs):
+        epoch = []
+        for xb, yb in loader:
+            loss = loss_fn(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            epoch.append(float(loss))
+            if isinstance(sched, optim.lr_scheduler.OneCycleLR):
+                sched.step()
+        if isinstance(sched, optim.lr_scheduler.ReduceLROnPlateau):
+            sched.step(np.mean(epoch))
+        elif not isinstance(sched, optim.lr_scheduler.OneCycleLR):
+            sched.step()
+        losses += epoch
+    return losses
+
+
+RESUMED = {  # name -> make(optimizer) of the scheduler
+    "OneCycleLR": lambda o: optim.lr_scheduler.OneCycleLR(o, max_lr=[0.02, 0.05], total_steps=4 * 12),
+    "SequentialLR": lambda o: optim.lr_scheduler.SequentialLR(
+        o, [optim.lr_scheduler.LinearLR(o, 0.2, total_iters=2), optim.lr_scheduler.CosineAnnealingLR(o, 3)], [2]),
+    "ReduceLROnPlateau": lambda o: optim.lr_scheduler.ReduceLROnPlateau(o, factor=0.5, patience=0),
+}
+
+
+@pytest.mark.parametrize("which", sorted(RESUMED))
+def test_resume_with_groups_a_scheduler_and_a_loader_continues_exactly(queue, digits, tmp_path, which):
+    """AdamW with two parameter groups (amsgrad in one), a scheduler, a shuffling DataLoader, clipping,
+    Dropout: two epochs, a checkpoint, two more; against loading the checkpoint and running the last
+    two: the same losses and weights, bit for bit (the scheduler comes back in meta)."""
+    from netcl.data import DataLoader, TensorDataset
+
+    def setup():
+        netcl.manual_seed(11)
+        model = digits_net().to(queue).train()
+        ps = model.parameters()
+        opt = optim.AdamW([{"params": ps[:4], "lr": 3e-3}, {"params": ps[4:], "amsgrad": True}], lr=1e-2)
+        return model, opt, RESUMED[which](opt)
+
+    def loader():
+        return DataLoader(TensorDataset(*digits), batch_size=16, shuffle=True, drop_last=True, queue=queue)
+
+    model, opt, sched = setup()
+    straight = digits_loop(model, nn.CrossEntropyLoss(), opt, sched, loader(), 4)
+    final, lrs = model.state_dict(), sched.get_last_lr()
+
+    model, opt, sched = setup()
+    first = digits_loop(model, nn.CrossEntropyLoss(), opt, sched, loader(), 2)
+    save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=2, scheduler=sched)
+    del model, opt, sched
+    netcl.manual_seed(999)
+    model, opt, meta = load_checkpoint(tmp_path / "c.netcl")
+    sched = meta.pop("scheduler")
+    assert type(sched).__name__ == which and sched.optimizer is opt and meta == {"epoch": 2}
+    assert [len(g["params"]) for g in opt.param_groups] == [4, 2] and opt.param_groups[1]["amsgrad"]
+    second = digits_loop(model.to(queue), nn.CrossEntropyLoss(), opt, sched, loader(), 2)
+    assert first + second == straight and sched.get_last_lr() == lrs
+    for name, a in model.state_dict().items():
+        assert np.array_equal(a, final[name]), name
+
+
+def test_checkpoint_keeps_parameter_groups_and_their_settings(tmp_path):
+    """Groups over some of the parameters in another order, a group's own settings, a name, a
+    scheduler's keys: all back as they were (a file's groups partition the optimizer's parameters)."""
+    model = digits_net()
+    ps = model.parameters()
+    opt = optim.SGD([{"params": [ps[4], ps[0]], "name": "head", "lr": 0.5}, {"params": ps[2:4], "nesterov": True}],
+                    lr=0.1, momentum=0.9)
+    optim.lr_scheduler.StepLR(opt, 3)
+    save_checkpoint(tmp_path / "c.netcl", model, opt)
+    loaded, back, _ = load_checkpoint(tmp_path / "c.netcl")
+    lp = loaded.parameters()
+    assert [[id(p) for p in g["params"]] for g in back.param_groups] == [[id(lp[4]), id(lp[0])], [id(lp[2]), id(lp[3])]]
+    strip = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    assert [{k: v for k, v in g.items() if k != "params"} for g in back.param_groups] == strip
+    assert strip[0]["name"] == "head" and strip[1]["initial_lr"] == 0.1 and back.hyperparameters() == \
+        opt.hyperparameters()
+
+
 def test_checkpoint_of_an_optimizer_over_some_parameters(tmp_path):
     model = digits_net()
     save_checkpoint(tmp_path / "c.netcl", model, optim.SGD(model.parameters()[2:], lr=0.1))
@@ -262,9 +347,11 @@ def good(tmp_path_factory):
     for st, p in zip(opt.state, opt.params):  # slots as after a step, without needing a device
         st.update(step=1, exp_avg=Tensor.from_host(None, np.ones(p.shape)),
                                               exp_avg_sq=Tensor.from_host(None, np.ones(p.shape)))
+    sched = optim.lr_scheduler.SequentialLR(opt, [optim.lr_scheduler.LinearLR(opt, total_iters=2),
+                                                  optim.lr_scheduler.CosineAnnealingLR(opt, T_max=3)], [2])
     d = tmp_path_factory.mktemp("good")
     save(model, d / "m.netcl")
-    save_checkpoint(d / "c.netcl", model, opt, epoch=1)
+    save_checkpoint(d / "c.netcl", model, opt, epoch=1, scheduler=sched)
     return (d / "m.netcl").read_bytes(), (d / "c.netcl").read_bytes()
 
 
@@ -417,6 +504,34 @@ CORRUPT_CHECKPOINT = {
 }
 
 
+def group(h, i=0):
+    return h["optimizer"]["groups"][i]
+
+
+def scheduler(h):
+    return h["scheduler"]
+
+
+CORRUPT_CHECKPOINT.update({
+    "group counts": (lambda h: group(h).update(params=3), "add up to 4"),
+    "group setting name": (lambda h: group(h).update(__class__=1.0), "not a short identifier"),
+    "group setting value": (lambda h: group(h).update(initial_lr=[[1]]), "expected a finite number"),
+    "group setting string": (lambda h: group(h).update(lr="0.1"), "lr must be a number"),
+    "group bad lr": (lambda h: group(h).update(lr=-1.0), "lr must be in"),
+    "group not an object": (lambda h: h["optimizer"]["groups"].append(1), "'params' counts"),
+    "unknown scheduler": (lambda h: scheduler(h).update(type="Evil"), "unknown scheduler type 'Evil'"),
+    "scheduler argument injection": (lambda h: scheduler(h)["config"]["schedulers"][0]["config"].update(
+        __init__=1), "'__init__' is not an argument"),
+    "scheduler argument value": (lambda h: scheduler(h)["config"]["schedulers"][1]["config"].update(T_max=0),
+                                 "T_max must be in"),
+    "scheduler nested state": (lambda h: scheduler(h)["config"].update(schedulers=[]), "SequentialLR's config"),
+    "scheduler state field": (lambda h: scheduler(h)["state"].update(evil=1), "must have the fields"),
+    "scheduler state kind": (lambda h: scheduler(h)["state"]["_schedulers"][1].update(T_max="3"),
+                             "expected a value like"),
+    "scheduler state length": (lambda h: scheduler(h)["state"]["_last_lr"].append(0.1), "list of 1 values"),
+})
+
+
 @pytest.mark.parametrize("case", sorted(CORRUPT_CHECKPOINT))
 def test_corrupt_checkpoint_raises_format_error(good, tmp_path, case):
     edit, message = CORRUPT_CHECKPOINT[case]
@@ -435,7 +550,9 @@ def test_the_unedited_files_load(good, tmp_path):
         (tmp_path / f"{i}.netcl").write_bytes(edited(blob, lambda h: None))
         assert len(load(tmp_path / f"{i}.netcl")) == 3
     model, opt, meta = load_checkpoint(tmp_path / "1.netcl")
+    sched = meta.pop("scheduler")
     assert isinstance(opt, optim.Adam) and meta == {"epoch": 1} and opt.state[3]["step"] == 1
+    assert isinstance(sched, optim.lr_scheduler.SequentialLR) and sched.optimizer is opt
 
 
 def test_model_file_is_not_a_checkpoint(good, tmp_path):

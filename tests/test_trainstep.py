@@ -60,8 +60,10 @@ def assert_same_state(a, b):
         np.testing.assert_array_equal(ta.to_host(), tb.to_host(), err_msg=key)
     sa, sb = oa.state_dict()["state"], ob.state_dict()["state"]
     assert sa.keys() == sb.keys()
-    for k in sa:
-        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    for i in sa:
+        assert sa[i].keys() == sb[i].keys()
+        for k in sa[i]:
+            np.testing.assert_array_equal(sa[i][k], sb[i][k], err_msg=f"{i}.{k}")
 
 
 def launches_during(monkeypatch, fn):
@@ -130,12 +132,13 @@ def test_dropout_draws_a_new_seed_for_every_replay(queue, rng):
 
 
 def test_a_changed_setting_records_anew(queue, rng):
-    """The optimizer's learning rate, a layer's setting: the step sees each change and runs eagerly
-    until it has recorded the new step. Weights loaded in place, or train/eval and back, change
-    nothing a replay depends on."""
+    """A setting that chooses the optimizer's launches (nesterov), a layer's setting: the step sees
+    each change and runs eagerly until it has recorded the new step. A changed learning rate (a
+    scheduler's) is read by the replays themselves. Weights loaded in place, or train/eval and
+    back, change nothing a replay depends on."""
     a, b = twins(queue, "detector-sgd-mse")
     step = TrainStep(*a)
-    data = iter(batches(rng, "detector-sgd-mse", 20, a[0]))
+    data = iter(batches(rng, "detector-sgd-mse", 24, a[0]))
 
     def both(calls):
         for _ in range(calls):
@@ -146,7 +149,11 @@ def test_a_changed_setting_records_anew(queue, rng):
     for o in (a[2], b[2]):
         o.lr = 0.05
     both(4)
-    assert step.replays == 3  # two eager calls (recorded), then replays
+    assert step.replays == 5  # replayed with the new rate
+    for o in (a[2], b[2]):
+        o.nesterov = True
+    both(4)
+    assert step.replays == 7  # two eager calls (recorded), then replays
     for m in (a[0], b[0]):
         m.eval()
     with pytest.raises(ValueError, match="model.train"):
@@ -154,17 +161,17 @@ def test_a_changed_setting_records_anew(queue, rng):
     for m in (a[0], b[0]):
         m.train()
     both(2)
-    assert step.replays == 5
+    assert step.replays == 9
     for m in (a[0], b[0]):
         act = next(l for _, l in m.chain() if isinstance(l, nn.LeakyReLU))
         act.negative_slope = act.slope = 0.2
     both(4)
-    assert step.replays == 7
+    assert step.replays == 11
     state = {k: v * 0.5 for k, v in a[0].state_dict().items()}
     for m in (a[0], b[0]):
         m.load_state_dict(state)
     both(2)
-    assert step.replays == 9
+    assert step.replays == 13
     assert_same_state(a, b)
 
 

@@ -14,9 +14,12 @@ The header holds "netcl_version", "kind" ("model" or "checkpoint"), "training", 
 arguments, plus "children", a list of [name, entry] pairs, for a layer that holds layers such as
 a nested Sequential), "tensors" (a list of {"name", "shape", "dtype": "float32", "offset", "nbytes"}; names
 are state_dict keys such as "0.weight", and "optimizer.<i>.<slot>") and "data_bytes". A checkpoint
-adds "optimizer" ({"type", "hyper", "params": indices into model.parameters(), "scalars":
-{"<i>.step": int}}), "meta" (the epoch and the user's metadata) and "rng" (netcl's random
-generator, so that a resumed run draws the same dropout masks as the uninterrupted one).
+adds "optimizer" ({"type", "hyper" (the constructor's settings), "params": indices into
+model.parameters(), "scalars": {"<i>.step": int}, "groups": [{"params": how many of "params" in
+order, setting: value, ...}]}; a file without "groups" has one group of the "hyper" settings),
+"meta" (the epoch and the user's metadata), "rng" (netcl's random generator, so that a resumed run
+draws the same dropout masks as the uninterrupted one) and, where one was given, "scheduler"
+({"type", "config": its constructor's arguments, "state": its state_dict()}).
 
 Reading executes nothing from the file: JSON only, layer and optimizer types from fixed
 registries, config keys checked against the constructor, and every size in the header checked
@@ -35,6 +38,7 @@ import struct
 import numpy as np
 
 from netcl import optim
+from netcl.optim import lr_scheduler
 from netcl.errors import FormatError
 from netcl import nn
 from netcl.io.atomic import AtomicFile, file_path
@@ -59,12 +63,15 @@ OPTIMIZERS = {name: cls for name, cls in vars(optim).items()
               if isinstance(cls, type) and issubclass(cls, optim.Optimizer) and cls is not optim.Optimizer}
 
 _MAX_DEPTH = 32  # nested blocks
+_MAX_SCHEDULER_DEPTH = 4  # SequentialLRs inside SequentialLRs
+_MAX_GROUPS = 1 << 12  # parameter groups of an optimizer
 _MAX_NESTING = 3 * _MAX_DEPTH + 16  # JSON levels: each block adds three (children, pair, entry)
 _BRACKET = np.zeros(256, np.int32)  # the nesting step of each byte value
 _BRACKET[list(b"[{")], _BRACKET[list(b"]}")] = 1, -1
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 _CHILD = re.compile(r"[A-Za-z0-9_]{1,64}")
+_SETTING = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")  # a parameter group's setting ("lr", "initial_lr")
 _STATE_KEY = re.compile(r"(0|[1-9][0-9]{0,8})\.([A-Za-z_][A-Za-z0-9_]{0,63})")
 _RNG_TYPES = ("PCG64", "PCG64DXSM")  # numpy bit generators whose state is plain JSON
 
@@ -84,17 +91,21 @@ def save(model, path, example_input=None):
     _write(path, _model_header(model), _model_tensors(model))
 
 
-def save_checkpoint(path, model, optimizer, epoch=None, **meta):
+def save_checkpoint(path, model, optimizer, epoch=None, scheduler=None, **meta):
     """Write a training checkpoint that load_checkpoint() resumes exactly. Atomic.
 
     Args:
         path: the .netcl file to write.
         model: the model (architecture and weights).
-        optimizer: a netcl.optim optimizer of the model's parameters: its type, hyperparameters and state.
+        optimizer: a netcl.optim optimizer of the model's parameters: its type, parameter groups
+            (their settings, a schedule's learning rates included) and state.
         epoch: an int or None, returned in load_checkpoint's meta.
+        scheduler: a netcl.optim.lr_scheduler scheduler of the optimizer, or None: its type,
+            arguments and state (load_checkpoint's meta["scheduler"] is it rebuilt).
         **meta: more metadata (JSON values), returned in load_checkpoint's meta.
 
-    netcl's random-generator state is saved too, so dropout masks continue as in the uninterrupted run.
+    netcl's random-generator state is saved too, so dropout masks and DataLoader shuffles continue
+    as in the uninterrupted run.
     """
     header = _model_header(model)
     if not isinstance(optimizer, optim.Optimizer) or type(optimizer) not in OPTIMIZERS.values():
@@ -106,29 +117,77 @@ def save_checkpoint(path, model, optimizer, epoch=None, **meta):
     if any(id(p) not in index for p in optimizer.params):
         raise ValueError("the optimizer updates tensors that are not parameters of the model; "
                          "build it over model.parameters() (or a subset of them)")
-    sd = optimizer.state_dict()
-    problem = _config_problem(type(optimizer), sd["hyper"], lists=True)
+    hyper = optimizer.hyperparameters()
+    problem = _config_problem(type(optimizer), hyper, lists=True)
     if problem:
         raise ValueError(f"cannot save {type(optimizer).__name__}: hyperparameter {problem}")
+    sd = optimizer.state_dict()
+    groups = []
+    for g in sd["param_groups"]:
+        entry = {"params": len(g["params"]), **{k: _plain_value(v) for k, v in g.items() if k != "params"}}
+        problem = _group_problem(entry)
+        if problem:
+            raise ValueError(f"cannot save {type(optimizer).__name__}: parameter group {problem}")
+        groups.append(entry)
     scalars, arrays = {}, []
-    for key, v in sd["state"].items():
-        if isinstance(v, np.ndarray):
-            arrays.append((f"optimizer.{key}", v.shape, lambda v=v: v))
-        elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-            scalars[key] = int(v)
-        else:
-            raise ValueError(f"cannot save optimizer state {key!r} of type {type(v).__name__}")
+    for i, st in sd["state"].items():
+        for name, v in st.items():
+            key = f"{i}.{name}"
+            if isinstance(v, np.ndarray):
+                arrays.append((f"optimizer.{key}", v.shape, lambda v=v: v))
+            elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+                scalars[key] = int(v)
+            else:
+                raise ValueError(f"cannot save optimizer state {key!r} of type {type(v).__name__}")
     header.update(kind="checkpoint",
-                  optimizer={"type": sd["type"], "hyper": sd["hyper"],
-                             "params": [index[id(p)] for p in optimizer.params], "scalars": scalars},
+                  optimizer={"type": type(optimizer).__name__, "hyper": hyper,
+                             "params": [index[id(p)] for p in optimizer.params], "scalars": scalars,
+                             "groups": groups},
                   meta={"epoch": None if epoch is None else int(epoch), **meta},
                   rng=_module.rng().bit_generator.state)
+    if scheduler is not None:
+        header["scheduler"] = _scheduler_entry(scheduler, optimizer)
     try:
         json.dumps(header["meta"], default=_json_default)
     except (TypeError, ValueError) as e:
         raise TypeError(f"checkpoint metadata must be JSON values (str, int, float, bool, None, lists, "
                         f"dicts with str keys): {e}") from None
     _write(path, header, _model_tensors(model) + arrays)
+
+
+def _plain_value(v):
+    return list(v) if isinstance(v, tuple) else v.item() if isinstance(v, np.generic) else v
+
+
+def _scheduler_entry(scheduler, optimizer):
+    """{"type", "config", "state"} of a scheduler of `optimizer`, checked as load_checkpoint checks it."""
+    cls = lr_scheduler.SCHEDULERS.get(type(scheduler).__name__)
+    if cls is not type(scheduler):
+        raise TypeError(f"save_checkpoint's scheduler must be a netcl.optim.lr_scheduler scheduler "
+                        f"({', '.join(lr_scheduler.SCHEDULERS)}), got {type(scheduler).__name__}")
+    if scheduler.optimizer is not optimizer:
+        raise ValueError("the scheduler schedules another optimizer than the one saved")
+    entry = _scheduler_config(scheduler)
+    entry["state"] = scheduler.state_dict()
+    try:
+        json.dumps(entry, default=_json_default)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"cannot save {type(scheduler).__name__}: its state is not plain data ({e})") from None
+    return entry
+
+
+def _scheduler_config(scheduler, depth=0):
+    """{"type", "config"} of a scheduler (a SequentialLR's schedulers nested likewise), checked."""
+    if depth > _MAX_SCHEDULER_DEPTH:
+        raise ValueError(f"cannot save schedulers nested more than {_MAX_SCHEDULER_DEPTH} deep")
+    name, config = type(scheduler).__name__, scheduler.config()
+    if name == "SequentialLR":
+        config["schedulers"] = [_scheduler_config(s, depth + 1) for s in scheduler._schedulers]
+    else:
+        problem = _config_problem(type(scheduler), config, lists=_MAX_GROUPS)
+        if problem:
+            raise ValueError(f"cannot save {name}: argument {problem} (a checkpoint holds data, not functions)")
+    return {"type": name, "config": config}
 
 
 def _recordable(model, example_input):
@@ -242,13 +301,14 @@ def load(path):
 
 def load_checkpoint(path):
     """Read a checkpoint -> (model, optimizer, meta); also restores netcl's random generator, so
-    that training continues exactly as the uninterrupted run would. meta holds "epoch" and the
-    keyword metadata given to save_checkpoint."""
+    that training continues exactly as the uninterrupted run would. meta holds "epoch", the
+    keyword metadata given to save_checkpoint and, where a scheduler was saved, "scheduler": it,
+    rebuilt over the optimizer with its state."""
     with _Reader(path) as r:
         if r.header.get("kind") != "checkpoint":
             raise FormatError(f"{r.path}: this is a model file without optimizer state; use netcl.io.load()")
         model = _build_model(r)
-        opt = _build_optimizer(r, model)
+        opt, sched = _build_optimizer(r, model)
         meta = r.header["meta"]
         if not isinstance(meta, dict) or "epoch" not in meta:
             raise FormatError(f"{r.path}: header 'meta' must be an object holding 'epoch'")
@@ -257,12 +317,15 @@ def load_checkpoint(path):
         rng = _rng_from(r)
         r.check_all_used()
     _module.set_rng(rng)  # only now: a failed load leaves the generator alone
+    if sched is not None:
+        meta = {**meta, "scheduler": sched}
     return model, opt, meta
 
 
 _FIELDS = {"model": {"netcl_version", "kind", "training", "architecture", "tensors", "data_bytes"}}
 _FIELDS["checkpoint"] = _FIELDS["model"] | {"optimizer", "meta", "rng"}
-_OPTIONAL = {"root"}  # "root": "layer": the architecture's one entry is the model (a GraphModule)
+# "root": "layer": the architecture's one entry is the model (a GraphModule); a checkpoint's "scheduler"
+_OPTIONAL = {"model": {"root"}, "checkpoint": {"root", "scheduler"}}
 
 
 class _Reader:
@@ -319,10 +382,11 @@ class _Reader:
         kind = h.get("kind")
         if not isinstance(kind, str) or kind not in _FIELDS:  # (a list or object is not hashable)
             fail(f"header 'kind' must be 'model' or 'checkpoint', got {kind!r}")
-        if not _FIELDS[kind] <= set(h) <= _FIELDS[kind] | _OPTIONAL:
+        optional = _OPTIONAL[kind]
+        if not _FIELDS[kind] <= set(h) <= _FIELDS[kind] | optional:
             fail(f"header fields for a {kind} must be {sorted(_FIELDS[kind])} (and optionally "
-                 f"{sorted(_OPTIONAL)}); missing {sorted(_FIELDS[kind] - set(h))}, unexpected "
-                 f"{sorted(set(h) - _FIELDS[kind] - _OPTIONAL)}")
+                 f"{sorted(optional)}); missing {sorted(_FIELDS[kind] - set(h))}, unexpected "
+                 f"{sorted(set(h) - _FIELDS[kind] - optional)}")
         if h.get("root", "layer") != "layer":
             fail(f"header 'root' must be 'layer' where present, got {h['root']!r:.50}")
         data = _count(h["data_bytes"], _MAX_INT)
@@ -464,10 +528,13 @@ def _build_layer(r, entry, path, depth, budget):
 
 
 def _build_optimizer(r, model):
+    """The checkpoint's optimizer over `model`'s parameters, and its scheduler (or None), loaded in
+    torch's resume order: the optimizer made, the scheduler made over it (which sets learning
+    rates as at its construction), then both loaded with their saved state."""
     o = r.header["optimizer"]
     fields = {"type", "hyper", "params", "scalars"}
-    if not isinstance(o, dict) or set(o) != fields:
-        r.fail(f"header 'optimizer' must be an object with fields {sorted(fields)}")
+    if not isinstance(o, dict) or not fields <= set(o) <= fields | {"groups"}:
+        r.fail(f"header 'optimizer' must be an object with fields {sorted(fields)} (and optionally 'groups')")
     cls = OPTIMIZERS.get(o["type"]) if isinstance(o["type"], str) else None
     if cls is None:
         r.fail(f"unknown optimizer type {o['type']!r:.100}; expected one of {', '.join(OPTIMIZERS)}")
@@ -479,26 +546,124 @@ def _build_optimizer(r, model):
             or len(set(idx)) != len(idx)):
         r.fail(f"optimizer 'params' must be distinct indices into the model's {len(params)} parameters, "
                f"got {idx!r:.200}")
+    groups = o.get("groups", [{"params": len(idx), **o["hyper"]}])
+    if not isinstance(groups, list) or not 0 < len(groups) <= _MAX_GROUPS or any(
+            not isinstance(g, dict) or _count(g.get("params"), len(idx)) is None for g in groups) or \
+            sum(g["params"] for g in groups) != len(idx):
+        r.fail(f"optimizer 'groups' must be a list of objects whose 'params' counts add up to {len(idx)}")
+    for n, g in enumerate(groups):
+        problem = _group_problem(g)
+        if problem:
+            r.fail(f"optimizer {cls.__name__}: parameter group {n}: {problem}")
     state = {}
     scalars = o["scalars"]
     if not isinstance(scalars, dict):
         r.fail("optimizer 'scalars' must be an object")
     for key, v in scalars.items():
-        if not _STATE_KEY.fullmatch(key) or _count(v, _MAX_INT) is None:
-            r.fail(f"optimizer scalar {key!r:.100} = {v!r:.50}: expected '<index>.<name>' = a non-negative integer")
-        state[key] = v
+        m = _STATE_KEY.fullmatch(key)
+        if not m or int(m[1]) >= len(idx) or _count(v, _MAX_INT) is None:
+            r.fail(f"optimizer scalar {key!r:.100} = {v!r:.50}: expected '<index>.<name>' (index below {len(idx)}) "
+                   "= a non-negative integer")
+        state.setdefault(int(m[1]), {})[m[2]] = v
     for name in r.table:
         if name.startswith("optimizer."):
             key = name[len("optimizer."):]
             m = _STATE_KEY.fullmatch(key)
             if not m or int(m[1]) >= len(idx):
                 r.fail(f"tensor {name!r}: expected 'optimizer.<i>.<slot>' with i below {len(idx)}")
-            state[key] = r.read(name, params[idx[int(m[1])]].shape)
+            state.setdefault(int(m[1]), {})[m[2]] = r.read(name, params[idx[int(m[1])]].shape)
+    ours, made, sd, start = [params[i] for i in idx], [], {"state": state, "param_groups": []}, 0
+    for g in groups:
+        settings, n = {k: v for k, v in g.items() if k != "params"}, g["params"]
+        sd["param_groups"].append({**settings, "params": list(range(start, start + n))})
+        made.append({**settings, "params": ours[start:start + n]})
+        start += n
     try:
-        opt = cls([params[i] for i in idx], **o["hyper"])
-        return opt.load_state_dict({"type": cls.__name__, "hyper": o["hyper"], "state": state})
+        opt = cls(made, **o["hyper"])
     except (TypeError, ValueError, IndexError, KeyError) as e:
         r.fail(f"optimizer {cls.__name__}: {e}")
+    sched = _build_scheduler(r, opt, r.header["scheduler"]) if "scheduler" in r.header else None
+    try:
+        opt.load_state_dict(sd)
+    except (TypeError, ValueError, IndexError, KeyError) as e:
+        r.fail(f"optimizer {cls.__name__}: {e}")
+    if sched is not None:
+        state = r.header["scheduler"]["state"]
+        problem = _same_layout(sched.state_dict(), state, "state")
+        if problem:
+            r.fail(f"scheduler {type(sched).__name__}: {problem}")
+        sched.load_state_dict(state)
+    return opt, sched
+
+
+def _group_problem(g):
+    """What is wrong with a saved parameter group {"params": count, setting: value, ...}, or None:
+    settings are short names with finite numbers, booleans, null, short strings (a group's name) or
+    short lists of numbers (betas)."""
+    if not isinstance(g, dict) or len(g) > 64:
+        return "must be an object of at most 64 settings"
+    for k, v in g.items():
+        if not isinstance(k, str) or not _SETTING.fullmatch(k):
+            return f"setting name {k!r:.70} is not a short identifier"
+        for x in v if isinstance(v, list) and len(v) <= 8 else [v]:
+            if not (x is None or isinstance(x, bool) or (isinstance(x, float) and math.isfinite(x))
+                    or (isinstance(x, int) and abs(x) <= _MAX_INT) or (isinstance(x, str) and len(x) <= 64)):
+                return f"{k!r} = {v!r:.100}: expected a finite number, boolean, null, a short string or a short " \
+                       "list of numbers"
+    return None
+
+
+def _build_scheduler(r, opt, entry, depth=0):
+    """A scheduler from its {"type", "config"} (a SequentialLR's schedulers within), made over opt."""
+    fields = {"type", "config"} | ({"state"} if depth == 0 else set())
+    if not isinstance(entry, dict) or set(entry) != fields:
+        r.fail(f"header 'scheduler' entries must be objects with fields {sorted(fields)}")
+    cls = lr_scheduler.SCHEDULERS.get(entry["type"]) if isinstance(entry["type"], str) else None
+    if cls is None:
+        r.fail(f"unknown scheduler type {entry['type']!r:.100}; expected one of {', '.join(lr_scheduler.SCHEDULERS)}")
+    config = entry["config"]
+    if cls is lr_scheduler.SequentialLR:
+        if depth >= _MAX_SCHEDULER_DEPTH or not isinstance(config, dict) or \
+                set(config) != {"schedulers", "milestones"} or not isinstance(config["schedulers"], list) or \
+                not 0 < len(config["schedulers"]) <= 64:
+            r.fail("a SequentialLR's config must be {'schedulers': [entries], 'milestones': [epochs]}, nested at "
+                   f"most {_MAX_SCHEDULER_DEPTH} deep")
+        config = {"milestones": config["milestones"],
+                  "schedulers": [_build_scheduler(r, opt, e, depth + 1) for e in config["schedulers"]]}
+    else:
+        problem = _config_problem(cls, config, lists=_MAX_GROUPS)
+        if problem:
+            r.fail(f"scheduler {cls.__name__}: argument {problem}")
+    try:
+        return cls(opt, **config)
+    except (TypeError, ValueError, KeyError, IndexError) as e:
+        r.fail(f"scheduler {cls.__name__}: {e}")
+
+
+def _same_layout(fresh, saved, where):
+    """None if `saved` (a file's scheduler state) has the keys, lengths and kinds of values of `fresh`
+    (the state of the scheduler rebuilt from its config), else what differs first."""
+    if isinstance(fresh, dict):
+        if not isinstance(saved, dict) or set(saved) != set(fresh):
+            return f"{where} must have the fields {sorted(fresh)}"
+        for k in fresh:
+            problem = _same_layout(fresh[k], saved[k], f"{where}.{k}")
+            if problem:
+                return problem
+        return None
+    if isinstance(fresh, list):
+        if not isinstance(saved, list) or len(saved) != len(fresh):
+            return f"{where} must be a list of {len(fresh)} values"
+        for n, (a, b) in enumerate(zip(fresh, saved)):
+            problem = _same_layout(a, b, f"{where}[{n}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(fresh, bool) or isinstance(fresh, str):
+        ok = type(saved) is type(fresh) and (not isinstance(saved, str) or len(saved) <= 32)
+    else:  # a number, or null where a number may come (a minimum learning rate per group, ...)
+        ok = saved is None or (isinstance(saved, (int, float)) and not isinstance(saved, bool))
+    return None if ok else f"{where} = {saved!r:.50}: expected a value like {fresh!r:.50}"
 
 
 def _rng_from(r):
@@ -517,23 +682,24 @@ def _rng_from(r):
 
 # ---------------------------------------------------------------------------------------
 # helpers
-def _config_problem(cls, config, lists=False):
+def _config_problem(cls, config, lists=0):
     """What is wrong with `config` as keyword arguments of `cls` (None if nothing): keys must name
     the constructor's parameters and values be JSON numbers, booleans or null; a short string only
     where the parameter's default is a string (a mode such as Upsample's or GELU's approximate,
-    which the constructor checks against its fixed set); optimizers: also short lists of numbers
-    (Adam's betas)."""
+    which the constructor checks against its fixed set); optimizers and schedulers: also lists of at
+    most `lists` numbers (True: 8; Adam's betas, a scheduler's value per group)."""
     if not isinstance(config, dict):
         return f"must be an object, got {type(config).__name__}"
     if hasattr(cls, "config_problem"):  # a config of structured values (a graph's nodes): its class checks it
         return cls.config_problem(config)
     sig = inspect.signature(cls)
     names = [n for n, p in sig.parameters.items()
-             if n != "params" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+             if n not in ("params", "optimizer") and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    longest = 8 if lists is True else int(lists)
     for k, v in config.items():
         if k not in names:
             return f"key {k!r:.100} is not an argument of {cls.__name__} (expected some of {names})"
-        if lists and isinstance(v, list) and len(v) <= 8:
+        if isinstance(v, list) and len(v) <= longest:
             vs = v
         else:
             vs = [v]

@@ -1,6 +1,7 @@
 // A classifier's head in a CPU training step (netcl.trainstep): Linear(IN, C), C <= 16, and the
 // cross-entropy after it, forward and backward in one launch of one work-item:
-//   y = x W + b, the loss's sum and refused labels, g = dL/dy (the CrossEntropyLoss's gradient),
+//   y = x W + b, the loss's mean and refused labels, g = dL/dy (the CrossEntropyLoss's gradient; labels
+//   equal to ignore_index count for nothing),
 //   gw (+)= x^T g, gb (+)= the column sums of g, dx = g W^T (want_dx).
 // As layer calls these are six launches (GEMM, loss, its sum, two GEMMs and a bias sum), each a
 // few microseconds of arithmetic behind a PoCL launch that costs as much (the host side:
@@ -29,7 +30,8 @@ inline void store_row(__global float *dst, const float16 v, const int C, const i
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void linear_ce_cpu(const int N, const int IN, const int C, __global const float *restrict x,
                    __global const float *restrict w, __global const float *restrict b, const int has_bias,
-                   __global const float *restrict labels, __global float *restrict y, __global float *restrict g,
+                   __global const float *restrict labels, const int ignore, __global float *restrict y,
+                   __global float *restrict g,
                    __global float *restrict gp, __global float *restrict wt, __global float *restrict gw,
                    const int acc_w, __global float *restrict gb, const int acc_b, __global float *restrict dx,
                    const int want_dx, __global float *restrict out) {
@@ -41,6 +43,9 @@ void linear_ce_cpu(const int N, const int IN, const int C, __global const float 
         bias = *(float16 *)t;
     }
     float total = 0.0f, refused = 0.0f;
+    int valid = 0;
+    for (int r = 0; r < N; r++) valid += labels[r] != (float)ignore;
+    const float scale = 1.0f / (float)valid;  // (no valid label: the mean is NaN, every gradient 0)
     // forward and the loss, ROWS rows a pass over W
     for (int r0 = 0; r0 < N; r0 += ROWS) {
         __global const float *xr[ROWS];
@@ -60,23 +65,25 @@ void linear_ce_cpu(const int N, const int IN, const int C, __global const float 
             *(float16 *)s = acc[j];
             for (int c = 0; c < C; c++) y[r * C + c] = s[c];
             const float yf = labels[r];
-            const float bad = (yf >= 0.0f && yf < (float)C && yf == floor(yf)) ? 0.0f : 1.0f;
-            const int lab = bad == 0.0f ? (int)yf : 0;  // a refused label still indexes inside the row
+            const int skip = yf == (float)ignore;
+            const float bad = (skip || (yf >= 0.0f && yf < (float)C && yf == floor(yf))) ? 0.0f : 1.0f;
+            const int keep = bad == 0.0f && !skip;
+            const int lab = keep ? (int)yf : 0;  // a refused or ignored label still indexes inside the row
             float m = -INFINITY;
             for (int c = 0; c < C; c++) m = fmax(m, s[c]);
             float e = 0.0f;
             for (int c = 0; c < C; c++) e += exp(s[c] - m);
             const float lse = m + log(e);
-            total += lse - s[lab];
+            total += keep ? lse - s[lab] : 0.0f;
             refused += bad;
             float t[16];
             for (int c = 0; c < 16; c++)
-                t[c] = c < C && bad == 0.0f ? (exp(s[c] - lse) - (c == lab ? 1.0f : 0.0f)) / (float)N : 0.0f;
+                t[c] = c < C && keep ? (exp(s[c] - lse) - (c == lab ? 1.0f : 0.0f)) * scale : 0.0f;
             for (int c = 0; c < C; c++) g[r * C + c] = t[c];
             ((__global float16 *)gp)[r] = *(float16 *)t;
         }
     }
-    out[0] = total;
+    out[0] = total * scale;
     out[1] = refused;
     // gw (+)= x^T g: ROWS columns of x a pass over g
     for (int i0 = 0; i0 < IN; i0 += ROWS) {

@@ -8,7 +8,8 @@ from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
 from netcl.nn.linear import Linear
-from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
+from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
+                           SmoothL1Loss)
 from netcl.nn.graph import GraphModule, TraceError, trace
 from netcl.nn.module import LAYERS, Module, Parameter, manual_seed
 from netcl.nn.norm import BatchNorm2d, LayerNorm
@@ -23,10 +24,10 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
                                         Concat, ModuleList, ModuleDict, GraphModule, Upsample)})
 
-from netcl.nn import functional  # noqa: E402  (after the layers it calls)
+from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
-__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
+__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "LAYERS", "manual_seed", "from_torch"]
+           "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch"]

@@ -2,20 +2,17 @@
 signatures and reductions (import netcl.nn.functional as F). Each runs in OpenCL kernels and takes
 part in autograd: a layer's function calls the layer's kernels (recorded as one node), the rest are
 tensor operations (netcl.functions). Arguments netcl does not implement raise NotImplementedError."""
-import numpy as np
-
-from netcl import array_ops, functions, ops
+from netcl import functions, ops
 from netcl.act import Act
 from netcl.autograd import Node, attach, needs_record, traced
 from netcl.nn.activation import GELU
 from netcl.nn.basic import Dropout
 from netcl.nn.norm import LayerNorm
-from netcl.nn.loss import BCELoss, CrossEntropyLoss, MSELoss
+from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
+                           SmoothL1Loss)
 from netcl.nn.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from netcl.nn.upsample import Upsample
-from netcl.tensor import INT32, Tensor
-
-_REDUCTIONS = ("mean", "sum", "none")
+from netcl.tensor import Tensor
 
 
 # -- activations ----------------------------------------------------------------------------------
@@ -183,137 +180,54 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return layer(x)
 
 
-# -- losses --------------------------------------------------------------------------------------------
-def _reduce(loss, reduction):
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-
-
-def _class_targets(target, x):
-    """Class indices (N, d...) as an int32 device tensor, checked where they are on the host."""
-    C = x.shape[1]
-    if isinstance(target, Tensor) and target.on_device:
-        if target.dtype != INT32:
-            target = functions.cast(target, INT32)
-        return target
-    t = target.to_host() if isinstance(target, Tensor) else np.asarray(target)
-    if not (np.issubdtype(t.dtype, np.integer) or (np.issubdtype(t.dtype, np.floating) and np.all(t == np.floor(t)))):
-        raise TypeError(f"class targets must be integers (class indices), got dtype {t.dtype}")
-    if t.size and (t.min() < 0 or t.max() >= C):
-        raise ValueError(f"class targets must be in [0, {C}), got {t.min()}..{t.max()}")
-    return functions.tensor(t.astype(np.int64), queue=x.queue, dtype=INT32)
-
-
-class _TakeBackward(Node):
-    def __init__(self, x, idx):
-        super().__init__((x,))
-        self.shape = x.shape
-        self.save(idx)
-
-    def backward(self, dy):
-        (idx,) = self.saved_tensors()
-        outer, C, inner = self.shape[0], self.shape[1], int(np.prod(self.shape[2:], dtype=np.int64))
-        return (array_ops.take_backward(dy, idx, outer, C, inner)._view(self.shape),)
-
-
-def _take_classes(x, target):
-    """x[n, target[n, ...], ...]: the score of each target class, (N, d...)."""
-    outer, C, inner = x.shape[0], x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
-    if target.shape != (x.shape[0],) + x.shape[2:]:
-        raise ValueError(f"class targets of shape {target.shape} for input {x.shape}: expected "
-                         f"{(x.shape[0],) + x.shape[2:]}")
-    y = array_ops.take(x, target, outer, C, inner)._view(target.shape)
-    return attach(_TakeBackward(x, target), y) if needs_record(x) else y
-
-
+# -- losses: the loss modules (netcl.nn.loss) called once -------------------------------------------
 @traced("F.nll_loss")
-def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
-    """-input[n, target[n]] (log-probabilities and class indices), reduced."""
-    if weight is not None:
-        raise NotImplementedError("nll_loss: class weights are not supported")
-    x = functions._tensor(input)
-    if x.ndim < 2:
-        raise ValueError(f"nll_loss expects (N, C) or (N, C, d...) log-probabilities, got shape {x.shape}")
-    return _reduce(-_take_classes(x, _class_targets(target, x)), reduction)
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """Negative log-likelihood of log-probabilities (N, C, d...) at class indices (N, d...), as nn.NLLLoss."""
+    return NLLLoss(weight, size_average, ignore_index, reduce, reduction)(functions._tensor(input), target)
 
 
 @traced("F.cross_entropy")
-def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    """log_softmax over dim 1, then nll_loss; (N, C) logits with the mean reduction run as one kernel."""
-    if weight is not None or label_smoothing:
-        raise NotImplementedError("cross_entropy: class weights and label_smoothing are not supported")
-    x = functions._tensor(input)
-    if x.ndim == 2 and reduction == "mean":
-        return CrossEntropyLoss()(x, target)
-    if x.ndim < 2:
-        raise ValueError(f"cross_entropy expects (N, C) or (N, C, d...) logits, got shape {x.shape}")
-    return nll_loss(functions.log_softmax(x, 1), target, reduction=reduction)
-
-
-def _pair(input, target, name):
-    x = functions._tensor(input)
-    t = target if isinstance(target, Tensor) else functions.tensor(np.asarray(target, np.float32), queue=x.queue)
-    if t.shape != x.shape:
-        raise ValueError(f"{name}: target shape {t.shape} differs from input {x.shape}")
-    return x, t
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    """log_softmax over dim 1, then nll_loss (class indices) or the cross-entropy of class
+    probabilities, as nn.CrossEntropyLoss; (N, C) logits in the plain form run as one kernel."""
+    return CrossEntropyLoss(weight, size_average, ignore_index, reduce, reduction, label_smoothing)(
+        functions._tensor(input), target)
 
 
 @traced("F.mse_loss")
-def mse_loss(input, target, reduction="mean"):
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """(input - target) ** 2, reduced."""
-    x, t = _pair(input, target, "mse_loss")
-    if reduction == "mean":
-        return MSELoss()(x, t)
-    return _reduce((x - t) ** 2, reduction)
+    return MSELoss(size_average, reduce, reduction)(functions._tensor(input), target)
 
 
 @traced("F.l1_loss")
-def l1_loss(input, target, reduction="mean"):
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """|input - target|, reduced."""
-    x, t = _pair(input, target, "l1_loss")
-    return _reduce((x - t).abs(), reduction)
+    return L1Loss(size_average, reduce, reduction)(functions._tensor(input), target)
 
 
 @traced("F.smooth_l1_loss")
-def smooth_l1_loss(input, target, reduction="mean", beta=1.0):
-    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (d = input - target)."""
-    x, t = _pair(input, target, "smooth_l1_loss")
-    d = (x - t).abs()
-    if beta == 0.0:
-        return _reduce(d, reduction)
-    small = d < beta
-    return _reduce(small * (0.5 / beta) * d * d + (1.0 - small) * (d - 0.5 * beta), reduction)
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (d = input - target), reduced."""
+    return SmoothL1Loss(size_average, reduce, reduction, beta)(functions._tensor(input), target)
 
 
 @traced("F.huber_loss")
 def huber_loss(input, target, reduction="mean", delta=1.0):
-    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta)."""
-    return smooth_l1_loss(input, target, reduction, beta=delta) * delta
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), reduced."""
+    return HuberLoss(reduction, delta)(functions._tensor(input), target)
 
 
 @traced("F.binary_cross_entropy")
-def binary_cross_entropy(input, target, weight=None, reduction="mean"):
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """On probabilities; logs clamped at -100 as PyTorch."""
-    x, t = _pair(input, target, "binary_cross_entropy")
-    if weight is None and reduction == "mean":
-        return BCELoss()(x, t)
-    loss = -(t * x.log().clamp(min=-100.0) + (1.0 - t) * (1.0 - x).log().clamp(min=-100.0))
-    return _reduce(loss if weight is None else loss * weight, reduction)
+    return BCELoss(weight, size_average, reduce, reduction)(functions._tensor(input), target)
 
 
 @traced("F.binary_cross_entropy_with_logits")
-def binary_cross_entropy_with_logits(input, target, weight=None, reduction="mean", pos_weight=None):
-    """Sigmoid and binary cross-entropy in one stable form: max(x, 0) - x t + log(1 + exp(-|x|)),
-    with pos_weight p: (1 - t) x + (1 + (p - 1) t) (log(1 + exp(-|x|)) + max(-x, 0))."""
-    x, t = _pair(input, target, "binary_cross_entropy_with_logits")
-    soft = (1.0 + (-x.abs()).exp()).log()
-    if pos_weight is None:
-        loss = x.relu() - x * t + soft
-    else:
-        loss = (1.0 - t) * x + (1.0 + (pos_weight - 1.0) * t) * (soft + (-x).relu())
-    return _reduce(loss if weight is None else loss * weight, reduction)
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    """Sigmoid and binary cross-entropy in one stable form, as nn.BCEWithLogitsLoss."""
+    return BCEWithLogitsLoss(weight, size_average, reduce, reduction, pos_weight)(functions._tensor(input), target)
