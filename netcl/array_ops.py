@@ -14,7 +14,8 @@ from netcl.tensor import INT32, Tensor
 # operation -> its code in tensor.cl (-DOP2 for ew2, -DOP1 for ew1, -DRED for reduce)
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "pow": 4, "maximum": 5, "minimum": 6, "eq": 7, "ne": 8,
           "lt": 9, "le": 10, "gt": 11, "ge": 12, "sqrt_grad": 13, "abs_grad": 14, "clamp_grad": 15,
-          "pow_grad": 16, "grad_where_eq": 17}
+          "pow_grad": 16, "grad_where_eq": 17, "pow_grad_base": 18,
+          "pow_grad_exponent": 19}
 UNARY = {"neg": 0, "exp": 1, "log": 2, "sqrt": 3, "abs": 4, "clamp": 5, "pow": 6, "square": 7,
          "reciprocal": 8, "sign": 9, "sin": 10, "cos": 11, "affine": 12}
 REDUCE = {"sum": 0, "max": 1, "min": 2}
@@ -106,6 +107,7 @@ def _launch_elements(q, k, n, args):
 
 
 _plans = {}  # (operand shapes (None: a number), out_shape) -> (output shape, its size, index vector arguments)
+_MAX_PLANS = 4096  # (a program of ever new shapes: the cache starts over rather than grow without end)
 
 
 def _binary_plan(sa, sb, out_shape):
@@ -119,6 +121,8 @@ def _binary_plan(sa, sb, out_shape):
         strb = _broadcast_strides(sb, out) if sb is not None else (0,) * len(out)
         shp, stra, strb = _merge(out, stra, strb)
         vectors = (len(shp), _int8(_pad8(shp, 1)), _int8(_pad8(stra, 0)), _int8(_pad8(strb, 0)))
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
         plan = _plans[key] = (out, math.prod(out), vectors)
     return plan
 

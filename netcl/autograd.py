@@ -137,13 +137,14 @@ class Node:
     takes_one = False
 
     def __init__(self, inputs):
-        self.inputs = tuple(t if isinstance(t, Tensor) and t.requires_grad else None for t in inputs)
+        self.inputs = tuple(_edge(t) for t in inputs)
         self.seq = next(_seq)
         self.saved, self.freed = (), False
 
     @property
     def wants(self):
-        """Per input, whether it takes a gradient (inputs holds None for those that do not)."""
+        """Per input, whether it takes a gradient (inputs holds None for those that do not: a leaf
+        tensor that requires grad, or the Edge to the node that made a non-leaf input)."""
         return tuple(t is not None for t in self.inputs)
 
     def save(self, *tensors):
@@ -176,6 +177,24 @@ class Node:
 
     def __repr__(self):
         return f"<{self.name}>"
+
+
+class Edge:
+    """Where a gradient goes for an input an operation made: its node and output index (and shape).
+    A node keeps this, not the input tensor: a loss held after its backward must not keep the step's
+    activations alive."""
+
+    __slots__ = ("_node", "_oi", "shape")
+
+    def __init__(self, t):
+        self._node, self._oi, self.shape = t._node, t._oi, t.shape
+
+
+def _edge(t):
+    """A node's record of input t: None (no gradient), t itself (a leaf), or an Edge."""
+    if not (isinstance(t, Tensor) and t.requires_grad):
+        return None
+    return t if t._node is None else Edge(t)
 
 
 class _One:
@@ -251,7 +270,7 @@ def backward(root, gradient=None, retain_graph=False):
             if not node.takes_one and any(d is ONE for d in dys):  # the root, not a loss: its gradient made of ones
                 dys = [ones_like(root) if d is ONE else d for d in dys]
             dxs = node.backward(*dys)
-            for t, dx in zip(node.inputs, dxs):
+            for t, dx in zip(node.inputs, dxs):  # (a leaf Tensor or an Edge)
                 if t is None or dx is None:
                     continue
                 if dx.shape != t.shape:
@@ -275,32 +294,44 @@ def _accumulate_leaf(t, g):
 
 
 # -- layers with their own backward, called as one node ---------------------------------------------
+_LASTING = {"training", "_params", "_buffers", "_modules"}  # what a call never changes
+
+
+def _call_state(m):
+    """The attributes of layer m that a forward sets for its backward: its class's CALL_STATE for
+    netcl's layers (a test checks they declare all of them); every attribute for a layer of the user's
+    own with a backward (what its forward keeps is unknown)."""
+    if type(m).__module__.startswith("netcl."):
+        return type(m).CALL_STATE
+    return tuple(k for k in vars(m) if k not in _LASTING)
+
+
 def _capture(layer):
-    """The per-call attributes (CALL_STATE) of `layer` and every layer it holds."""
+    """The per-call attributes of `layer` and every layer it holds."""
     out, todo = [], [layer]
     while todo:
         m = todo.pop()
-        names = type(m).CALL_STATE
+        names = _call_state(m)
         if names:
-            out.append((m, tuple(getattr(m, a, None) for a in names)))
+            out.append((m, names, tuple(getattr(m, a, None) for a in names)))
         todo.extend(c for _, c in m.named_children())
     return out
 
 
 def _restore(state):
-    for m, values in state:
-        for name, v in zip(type(m).CALL_STATE, values):
-            setattr(m, name, v)
+    for m, names, values in state:
+        for name, v in zip(names, values):
+            object.__setattr__(m, name, v)  # (the values a forward left: no registration to redo)
 
 
 class LayerCall(Node):
     """A call of a layer that has its own backward: backward restores what the call saved and runs
     layer.backward (or backward_params where its input needs no gradient)."""
 
-    def __init__(self, layer, x):
+    def __init__(self, layer, x, y):
         super().__init__((x,))
         self.layer, self.state = layer, _capture(layer)
-        self.save(x, *layer.parameters())
+        self.save(x, y, *layer.parameters())  # (y: the layer may keep its output for backward, as Sigmoid does)
 
     @property
     def name(self):
@@ -329,4 +360,5 @@ def call_layer(layer, x, kwargs):
                         "return one Tensor")
     # a tensor object of its own: the layer may keep its output (Sigmoid saves it, Identity passes x),
     # and a node reachable from what it saved would be a reference cycle
-    return attach(LayerCall(layer, x), y.detach())
+    y = y.detach()
+    return attach(LayerCall(layer, x, y), y)

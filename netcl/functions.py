@@ -71,9 +71,10 @@ def _dim(d, ndim, what="dimension"):
     return int(d) % builtins.max(ndim, 1)
 
 
-def _dims(dim, ndim):
-    """dim (None, an int or a sequence of ints) as a sorted tuple of distinct non-negative dims."""
-    if dim is None:
+def _dims(dim, ndim, empty_is_all=False):
+    """dim (None, an int or a sequence of ints) as a sorted tuple of distinct non-negative dims; a
+    reduction's empty sequence (empty_is_all) is every dimension, as PyTorch's."""
+    if dim is None or (empty_is_all and isinstance(dim, (tuple, list)) and not dim):
         return tuple(range(ndim))
     dims = sorted({_dim(d, ndim) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))})
     return tuple(d for d in dims if d < ndim)
@@ -89,11 +90,16 @@ def sum_to(g, shape):
     return _reduce_raw("sum", g, dims)[0]._view(shape)
 
 
+def _like(x, shape):
+    """A new device tensor of x's dtype and `shape` (a copy of int data stays int)."""
+    return ops.new(x, shape) if x.dtype == FLOAT32 else Tensor.empty(x.queue, shape, x.dtype)
+
+
 def expand_to(g, shape):
     """g broadcast out to `shape` (a copy)."""
     if g.shape == tuple(shape):
         return g
-    y = ops.new(g, shape)
+    y = _like(g, shape)
     return array_ops.copy_strided(g, shape, array_ops._broadcast_strides(g.shape, shape), 0, y,
                                   array_ops.contiguous_strides(shape), 0)
 
@@ -132,13 +138,12 @@ class Binary(Node):
             if wb:  # -dy a / b^2
                 db = array_ops.unary("neg", array_ops.binary("mul", array_ops.binary(
                     "div", array_ops.binary("div", dy, b), b), a))
-        elif self.op == "pow":
+        elif self.op == "pow":  # PyTorch's rules at 0: no gradient where b = 0, nor in b where a = 0 <= b
             if wa:  # dy b a^(b - 1)
-                da = array_ops.binary("mul", dy, array_ops.binary("mul", b, array_ops.binary(
-                    "pow", a, array_ops.binary("sub", b, 1.0))))
+                da = array_ops.binary("mul", dy, array_ops.binary("pow_grad_base", b, a))
             if wb:  # dy a^b log(a)
-                la = array_ops.unary("log", a) if isinstance(a, Tensor) else (math.log(a) if a > 0 else math.nan)
-                db = array_ops.binary("mul", array_ops.binary("mul", dy, array_ops.binary("pow", a, b)), la)
+                power = array_ops.binary("pow", a, b)
+                db = array_ops.binary("mul", dy, array_ops.binary("pow_grad_exponent", power, a))
         else:  # maximum, minimum: the larger (smaller) operand's; a tie halves it between the two
             first = array_ops.binary("gt" if self.op == "maximum" else "lt", a, b)
             share = array_ops.binary("add", first, array_ops.binary("mul", array_ops.binary("eq", a, b), 0.5))
@@ -302,14 +307,44 @@ def cos(x):
     return _unary("cos", x)
 
 
+class ClampBackward(Node):
+    """clamp with tensor bounds: dy to x inside [min, max] (bounds included), to min where x is below
+    it and min < max, to max where x is above it or max < min (PyTorch's rule: ties go to x)."""
+
+    def __init__(self, x, lo, hi):
+        super().__init__((x, lo, hi))
+        self.shapes = tuple(t.shape if isinstance(t, Tensor) else None for t in (x, lo, hi))
+        self.numbers = (lo, hi)
+        self.save(*[t for t in (x, lo, hi) if isinstance(t, Tensor)])
+
+    def backward(self, dy):
+        saved = list(self.saved_tensors())
+        x = saved.pop(0)
+        lo, hi = (saved.pop(0) if isinstance(n, Tensor) else n for n in self.numbers)
+        lo, hi = -math.inf if lo is None else lo, math.inf if hi is None else hi
+        b = array_ops.binary
+        wx, wlo, whi = self.wants
+        dx = dlo = dhi = None
+        if wx:
+            dx = b("mul", b("mul", dy, b("ge", x, lo)), b("le", x, hi))
+        if wlo:  # (a tensor bound: b() has one tensor operand at least)
+            dlo = b("mul", b("mul", dy, b("lt", x, lo)), b("lt", lo, hi))
+        if whi:
+            dhi = b("mul", dy, b("maximum", b("gt", x, hi), b("lt", hi, lo)))
+        return tuple(None if d is None else sum_to(d, shape) for d, shape in zip((dx, dlo, dhi), self.shapes))
+
+
 @traced("clamp")
 def clamp(x, min=None, max=None):
-    """x limited to [min, max] (numbers: one kernel; tensors: maximum and minimum)."""
+    """min(max(x, min), max): x limited to [min, max], max where min > max (number bounds: one kernel)."""
     if min is None and max is None:
         raise ValueError("clamp needs min or max")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
-        y = x if min is None else maximum(x, min)
-        return y if max is None else minimum(y, max)
+        x = _float_tensor(x)
+        lo, hi = (None if t is None else _operand(t, x.queue) for t in (min, max))
+        y = x if lo is None else array_ops.binary("maximum", x, lo)
+        y = y if hi is None else array_ops.binary("minimum", y, hi)
+        return attach(ClampBackward(x, lo, hi), y) if needs_record(x, lo, hi) else y
     lo = -math.inf if min is None else float(min)
     hi = math.inf if max is None else float(max)
     return _unary("clamp", x, lo, hi)
@@ -385,6 +420,8 @@ def softmax(x, dim):
     """exp(x) / sum(exp(x)) along dim."""
     x = _float_tensor(x)
     d = _dim(dim, x.ndim)
+    if x.ndim == 0:  # (as PyTorch: the one element's softmax, 1)
+        return softmax(x.reshape(1), 0).reshape(())
     y = ops.new(x, x.shape)
     if y.size:
         ops.softmax_fwd(x.queue, *_around(x.shape, d), x, y)
@@ -409,6 +446,8 @@ def log_softmax(x, dim):
     """x - logsumexp(x) along dim, from the maximum (no overflow, no log of an underflowed softmax)."""
     x = _float_tensor(x)
     d = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        return log_softmax(x.reshape(1), 0).reshape(())
     m = _reduce_raw("max", x, (d,), keepdim=True)[0]
     shifted = array_ops.binary("sub", x, m)
     lse = array_ops.unary("log", _reduce_raw("sum", array_ops.unary("exp", shifted), (d,), keepdim=True)[0])
@@ -467,7 +506,7 @@ class Sum(Node):
 def sum(x, dim=None, keepdim=False):
     """The sum over dim (None: all)."""
     x = _float_tensor(x)
-    dims = _dims(dim, x.ndim)
+    dims = _dims(dim, x.ndim, empty_is_all=True)
     y = _reduce_raw("sum", x, dims, keepdim)[0]
     return attach(Sum(x, dims, keepdim, 1.0), y) if needs_record(x) else y
 
@@ -476,7 +515,7 @@ def sum(x, dim=None, keepdim=False):
 def mean(x, dim=None, keepdim=False):
     """The mean over dim (None: all)."""
     x = _float_tensor(x)
-    dims = _dims(dim, x.ndim)
+    dims = _dims(dim, x.ndim, empty_is_all=True)
     count = math.prod(x.shape[d] for d in dims)
     scale = 1.0 / count if count else float("nan")
     y = _reduce_raw("sum", x, dims, keepdim, scale=scale)[0]
@@ -518,7 +557,7 @@ def _extremum(op, x, dim, keepdim, values_only):
     if x.size == 0:
         raise ValueError(f"{op} of an empty tensor (shape {x.shape}): there is no {op}imum")
     if dim is None or values_only:
-        dims = _dims(dim, x.ndim)
+        dims = _dims(dim, x.ndim, empty_is_all=True)
         y = _reduce_raw(op, x, dims, keepdim)[0]
         return attach(Extremum(x, y, dims), y) if needs_record(x) else y
     d = _dim(dim, x.ndim)
@@ -736,7 +775,7 @@ class Permute(Node):
 def _permute_raw(x, order):
     shape = tuple(x.shape[k] for k in order)
     strides = array_ops.contiguous_strides(x.shape)
-    y = ops.new(x, shape)
+    y = _like(x, shape)
     return array_ops.copy_strided(x, shape, tuple(strides[k] for k in order), 0, y,
                                   array_ops.contiguous_strides(shape), 0)
 
@@ -804,7 +843,7 @@ class Copy(Node):
 def clone(x):
     """A copy in autograd's graph."""
     x = _tensor(x)
-    y = ops.new(x, x.shape) if x.dtype == FLOAT32 else Tensor.empty(x.queue, x.shape, x.dtype)
+    y = _like(x, x.shape)
     y.copy_(x)
     return attach(Copy((x,)), y) if needs_record(x) else y
 
@@ -868,7 +907,7 @@ def getitem(x, index):
     x = _tensor(x)
     plan = _index_plan(x.shape, index)
     out, strides, offset = plan
-    y = ops.new(x, out) if x.dtype == FLOAT32 else Tensor.empty(x.queue, out, x.dtype)
+    y = _like(x, out)
     array_ops.copy_strided(x, out, strides, offset, y, array_ops.contiguous_strides(out), 0)
     return attach(Index(x, plan), y) if needs_record(x) else y
 
@@ -970,7 +1009,22 @@ def inplace(op, x, other):
         raise ValueError(f"in-place {op}: the result's shape {shape} is not the tensor's {x.shape}")
     y = array_ops.binary(op, x, o)
     x.copy_(y)
+    trace_inplace(op, (x, other), x)
     return x
+
+
+def trace_inplace(name, args, x):
+    """During netcl.trace, an in-place change of x recorded as operation `name` on args whose result
+    x now stands for (a graph replays it out of place)."""
+    tr = autograd.tracer()
+    if tr is not None:
+        tr.op(name, args, {}, x)
+
+
+@traced("full_like")
+def full_like(x, value):
+    """A new tensor of x's shape and dtype filled with `value` (what a traced fill_/zero_ replays)."""
+    return _like(_tensor(x), x.shape).fill_(value)
 
 
 # -- making tensors ---------------------------------------------------------------------------------------------------
@@ -1007,18 +1061,21 @@ def _shape_args(shape):
     return tuple(int(n) for n in shape)
 
 
+@traced("zeros")
 def zeros(*shape, queue=None, requires_grad=False):
     """A tensor of zeros of `shape` (on `queue`, else on the host until used)."""
     shape = _shape_args(shape)
     return _place(Tensor.from_host(None, np.zeros(shape, np.float32)), queue, requires_grad)
 
 
+@traced("ones")
 def ones(*shape, queue=None, requires_grad=False):
     """A tensor of ones of `shape` (on `queue`, else on the host until used)."""
     shape = _shape_args(shape)
     return _place(Tensor.from_host(None, np.ones(shape, np.float32)), queue, requires_grad)
 
 
+@traced("randn")
 def randn(*shape, queue=None, requires_grad=False):
     """Standard normal values from netcl's generator (netcl.manual_seed)."""
     values = rng().standard_normal(_shape_args(shape), dtype=np.float32)

@@ -557,7 +557,11 @@ def permute3(src, dims, src_strides, dst, dst_strides, accumulate=False, offset=
 
 def grad_target(p):
     """(the parameter's gradient tensor, whether to accumulate into it). A new gradient goes where
-    the parameter's optimizer keeps it (p.grad_home: see netcl.optim), else in a new buffer."""
+    the parameter's optimizer keeps it (p.grad_home: see netcl.optim), else in a new buffer. A frozen
+    parameter (requires_grad False) gets a scratch buffer: its layer's backward computes the gradient
+    and it is dropped, so the parameter keeps .grad None and no optimizer moves it."""
+    if not p.requires_grad:
+        return new(p, p.shape), False
     if p.grad is None:
         g = p.grad_home.lend(p) if p.grad_home is not None else None
         p.grad = g if g is not None else new(p, p.shape)

@@ -203,11 +203,18 @@ class Tensor:
 
     # -- movement ----------------------------------------------------------------------
     def to(self, queue):
-        """Make the data present on `queue`'s device (uploading host data once); returns self."""
+        """Make the data present on `queue`'s device (uploading host data once); returns self.
+        queue: a pyopencl.CommandQueue (netcl.default_queue()) or, as Module.to takes it, "cpu",
+        "gpu" or a device name substring (as NETCL_DEVICE)."""
         import pyopencl as cl
 
+        if isinstance(queue, str):
+            from netcl.runtime import default_queue
+
+            queue = default_queue(queue)
         if not isinstance(queue, cl.CommandQueue):
-            raise TypeError(f"expected a pyopencl.CommandQueue (netcl.default_queue()), got {type(queue).__name__}")
+            raise TypeError(f"expected a pyopencl.CommandQueue (netcl.default_queue()) or a device name, "
+                            f"got {type(queue).__name__}")
         st = self._st
         if st.buf is not None and st.queue is not None and st.queue.context == queue.context:
             st.queue = queue
@@ -312,11 +319,15 @@ class Tensor:
         import pyopencl as cl
 
         if self.size:
-            cl.enqueue_fill_buffer(self.queue, self.buf, np.float32(value), 0, self.nbytes)
+            pattern = np.float32(value) if self.dtype == FLOAT32 else np.int32(value)
+            cl.enqueue_fill_buffer(self.queue, self.buf, pattern, 0, self.nbytes)
             rec = recorder()
             if rec is not None:
-                rec.fill(self.buf, value, self.nbytes)
-        return self.mark_written()
+                rec.fill(self.buf, pattern, self.nbytes)
+        self.mark_written()
+        if _math is not None and _math.tracing():
+            _math.trace_inplace("full_like", (self, value), self)
+        return self
 
     def reshape(self, *shape):
         """A view with a new shape sharing this tensor's storage (recorded by autograd where this
@@ -436,7 +447,8 @@ class Tensor:
             extra += f", grad_fn=<{self._node.name}>"
         elif self.requires_grad:
             extra += ", requires_grad=True"
-        if self.size <= 1000 and (self._st.host is not None or self.on_device) and recorder() is None:
+        tracing = _math is not None and _math.autograd.tracer() is not None  # (netcl.trace: values unread)
+        if self.size <= 1000 and (self._st.host is not None or self.on_device) and recorder() is None and not tracing:
             body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
             return f"tensor({body}, on={where}{extra})"
         return f"Tensor(shape={self.shape}, on={where}{extra})"
@@ -725,6 +737,9 @@ class _Size(int):
         v = int.__new__(cls, n)
         v.shape = shape
         return v
+
+    def __reduce__(self):
+        return _Size, (int(self), self.shape)
 
     def __call__(self, dim=None):
         if dim is None:

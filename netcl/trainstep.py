@@ -434,7 +434,7 @@ class _Replay:
                             self.bindings[role].append((k, j))
                 self.commands.append((cl.enqueue_nd_range_kernel, (self.queue, k, c[2], c[3])))
             elif c[0] == "fill":
-                self.commands.append((cl.enqueue_fill_buffer, (self.queue, c[1], np.float32(c[2]), 0, c[3])))
+                self.commands.append((cl.enqueue_fill_buffer, (self.queue, c[1], c[2], 0, c[3])))
             else:
                 self.commands.append((_copy, (self.queue, c[1], c[2], c[3])))
         self.keep = commands  # the arguments' buffers: alive as long as the replay

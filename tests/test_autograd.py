@@ -89,9 +89,58 @@ def test_unary_vs_torch(queue, rng, name, shape):
     check(queue, rng, ours, ours, [x], rtol=2e-5)
 
 
+@pytest.mark.parametrize("case", ["tensor_bounds", "min_tensor", "max_tensor", "number_and_tensor", "ties",
+                                  "min_above_max"])
+def test_clamp_with_tensor_bounds_vs_torch(queue, rng, case):
+    """PyTorch's rule: min(max(x, min), max); at a tie the gradient goes to x, and where min > max to max."""
+    x = rng.integers(-3, 4, (4, 6)).astype(np.float64)  # (integers: ties with the bounds)
+    lo, hi = rng.integers(-3, 1, (4, 6)).astype(np.float64), rng.integers(0, 4, (6,)).astype(np.float64)
+    if case == "min_above_max":
+        lo = hi + 1.0
+    fn = {"tensor_bounds": lambda t, a, b: t.clamp(a, b), "ties": lambda t, a, b: t.clamp(a, b),
+          "min_above_max": lambda t, a, b: t.clamp(a, b),
+          "min_tensor": lambda t, a, b: t.clamp(min=a) * b, "max_tensor": lambda t, a, b: t.clamp(max=b) * a,
+          "number_and_tensor": lambda t, a, b: t.clamp(-1.0, b) * a}[case]
+    theirs = fn if case != "number_and_tensor" else (  # (PyTorch takes a number bound as a tensor only)
+        lambda t, a, b: t.clamp(torch.tensor(-1.0, dtype=torch.float64), b) * a)
+    check(queue, rng, fn, theirs, [x, np.broadcast_to(lo, (4, 6)), hi])
+
+
+def test_clamp_with_min_above_max_gives_max(queue):
+    x = np.array([-5.0, 1.0, 5.0, np.nan], np.float32)
+    got = netcl.tensor(x, queue=queue).clamp(2.0, 0.0).numpy()
+    np.testing.assert_array_equal(got, torch.tensor(x).clamp(2.0, 0.0).numpy())
+
+
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0, 3.0, -1.0, "tensor", "number_base"])
+def test_pow_gradient_at_zero_follows_torch(queue, exponent):
+    """No gradient where the exponent is 0, nor in the exponent where the base is 0 and the exponent
+    is not negative; infinities where PyTorch has them."""
+    a, b = np.array([0.0, 0.0, 0.0, 2.0, 1.5]), np.array([0.0, 1.0, 2.5, 0.0, -1.0])
+    if exponent == "tensor":
+        arrays, fn = [a, b], lambda x, e: x ** e
+    elif exponent == "number_base":
+        arrays, fn = [b], lambda e: 0.0 ** e
+    else:
+        arrays, fn = [a], lambda x: x ** exponent
+    ours = [_t(v, queue) for v in arrays]
+    theirs = [torch.tensor(v, requires_grad=True) for v in arrays]
+    fn(*ours).sum().backward()
+    fn(*theirs).sum().backward()
+    for t, r in zip(ours, theirs):
+        np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=3e-6, atol=1e-6)  # (infs must match)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("dim", [[], ()])
+def test_an_empty_dim_list_reduces_every_dimension(queue, rng, op, dim):
+    x = rng.standard_normal((3, 4))
+    check(queue, rng, lambda t: getattr(t, op)(dim=dim), lambda t: getattr(t, op)(dim=dim), [x])
+
+
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape,dim", [((4, 10), 1), ((4, 10), 0), ((2, 3, 5), 1), ((2, 3, 5), -1), ((7,), 0),
-                                       ((3, 200), 1)])
+                                       ((3, 200), 1), ((), 0), ((), -1)])
 def test_softmax_vs_torch(queue, rng, fn, shape, dim):
     x = rng.standard_normal(shape) * 3
     check(queue, rng, lambda t: getattr(t, fn)(dim), lambda t: getattr(t, fn)(dim), [x], rtol=2e-5)

@@ -44,10 +44,28 @@ def _bn_stats(model, q, shape, rng):
     return model.eval()
 
 
-CASES = [(models.ResNet8, (3, 3, 32, 32)), (Attention, (3, 4, 8))]
+class Functional(nn.Module):
+    """The layers-as-functions of netcl.nn.functional, each with its arguments: a graph of them lifts
+    to a Sequential of their layers (functional.LAYER_OF) and exports as those layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):  # x: (N, 3, 16, 16)
+        h = F.leaky_relu(self.conv(x), negative_slope=0.2)
+        h = F.max_pool2d(F.gelu(h, approximate="tanh"), 2)  # 8x8
+        h = F.relu6(F.hardswish(F.silu(F.interpolate(h, size=16))))
+        h = F.avg_pool2d(F.hardsigmoid(h), (2, 2), stride=2)  # 8x8
+        h = F.dropout(F.adaptive_avg_pool2d(F.tanh(F.sigmoid(h)), 4), 0.25, self.training)
+        return F.softmax(self.head(F.relu(h).flatten(1)), dim=1)
 
 
-@pytest.mark.parametrize("make,shape", CASES, ids=["resnet8_module", "attention"])
+CASES = [(models.ResNet8, (3, 3, 32, 32)), (Attention, (3, 4, 8)), (Functional, (3, 3, 16, 16))]
+IDS = ["resnet8_module", "attention", "functional"]
+
+
+@pytest.mark.parametrize("make,shape", CASES, ids=IDS)
 def test_a_trace_replays_the_module_for_any_batch(queue, rng, make, shape):
     model = _bn_stats(make().to(queue), queue, shape, rng)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -63,12 +81,12 @@ def test_a_trace_replays_the_module_for_any_batch(queue, rng, make, shape):
             np.testing.assert_allclose(gm(netcl.tensor(xb, queue=queue)).numpy(), want, rtol=0,
                                        atol=1e-5 * float(np.abs(want).max()))
             np.testing.assert_allclose(gm.predict(xb, queue), want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
-    assert (gm.lifted is not None) == (make is models.ResNet8)  # (the attention's operations do not lift)
+    assert (gm.lifted is not None) == (make is not Attention)  # (the attention's operations do not lift)
     with pytest.raises(ValueError, match="traced for input"):
         gm(netcl.tensor(np.zeros((2,) + tuple(n + 1 for n in shape[1:]), np.float32), queue=queue))
 
 
-@pytest.mark.parametrize("make,shape", CASES, ids=["resnet8_module", "attention"])
+@pytest.mark.parametrize("make,shape", CASES, ids=IDS)
 def test_a_graph_saves_loads_and_exports(queue, rng, tmp_path, make, shape):
     model = _bn_stats(make().to(queue), queue, shape, rng)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -113,6 +131,43 @@ def test_a_graph_trains_as_its_module(queue, rng):
     assert step.replays >= 3 and losses[-1] < losses[0]
 
 
+class Dropped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.drop = nn.Linear(6, 16), nn.Linear(16, 3), nn.Dropout(0.3)
+
+    def forward(self, x):
+        return self.fc2(self.drop(F.relu(self.fc1(x))) + F.dropout(x, 0.2, self.training).sum(1, keepdim=True))
+
+
+def test_a_module_checkpoint_resumes_as_the_run_goes_on(queue, rng, tmp_path):
+    """save_checkpoint traces a Module subclass (without drawing from the random generator: the
+    dropout masks after it are the uninterrupted run's) and load_checkpoint resumes it exactly."""
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8)
+
+    def steps(model, opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            F.cross_entropy(model(netcl.tensor(x, queue=queue)), y).backward()
+            opt.step()
+
+    netcl.manual_seed(11)
+    plain = Dropped().to(queue)
+    steps(plain, optim.Adam(plain.parameters(), lr=0.01), 4)  # a run that saves nothing
+    netcl.manual_seed(11)
+    model = Dropped().to(queue)
+    opt = optim.Adam(model.parameters(), lr=0.01)
+    steps(model, opt, 2)
+    netcl.io.save_checkpoint(tmp_path / "c.netcl", model, opt, epoch=1)
+    steps(model, opt, 2)
+    loaded, opt2, meta = netcl.io.load_checkpoint(tmp_path / "c.netcl")
+    assert isinstance(loaded, nn.GraphModule) and meta["epoch"] == 1
+    steps(loaded.to(queue), opt2, 2)
+    for k, a in model.state_dict().items():
+        assert np.array_equal(plain.state_dict()[k], a), k  # (saving changed nothing)
+        np.testing.assert_allclose(loaded.state_dict()[k], a, rtol=1e-6, atol=1e-7, err_msg=k)
+
+
 def test_a_graph_of_blocks_lifts_to_the_sequential_and_trains_as_it(queue, rng):
     """ResNet8 traced lifts to resnet8's Sequential of blocks (the same layer objects): its training
     step is the Sequential's (its fusions), its gradients those of the module's own forward."""
@@ -153,6 +208,17 @@ def test_control_flow_on_values_is_refused_naming_the_line(queue):
     with pytest.raises(netcl.nn.TraceError, match="item"):
         netcl.trace(Reads(), np.ones((2, 3), np.float32))
 
+    seen = []
+
+    class Prints(nn.Module):  # printing a tensor reads nothing while tracing
+        def forward(self, x):
+            y = x * 2
+            seen.append(repr(y))
+            return y
+
+    netcl.trace(Prints(), np.ones((2, 3), np.float32))
+    assert len(seen) == 1 and seen[0].startswith("Tensor(shape=(2, 3), on=")
+
     class MakesLayers(nn.Module):
         def forward(self, x):
             return nn.Linear(3, 3)(x)
@@ -166,6 +232,13 @@ def test_control_flow_on_values_is_refused_naming_the_line(queue):
 
     with pytest.raises(netcl.nn.TraceError, match="overrides forward"):
         netcl.trace(nn.Sequential(Doubled(3, 3)), np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Sequential(nn.Linear(6, 4), nn.ReLU()), lambda: nn.Linear(6, 4)],
+                         ids=["sequential", "layer"])
+def test_tracing_what_is_layers_already_says_so(queue, make):
+    with pytest.raises(TypeError, match="netcl layers only"):
+        netcl.trace(make().to(queue), np.zeros((2, 6), np.float32))
 
 
 def test_saving_a_module_needs_an_input_to_trace(queue, tmp_path):
@@ -184,12 +257,21 @@ def test_a_file_with_a_broken_graph_is_refused(queue, tmp_path):
     for old, new, why in [(b'"op": "add"', b'"op": "xyz"', "unknown operation"),  # (lengths kept)
                           (b'"args": [{"v": 0}]', b'"args": [{"v": 8}]', "no earlier value"),
                           (b'"target": "proj"', b'"target": "nope"', "does not resolve"),
-                          (b'"op": "input"', b'"op": "const"', "starts with its input")]:
+                          (b'"op": "input"', b'"op": "const"', "starts with its input"),
+                          (b'"args": [{"v": 5}, 1, 2]', b'"args": [{"v":5,"k":1}] ', "does not match node 5's 1 outputs"),
+                          (b'"v": 33}], "out": [["N", 3]]', b'"v": 33}], "out": [["N", 4]]', "is not node 33's")]:
         assert old in raw, old
         bad = raw.replace(old, new, 1)
         (tmp_path / "bad.netcl").write_bytes(_refresh_checksum(bad))
         with pytest.raises(FormatError, match=why):
             load(tmp_path / "bad.netcl")
+
+
+def test_a_graph_holds_to_the_output_shape_it_declares(queue, rng):
+    gm = netcl.trace(Attention().to(queue).eval(), netcl.tensor(np.zeros((2, 4, 8), np.float32), queue=queue))
+    gm.graph[-1]["out"] = gm.graph[-2]["out"] = [["N", 4]]  # (a consistent lie: the file check passes)
+    with pytest.raises(ValueError, match=r"computes \(2, 3\) where it declares \(N, 4\)"):
+        gm(netcl.tensor(rng.standard_normal((2, 4, 8)).astype(np.float32), queue=queue))
 
 
 def _refresh_checksum(raw):

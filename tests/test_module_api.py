@@ -1,6 +1,8 @@
 """nn.Module as PyTorch's: registration, parameters and state_dict of a Module subclass with its
 own forward, ModuleList/ModuleDict, freezing, errors instead of silence; and its training, step
 for step against torch (SGD and Adam), with a layer called twice, shared weights and fan-out."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,10 @@ def test_weights_load_both_ways_with_torch():
         m.load_state_dict(partial)
     result = m.load_state_dict(dict(partial, extra=np.zeros(1)), strict=False)
     assert "head.weight" in result.missing_keys and result.unexpected_keys == ["extra"]
+    bn, tbn = nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4)  # a bare layer's counter has no prefix
+    tbn.running_mean.fill_(0.5)
+    bn.load_state_dict(tbn.state_dict())
+    assert "num_batches_tracked" in tbn.state_dict() and np.all(bn.running_mean.numpy() == 0.5)
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
@@ -188,8 +194,29 @@ def test_layers_where_parameters_cannot_find_them_are_an_error():
             super().__init__()
             self.w = netcl.tensor(np.ones(2, np.float32), requires_grad=True)
 
-    with pytest.raises(TypeError, match="nn.Parameter"):
+    with pytest.warns(UserWarning, match=r"Tensor.w holds a tensor that requires grad but is not an nn.Parameter"):
         Tensor()
+
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = [netcl.tensor(np.ones(2, np.float32), requires_grad=True)]
+
+    with pytest.warns(UserWarning, match="not an nn.Parameter"):
+        Listed()
+
+    class Keeps(nn.Module):  # a tensor kept in forward is the user's business (as in PyTorch)
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.last_output = y = self.lin(x)
+            return y
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Keeps()(netcl.tensor(np.ones((1, 2), np.float32)))
 
     class NoInit(nn.Module):
         def __init__(self):

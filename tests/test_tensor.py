@@ -44,8 +44,26 @@ def test_scalar_keeps_its_shape(queue):
 
 
 def test_to_needs_a_queue():
+    from netcl.errors import NoDeviceError
+
     with pytest.raises(TypeError, match="CommandQueue"):
-        Tensor.from_host("not a queue", np.zeros(3))
+        Tensor.from_host(object(), np.zeros(3))
+    with pytest.raises(NoDeviceError, match="no such device"):
+        Tensor.from_host("no such device", np.zeros(3))
+
+
+def test_to_takes_a_device_name_as_module_to_does(queue):
+    t = Tensor.from_host(None, np.arange(3, dtype=np.float32))
+    assert t.to("cpu") is t and t.on_device and t.numpy().tolist() == [0, 1, 2]
+    with pytest.raises(TypeError, match="a device name"):
+        t.to(3)
+
+
+def test_size_pickles_as_it_is_called():
+    import pickle
+
+    size = pickle.loads(pickle.dumps(Tensor.from_host(None, np.zeros((2, 3), np.float32)).size))
+    assert size == 6 and size() == (2, 3) and size(1) == 3
 
 
 def test_host_data_must_fit_the_shape():

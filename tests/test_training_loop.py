@@ -270,7 +270,7 @@ def test_clip_grad_norm_vs_torch(queue, rng, torch, record_error, monkeypatch, n
 
     kernel_class(queue, monkeypatch, cls)
     shapes = [(5, 3), (7,), (2, 3, 3), (4,), (6, 2)]
-    params = [Tensor.from_host(queue, rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    params = [Tensor.from_host(queue, rng.standard_normal(s).astype(np.float32)).requires_grad_() for s in shapes]
     grads = [rng.standard_normal(s).astype(np.float32) * 3 for s in shapes]
     grads[3] = None
     if in_optimizer:
@@ -313,7 +313,7 @@ def test_the_norm_has_the_same_bits_wherever_the_gradients_live(queue, rng, monk
     grads = [rng.standard_normal(s).astype(np.float32) * 3 for s in [(300, 7), (5,), (4097,), (2, 2)]]
     results = []
     for in_place in (False, True):
-        params = [Tensor.from_host(queue, np.zeros(g.shape, np.float32)) for g in grads]
+        params = [Tensor.from_host(queue, np.zeros(g.shape, np.float32)).requires_grad_() for g in grads]
         if in_place:
             opt = optim.SGD(params, lr=0.1)
             for p in params:

@@ -91,22 +91,25 @@ def save(model, path, example_input=None):
     _write(path, _model_header(model), _model_tensors(model))
 
 
-def save_checkpoint(path, model, optimizer, epoch=None, scheduler=None, **meta):
+def save_checkpoint(path, model, optimizer, epoch=None, scheduler=None, example_input=None, **meta):
     """Write a training checkpoint that load_checkpoint() resumes exactly. Atomic.
 
     Args:
         path: the .netcl file to write.
-        model: the model (architecture and weights).
+        model: the model (architecture and weights); a Module subclass with a forward of its own is
+            traced as save() traces it (load_checkpoint gives back the GraphModule).
         optimizer: a netcl.optim optimizer of the model's parameters: its type, parameter groups
             (their settings, a schedule's learning rates included) and state.
         epoch: an int or None, returned in load_checkpoint's meta.
         scheduler: a netcl.optim.lr_scheduler scheduler of the optimizer, or None: its type,
             arguments and state (load_checkpoint's meta["scheduler"] is it rebuilt).
+        example_input: an array or Tensor for tracing a Module subclass (as save's).
         **meta: more metadata (JSON values), returned in load_checkpoint's meta.
 
     netcl's random-generator state is saved too, so dropout masks and DataLoader shuffles continue
     as in the uninterrupted run.
     """
+    model = _recordable(model, example_input)  # (a trace shares the model's parameters, in its order)
     header = _model_header(model)
     if not isinstance(optimizer, optim.Optimizer) or type(optimizer) not in OPTIMIZERS.values():
         raise TypeError(f"save_checkpoint expects a netcl.optim optimizer ({', '.join(OPTIMIZERS)}), "
@@ -192,7 +195,8 @@ def _scheduler_config(scheduler, depth=0):
 
 def _recordable(model, example_input):
     """model as files and the exporter record it: a Module subclass with a forward of its own traced
-    into a GraphModule (the traced forward's side effects undone: BatchNorm's running statistics)."""
+    into a GraphModule (the traced forward's side effects undone: BatchNorm's running statistics and
+    the random generator's state, which a dropout in training mode draws from)."""
     if not isinstance(model, nn.Module) or not model.own_forward_modules():
         return model
     if example_input is None:
@@ -202,11 +206,13 @@ def _recordable(model, example_input):
                              "needs an input: pass example_input=, or call the model once first")
         example_input = np.zeros(shape, np.float32)
     buffers = [(t, t.to_host()) for _, t in model.named_buffers()]
+    state = _module.rng().bit_generator.state
     try:
         return nn.trace(model, example_input)
     finally:
         for t, a in buffers:
             t.set_(a)
+        _module.rng().bit_generator.state = state
 
 
 def _model_header(model):

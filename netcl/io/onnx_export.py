@@ -17,10 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from netcl import nn
-from netcl.act import Act
 from netcl.io.atomic import AtomicFile, file_path
 from netcl.io.netcl_format import _recordable, architecture
+from netcl.nn import graph
+from netcl.nn.functional import LAYER_OF
 from netcl.nn.module import ShapeError
+from netcl.tensor import Tensor
 from netcl.version import __version__
 
 
@@ -408,12 +410,41 @@ def _upsample(g, m, x, s, out):
 
 # -- traced graphs: a GraphModule's nodes, each layer call through the layer's own emitter ----------
 class _V:
-    """A graph value during export: its ONNX name and shape (the batch as g.batch)."""
+    """A graph value during export: its ONNX name and shape (the batch as g.batch), whether it holds
+    int32 (argmax, indices, casts), and the tensor of a parameter or constant."""
 
-    __slots__ = ("name", "shape", "tensor")
+    __slots__ = ("name", "shape", "tensor", "int")
 
-    def __init__(self, name, shape, tensor=None):
-        self.name, self.shape, self.tensor = name, tuple(shape), tensor  # tensor: a parameter's or constant's
+    def __init__(self, name, shape, tensor=None, int32=False):
+        self.name, self.shape, self.tensor, self.int = name, tuple(shape), tensor, int32
+
+
+# operations that move or join values without arithmetic: an int32 value stays int32 through them
+_MOVES = {"reshape", "flatten", "squeeze", "unsqueeze", "permute", "transpose", "expand", "clone", "detach", "getitem",
+          "cat", "stack", "cast"}
+
+
+def _as_float(g, a):
+    """An operand of arithmetic: netcl computes on int32 values as float32, so does the graph (a Cast)."""
+    if isinstance(a, _V) and a.int:
+        return _V(g.op("Cast", [a.name], a.shape, to=FLOAT), a.shape, a.tensor)
+    if isinstance(a, (list, tuple)) and not isinstance(a, _V):
+        return type(a)(_as_float(g, v) for v in a)
+    return a
+
+
+def _int_out(op, args):
+    """Whether operation op's value (or each of its pair) holds int32."""
+    if op in ("argmax", "argmin"):
+        return True
+    if op in ("max", "min") and len(args) > 1 and args[1] is not None:
+        return (False, True)
+    if op == "cast":
+        return np.dtype(args[1]) == np.int32
+    if op in _MOVES:
+        first = args[0][0] if isinstance(args[0], list) else args[0]
+        return isinstance(first, _V) and first.int
+    return False
 
 
 def _graph_module(g, gm, x, s, out):
@@ -426,27 +457,8 @@ def _graph_module(g, gm, x, s, out):
     def shape_of(node, k=0):
         return tuple(g.batch if d == "N" else d for d in node["out"][k])
 
-    def resolve(a):
-        if isinstance(a, list):
-            return [resolve(v) for v in a]
-        if not isinstance(a, dict):
-            return a
-        if "v" in a:
-            v = env[a["v"]]
-            return v[a["k"]] if "k" in a else v
-        if "tuple" in a:
-            return tuple(resolve(v) for v in a["tuple"])
-        if "slice" in a:
-            return slice(*a["slice"])
-        if "ellipsis" in a:
-            return Ellipsis
-        if "dtype" in a:
-            return np.dtype(a["dtype"])
-        if "batch" in a:
-            return _BATCH
-        if "inf" in a:
-            return math.inf * a["inf"]
-        raise AssertionError(a)
+    def resolve(a):  # exported for inference: the graph's mode is eval
+        return graph.decode(a, lambda i, k: env[i] if k is None else env[i][k], _BATCH, False)
 
     for i, node in enumerate(gm.graph):
         op = node["op"]
@@ -462,6 +474,7 @@ def _graph_module(g, gm, x, s, out):
             env.append(_V(g.tensor_init(base + node["target"], t), t.shape, t))
             continue
         if op in ("call", "layer"):
+            ints = False
             layer = gm.submodule(node["target"]) if op == "call" else gm._layer(i, node)
             path = base + (node["target"] if op == "call" else f"{node['type']}_{i}")
             calls[path] = calls.get(path, -1) + 1
@@ -472,11 +485,15 @@ def _graph_module(g, gm, x, s, out):
             if emit is None:
                 raise NotImplementedError(f"cannot export node {i} ({op}) of the graph: no ONNX form for it")
             g.begin(f"{base}{op}_{i}", gm)
+            ints = _int_out(op, args)
+            if op not in _MOVES:
+                args, kwargs = _as_float(g, args), {k: _as_float(g, v) for k, v in kwargs.items()}
+            g.graph_input = x
             y = emit(g, [shape_of(node, k) for k in range(len(node["out"]))], *args, **kwargs)
         if isinstance(y, tuple):
-            env.append(tuple(_V(v, shape_of(node, k)) for k, v in enumerate(y)))
+            env.append(tuple(_V(v, shape_of(node, k), int32=ints[k]) for k, v in enumerate(y)))
         else:
-            env.append(_V(y, shape_of(node)))
+            env.append(_V(y, shape_of(node), int32=op not in ("call", "layer") and ints is True))
     raise AssertionError("a checked graph ends with its output")
 
 
@@ -529,18 +546,9 @@ def _as_layer(make):
     return emit
 
 
-def _activation_layer(act, slope=0.0):
-    act = Act(act)
-    if act == Act.LEAKY_RELU:
-        return nn.LeakyReLU(slope)
-    if act in (Act.GELU, Act.GELU_TANH):
-        return nn.GELU("none" if act == Act.GELU else "tanh")
-    return {Act.RELU: nn.ReLU, Act.SIGMOID: nn.Sigmoid, Act.TANH: nn.Tanh, Act.SILU: nn.SiLU, Act.RELU6: nn.ReLU6,
-            Act.HARDSWISH: nn.Hardswish, Act.HARDSIGMOID: nn.Hardsigmoid}[act]()
-
-
 def _axes(dim, ndim):
-    dims = range(ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
+    dims = (dim if isinstance(dim, (tuple, list)) else (dim,)) if dim is not None else ()
+    dims = dims or range(ndim)  # (None or an empty sequence: every dimension)
     return sorted({d % ndim for d in dims})
 
 
@@ -611,6 +619,24 @@ def _expand(g, outs, x, *shape):
     return g.op("Expand", [x.name, g.const("shape", target)], outs[0])
 
 
+def _filled(value):
+    """zeros/ones: a constant, or with the batch in its shape an Expand of it to (the input's batch, ...)."""
+    def emit(g, outs, *shape, **kwargs):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if not any(v is _BATCH for v in shape):
+            return g.tensor_init(g._name("constant"), Tensor.from_host(None, np.full(shape, value, np.float32)))
+        batch = g.op("Slice", [g.op("Shape", [g.graph_input], None), g.const("start", [0]), g.const("end", [1])], None)
+        rest = g.const("rest", [int(v) for v in shape[1:]])
+        return g.op("Expand", [g.const("value", value, np.float32), g.op("Concat", [batch, rest], None, axis=0)],
+                    outs[0])
+    return emit
+
+
+def _full_like(g, outs, x, value):
+    return g.op("Expand", [g.const("value", float(value), np.float32), g.op("Shape", [x.name], None)], outs[0])
+
+
 def _identity_op(g, outs, x, *args, **kwargs):
     return g.op("Identity", [x.name], outs[0])
 
@@ -658,10 +684,14 @@ def _getitem(g, outs, x, index):
 
 
 def _cat(g, outs, tensors, dim=0):
+    if not all(t.int for t in tensors):  # int32 joins float32 as netcl's cat does: as floats
+        tensors = _as_float(g, tensors)
     return g.op("Concat", [t.name for t in tensors], outs[0], axis=dim % len(outs[0]))
 
 
 def _stack(g, outs, tensors, dim=0):
+    if not all(t.int for t in tensors):
+        tensors = _as_float(g, tensors)
     d = dim % len(outs[0])
     ups = [_axes_op(g, "Unsqueeze", t.name, [d], None) for t in tensors]
     return g.op("Concat", ups, outs[0], axis=d)
@@ -721,9 +751,7 @@ OP_EMITTERS = {
     "pow": _binary("Pow"), "maximum": _binary("Max"), "minimum": _binary("Min"), "compare": _compare,
     "neg": _unary("Neg"), "exp": _unary("Exp"), "log": _unary("Log"), "sqrt": _unary("Sqrt"),
     "abs": _unary("Abs"), "sin": _unary("Sin"), "cos": _unary("Cos"), "clamp": _clamp,
-    "activation": _as_layer(_activation_layer),
-    "relu": _as_layer(lambda: nn.ReLU()), "sigmoid": _as_layer(lambda: nn.Sigmoid()),
-    "tanh": _as_layer(lambda: nn.Tanh()), "softmax": _as_layer(lambda dim: nn.Softmax(dim)),
+    **{op: _as_layer(make) for op, make in LAYER_OF.items()},  # (the operations that are a layer's)
     "log_softmax": _log_softmax,
     "sum": _reduce("ReduceSum"), "mean": _reduce("ReduceMean"), "amax": _reduce("ReduceMax"),
     "amin": _reduce("ReduceMin"), "max": _extremum("ReduceMax", "ArgMax"), "min": _extremum("ReduceMin", "ArgMin"),
@@ -732,22 +760,10 @@ OP_EMITTERS = {
     "reshape": _reshape, "flatten": _flatten_op, "squeeze": _same_shape_view, "unsqueeze": _same_shape_view,
     "permute": _permute, "transpose": _transpose_op, "expand": _expand, "clone": _identity_op,
     "detach": _identity_op, "getitem": _getitem, "cat": _cat, "stack": _stack, "cast": _cast,
-    "F.relu": _as_layer(lambda inplace=False: nn.ReLU()), "F.relu6": _as_layer(lambda inplace=False: nn.ReLU6()),
-    "F.leaky_relu": _as_layer(lambda negative_slope=0.01, inplace=False: nn.LeakyReLU(negative_slope)),
-    "F.gelu": _as_layer(lambda approximate="none": nn.GELU(approximate)),
-    "F.silu": _as_layer(lambda inplace=False: nn.SiLU()),
-    "F.hardswish": _as_layer(lambda inplace=False: nn.Hardswish()),
-    "F.hardsigmoid": _as_layer(lambda inplace=False: nn.Hardsigmoid()),
-    "F.sigmoid": _as_layer(lambda: nn.Sigmoid()), "F.tanh": _as_layer(lambda: nn.Tanh()),
-    "F.softmax": _as_layer(lambda dim: nn.Softmax(dim)), "F.log_softmax": _log_softmax,
-    "F.dropout": _identity_op, "F.linear": _linear_fn, "F.layer_norm": _layer_norm_fn,
-    "F.max_pool2d": _as_layer(lambda kernel_size, stride=None, padding=0, **_: nn.MaxPool2d(kernel_size, stride,
-                                                                                            padding)),
-    "F.avg_pool2d": _as_layer(lambda kernel_size, stride=None, padding=0, **_: nn.AvgPool2d(kernel_size, stride,
-                                                                                            padding)),
-    "F.adaptive_avg_pool2d": _as_layer(lambda output_size: nn.AdaptiveAvgPool2d(output_size)),
-    "F.interpolate": _as_layer(lambda size=None, scale_factor=None, mode="nearest", align_corners=None:
-                               nn.Upsample(scale_factor, mode)),
+    "zeros": _filled(0.0), "ones": _filled(1.0), "full_like": _full_like,
+    "randn": _not_in_inference("drawing random numbers"),
+    "F.log_softmax": _log_softmax, "F.dropout": _identity_op, "F.linear": _linear_fn,
+    "F.layer_norm": _layer_norm_fn,
     **{f"F.{loss}": _not_in_inference("a loss") for loss in (
         "nll_loss", "cross_entropy", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits")},

@@ -57,10 +57,14 @@
 #define F2(T, x, y) ((y) > 0.0f ? (x) : (y) < 0.0f ? -(x) : (T)(0.0f))
 #elif OP2 == 15  // clamp's gradient: x = dy, y = clamp's input; passes inside [p0, p1], bounds included
 #define F2(T, x, y) (((y) >= p0 && (y) <= p1) ? (x) : (T)(0.0f))
-#elif OP2 == 16  // x ** p0's gradient: x = dy, y = the base
-#define F2(T, x, y) ((x) * p0 * pow((T)(y), (T)(p0 - 1.0f)))
+#elif OP2 == 16  // x ** p0's gradient: x = dy, y = the base (0 for p0 = 0, as PyTorch's)
+#define F2(T, x, y) (p0 == 0.0f ? (T)(0.0f) : (x) * p0 * pow((T)(y), (T)(p0 - 1.0f)))
 #elif OP2 == 17  // x = dy, y = the input of a maximum/minimum against a scalar or of max(dim): dy where y == p0
 #define F2(T, x, y) ((y) == p0 ? (x) : (T)(0.0f))
+#elif OP2 == 18  // a ** b's derivative in a: x = b, y = a; 0 where b = 0 (PyTorch's rule)
+#define F2(T, x, y) ((x) == 0.0f ? (T)(0.0f) : (x) * pow((T)(y), (T)((x) - 1.0f)))
+#elif OP2 == 19  // a ** b's derivative in b: x = a ** b, y = a; 0 where a = 0 and b >= 0 (a finite x)
+#define F2(T, x, y) (((y) == 0.0f && (x) < INFINITY) ? (T)(0.0f) : (x) * log((T)(y)))
 #endif
 
 // -- element-wise: one operand (netcl.array_ops.UNARY) --------------------------------------
@@ -74,8 +78,8 @@
 #define F1(T, x) sqrt(x)
 #elif OP1 == 4
 #define F1(T, x) fabs(x)
-#elif OP1 == 5  // clamp to [p0, p1] (+-inf for a missing bound); NaN stays NaN
-#define F1(T, x) ((x) < p0 ? (T)(p0) : (x) > p1 ? (T)(p1) : (x))
+#elif OP1 == 5  // min(max(x, p0), p1) (+-inf for a missing bound; p1 where p0 > p1); NaN stays NaN
+#define F1(T, x) ((x) < p0 ? (T)(p0 > p1 ? p1 : p0) : (x) > p1 ? (T)(p1) : (x))
 #elif OP1 == 6
 #define F1(T, x) pow((T)(x), (T)(p0))
 #elif OP1 == 7

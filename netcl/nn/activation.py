@@ -87,6 +87,19 @@ class Hardsigmoid(_Activation):
     act = Act.HARDSIGMOID  # relu6(x + 3) / 6
 
 
+def layer_of(act, slope=0.0):
+    """The activation layer of a netcl.act.Act code (slope: LeakyReLU's negative slope)."""
+    act = Act(act)
+    if act == Act.LEAKY_RELU:
+        return LeakyReLU(slope)
+    if act in _GELU_ACTS.values():
+        return GELU(next(k for k, v in _GELU_ACTS.items() if v == act))
+    for cls in (ReLU, Sigmoid, Tanh, SiLU, ReLU6, Hardswish, Hardsigmoid):
+        if cls.act == act:
+            return cls()
+    raise ValueError(f"no activation layer has the code {act!r}")
+
+
 class Softmax(Module):
     """Softmax(dim=1): exp(x) / sum(exp(x)) along dim."""
     CALL_STATE = ("_y",)

@@ -5,7 +5,7 @@ tensor operations (netcl.functions). Arguments netcl does not implement raise No
 from netcl import functions, ops
 from netcl.act import Act
 from netcl.autograd import Node, attach, needs_record, traced
-from netcl.nn.activation import GELU
+from netcl.nn.activation import GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh, layer_of
 from netcl.nn.basic import Dropout
 from netcl.nn.norm import LayerNorm
 from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
@@ -90,6 +90,29 @@ def dropout(x, p=0.5, training=True, inplace=False):
     return Dropout(p)(x)
 
 
+# -- the layer of an operation ------------------------------------------------------------------------
+# operation (its autograd.TRACEABLE name) -> the layer that does to the first argument what the
+# operation does, built from the others (TypeError or ValueError where they are no layer's): what a
+# traced graph lifts to (nn.graph.lift) and how the ONNX exporter writes the operation
+LAYER_OF = {
+    "activation": layer_of, "relu": lambda: ReLU(), "sigmoid": lambda: Sigmoid(), "tanh": lambda: Tanh(),
+    "softmax": lambda dim: Softmax(dim),
+    "F.relu": lambda inplace=False: ReLU(), "F.relu6": lambda inplace=False: ReLU6(),
+    "F.leaky_relu": lambda negative_slope=0.01, inplace=False: LeakyReLU(negative_slope),
+    "F.gelu": lambda approximate="none": GELU(approximate), "F.silu": lambda inplace=False: SiLU(),
+    "F.hardswish": lambda inplace=False: Hardswish(), "F.hardsigmoid": lambda inplace=False: Hardsigmoid(),
+    "F.sigmoid": lambda: Sigmoid(), "F.tanh": lambda: Tanh(), "F.softmax": lambda dim: Softmax(dim),
+    "F.dropout": lambda p=0.5, training=True, inplace=False: Dropout(p),  # (follows the graph's mode)
+    # (what max_pool2d and avg_pool2d refuse never reaches a graph)
+    "F.max_pool2d": lambda kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False:
+        MaxPool2d(kernel_size, stride, padding),
+    "F.avg_pool2d": lambda kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True:
+        AvgPool2d(kernel_size, stride, padding),
+    "F.adaptive_avg_pool2d": lambda output_size: AdaptiveAvgPool2d(output_size),
+    "F.interpolate": lambda scale_factor, mode: Upsample(scale_factor, mode),
+}
+
+
 # -- layers as functions ------------------------------------------------------------------------------
 class _LinearBackward(Node):
     def __init__(self, x2, weight, bias):
@@ -147,7 +170,6 @@ def adaptive_avg_pool2d(x, output_size):
     return AdaptiveAvgPool2d(output_size)(x)
 
 
-@traced("F.interpolate")
 def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
     """Integer upsampling of (N, C, H, W), "nearest" or "bilinear" (align_corners False)."""
     if align_corners:
@@ -159,6 +181,12 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
         scale_factor = h // x.shape[2]
     if scale_factor is None:
         raise ValueError("interpolate needs size or scale_factor")
+    return _upsample(x, scale_factor, mode)
+
+
+@traced("F.interpolate")
+def _upsample(x, scale_factor, mode):
+    """interpolate() as a graph records it: by its factor (a size is one for the traced shapes)."""
     return Upsample(scale_factor, mode)(x)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from netcl import autograd
+from netcl.nn import functional
 from netcl.nn.blocks import ModuleDict
 from netcl.nn.module import LAYERS, Module, Parameter, _own_backward, declared_problem, declared_tensors, make_declared
 from netcl.tensor import FLOAT32, INT32, Tensor
@@ -39,6 +40,12 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]{0,63}")
 MAX_NODES = 100_000
 _MAX_ARG_DEPTH, _MAX_ARG_ITEMS = 6, 4096
 _DTYPES = {"float32": FLOAT32, "int32": INT32}
+
+
+class BatchSize(int):
+    """The traced input's batch size as a traced value's first dimension carries it (x.shape[0],
+    x.size(0)): an argument made of it is recorded as the batch, so the graph runs for any batch.
+    Arithmetic on it gives plain ints (recorded as numbers)."""
 
 
 class TraceError(RuntimeError):
@@ -57,7 +64,7 @@ class Tracer:
     """Records one forward of `root` (autograd._mode.tracer while netcl.trace runs)."""
 
     def __init__(self, root, x):
-        self.root, self.batch, self.busy = root, x.shape[0], 0
+        self.root, self.batch, self.busy = root, int(x.shape[0]), 0
         self.paths = {id(m): p for p, m in root.named_modules() if p}
         self.owned = {}  # id(tensor) -> its state_dict key (parameters and buffers)
         for key, t in root.named_tensors():
@@ -65,6 +72,19 @@ class Tracer:
         self.nodes, self.values, self.batched = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}, [True]
         self.keep, self.consts, self.fixed = [x], {}, {}
         self.values[id(x)] = (0, None)
+        self.shapes = []  # tensors whose first dimension this trace tagged, with their own shapes
+        self._tag(x)
+
+    def _tag(self, t):
+        """Make t.shape[0] a BatchSize for the traced code (untag() puts the shape back)."""
+        if t.shape and not isinstance(t.shape[0], BatchSize):
+            self.shapes.append((t, t.shape))
+            t.shape = (BatchSize(t.shape[0]),) + tuple(t.shape[1:])
+
+    def untag(self):
+        """Give the tensors this trace tagged (_tag) their plain shapes back."""
+        for t, shape in self.shapes:
+            t.shape = tuple(int(n) for n in shape)
 
     def _shape(self, shape, batched):
         return ["N" if (k == 0 and batched) else int(n) for k, n in enumerate(shape)]
@@ -103,6 +123,8 @@ class Tracer:
                 self.keep.append(t)
                 shapes.append(self._shape(t.shape, b))
                 self.batched.append(b)
+                if b:
+                    self._tag(t)
         node["out"] = shapes
         self.nodes.append(node)
 
@@ -116,6 +138,8 @@ class Tracer:
             if isinstance(a, str) and len(a) > 32:
                 raise TraceError(f"{_user_line()}: a string argument longer than 32 characters")
             return a
+        if isinstance(a, BatchSize):
+            return {"batch": 1}
         if isinstance(a, (int, np.integer)):
             return int(a)
         if isinstance(a, (float, np.floating)):
@@ -138,50 +162,27 @@ class Tracer:
                 raise TraceError(f"{_user_line()}: an argument of more than {_MAX_ARG_ITEMS} items")
             items = [self.encode(v, depth + 1) for v in a]
             return {"tuple": items} if isinstance(a, tuple) else items
-        if isinstance(a, _Batch):
-            return {"batch": 1}
         if hasattr(a, "__index__"):  # an enum (netcl.act.Act)
             return int(a)
         raise TraceError(f"{_user_line()}: an argument of type {type(a).__name__} cannot be recorded")
 
     def _inputs_batched(self, args):
-        refs = []
-
-        def walk(a):
-            if isinstance(a, dict) and "v" in a:
-                refs.append(a["v"])
-            elif isinstance(a, dict):
-                for v in a.values():
-                    walk(v)
-            elif isinstance(a, list):
-                for v in a:
-                    walk(v)
-        walk(args)
-        return any(self.batched[i] for i in refs)
-
-    def _free_batch(self, name, args):
-        """reshape/view/expand of a tensor with the batch first: a target's leading batch size becomes
-        {"batch": 1}, so the graph runs for any batch."""
-        if name not in ("reshape", "expand") or not args or not isinstance(args[0], Tensor):
-            return args
-        ref = self.values.get(id(args[0]))
-        if ref is None or not self.batched[ref[0]]:
-            return args
-        shape = list(args[1:])
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = list(shape[0])
-        if shape and isinstance(shape[0], (int, np.integer)) and int(shape[0]) == self.batch:
-            shape[0] = _Batch()
-        return (args[0], *shape)
+        """Whether an operation on these (encoded) arguments makes a batched value: one of them is,
+        or names the batch size."""
+        return any(self.batched[i] for i in _refs(args)) or _names_batch(args)
 
     # -- what Module.__call__ and autograd.traced report ---------------------------------------
     def op(self, name, args, kwargs, out):
         """Record operation `name` (autograd.traced) called with args, kwargs, giving out."""
-        args = self._free_batch(name, args)
         node = {"op": name, "args": self.encode(list(args))}
         if kwargs:
             node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
-        self._add(node, out, self._inputs_batched(node["args"]) or self._inputs_batched(node.get("kwargs", {})))
+        if name == "F.dropout":  # dropping follows the graph's mode, as an nn.Dropout layer's does
+            if len(node["args"]) > 2:
+                node["args"][2] = {"mode": 1}
+            else:
+                node.setdefault("kwargs", {})["training"] = {"mode": 1}
+        self._add(node, out, self._inputs_batched([node["args"], node.get("kwargs", {})]))
 
     def call(self, module, args, kwargs):
         """A module called while tracing: a netcl layer runs as one node; a module with a forward of its
@@ -216,10 +217,6 @@ class Tracer:
                          "control flow that depends on tensor values (compute it with tensor operations)")
 
 
-class _Batch:
-    """The traced batch size in a reshape or expand target, recorded as {"batch": 1}."""
-
-
 def trace(model, example_input):
     """Run model(example_input) once, recording its layer calls and tensor operations into a
     GraphModule that holds the same layers (state_dict keys as the model's). No gradient is
@@ -228,6 +225,9 @@ def trace(model, example_input):
         return model
     if not isinstance(model, Module):
         raise TypeError(f"netcl.trace takes a netcl nn.Module, got {type(model).__name__}")
+    if model.records_as_one():  # (a layer, a Sequential of layers: nothing of its own to record)
+        raise TypeError(f"netcl.trace records a Module subclass's own forward; this {type(model).__name__} is netcl "
+                        "layers only, which save, export_onnx and the fused path take as they are")
     x = example_input if isinstance(example_input, Tensor) else Tensor.from_host(None, example_input)
     if not x.shape:
         raise ValueError("netcl.trace needs an input with a batch dimension")
@@ -239,6 +239,7 @@ def trace(model, example_input):
             out = model(x)
     finally:
         autograd._mode.tracer = prev
+        tr.untag()
     if not isinstance(out, Tensor):
         raise TraceError(f"{type(model).__name__}.forward returned {type(out).__name__}: a graph has one tensor output")
     out_ref = tr.ref(out)
@@ -333,7 +334,10 @@ class GraphModule(Module):
             if op == "input":
                 v = x
             elif op == "output":
-                return self._arg(node["args"][0], env, x)
+                y = self._arg(node["args"][0], env, x)
+                if tuple(y.shape) != self.output_shape(x.shape):  # (what a file declares, held to)
+                    raise ValueError(f"the graph computes {tuple(y.shape)} where it declares {_show(node['out'][0])}")
+                return y
             elif op in ("param", "const"):
                 v = self._tensor(node["target"])
             else:
@@ -349,26 +353,7 @@ class GraphModule(Module):
         raise AssertionError("a checked graph ends with its output")
 
     def _arg(self, a, env, x):
-        if isinstance(a, list):
-            return [self._arg(v, env, x) for v in a]
-        if not isinstance(a, dict):
-            return a
-        if "v" in a:
-            v = env[a["v"]]
-            return v[a["k"]] if "k" in a else v
-        if "tuple" in a:
-            return tuple(self._arg(v, env, x) for v in a["tuple"])
-        if "slice" in a:
-            return slice(*(self._arg(v, env, x) for v in a["slice"]))
-        if "ellipsis" in a:
-            return Ellipsis
-        if "dtype" in a:
-            return _DTYPES[a["dtype"]]
-        if "batch" in a:
-            return x.shape[0]
-        if "inf" in a:
-            return math.inf * a["inf"]
-        raise AssertionError(a)
+        return decode(a, lambda i, k: env[i] if k is None else env[i][k], x.shape[0], self.training)
 
     def submodule(self, path):
         """The layer held at `path` ("blocks.0.conv1")."""
@@ -439,6 +424,33 @@ class GraphModule(Module):
     def __repr__(self):
         lines = [f"  %{i} = {_show_node(n)}" for i, n in enumerate(self.graph)]
         return "GraphModule(\n" + "\n".join(lines) + "\n)"
+
+
+def decode(a, value, batch, mode):
+    """An encoded argument (see the module docstring) as the Python value it stands for: value(i, k)
+    for a reference to node i's value (its k-th element, or all of it for k None), `batch` for the
+    batch size and `mode` for the graph's training flag."""
+    if isinstance(a, list):
+        return [decode(v, value, batch, mode) for v in a]
+    if not isinstance(a, dict):
+        return a
+    if "v" in a:
+        return value(a["v"], a.get("k"))
+    if "tuple" in a:
+        return tuple(decode(v, value, batch, mode) for v in a["tuple"])
+    if "slice" in a:
+        return slice(*a["slice"])
+    if "ellipsis" in a:
+        return Ellipsis
+    if "dtype" in a:
+        return _DTYPES[a["dtype"]]
+    if "batch" in a:
+        return batch
+    if "mode" in a:
+        return mode
+    if "inf" in a:
+        return math.inf * a["inf"]
+    raise AssertionError(a)
 
 
 def _show(shape):
@@ -545,7 +557,33 @@ def _graph_problem(graph):
         return "the output node names one value"
     if not graph[0].get("out") or not graph[-1].get("out"):
         return "the input and output nodes give their shapes"
+    for i, n in enumerate(graph):
+        for v in _ref_pairs(n.get("args", [])) + _ref_pairs(list(n.get("kwargs", {}).values())):
+            outs = graph[v[0]].get("out", [])
+            if outs and (len(outs) != 1 if v[1] is None else v[1] >= len(outs)):
+                return f"node {i} ({n['op']}): {_ref_text(v)} does not match node {v[0]}'s {len(outs)} outputs"
+    i, k = _ref_pairs(graph[-1]["args"])[0]
+    outs = graph[i].get("out", [])
+    if outs and graph[-1]["out"] != [outs[k or 0]]:
+        return f"the output node's shape {graph[-1]['out']!r:.60} is not node {i}'s"
     return None
+
+
+def _ref_pairs(args):
+    """(node, output or None) of every value reference in args."""
+    out = []
+    for a in args:
+        if isinstance(a, dict) and "v" in a:
+            out.append((a["v"], a.get("k")))
+        elif isinstance(a, dict):
+            out += _ref_pairs(list(a.values()))
+        elif isinstance(a, list):
+            out += _ref_pairs(a)
+    return out
+
+
+def _ref_text(v):
+    return f"value {v[0]}" if v[1] is None else f"value {v[0]}[{v[1]}]"
 
 
 def _arg_problem(a, i, depth):
@@ -572,7 +610,7 @@ def _arg_problem(a, i, depth):
             s = a["slice"]
             ok = isinstance(s, list) and len(s) == 3 and all(v is None or (type(v) is int and abs(v) < 2**31) for v in s)
             return None if ok else "a malformed slice"
-        if a in ({"ellipsis": 1}, {"batch": 1}, {"inf": 1}, {"inf": -1}):
+        if a in ({"ellipsis": 1}, {"batch": 1}, {"mode": 1}, {"inf": 1}, {"inf": -1}):
             return None
         if set(a) == {"dtype"} and a["dtype"] in _DTYPES:
             return None
@@ -581,37 +619,35 @@ def _arg_problem(a, i, depth):
 
 
 # -- lifting: a graph of layer calls, residual adds and concatenations as a Sequential of blocks -------
-_ACTIVATIONS = {"F.relu": "ReLU", "relu": "ReLU", "F.relu6": "ReLU6", "F.sigmoid": "Sigmoid", "sigmoid": "Sigmoid",
-                "F.tanh": "Tanh", "tanh": "Tanh", "F.silu": "SiLU", "F.hardswish": "Hardswish",
-                "F.hardsigmoid": "Hardsigmoid"}
-
-
 def _as_layer(gm, i, node, args):
-    """The layer that does what node i does to its one tensor argument, or None."""
+    """The layer that does what node i does to its one tensor argument (functional.LAYER_OF), or None."""
     op = node["op"]
     if op == "call":
         return gm.submodule(node["target"])
     if op == "layer":
         return gm._layer(i, node)
-    kw = node.get("kwargs", {})
-    if op in _ACTIVATIONS and len(args) == 1 and set(kw) <= {"inplace"}:
-        return LAYERS[_ACTIVATIONS[op]]()
-    if op == "F.leaky_relu" and len(args) <= 2 and set(kw) <= {"negative_slope", "inplace"}:
-        return LAYERS["LeakyReLU"](kw.get("negative_slope", args[1] if len(args) > 1 else 0.01))
-    if op == "F.gelu" and len(args) <= 2 and set(kw) <= {"approximate"}:
-        return LAYERS["GELU"](kw.get("approximate", args[1] if len(args) > 1 else "none"))
-    if op == "flatten" and not kw and all(isinstance(a, int) for a in args[1:]):
+    if op == "flatten":  # (a layer keeps the batch: start_dim 0 is no Flatten)
         start, end = (list(args[1:]) + [0, -1][len(args) - 1:])[:2]
-        return LAYERS["Flatten"](start, end) if start != 0 else None  # (a layer keeps the batch)
-    if op in ("softmax", "F.softmax") and len(args) == 2 and isinstance(args[1], int) and not kw:
-        return LAYERS["Softmax"](args[1])
-    if op == "F.adaptive_avg_pool2d" and len(args) == 2 and not kw:
-        return LAYERS["AdaptiveAvgPool2d"](args[1])
-    if op in ("F.max_pool2d", "F.avg_pool2d") and 2 <= len(args) <= 4 and not kw:
-        return LAYERS["MaxPool2d" if op == "F.max_pool2d" else "AvgPool2d"](*args[1:])
-    if op == "F.dropout" and not kw and len(args) <= 2:
-        return LAYERS["Dropout"](args[1] if len(args) > 1 else 0.5)
-    return None
+        return LAYERS["Flatten"](start, end) if start != 0 and not node.get("kwargs") and \
+            all(type(a) is int for a in args[1:]) else None
+    make = functional.LAYER_OF.get(op)
+    try:
+        plain = [_plain_arg(a) for a in args[1:]], {k: _plain_arg(a) for k, a in node.get("kwargs", {}).items()}
+        return make(*plain[0], **plain[1]) if make is not None else None
+    except (TypeError, ValueError):  # (arguments no layer takes: the graph stays as it is)
+        return None
+
+
+def _plain_arg(a):
+    """An encoded argument as the number, string or tuple it is (TypeError for a value or a marker,
+    except the graph's mode, which a layer follows itself)."""
+    if isinstance(a, dict):
+        if set(a) == {"tuple"}:
+            return tuple(_plain_arg(v) for v in a["tuple"])
+        if a == {"mode": 1}:
+            return True
+        raise TypeError(a)
+    return [_plain_arg(v) for v in a] if isinstance(a, list) else a
 
 
 def lift(gm):
@@ -705,16 +741,15 @@ class _NotLiftable(Exception):
     pass
 
 
+def _names_batch(args):
+    """Whether encoded arguments hold the batch size ({"batch": 1})."""
+    if isinstance(args, dict):
+        return args == {"batch": 1} or any(_names_batch(v) for v in args.values())
+    return isinstance(args, list) and any(_names_batch(v) for v in args)
+
+
 def _refs(args):
-    out = []
-    for a in args:
-        if isinstance(a, dict) and "v" in a:
-            out.append(a["v"])
-        elif isinstance(a, dict):
-            out += _refs(list(a.values()))
-        elif isinstance(a, list):
-            out += _refs(a)
-    return out
+    return [i for i, _ in _ref_pairs(args)]
 
 
 def _input_of(node):

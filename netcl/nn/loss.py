@@ -101,13 +101,16 @@ class _Loss:
             isinstance(target, Tensor) and target.requires_grad and autograd.recording())
         if composed:
             self._grad = self._pending = None
-            self._last = (pred, target)  # backward() differentiates it on demand
+            # backward() differentiates it on demand: its data only (a view without its node), so that
+            # the graph behind it is not kept into the next step
+            self._last = (pred.detach(), target)
             return self._composed(pred, target)
         self._last = None
         pending = self.enqueue(pred, target)
         self._pending = pending  # backward() checks a refusal (enqueue()'s callers read it at item())
         loss = pending.take()
-        loss._on_read = pending.check
+        if pending.can_refuse:
+            loss._on_read = pending.check
         if autograd.needs_record(pred):
             attach(LossBackward(type(self).__name__, pred, self._grad, pending), loss)
         return loss
@@ -240,7 +243,7 @@ class LossBackward(Node):
 
     def release(self):
         super().release()
-        self.grad = None
+        self.grad = self.pending = None
 
 
 class PendingLoss:

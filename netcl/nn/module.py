@@ -18,6 +18,7 @@ walk the exporter and the fused planner share: the layers a model applies in ord
 """
 import inspect
 import math
+import warnings
 from collections import namedtuple
 
 import numpy as np
@@ -396,7 +397,7 @@ class Module:
         own = {key: (t, layer, name) for key, t, layer, name in self._owned_tensors()}
         missing = [k for k in own if k not in state]
         # PyTorch's BatchNorm counter has no netcl counterpart: torch state dicts load as they are
-        unexpected = [k for k in state if k not in own and not k.endswith(".num_batches_tracked")]
+        unexpected = [k for k in state if k not in own and k.rpartition(".")[2] != "num_batches_tracked"]
         if strict and (missing or unexpected):
             raise ValueError(f"state_dict keys do not match the model: missing {missing}, unexpected {unexpected}")
         if not strict:
@@ -574,9 +575,12 @@ def declared_problem(tensors):
 def _check_unregistered(module, name, value):
     """TypeError where `value`, about to be a public attribute of a module that registers its
     attributes, holds what parameters() could not find: layers or parameters in a plain list,
-    tuple or dict (a layer already registered elsewhere in the module is fine), or a tensor made to
-    require grad that is not an nn.Parameter."""
+    tuple or dict (a layer already registered elsewhere in the module is fine). A warning where it
+    is or holds leaf tensors that require grad but are not nn.Parameters (a tensor kept in forward,
+    `self.last_input = x`, is fine, but a weight made so is not trained by an optimizer over
+    parameters())."""
     where = f"{type(module).__name__}.{name}"
+    items = [value]
     if isinstance(value, (list, tuple, dict, set)):
         items = list(value.values()) if isinstance(value, dict) else list(value)
         known = {id(m) for m in module.modules()}
@@ -587,9 +591,10 @@ def _check_unregistered(module, name, value):
         if any(isinstance(v, Parameter) for v in items):
             raise TypeError(f"{where}: parameters in a plain {type(value).__name__} are invisible to parameters() "
                             "and state_dict(); assign each to an attribute of its own")
-    elif isinstance(value, Tensor) and not isinstance(value, Parameter) and value.requires_grad and value.is_leaf:
-        raise TypeError(f"{where}: a tensor that requires grad is not a parameter of the module (parameters() finds "
-                        f"nn.Parameter only): assign nn.Parameter(tensor)")
+    if any(isinstance(v, Tensor) and not isinstance(v, Parameter) and v.requires_grad and v.is_leaf for v in items):
+        warnings.warn(f"{where} holds a tensor that requires grad but is not an nn.Parameter: parameters(), "
+                      "state_dict() and optimizers over them do not see it (for a weight, assign "
+                      "nn.Parameter(tensor))", stacklevel=3)
 
 
 def _is_torch_tensor(v):

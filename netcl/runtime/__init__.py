@@ -259,8 +259,10 @@ class Recorder:
         self.commands.append(("launch", k, tuple(gsize), tuple(lsize), tuple(args)))
 
     def fill(self, buf, value, nbytes):
-        """Record a fill of `nbytes` of `buf` with `value`."""
-        self.commands.append(("fill", buf, float(value), int(nbytes)))
+        """Record a fill of `nbytes` of `buf` with `value` (a float, or a numpy float32 or int32: the
+        4-byte pattern)."""
+        pattern = value if isinstance(value, (np.float32, np.int32)) else np.float32(value)
+        self.commands.append(("fill", buf, pattern, int(nbytes)))
 
     def copy(self, dst, src, nbytes):
         """Record a device-to-device copy of `nbytes`."""
