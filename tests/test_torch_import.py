@@ -1,5 +1,6 @@
-"""nn.from_torch: torch.nn.Sequential models -> netcl models with the same layers and weights,
-held against torch's own outputs (eval mode) and gradients (float64 references)."""
+"""nn.from_torch: torch.nn.Sequential models -> netcl models with the same layers and weights, and
+modules with a forward of their own through torch.fx, held against torch's own outputs (eval mode)
+and gradients (float64 references)."""
 import re
 
 import numpy as np
@@ -99,14 +100,14 @@ def test_single_layer_becomes_a_sequential():
 def test_unsupported_layers_are_all_named_with_the_supported_list():
     class Mine(tnn.Module):
         def forward(self, x):
-            return x
+            return torch.cumsum(x, 1)
 
     tm = tnn.Sequential(tnn.Linear(4, 4), tnn.ELU(), tnn.Sequential(tnn.Conv2d(1, 1, (3, 5)), Mine()),
                         tnn.MaxPool2d(2, ceil_mode=True))
     with pytest.raises(NotImplementedError) as e:
         nn.from_torch(tm)
     msg = str(e.value)
-    for part in ("layer 1 (ELU)", "layer 2.0 (Conv2d): kernel_size=(3, 5)", "layer 2.1 (Mine)",
+    for part in ("layer 1 (ELU)", "layer 2.0 (Conv2d): kernel_size=(3, 5)", "layer 2.1 (Mine): node cumsum",
                  "layer 3 (MaxPool2d): ceil_mode=True", "Supported torch layers: Sequential, Linear, Conv2d"):
         assert part in msg
 
@@ -125,7 +126,7 @@ def test_unsupported_settings(layer, what):
 
 
 def test_not_a_torch_module():
-    with pytest.raises(TypeError, match="expects a torch.nn.Sequential"):
+    with pytest.raises(TypeError, match="expects a torch.nn.Module"):
         nn.from_torch(nn.Sequential(nn.ReLU()))
     with pytest.raises(TypeError):
         nn.from_torch({"0.weight": np.zeros((2, 2))})
@@ -150,3 +151,137 @@ def test_layers_of_modern_architectures(name, layer, shape, queue, rng):
     with torch.no_grad():
         want = tm.double()(torch.from_numpy(x).double()).numpy()
     assert np.abs(model(Tensor.from_host(queue, x)).to_host() - want).max() <= 1e-5
+
+
+# -- modules with a forward of their own: torch.fx ------------------------------------------------
+class Block(tnn.Module):
+    """torchvision's BasicBlock: an in-place residual add, a downsampling branch held or None."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1, self.bn1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False), tnn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False), tnn.BatchNorm2d(cout)
+        self.relu = tnn.ReLU(inplace=True)
+        self.down = None if stride == 1 and cin == cout else tnn.Sequential(
+            tnn.Conv2d(cin, cout, 1, stride, bias=False), tnn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class ResNetish(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = tnn.Conv2d(3, 8, 3, padding=1)
+        self.layer1 = tnn.Sequential(Block(8, 8, 1), Block(8, 16, 2))
+        self.pool, self.fc = tnn.AdaptiveAvgPool2d(1), tnn.Linear(16, 16)  # (a square Linear)
+
+    def forward(self, x):
+        x = torch.nn.functional.relu(self.stem(x))
+        return self.fc(torch.flatten(self.pool(self.layer1(x)), 1))
+
+
+class Mixer(tnn.Module):
+    """Operations between layers: a free parameter, attention-like matmuls, view by x.size(0), cat."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm = tnn.Linear(8, 8), tnn.LayerNorm(8)
+        self.scale = tnn.Parameter(torch.tensor(0.7))
+        self.head = tnn.Linear(4 * 8 + 4, 3)
+
+    def forward(self, x):  # (N, 4, 8)
+        h = self.norm(x)
+        a = torch.softmax(self.proj(h) @ h.transpose(1, 2) * self.scale, dim=-1)
+        y = a @ h + x
+        stats = y.mean(2)
+        return self.head(torch.cat([y.view(x.size(0), -1), stats.sigmoid()], dim=1))
+
+
+FX_MODELS = {"resnetish": (ResNetish, (2, 3, 16, 16)), "mixer": (Mixer, (3, 4, 8))}
+
+
+@pytest.mark.parametrize("name", sorted(FX_MODELS))
+def test_a_module_with_its_own_forward_converts_through_fx(name, queue, rng, tmp_path, record_error):
+    build, shape = FX_MODELS[name]
+    torch.manual_seed(0)
+    tm = randomize(build()).eval()
+    model = nn.from_torch(tm).to(queue)
+    assert type(model).__name__ == "TorchGraph" and not model.training
+    assert list(model.state_dict()) == [k for k in tm.state_dict() if not k.endswith("num_batches_tracked")]
+    x = rng.standard_normal(shape).astype(np.float32)
+    with torch.no_grad():
+        want = tm.double()(torch.from_numpy(x).double()).numpy()
+    import netcl
+
+    with netcl.no_grad():
+        got = model(Tensor.from_host(queue, x)).to_host()
+    err = float(np.abs(got - want).max())
+    record_error(err)
+    assert err <= 1e-5
+    gm = netcl.trace(model, x)  # a GraphModule: a residual network lifts to the fused Sequential
+    assert (gm.lifted is not None) == (name == "resnetish")
+    assert float(np.abs(gm.predict(x, queue) - want).max()) <= 1e-5
+    ort = pytest.importorskip("onnxruntime")
+    netcl.io.export_onnx(model, shape, tmp_path / "m.onnx")
+    onnx_out = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x})[0]
+    assert float(np.abs(onnx_out - want).max()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(FX_MODELS))
+def test_a_module_converted_through_fx_has_torch_gradients(name, queue, rng, record_error):
+    import netcl
+
+    build, shape = FX_MODELS[name]
+    torch.manual_seed(1)
+    tm = randomize(build()).double().train()
+    model = nn.from_torch(tm).to(queue)
+    assert model.training
+    x = rng.standard_normal(shape)
+    yt = tm(torch.from_numpy(x))
+    dy = rng.standard_normal(tuple(yt.shape))
+    (yt * torch.from_numpy(dy)).sum().backward()
+    y = model(netcl.tensor(x.astype(np.float32), queue=queue))
+    (y * netcl.tensor(dy.astype(np.float32), queue=queue)).sum().backward()
+    fwd = float(np.abs(y.numpy() - yt.detach().numpy()).max())
+    theirs = dict(tm.named_parameters())
+    worst = 0.0
+    for key, p in model.named_parameters():
+        g = theirs[key].grad.numpy()
+        ours = p.grad.numpy()
+        if key.endswith("weight") and ours.ndim == 2:  # (netcl's Linear stores (in, out))
+            ours = ours.T
+        worst = max(worst, float(np.abs(ours - g).max() / max(1.0, np.abs(g).max())))
+    record_error(fwd, worst)
+    assert fwd <= 1e-4 and worst <= 1e-4
+
+
+def test_what_fx_cannot_convert_is_named_node_by_node():
+    class Odd(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.lin = tnn.GRU(4, 4), tnn.Linear(4, 4)
+
+        def forward(self, x):
+            y = torch.add(self.lin(x), x, alpha=2.0)
+            return torch.cumsum(y, 1) + x.cummax(1)[0] + self.rnn(y)[0]
+
+    with pytest.raises(NotImplementedError) as e:
+        nn.from_torch(Odd())
+    msg = str(e.value)
+    for part in ("layer rnn (GRU): not supported", "netcl's add does not take ['alpha']",
+                 "netcl has no counterpart of torch.cumsum", "netcl's Tensor has no method 'cummax'",
+                 "Supported torch layers:"):
+        assert part in msg, part
+
+    class Branchy(tnn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(NotImplementedError, match="torch.fx"):
+        nn.from_torch(Branchy())

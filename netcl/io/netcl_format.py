@@ -286,7 +286,7 @@ def _write(path, header, tensors):
         put(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(text)) + text)
         pos = 0
         for (name, shape, fetch), entry in zip(tensors, table):
-            a = np.ascontiguousarray(fetch(), dtype="<f4")
+            a = np.asarray(fetch(), dtype="<f4", order="C")  # (ascontiguousarray makes a 0-d array 1-d)
             if a.shape != tuple(shape):
                 raise ValueError(f"tensor {name!r} holds data of shape {a.shape}, expected {tuple(shape)}")
             put(bytes(entry["offset"] - pos))

@@ -661,15 +661,21 @@ def lift(gm):
         for ref in _refs(n.get("args", [])) + _refs(list(n.get("kwargs", {}).values())):
             users.setdefault(ref, []).append(j)
     calls = [n["target"] for n in nodes if n["op"] == "call"]
-    if len(calls) != len(set(calls)):
-        return None  # a layer twice in one Sequential would overwrite its own saved state
+    again = {t for t in calls if calls.count(t) > 1}
+    if any(gm.submodule(t).named_tensors() for t in again):
+        return None  # a layer with weights twice in one Sequential would overwrite its own saved state
+    seen = set()
 
     def layer_at(j):
         n = nodes[j]
         args = n.get("args", [])
         if not args or args[0] != {"v": _input_of(n)} or _refs(args[1:]) or _refs(list(n.get("kwargs", {}).values())):
             return None
-        return _as_layer(gm, j, n, [None] + list(args[1:]))
+        layer = _as_layer(gm, j, n, [None] + list(args[1:]))
+        if n["op"] == "call" and n["target"] in seen:  # a weightless layer called again (a block's one
+            layer = LAYERS[type(layer).__name__](**layer.config())  # ReLU): a layer of its own each call
+        seen.add(n.get("target"))
+        return layer
 
     def walk(v, until=None):
         """(layers, the value reached) from value v along single uses, through forks that rejoin."""

@@ -411,7 +411,7 @@ class Module:
                 raise TypeError(f"state_dict[{k!r}]: {e}") from None
             if torch_layout:
                 try:
-                    arrays[k] = np.ascontiguousarray(layer.from_torch_layout(name, arrays[k]))
+                    arrays[k] = np.asarray(layer.from_torch_layout(name, arrays[k]), order="C")  # (keeps 0-d)
                 except ValueError as e:
                     raise ValueError(f"state_dict[{k!r}]: {e}") from None
             if arrays[k].shape != t.shape:

@@ -1,9 +1,10 @@
-"""from_torch: a torch.nn model -> the netcl Sequential with the same layers and weights.
+"""from_torch: a torch.nn model -> the netcl model with the same layers and weights.
 
 Read `CONVERTERS`: one entry per torch class, which says the netcl layer it becomes and which of
-the torch module's attributes are its config. torch is never imported: a torch module is
-recognised by its class's module path and read through its attributes, and the weights go
-through load_state_dict, which reads torch tensors in torch's layouts (Linear transposed).
+the torch module's attributes are its config. A torch layer is recognised by its class's module
+path and read through its attributes, and the weights go through load_state_dict, which reads
+torch tensors in torch's layouts (Linear transposed). A module with a forward of its own goes
+through torch.fx (netcl.nn.torch_graph), the one place torch is imported.
 """
 import inspect
 
@@ -166,9 +167,20 @@ def _torch_class(m):
     return cls.__name__ if cls.__module__.startswith("torch.nn.modules.") else None
 
 
+def _is_torch_module(m):
+    return any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in type(m).__mro__)
+
+
 def _convert(m, path, problems):
     kind = _torch_class(m)
     where = f"layer {path or '(top)'} ({type(m).__name__})"
+    if kind is None and _is_torch_module(m):  # a forward of its own: its torch.fx graph
+        from netcl.nn.torch_graph import from_fx
+
+        found = []
+        layer = from_fx(m, _convert, found)
+        problems += [f"{where}: {p}" for p in found]
+        return layer
     if kind == "Sequential":
         layers = [_convert(child, f"{path}.{name}" if path else name, problems) for name, child in m.named_children()]
         return None if None in layers else Sequential(*layers)
@@ -183,24 +195,29 @@ def _convert(m, path, problems):
 
 
 def from_torch(module):
-    """A netcl Sequential with the layers and weights of `module`: a torch.nn.Sequential of
-    supported layers (nested Sequentials included), or one supported layer. The result is in
-    the torch module's mode (train or eval) and holds its weights on the host.
+    """The netcl model of torch module `module`, with its weights: a torch.nn.Sequential of
+    supported layers (nested Sequentials included) or one supported layer gives a netcl Sequential;
+    any other module (a forward of its own) is traced with torch.fx and gives a TorchGraph, a netcl
+    Module that takes the same steps with netcl layers and operations (netcl.trace makes it a
+    GraphModule, which runs fused; save and export_onnx take it as any Module subclass). The
+    state_dict keys are torch's; the result is in the torch module's mode (train or eval) and holds
+    its weights on the host.
 
     Raises TypeError if `module` is not a torch.nn module, NotImplementedError naming every
-    unsupported layer (its path and class) or setting and listing the supported classes."""
-    if not any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module" for c in type(module).__mro__):
-        raise TypeError(f"from_torch expects a torch.nn.Sequential, got {type(module).__name__}")
+    unsupported layer (its path and class), setting, function or method and listing the supported
+    layer classes."""
+    if not _is_torch_module(module):
+        raise TypeError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
     problems = []
     model = _convert(module, "", problems)
     if problems:
         raise NotImplementedError("cannot convert the torch model: " + "; ".join(problems)
                                   + f". Supported torch layers: {', '.join(supported())}")
-    if not isinstance(model, Sequential):
+    state = module.state_dict()
+    if _torch_class(module) is not None and not isinstance(model, Sequential):
         model = Sequential(model)
-        state = {f"0.{k}": v for k, v in module.state_dict().items()}
-    else:
-        state = module.state_dict()
-    model.load_state_dict(state)
+        state = {f"0.{k}": v for k, v in state.items()}
+    own = model.state_dict()
+    model.load_state_dict({k: v for k, v in state.items() if k in own})  # (a torch layer forward never calls: left out)
     return model.train(bool(module.training))
 
