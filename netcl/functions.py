@@ -973,6 +973,37 @@ def stack(tensors, dim=0):
     return cat([unsqueeze(t, dim) for t in tensors], dim)
 
 
+def split(x, split_size_or_sections, dim=0):
+    """x cut along dim into pieces of split_size (the last one smaller where it does not divide) or
+    of the listed sizes, as torch.split: a tuple of copies, each a slice in autograd's graph."""
+    x = _tensor(x)
+    d = _dim(dim, x.ndim)
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        if split_size_or_sections <= 0:
+            raise ValueError(f"split: split_size must be positive, got {split_size_or_sections}")
+        sizes = [builtins.min(int(split_size_or_sections), n - i) for i in range(0, n, int(split_size_or_sections))]
+    else:
+        sizes = [int(v) for v in split_size_or_sections]
+        if builtins.sum(sizes) != n or builtins.min(sizes, default=0) < 0:
+            raise ValueError(f"split: sections {sizes} do not add up to dimension {d}'s size {n}")
+    pieces, at = [], 0
+    for size in sizes:
+        pieces.append(x[(slice(None),) * d + (slice(at, at + size),)])
+        at += size
+    return tuple(pieces)
+
+
+def chunk(x, chunks, dim=0):
+    """x cut along dim into `chunks` pieces of ceil(size / chunks) (fewer where that covers it), as
+    torch.chunk."""
+    x = _tensor(x)
+    if chunks <= 0:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    n = x.shape[_dim(dim, x.ndim)]
+    return split(x, builtins.max(1, -(-n // int(chunks))), dim)
+
+
 # -- types -----------------------------------------------------------------------------------------------------------
 @traced("cast")
 def cast(x, dtype):

@@ -714,6 +714,14 @@ class Tensor:
     def __getitem__(self, index):
         return _math.getitem(self, index)
 
+    def split(self, split_size_or_sections, dim=0):
+        """Pieces along dim (torch.split): a tuple of tensors."""
+        return _math.split(self, split_size_or_sections, dim)
+
+    def chunk(self, chunks, dim=0):
+        """`chunks` pieces along dim (torch.chunk): a tuple of tensors."""
+        return _math.chunk(self, chunks, dim)
+
     # types
     def float(self):
         """The tensor as float32 (itself when it is)."""

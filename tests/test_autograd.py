@@ -131,6 +131,16 @@ def test_pow_gradient_at_zero_follows_torch(queue, exponent):
         np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=3e-6, atol=1e-6)  # (infs must match)
 
 
+@pytest.mark.parametrize("how", ["split2", "split_sections", "chunk3", "chunk_more"])
+def test_split_and_chunk_vs_torch(queue, rng, how):
+    x = rng.standard_normal((4, 7, 3))
+    fn = {"split2": lambda t: t.split(2, 1), "split_sections": lambda t: t.split([1, 4, 2], dim=1),
+          "chunk3": lambda t: t.chunk(3, dim=1), "chunk_more": lambda t: t.chunk(5, 0)}[how]
+    weights = [float(k + 1) for k in range(len(fn(torch.zeros(x.shape))))]
+    check(queue, rng, lambda t: netcl.cat([p * w for p, w in zip(fn(t), weights)], 1 if how != "chunk_more" else 0),
+          lambda t: torch.cat([p * w for p, w in zip(fn(t), weights)], 1 if how != "chunk_more" else 0), [x])
+
+
 @pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
 @pytest.mark.parametrize("dim", [[], ()])
 def test_an_empty_dim_list_reduces_every_dimension(queue, rng, op, dim):

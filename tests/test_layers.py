@@ -362,6 +362,23 @@ def test_pool_vs_torch(queue, rng, torch, record_error, kind, shape, ks, s, p):
     compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
 
 
+CEIL_CASES = [((2, 3, 9, 11), 2, 2, 0), ((1, 4, 55, 55), 3, 2, 0), ((2, 2, 7, 10), 3, 2, 1), ((1, 3, 5, 5), 2, 3, 0),
+              ((2, 3, 17, 33), 2, 2, 0)]  # odd sizes (the last window past the input), a stride over the kernel
+
+
+@pytest.mark.parametrize("shape,ks,s,p", CEIL_CASES)
+def test_maxpool_ceil_mode_vs_torch(queue, rng, torch, record_error, shape, ks, s, p):
+    """ceil_mode's extra row and column (squeezenet, googlenet): training, the fused path, ONNX."""
+    x = rand(rng, *shape)
+    layer, ref = nn.MaxPool2d(ks, s, p, ceil_mode=True), torch.nn.MaxPool2d(ks, s, p, ceil_mode=True)
+    assert layer.output_shape(shape) == tuple(ref(torch.zeros(shape)).shape)
+    dy = rand(rng, *layer.output_shape(shape))
+    compare(record_error, run_netcl(queue, layer, x, dy), run_torch(torch, ref, x, dy))
+    seq = nn.Sequential(nn.Conv2d(shape[1], 4, 1), nn.ReLU(), nn.MaxPool2d(ks, s, p, ceil_mode=True)).to(queue).eval()
+    unfused = seq(Tensor.from_host(queue, x)).to_host()
+    np.testing.assert_allclose(seq.predict(x, queue), unfused, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape,ks,s,p", [POOL_CASES[0], POOL_CASES[-2]])
 def test_pool_gpu_class_vs_torch(queue, rng, torch, record_error, gpu_class, shape, ks, s, p):
     test_pool_vs_torch(queue, rng, torch, record_error, "MaxPool2d", shape, ks, s, p)

@@ -32,7 +32,7 @@ LAYER_MODELS = {
     nn.LeakyReLU: (lambda: nn.Sequential(nn.LeakyReLU(0.2)), (6,)),
     nn.Sigmoid: (lambda: nn.Sequential(nn.Sigmoid()), (6,)),
     nn.Tanh: (lambda: nn.Sequential(nn.Tanh()), (6,)),
-    nn.MaxPool2d: (lambda: nn.Sequential(nn.MaxPool2d(3, 2, 1)), (2, 7, 6)),
+    nn.MaxPool2d: (lambda: nn.Sequential(nn.MaxPool2d(3, 2, 1), nn.MaxPool2d(2, ceil_mode=True)), (2, 7, 6)),
     nn.AvgPool2d: (lambda: nn.Sequential(nn.AvgPool2d(3, 2, 1)), (2, 7, 6)),
     nn.Flatten: (lambda: nn.Sequential(nn.Flatten()), (3, 4, 5)),
     nn.Identity: (lambda: nn.Sequential(nn.Identity(), nn.Tanh()), (5,)),

@@ -103,12 +103,12 @@ def test_unsupported_layers_are_all_named_with_the_supported_list():
             return torch.cumsum(x, 1)
 
     tm = tnn.Sequential(tnn.Linear(4, 4), tnn.ELU(), tnn.Sequential(tnn.Conv2d(1, 1, (3, 5)), Mine()),
-                        tnn.MaxPool2d(2, ceil_mode=True))
+                        tnn.MaxPool2d(2, dilation=2))
     with pytest.raises(NotImplementedError) as e:
         nn.from_torch(tm)
     msg = str(e.value)
     for part in ("layer 1 (ELU)", "layer 2.0 (Conv2d): kernel_size=(3, 5)", "layer 2.1 (Mine): node cumsum",
-                 "layer 3 (MaxPool2d): ceil_mode=True", "Supported torch layers: Sequential, Linear, Conv2d"):
+                 "layer 3 (MaxPool2d): dilation=2", "Supported torch layers: Sequential, Linear, Conv2d"):
         assert part in msg
 
 
@@ -202,7 +202,23 @@ class Mixer(tnn.Module):
         return self.head(torch.cat([y.view(x.size(0), -1), stats.sigmoid()], dim=1))
 
 
-FX_MODELS = {"resnetish": (ResNetish, (2, 3, 16, 16)), "mixer": (Mixer, (3, 4, 8))}
+class Encoder(tnn.Module):
+    """A transformer layer as torchvision writes one: torch's MultiheadAttention (batch first, its
+    weights taken and never read), chunk, GELU, LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln, self.attn = tnn.LayerNorm(8), tnn.MultiheadAttention(8, 2, batch_first=True)
+        self.mlp = tnn.Sequential(tnn.Linear(4, 16), tnn.GELU(), tnn.Linear(16, 4))
+
+    def forward(self, x):  # (N, 5, 8)
+        h = self.ln(x)
+        y, _ = self.attn(h, h, h, need_weights=False)
+        a, b = (x + y).chunk(2, dim=-1)
+        return torch.cat([a, self.mlp(b)], dim=-1).mean(1)
+
+
+FX_MODELS = {"resnetish": (ResNetish, (2, 3, 16, 16)), "mixer": (Mixer, (3, 4, 8)), "encoder": (Encoder, (2, 5, 8))}
 
 
 @pytest.mark.parametrize("name", sorted(FX_MODELS))
@@ -254,8 +270,8 @@ def test_a_module_converted_through_fx_has_torch_gradients(name, queue, rng, rec
     for key, p in model.named_parameters():
         g = theirs[key].grad.numpy()
         ours = p.grad.numpy()
-        if key.endswith("weight") and ours.ndim == 2:  # (netcl's Linear stores (in, out))
-            ours = ours.T
+        if isinstance(dict(model.named_modules()).get(key.rpartition(".")[0]), nn.Linear) and key.endswith("weight"):
+            ours = ours.T  # (netcl's Linear stores (in, out))
         worst = max(worst, float(np.abs(ours - g).max() / max(1.0, np.abs(g).max())))
     record_error(fwd, worst)
     assert fwd <= 1e-4 and worst <= 1e-4
@@ -285,3 +301,25 @@ def test_what_fx_cannot_convert_is_named_node_by_node():
 
     with pytest.raises(NotImplementedError, match="torch.fx"):
         nn.from_torch(Branchy())
+
+    class CrossAttention(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = tnn.MultiheadAttention(4, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x * 2, x)[0] + self.attn(x, x, x)[1].sum()
+
+    with pytest.raises(NotImplementedError) as e:
+        nn.from_torch(CrossAttention())
+    assert "query, key and value differ" in str(e.value) and "the attention weights are used" in str(e.value)
+
+
+def test_stochastic_depth_drops_whole_rows_in_training_only(queue):
+    import netcl
+    from netcl.nn import functional as F
+
+    x = netcl.tensor(np.ones((64, 3, 2, 2), np.float32), queue=queue)
+    assert F.stochastic_depth(x, 0.5, "row", training=False) is x
+    y = F.stochastic_depth(x, 0.5, "row").numpy().reshape(64, -1)
+    assert set(np.unique(y)) <= {0.0, 2.0} and all(len(set(r)) == 1 for r in y) and 0 < (y[:, 0] == 0).sum() < 64

@@ -267,7 +267,9 @@ def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
 def _pool(op_type, **extra):
     def emit(g, m, x, s, out):
         k, p = m.kernel_size, m.padding
-        return g.op(op_type, [x], out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride], **extra)
+        ceil = {"ceil_mode": 1} if m.ceil_mode else {}  # (MaxPool2d's; attributes at their defaults left out)
+        return g.op(op_type, [x], out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
+                    **extra, **ceil)
     return emit
 
 

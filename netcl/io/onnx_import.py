@@ -350,16 +350,19 @@ def _batchnorm(g, node, shape):
 def _pool(kind):
     def convert(g, node, shape):
         k = g.attrs(node)
-        if k.get("ceil_mode", 0) or k.get("storage_order", 0) or any(g.used(v) for v in node.output[1:] if v):
-            raise NotImplementedError(f"node {node.name!r} ({node.op_type}): ceil_mode, storage_order and indices "
-                                      "are not supported")
+        ceil = bool(k.get("ceil_mode", 0))
+        if (ceil and kind != "MaxPool2d") or k.get("storage_order", 0) or any(g.used(v) for v in node.output[1:] if v):
+            raise NotImplementedError(f"node {node.name!r} ({node.op_type}): storage_order, indices and an "
+                                      "AveragePool's ceil_mode are not supported")
         if _square(node, "dilations", k.get("dilations"), 1) != 1:
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
         size, pad = _square(node, "kernel_shape", k.get("kernel_shape"), None), _pads(node, k)
         if kind == "AvgPool2d" and pad and not k.get("count_include_pad", 0):
             raise NotImplementedError(f"node {node.name!r} (AveragePool): count_include_pad=0 with padding "
                                       "(netcl's AvgPool2d counts the padding, as PyTorch's default)")
-        layer = _layer(kind, node, kernel_size=size, stride=_square(node, "strides", k.get("strides"), 1), padding=pad)
+        extra = {"ceil_mode": True} if ceil else {}
+        layer = _layer(kind, node, kernel_size=size, stride=_square(node, "strides", k.get("strides"), 1), padding=pad,
+                       **extra)
         return [layer], node.output[0], [node]
     return convert
 

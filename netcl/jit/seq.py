@@ -110,7 +110,7 @@ class MaxPoolLaunch(_NoWeights):
         _, _, self.oh, self.ow = self.layer.output_shape(shape)
         lay = self.layer
         self.program = target.program("seq", dict(PK=lay.kernel_size, PS=lay.stride, PP=lay.padding, H=h, W=w,
-                                                  OH=self.oh, OW=self.ow))
+                                                  OH=self.oh, OW=self.ow))  # (ceil_mode: OH, OW say it)
         self.name, self.lsize = "maxpool", _groups(target, 1)[1]
 
     def sized(self, target, shape):

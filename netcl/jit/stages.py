@@ -353,7 +353,7 @@ class _Planner:
                 j += a
                 p = nxt(j)
                 if (lay.groups == 1 and isinstance(p, MaxPool2d) and p.kernel_size == 2 and p.stride == 2
-                        and p.padding == 0):
+                        and p.padding == 0 and not p.ceil_mode):
                     pool, j = p, j + 1
                 v = self.emit(ConvStage(lay, bn, act, pool), v)
                 i += j

@@ -125,11 +125,12 @@ __kernel void maxpool(const int rows, __global const float *restrict x, __global
     int ow = 0;
 #if PK == 2 && PS == 2 && PP == 0
     // 2x2/2 windows, eight outputs at a time: two rows of 16 inputs, their lane-wise max, then the
-    // max of even and odd lanes (PyTorch's rule: a NaN wins, in either operand)
+    // max of even and odd lanes (PyTorch's rule: a NaN wins, in either operand); ceil_mode's last
+    // row and column, which reach past the input, are window_max's below
     typedef float16 __attribute__((aligned(4))) urow;
     typedef float8 __attribute__((aligned(4))) uout;
     __global const float *r0 = xp + 2 * oh * W;
-    for (; ow + 8 <= OW; ow += 8) {
+    for (; ow + 8 <= OW && 2 * oh + 1 < H && 2 * (ow + 8) <= W; ow += 8) {
         const float16 a = *(__global const urow *)(r0 + 2 * ow), b = *(__global const urow *)(r0 + W + 2 * ow);
         const float16 m = b > a || b != b ? b : a;
         const float8 e = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14);

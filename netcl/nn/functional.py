@@ -90,6 +90,18 @@ def dropout(x, p=0.5, training=True, inplace=False):
     return Dropout(p)(x)
 
 
+def stochastic_depth(input, p, mode, training=True):
+    """torchvision.ops.stochastic_depth: in training, each sample's (mode "row") or the whole batch's
+    ("batch") residual branch dropped with probability p and the kept ones scaled by 1/(1-p); the
+    identity otherwise. The mask is Dropout's on ones, so a replayed step draws it anew."""
+    if mode not in ("row", "batch"):
+        raise ValueError(f"stochastic_depth: mode must be 'row' or 'batch', got {mode!r}")
+    if not training or p == 0.0:
+        return input
+    shape = ((input.shape[0] if mode == "row" else 1),) + (1,) * (input.ndim - 1)
+    return input * Dropout(p)(functions.ones(*shape, queue=input.queue))
+
+
 # -- the layer of an operation ------------------------------------------------------------------------
 # operation (its autograd.TRACEABLE name) -> the layer that does to the first argument what the
 # operation does, built from the others (TypeError or ValueError where they are no layer's): what a
@@ -105,7 +117,7 @@ LAYER_OF = {
     "F.dropout": lambda p=0.5, training=True, inplace=False: Dropout(p),  # (follows the graph's mode)
     # (what max_pool2d and avg_pool2d refuse never reaches a graph)
     "F.max_pool2d": lambda kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False:
-        MaxPool2d(kernel_size, stride, padding),
+        MaxPool2d(kernel_size, stride, padding, ceil_mode),
     "F.avg_pool2d": lambda kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True:
         AvgPool2d(kernel_size, stride, padding),
     "F.adaptive_avg_pool2d": lambda output_size: AdaptiveAvgPool2d(output_size),
@@ -151,9 +163,9 @@ def linear(x, weight, bias=None):
 @traced("F.max_pool2d")
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max pooling of (N, C, H, W) (MaxPool2d's kernels; padded positions never win)."""
-    if dilation != 1 or ceil_mode or return_indices:
-        raise NotImplementedError("max_pool2d: dilation, ceil_mode and return_indices are not supported")
-    return MaxPool2d(kernel_size, stride, padding)(x)
+    if dilation != 1 or return_indices:
+        raise NotImplementedError("max_pool2d: dilation and return_indices are not supported")
+    return MaxPool2d(kernel_size, stride, padding, ceil_mode)(x)
 
 
 @traced("F.avg_pool2d")

@@ -1,4 +1,5 @@
-"""MaxPool2d and AvgPool2d (square windows, symmetric padding) and AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
+"""MaxPool2d and AvgPool2d (square windows, symmetric padding; MaxPool2d's ceil_mode) and
+AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
 from netcl import ops
 from netcl.nn.module import Module, as_int, check_rank, conv_out, positive
 from netcl.runtime import alloc
@@ -14,13 +15,24 @@ class _Pool2d(Module):
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}
 
+    ceil_mode = False  # (MaxPool2d's option)
+
     def output_shape(self, shape):
         check_rank(type(self).__name__, shape, 4, "(N, C, H, W)")
         n, c, h, w = shape
-        oh, ow = (conv_out(v, self.kernel_size, self.stride, self.padding) for v in (h, w))
+        oh, ow = (self._out(v) for v in (h, w))
         if oh < 1 or ow < 1:
             raise ValueError(f"{type(self).__name__} kernel {self.kernel_size} does not fit input {h}x{w}")
         return (n, c, oh, ow)
+
+    def _out(self, size):
+        """Output length over `size`: PyTorch's floor rule, or with ceil_mode its ceil rule (a last
+        window that starts inside the input or its left padding)."""
+        k, s, p = self.kernel_size, self.stride, self.padding
+        if not self.ceil_mode:
+            return conv_out(size, k, s, p)
+        out = -(-(size + 2 * p - k) // s) + 1
+        return out - 1 if (out - 1) * s >= size + p else out
 
     def _geometry(self, shape):
         _, _, oh, ow = self.output_shape(shape)  # checks the rank first
@@ -31,16 +43,27 @@ class _Pool2d(Module):
 def _pool2_rows(q, g):
     """(work-items, output rows per work-item) of pool_cpu.cl's 2x2 kernels, or None where they do
     not apply (not a CPU, or another window than 2x2, stride 2, no padding)."""
-    nc, _, _, k, s, p, oh, ow = g
-    if (k, s, p) != (2, 2, 0) or not ops.is_cpu(q):
-        return None
+    nc, h, w, k, s, p, oh, ow = g
+    if (k, s, p) != (2, 2, 0) or 2 * oh > h or 2 * ow > w or not ops.is_cpu(q):  # (ceil_mode's last window
+        return None  # past the input: the generic kernel's bounds checks)
     rows, items = ops.cpu_rows(nc * oh, ow)
     return items, rows
 
 
 class MaxPool2d(_Pool2d):
     # x: (N, C, H, W) -> (N, C, H', W'); padded positions never win
-    """MaxPool2d(kernel_size, stride=None, padding=0): (N, C, H, W) window maxima (padded positions never win)."""
+    """MaxPool2d(kernel_size, stride=None, padding=0, ceil_mode=False): (N, C, H, W) window maxima
+    (padded positions never win); ceil_mode: PyTorch's ceil rule for the output size, the last
+    window reaching past the input."""
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
+        super().__init__(kernel_size, stride, padding)
+        if not isinstance(ceil_mode, bool):
+            raise TypeError(f"ceil_mode must be a bool, got {type(ceil_mode).__name__}")
+        self.ceil_mode = ceil_mode
+
+    def config(self):
+        return dict(super().config(), **({"ceil_mode": True} if self.ceil_mode else {}))
+
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)

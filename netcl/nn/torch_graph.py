@@ -29,7 +29,18 @@ _OPERATORS.update({"iadd": operator.add, "isub": operator.sub, "imul": operator.
 _TORCH_FUNCTIONS = ("add", "sub", "mul", "div", "matmul", "maximum", "minimum", "pow", "neg", "exp", "log", "sqrt",
                     "abs", "clamp", "relu", "sigmoid", "tanh", "softmax", "log_softmax", "sum", "mean", "amax",
                     "amin", "max", "min", "argmax", "argmin", "flatten", "reshape", "squeeze", "unsqueeze",
-                    "permute", "transpose", "cat", "stack", "detach", "clone")
+                    "permute", "transpose", "cat", "stack", "detach", "clone", "split", "chunk")
+# other libraries' functions that models call between layers -> netcl's
+_OTHER = {"torchvision.ops.stochastic_depth.stochastic_depth": functional.stochastic_depth}
+
+
+def _assert(condition, message):
+    """torch._assert, which fx records for a model's shape checks: the same check."""
+    if not condition:
+        raise AssertionError(message)
+
+
+_OTHER["torch._assert"] = _assert
 _ALIASES = {"concat": "cat", "concatenate": "cat", "divide": "div", "multiply": "mul", "subtract": "sub",
             "clip": "clamp"}
 
@@ -79,6 +90,8 @@ class TorchGraph(Module):
                 args, kwargs = _resolve(args, env), _resolve(kwargs, env)
                 if kind == "module":
                     v = self.get_submodule(what)(*args, **kwargs)
+                elif kind == "attention":  # torch's (output, weights), the weights never read
+                    v = (self.get_submodule(what)(args[0]), None)
                 elif kind == "method":
                     v = getattr(args[0], what)(*args[1:], **kwargs)
                 else:
@@ -89,15 +102,14 @@ class TorchGraph(Module):
     def get_submodule(self, path):
         """The module at a dotted path below this one."""
         m = self
-        for part in path.split("."):
+        for part in path.split(".") if path else ():
             m = dict(m.named_children())[part]
         return m
 
     def get_tensor(self, path):
         """The parameter or buffer at a dotted path below this one."""
         owner, _, name = path.rpartition(".")
-        m = self.get_submodule(owner) if owner else self
-        return getattr(m, name)
+        return getattr(self.get_submodule(owner), name)
 
     def extra_repr(self):
         return f"{len(self._steps)} steps from torch.fx"
@@ -110,12 +122,12 @@ def _function(fn):
         return _OPERATORS.get(name)
     if module == "torch.nn.functional":
         return getattr(functional, name, None) if not name.startswith("_") else None
-    if module == "torch" or module.startswith("torch._C"):
+    if (module == "torch" or module.startswith("torch._C")) and name in _TORCH_FUNCTIONS + tuple(_ALIASES):
         name = _ALIASES.get(name, name)
         return getattr(functions, name) if name in _TORCH_FUNCTIONS else None
     if fn is getattr:
         return getattr
-    return None
+    return _OTHER.get(f"{module}.{name}")
 
 
 def _binds(fn, args, kwargs):
@@ -127,6 +139,28 @@ def _binds(fn, args, kwargs):
     except ValueError:  # (a builtin without a signature: tried as it is)
         pass
     return True
+
+
+def _attention_problem(node):
+    """What keeps an fx call of torch's MultiheadAttention from netcl's (self-attention, no mask,
+    the weights unread), or None."""
+    import inspect as _inspect
+
+    import torch
+
+    try:
+        bound = _inspect.signature(torch.nn.MultiheadAttention.forward).bind(None, *node.args, **node.kwargs)
+    except TypeError as e:
+        return str(e)
+    a = bound.arguments
+    if not (a["query"] is a.get("key") is a.get("value")):
+        return "query, key and value differ (netcl's MultiheadAttention is self-attention)"
+    if any(a.get(k) is not None for k in ("key_padding_mask", "attn_mask")) or a.get("is_causal"):
+        return "a mask (netcl's MultiheadAttention takes none)"
+    if any(u.op != "call_function" or u.target is not operator.getitem or (u.args[1] != 0 and u.users)
+           for u in node.users):  # (`y, _ = attn(x, x, x)` takes the weights and never reads them)
+        return "the attention weights are used (netcl gives the output only)"
+    return None
 
 
 def from_fx(module, convert, problems):
@@ -158,10 +192,16 @@ def from_fx(module, convert, problems):
             continue
         args, kwargs = ref(tuple(node.args)), ref(dict(node.kwargs))
         if node.op == "call_module":
+            torch_layer = gm.get_submodule(node.target)
             if node.target not in modules:
-                layer = convert(gm.get_submodule(node.target), node.target, problems)
-                modules[node.target] = layer
-            steps.append(("module", node.target, args, kwargs))
+                modules[node.target] = convert(torch_layer, node.target, problems)
+            if isinstance(torch_layer, torch.nn.MultiheadAttention):
+                problem = _attention_problem(node)
+                if problem:
+                    problems.append(f"{where}: {problem}")
+                steps.append(("attention", node.target, args, {}))
+            else:
+                steps.append(("module", node.target, args, kwargs))
         elif node.op == "get_attr":
             t = named_tensors.get(node.target)
             if t is None:

@@ -91,20 +91,30 @@ def _layernorm(m):
 
 def _pool(kind):
     def convert(m):
+        extra = {}
         if kind == "MaxPool2d":
-            _require(m, ceil_mode=False, return_indices=False)
+            _require(m, return_indices=False)
             if _pair("dilation", m.dilation) != 1:
                 raise _Unsupported(f"dilation={m.dilation}")
+            extra = {"ceil_mode": True} if m.ceil_mode else {}
         else:
             _require(m, ceil_mode=False, count_include_pad=True, divisor_override=None)
         return _layer(kind, kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                      padding=_pair("padding", m.padding))
+                      padding=_pair("padding", m.padding), **extra)
     return convert
 
 
 def _same(kind, *attrs):
     """A layer whose netcl config is the torch module's attributes of the same names."""
     return lambda m: _layer(kind, **{a: getattr(m, a) for a in attrs})
+
+
+def _attention(m):
+    _require(m, batch_first=True, dropout=0.0, _qkv_same_embed_dim=True, bias_k=None, bias_v=None,
+             add_zero_attn=False)
+    if m.in_proj_bias is None:
+        raise _Unsupported("bias=False")
+    return _layer("MultiheadAttention", embed_dim=m.embed_dim, num_heads=m.num_heads)
 
 
 def _softmax(m):
@@ -136,6 +146,7 @@ CONVERTERS = {
     "Hardswish": _same("Hardswish"),
     "Hardsigmoid": _same("Hardsigmoid"),
     "Softmax": _softmax,
+    "MultiheadAttention": _attention,  # (self-attention, query, key and value one tensor: netcl.nn.torch_graph)
     "Flatten": _same("Flatten", "start_dim", "end_dim"),
     "Dropout": _same("Dropout", "p"),
     "Identity": _same("Identity"),
