@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from netcl.runtime import alloc, recorder
+from netcl.runtime import alloc, default_queue, recorder
 
 
 FLOAT32, INT32 = np.dtype(np.float32), np.dtype(np.int32)  # what a device tensor can hold (4 bytes each)
@@ -209,8 +209,6 @@ class Tensor:
         import pyopencl as cl
 
         if isinstance(queue, str):
-            from netcl.runtime import default_queue
-
             queue = default_queue(queue)
         if not isinstance(queue, cl.CommandQueue):
             raise TypeError(f"expected a pyopencl.CommandQueue (netcl.default_queue()) or a device name, "

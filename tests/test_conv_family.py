@@ -732,8 +732,8 @@ def test_sgd_steps_decrease_the_loss(queue, rng, torch):
 
 def test_winot_wgrad_refuses_what_it_cannot_hold(queue, rng, torch, record_error, monkeypatch):
     """winot_wgrad's local memory (16 or 4 points of (C + K) x TVP float16, a share of the device's)
-    and partial sums (16 x K x C floats a group) are bounded: a conv of 8 -> 4096 channels (whose
-    tiles would not fit even one per work-item; 8 -> 16384 crashed PoCL) trains through the direct
+    and partial sums (16 x K x C floats a group) are bounded: a conv of 8 -> 4096 or more channels
+    (as many as this device's local memory cannot hold even one tile vector of; 8 -> 16384 crashed PoCL) trains through the direct
     kernels instead, against float64 torch; and no group count makes more than 64 MiB of partial
     sums."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
@@ -748,10 +748,15 @@ def test_winot_wgrad_refuses_what_it_cannot_hold(queue, rng, torch, record_error
                 assert 4 * groups * 16 * k * c <= conv_module._WGRAD_PART_MAX
     rows, tv, _, _ = conv_module._winot_wgrad_groups(4, 4, 512, 2 * mib, 2)  # rows of 64 vectors (4 KiB): one more
     assert (rows, tv) == (4, 64) and conv_module._wgrad_row(tv) == 65
-    layer = nn.Conv2d(8, 4096, 3, padding=1, bias=False)
+    # the fewest output channels (4096 or more) whose tiles this device's local memory cannot hold
+    k = 4096
+    while conv_module._winot_wgrad_groups(8, k, 16, ops.local_mem(queue), ops.compute_units(queue)) is not None:
+        k *= 2
+    assert k <= 65536, f"a device with {ops.local_mem(queue)} bytes of local memory holds 8 -> {k // 2}"
+    layer = nn.Conv2d(8, k, 3, padding=1, bias=False)
     if ops.is_cpu(queue):
         assert layer._winot(queue, (1, 8, 8, 8)) is not None  # the forward still runs conv_winot
     wgrads = []
     monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
-    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 1, 8, 8, 8, 4096, 3, 1, 1, 1, 1, False)
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 1, 8, 8, 8, k, 3, 1, 1, 1, 1, False)
     assert not wgrads

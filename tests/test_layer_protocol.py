@@ -175,3 +175,13 @@ def test_constructors_refuse_what_they_would_otherwise_coerce(make, error, messa
     with pytest.raises(error, match=message):
         make()
     assert np.bool_(True) is not True and nn.Linear(2, 2, bias=np.bool_(False)).bias is None
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject's package list names every folder of netcl with an __init__.py: a package left out
+    installs a netcl that fails on import."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT.parent).parts) for p in ROOT.rglob("__init__.py")}
+    assert found - {"netcl._gen"} <= listed, f"missing from pyproject.toml's packages: {sorted(found - listed)}"

@@ -315,10 +315,11 @@ inline int vector_origin(const int gv, int *oh0, int *ow0) {
 }
 
 // chunk g's TV tile vectors (zeros past nt), all 16 points (ROWS 4) or the 4 of transformed row i
-// (ROWS 1: local rows 0-3), into xs and ds
-inline void wgrad_transform(__global const float *restrict x, __global const float *restrict dy, const int doff,
-                            const int dplane, const int dws, const int nt, const int g, const int i, __local float16 *restrict xs,
-                            __local float16 *restrict ds) {
+// (ROWS 1: local rows 0-3), into xs and ds. (The helpers' pointers are not `restrict`: the kernels'
+// are, and an inlined restrict parameter becomes an LLVM intrinsic that Oclgrind cannot run.)
+inline void wgrad_transform(__global const float *x, __global const float *dy, const int doff,
+                            const int dplane, const int dws, const int nt, const int g, const int i, __local float16 *xs,
+                            __local float16 *ds) {
     // a channel (or dy plane) at a time, its TV vectors in order, so that each plane's rows stream
     // through in turn: with the vectors outer, every channel's few rows for each, the loads stalled
     // (perf, AVX2 code: about half the transforms' samples on them; resnet8's step 1.06x slower, paired).
@@ -396,8 +397,8 @@ inline void wgrad_transform(__global const float *restrict x, __global const flo
 #define WGV 16
 #endif
 #if WGV == 16  // 16-wide vectors (AVX-512's 32 registers): 16 float16 accumulators, 4 + 4 operands
-inline void wgrad_sums(__local const float16 *restrict xs, __local const float16 *restrict ds,
-                       __global float16 *restrict out, const int add) {
+inline void wgrad_sums(__local const float16 *xs, __local const float16 *ds,
+                       __global float16 *out, const int add) {
     for (int p = 0; p < PTS; p++)
         for (int kb = 0; kb < K / 4; kb++)
             for (int cb = 0; cb < C / 4; cb++) {
@@ -454,9 +455,9 @@ inline float8 tree8(float8 a[8]) {
 // point p's sums of output channels k0 .. k0 + kn - 1 (kn 6, 4 or 2) and input channels c0, c0 + 1
 // over the chunk, into their lanes of out (added where `add`). Always inlined, so that kn is a
 // constant at each call and its loops unroll (called, it tested kn every vector: 1.4-1.8x as long)
-inline __attribute__((always_inline)) void wgrad_block(__local const float16 *restrict xs,
-                                                       __local const float16 *restrict ds,
-                                                       __global float *restrict out, const int add, const int p,
+inline __attribute__((always_inline)) void wgrad_block(__local const float16 *xs,
+                                                       __local const float16 *ds,
+                                                       __global float *out, const int add, const int p,
                                                        const int k0, const int c0, const int kn) {
     float8 acc[12];
 #pragma unroll
@@ -493,8 +494,8 @@ inline __attribute__((always_inline)) void wgrad_block(__local const float16 *re
     }
 }
 
-inline void wgrad_sums(__local const float16 *restrict xs, __local const float16 *restrict ds,
-                       __global float16 *restrict out, const int add) {
+inline void wgrad_sums(__local const float16 *xs, __local const float16 *ds,
+                       __global float16 *out, const int add) {
     __global float *of = (__global float *)out;
     for (int p = 0; p < PTS; p++) {
         int k0 = 0;

@@ -16,6 +16,7 @@ import numpy as np
 
 from netcl import functions
 from netcl.nn import functional
+from netcl.nn.graph import _place
 from netcl.nn.module import Module, Parameter
 from netcl.tensor import Tensor
 
@@ -74,8 +75,6 @@ class TorchGraph(Module):
 
     def __init__(self, steps, modules, tensors):
         super().__init__()
-        from netcl.nn.graph import _place
-
         _place(self, modules, tensors)
         self._steps = steps
 

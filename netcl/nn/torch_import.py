@@ -10,6 +10,7 @@ import inspect
 
 from netcl.nn.module import Module, bound_config
 from netcl.nn.sequential import Sequential
+from netcl.nn.torch_graph import from_fx
 
 
 class _Unsupported(Exception):
@@ -186,8 +187,6 @@ def _convert(m, path, problems):
     kind = _torch_class(m)
     where = f"layer {path or '(top)'} ({type(m).__name__})"
     if kind is None and _is_torch_module(m):  # a forward of its own: its torch.fx graph
-        from netcl.nn.torch_graph import from_fx
-
         found = []
         layer = from_fx(m, _convert, found)
         problems += [f"{where}: {p}" for p in found]
