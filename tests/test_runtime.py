@@ -211,11 +211,26 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def test_pocl_binaries_are_left_to_pocls_own_cache(queue, tmp_path, monkeypatch):
+    """On PoCL netcl keeps no binaries (program.keeps_binaries: asking for one compiles every kernel
+    of the program first); NETCL_BINARY_CACHE=1 keeps them all the same (the tests below), 0 never."""
+    monkeypatch.setenv("NETCL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NETCL_BINARY_CACHE", raising=False)
+    pocl = "pocl" in (queue.device.platform.name + queue.device.platform.vendor).lower()
+    assert program.keeps_binaries(queue.device) is not pocl
+    src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
+    build(queue.context, src)
+    assert len(list(tmp_path.glob("*.bin"))) == (0 if pocl else 1)
+    for value, keeps in (("1", True), ("0", False)):
+        monkeypatch.setenv("NETCL_BINARY_CACHE", value)
+        assert program.keeps_binaries(queue.device) is keeps
+
+
 def test_disk_cache_hit_in_a_second_process(queue, tmp_path):
     # a source no cache has seen (PoCL's own cache included): a fresh token in a comment
     src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
     path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)  # keep site dirs of the caller
-    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
+    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=path, NETCL_BINARY_CACHE="1")
 
     def child():
         out = subprocess.run([sys.executable, "-c", _CHILD, src], env=env, capture_output=True, text=True,
@@ -257,7 +272,7 @@ def test_a_damaged_cache_entry_is_rebuilt_and_rewritten_never_loaded(queue, tmp_
     compiles from source and rewrites a whole entry, which the process after it loads."""
     src = f"// {os.urandom(8).hex()}\n" + "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }\n"
     path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
+    env = dict(os.environ, NETCL_CACHE_DIR=str(tmp_path), PYTHONPATH=path, NETCL_BINARY_CACHE="1")
 
     def child():  # check=True: a driver crash (SIGSEGV) fails the test
         out = subprocess.run([sys.executable, "-c", _CHILD, src], env=env, capture_output=True, text=True,

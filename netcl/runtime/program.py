@@ -4,20 +4,24 @@ The disk cache is keyed by source, build options, device, driver and platform ve
 stores the device binary; a second process loads it instead of recompiling. Each entry is
 `magic, u64 length, SHA-256 of the binary` then the binary, written atomically and synced
 (AtomicFile): a truncated or damaged entry (a crash, a full disk, a bad sector) is detected,
-rebuilt from source and rewritten, and never handed to the driver, which may crash on it.
+rebuilt from source and rewritten, and never handed to the driver, which may crash on it. On PoCL
+netcl keeps no binaries: PoCL's own cache does (keeps_binaries says why).
 """
 import hashlib
 import os
 import re
 import struct
+import time
 import warnings
 from importlib import resources
 
 from netcl.errors import CompileError
 from netcl.io.atomic import AtomicFile
+from netcl.runtime import buildlog
 
 _memory = {}  # (context, key) -> pyopencl.Program
-stats = {"memory": 0, "disk": 0, "compiled": 0, "damaged": 0}  # where this process's builds came from (tests read it)
+# where this process's builds came from (tests read it), and the seconds compiling took
+stats = {"memory": 0, "disk": 0, "compiled": 0, "damaged": 0, "seconds": 0.0}
 _ENTRY = struct.Struct("<8sQ32s")  # magic, binary length, SHA-256 of the binary
 _MAGIC = b"NETCLBIN"
 
@@ -71,10 +75,23 @@ def _hint(log):
     return _PROBE_HINT if "the probe kernels" in log else ""
 
 
-def build(context, source, options=()):
-    """Build `source` for the (single) device of `context`, using the caches."""
-    import pyopencl as cl
+def keeps_binaries(device):
+    """Whether netcl's disk cache keeps `device`'s program binaries: not on PoCL (NETCL_BINARY_CACHE=1
+    or 0 decides otherwise), whose own kernel cache (POCL_CACHE_DIR) already keeps each program and
+    each kernel's compiled code, keyed by source, options and device, and where asking a program
+    for its binary compiles every kernel it holds for any work-group size first (convtrain_cpu.cl:
+    12 s, where building it took 1.5 and a kernel's first launch compiles the one that runs)."""
+    choice = os.environ.get("NETCL_BINARY_CACHE", "").strip()
+    if choice in ("0", "1"):
+        return choice == "1"
+    return "pocl" not in (device.platform.name + device.platform.vendor).lower()
 
+
+def build(context, source, options=(), family=None, what=None):
+    """Build `source` for the (single) device of `context`, using the caches. `family` (the kernel
+    file's name) and `what` (the kernel and options) name the build in the lines buildlog writes
+    while builds take a while; the compiler's output goes to DEBUG records, and a failed build
+    raises CompileError carrying the whole log (what PoCL wrote to stderr included)."""
     device = context.devices[0]
     options = tuple(options)
     key = _key(source, options, device)
@@ -82,34 +99,71 @@ def build(context, source, options=()):
     if prog is not None:
         stats["memory"] += 1
         return prog
-    path = os.path.join(cache_dir(), key + ".bin")
-    prog, binary = None, _read_entry(path)
-    if binary is not None:
-        try:
-            with warnings.catch_warnings():  # PoCL's build chatter is not for users
-                warnings.simplefilter("ignore", cl.CompilerWarning)
-                prog = cl.Program(context, [device], [binary]).build(options=list(options))
-        except cl.Error:
-            prog = None  # a binary this driver refuses: rebuild from source
-        else:
-            stats["disk"] += 1
+    keep = keeps_binaries(device)
+    path = os.path.join(cache_dir(), key + ".bin") if keep else None
+    prog = _load(context, device, path, options) if keep else None
     if prog is None:
+        prog = _compile(context, device, source, options, family or "an OpenCL program", what or family or "")
+        if keep:
+            _store(prog, path)
+    _memory[(context, key)] = prog
+    return prog
+
+
+def _load(context, device, path, options):
+    """The program of cache entry `path`, or None (no whole entry, or a binary the driver refuses)."""
+    import pyopencl as cl
+
+    binary = _read_entry(path)
+    if binary is None:
+        return None
+    try:
+        with warnings.catch_warnings():  # PoCL's build chatter is not for users
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            prog = cl.Program(context, [device], [binary]).build(options=list(options))
+    except cl.Error:
+        return None  # a binary this driver refuses: rebuilt from source
+    stats["disk"] += 1
+    return prog
+
+
+def _compile(context, device, source, options, family, what):
+    import pyopencl as cl
+
+    captured, name = [], device.name.strip()
+    with buildlog.building(family, what, name):
+        t = time.perf_counter()
         try:  # cache_dir=False: this module's cache is the one cache
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), buildlog.quiet_stderr(captured):
                 warnings.simplefilter("ignore", cl.CompilerWarning)
                 prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
         except cl.RuntimeError as e:  # pyopencl's message carries the compiler's log
-            raise CompileError(f"OpenCL build failed on {device.name.strip()}{_hint(str(e))}", str(e)) from None
-        stats["compiled"] += 1
-        try:
-            binary = prog.get_info(cl.program_info.BINARIES)[0]
-            if binary:
-                with AtomicFile(path, "cache a kernel") as f:  # synced, then renamed: whole or absent
-                    f.write(_ENTRY.pack(_MAGIC, len(binary), hashlib.sha256(binary).digest()) + binary)
-        except (cl.Error, OSError):
-            pass  # caching is an optimisation only
-    _memory[(context, key)] = prog
+            log = "\n".join(text.strip() for text in [str(e)] + captured if text.strip())
+            raise CompileError(f"OpenCL build failed on {name}{_hint(log)}", log) from None
+        finally:
+            stats["seconds"] += time.perf_counter() - t
+    stats["compiled"] += 1
+    try:
+        said = prog.get_build_info(device, cl.program_build_info.LOG) or ""
+    except cl.Error:
+        said = ""
+    chatter = "\n".join(text.strip() for text in captured + [said] if text.strip())
+    if chatter:
+        buildlog.log.debug("compiler output building %s:\n%s", what, chatter)
     return prog
+
+
+def _store(prog, path):
+    """Keep `prog`'s binary at `path` (an optimisation only: nothing is kept where that fails)."""
+    import pyopencl as cl
+
+    try:
+        binary = prog.get_info(cl.program_info.BINARIES)[0]
+        if binary:
+            with AtomicFile(path, "cache a kernel") as f:  # synced, then renamed: whole or absent
+                f.write(_ENTRY.pack(_MAGIC, len(binary), hashlib.sha256(binary).digest()) + binary)
+    except (cl.Error, OSError):
+        pass
 
 
 def _read_entry(path):
