@@ -41,7 +41,7 @@ class ConvGpu(Launch):
         BM, BN, RM, RN, BK = gpu_tiles(k) if target.gpu else cpu_tiles(k)
         self.tiles, self.nt = (BM, BN, BK), (BN // RN) * (BM // RM)
         self.program, self.name = target.program("conv_gpu", dict(spec.defines(), BM=BM, BN=BN, RM=RM, RN=RN,
-                                                                  BK=BK)), "conv_gpu"
+                                                                  BK=BK), kernel="conv_gpu"), "conv_gpu"
         self.kp, self.r, self.k, self.spec, self.gpu = -(-k // BM) * BM, r, k, spec, target.gpu
         # weight rows: padded to the longest split * rchunk any batch size can ask for (zeros past R)
         rtiles = -(-r // BK)

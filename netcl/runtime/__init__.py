@@ -3,11 +3,12 @@ counters that tell a steady training step (no buffers made, no programs built) f
 import os
 import re
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 
 from netcl.errors import CompileError
-from netcl.runtime import program
+from netcl.runtime import program, sources
 from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, select_device, serial_bound
 from netcl.runtime.program import build, kernel_source
 
@@ -17,7 +18,9 @@ _device_locks = {}  # device (int_ptr) -> a Lock for PoCL's serial device, None 
 _made = threading.Lock()  # held while a queue or lock above is made (two threads must not make two)
 _serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
 _pools = {}  # context -> MemoryPool
-_kernels = {}  # (context, family, options) -> {name: Kernel}
+# (context, family, options) -> _Kernels; (context, source digest, kernel name, its options) -> Kernel
+_kernels = {}
+_dtypes = {}  # a kernel source's digest -> arg_dtypes of it
 _arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): for copy_kernel()
 
 
@@ -136,33 +139,63 @@ def arg_dtypes(source):
     return out
 
 
-class _Kernels(dict):
-    """kernels()' answer: a missing name is a CompileError that says where it was looked for (PoCL
-    3.0 on a Zen 4 "builds" programs without their kernels: see netcl.runtime.device)."""
+class _Kernels(Mapping):
+    """kernels()' answer: its family's kernels by name, each built on first use as a program of its
+    own, with the options that can change it (netcl.runtime.sources): a new option set builds only
+    what runs, and a kernel no option of the set reaches is the one already built. A missing name
+    is a CompileError that says where it was looked for (PoCL 3.0 on a Zen 4 "builds" programs
+    without their kernels: see netcl.runtime.device)."""
 
-    what = ""
+    def __init__(self, context, family, options, device_name):
+        source = kernel_source(family)  # (looked up here: tools/ab_kernels.py patches it)
+        self.context, self.family, self.options, self.split = context, family, options, sources.split(source)
+        self.what = f"{family}.cl built with {' '.join(options) or 'no options'} on {device_name}"
+        self._built = {}
 
-    def __missing__(self, name):
-        raise CompileError(f"no kernel {name!r} in {self.what}: the compiler dropped it, or a -D option "
-                           "leaves it out; `netcl devices --check` tests the device")
+    def __getitem__(self, name):
+        k = self._built.get(name)
+        if k is None:
+            k = self._built[name] = self._kernel(name)
+        return k
+
+    def __iter__(self):
+        return iter(self.split.names())
+
+    def __len__(self):
+        return len(self.split.names())
+
+    def _kernel(self, name):
+        if name not in self.split.kernels:
+            raise CompileError(f"no kernel {name!r} in {self.what}")
+        options = self.split.options_for(name, self.options)
+        key = (self.context, self.split.digest, name, options)
+        k = _kernels.get(key)
+        if k is None:
+            what = f"{self.family}.cl {name}" + (f" ({' '.join(options)})" if options else "")
+            prog = build(self.context, self.split.program_source(name), options, family=self.family, what=what)
+            k = next((k for k in prog.all_kernels() if k.function_name == name), None)
+            if k is None:
+                raise CompileError(f"no kernel {name!r} in {self.what}: the compiler dropped it, or a -D option "
+                                   "leaves it out; `netcl devices --check` tests the device")
+            dtypes = _dtypes.get(self.split.digest)
+            if dtypes is None:
+                dtypes = _dtypes[self.split.digest] = arg_dtypes(self.split.source)
+            dtypes = dtypes[name]
+            k.set_scalar_arg_dtypes(dtypes)
+            _arg_types[k.int_ptr] = (k, dtypes)
+            _kernels[key] = k
+        return k
 
 
 def kernels(queue, family, options=()):
-    """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached). Their
-    scalar argument types are declared from the source, so set_args packs them without inspecting
-    each value (on NVIDIA's OpenCL that took 35 us of a launch's 40)."""
+    """Kernels of netcl/kernels/<family>.cl for the queue's context, by name, built with `options`
+    as each is first asked for (_Kernels; cached). Their scalar argument types are declared from
+    the source, so set_args packs them without inspecting each value (on NVIDIA's OpenCL that took
+    35 us of a launch's 40)."""
     key = (queue.context, family, tuple(options))
     ks = _kernels.get(key)
     if ks is None:
-        source = kernel_source(family)
-        prog = build(queue.context, source, options)
-        dtypes = arg_dtypes(source)
-        ks = _Kernels({k.function_name: k for k in prog.all_kernels()})
-        ks.what = f"{family}.cl built with {' '.join(options) or 'no options'} on {queue.device.name.strip()}"
-        _kernels[key] = ks
-        for name, k in ks.items():
-            k.set_scalar_arg_dtypes(dtypes[name])
-            _arg_types[k.int_ptr] = (k, dtypes[name])
+        ks = _kernels[key] = _Kernels(queue.context, family, tuple(options), queue.device.name.strip())
     return ks
 
 

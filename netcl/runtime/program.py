@@ -4,8 +4,9 @@ The disk cache is keyed by source, build options, device, driver and platform ve
 stores the device binary; a second process loads it instead of recompiling. Each entry is
 `magic, u64 length, SHA-256 of the binary` then the binary, written atomically and synced
 (AtomicFile): a truncated or damaged entry (a crash, a full disk, a bad sector) is detected,
-rebuilt from source and rewritten, and never handed to the driver, which may crash on it. On PoCL
-netcl keeps no binaries: PoCL's own cache does (keeps_binaries says why).
+rebuilt from source and rewritten, and never handed to the driver, which may crash on it. A PoCL
+binary holds each kernel's compiled work-group function (keeps_binaries), so a program holds one
+kernel: netcl.runtime.sources.
 """
 import hashlib
 import os
@@ -76,15 +77,17 @@ def _hint(log):
 
 
 def keeps_binaries(device):
-    """Whether netcl's disk cache keeps `device`'s program binaries: not on PoCL (NETCL_BINARY_CACHE=1
-    or 0 decides otherwise), whose own kernel cache (POCL_CACHE_DIR) already keeps each program and
-    each kernel's compiled code, keyed by source, options and device, and where asking a program
-    for its binary compiles every kernel it holds for any work-group size first (convtrain_cpu.cl:
-    12 s, where building it took 1.5 and a kernel's first launch compiles the one that runs)."""
+    """Whether netcl's disk cache keeps `device`'s program binaries (NETCL_BINARY_CACHE=1 or 0 decides
+    otherwise). On PoCL only with POCL_WORK_GROUP_SPECIALIZATION=0 (netcl.runtime.device sets it):
+    asking a PoCL program for its binary compiles each of its kernels' work-group functions, which
+    a launch then uses instead of compiling its own; with specialisation on, launches compile
+    their own anyway, and PoCL's kernel cache (POCL_CACHE_DIR) keeps those and the program."""
     choice = os.environ.get("NETCL_BINARY_CACHE", "").strip()
     if choice in ("0", "1"):
         return choice == "1"
-    return "pocl" not in (device.platform.name + device.platform.vendor).lower()
+    if "pocl" not in (device.platform.name + device.platform.vendor).lower():
+        return True
+    return os.environ.get("POCL_WORK_GROUP_SPECIALIZATION", "").strip() == "0"
 
 
 def build(context, source, options=(), family=None, what=None):
@@ -103,9 +106,7 @@ def build(context, source, options=(), family=None, what=None):
     path = os.path.join(cache_dir(), key + ".bin") if keep else None
     prog = _load(context, device, path, options) if keep else None
     if prog is None:
-        prog = _compile(context, device, source, options, family or "an OpenCL program", what or family or "")
-        if keep:
-            _store(prog, path)
+        prog = _compile(context, device, source, options, family or "an OpenCL program", what or family or "", path)
     _memory[(context, key)] = prog
     return prog
 
@@ -127,7 +128,9 @@ def _load(context, device, path, options):
     return prog
 
 
-def _compile(context, device, source, options, family, what):
+def _compile(context, device, source, options, family, what, path):
+    """Build `source` from scratch (and keep its binary at `path` unless None: on PoCL, asking for
+    it is when each kernel's work-group function compiles, so it counts as the build's time)."""
     import pyopencl as cl
 
     captured, name = [], device.name.strip()
@@ -137,6 +140,8 @@ def _compile(context, device, source, options, family, what):
             with warnings.catch_warnings(), buildlog.quiet_stderr(captured):
                 warnings.simplefilter("ignore", cl.CompilerWarning)
                 prog = cl.Program(context, source).build(options=list(options), cache_dir=False)
+                if path is not None:
+                    _store(prog, path)
         except cl.RuntimeError as e:  # pyopencl's message carries the compiler's log
             log = "\n".join(text.strip() for text in [str(e)] + captured if text.strip())
             raise CompileError(f"OpenCL build failed on {name}{_hint(log)}", log) from None
