@@ -121,8 +121,8 @@ def loop_step(model, loss_fn, opt, x, target):
 
 
 def use_cpu_class(queue, monkeypatch, cls):
-    """Run the CPU kernels with the register blocks of device class `cls` (netcl.nn.conv's
-    _CPU_BLOCKS): "native" leaves the device's own, "other" takes AVX2's on an AVX-512 device and
+    """Run the CPU kernels with the register blocks of device class `cls` (the tuning table's
+    conv_train rows): "native" leaves the device's own, "other" takes AVX2's on an AVX-512 device and
     AVX-512's on an AVX2 one, so that both are checked on every machine (skipped on a GPU)."""
     from netcl import ops
 
