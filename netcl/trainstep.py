@@ -54,7 +54,7 @@ from netcl import nn, ops, optim
 from netcl.nn import sequential
 from netcl.nn.module import rng
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
-from netcl.runtime import Recorder, copy_kernel, kernel_arg_types
+from netcl.runtime import Recorder, copy_kernel, kernel_arg_types, tiers
 from netcl.tensor import Tensor, _upload
 
 _RECORD_AT = 2  # calls of a shape run eagerly before the first recording (the first builds and lays out)
@@ -250,10 +250,13 @@ def _draws_only_varying(rec, gen, before):
         gen.bit_generator.state = after
 
 
-def _knobs():
+def _knobs(generation=None):
     """Process-wide switches that choose training kernels: NETCL_CPU_WINOT (read by each Conv2d
-    call, nn/conv.py) and Sequential's TRAIN_FUSE (nn/sequential.py)."""
-    return os.environ.get("NETCL_CPU_WINOT"), sequential.TRAIN_FUSE
+    call, nn/conv.py), Sequential's TRAIN_FUSE (nn/sequential.py), and the kernel tiers' generation
+    (netcl.runtime.tiers: once kernels built in the background are ready, layers choose anew;
+    `generation`: the one a recording began with, else the current one)."""
+    generation = tiers.generation() if generation is None else generation
+    return os.environ.get("NETCL_CPU_WINOT"), sequential.TRAIN_FUSE, generation
 
 
 def _plain(v):
@@ -270,7 +273,7 @@ class _Guard:
     container holds, the optimizer's hyperparameters, its parameters' buffers and state tensors,
     and that no gradient is set."""
 
-    def __init__(self, model, optimizer):
+    def __init__(self, model, optimizer, generation=None):
         self.settings, self.tensors, self.children = [], [], []
         stack = [model]
         while stack:
@@ -297,7 +300,7 @@ class _Guard:
         params += [p for p in optimizer.params if not any(p is q for q in params)]
         self.grads = [(p, p.grad) for p in params]
         self.steps = [st.get("step") for st in optimizer.state]  # a replay advances them (see _Replay.run)
-        self.knobs = _knobs()
+        self.knobs = _knobs(generation)
 
     def holds(self):
         for m, k, v in self.settings:
@@ -427,7 +430,7 @@ class _Replay:
         if isinstance(getattr(step.loss_fn, "_grad", None), Tensor):
             self.written.append(step.loss_fn._grad)
         self.homes = [p for p in step.optimizer.params if p.grad_home is not None]
-        self.guard = _Guard(step.model, step.optimizer)
+        self.guard = _Guard(step.model, step.optimizer, rec.generation)
         if any(c[0] == "copy" and inputs.values() & {c[1].int_ptr, c[2].int_ptr} for c in commands):
             self.bindings = None  # an input in a copy: replay only with the same input buffers
 

@@ -4,8 +4,15 @@ errors against the references, printed at the end of the run.
 Kernels are cached on disk (netcl/runtime/program.py; default ~/.cache/netcl, or
 $NETCL_CACHE_DIR), so only the first run on a machine pays PoCL's compile time.
 """
+import os
+
 import numpy as np
 import pytest
+
+# Kernels specialised to a layer's sizes are built before the step that runs them (netcl.runtime.tiers),
+# so that every test runs the routes it names whatever the kernel cache holds; tests of the
+# background tier set it themselves
+os.environ.setdefault("NETCL_COMPILE", "eager")
 
 _ERRORS = []  # (test id, forward max abs error, backward max abs error)
 _NOTES = []  # free-form lines for the summary (training accuracy and time)

@@ -92,10 +92,15 @@ def test_a_failed_build_keeps_what_pocl_wrote_to_stderr(queue):
     assert "undeclared_thing" in e.value.log and "undeclared_thing" in str(e.value)
 
 
-def test_quiet_stderr_restores_the_descriptor_and_returns_what_was_written():
+def test_quiet_stderr_keeps_the_compilers_words_and_gives_back_the_rest(capfd):
+    """What the compiler writes during a build is kept for the DEBUG log; what another thread writes
+    to stderr meanwhile goes back to stderr afterwards; descriptor 2 is stderr again."""
     captured = []
     with buildlog.quiet_stderr(captured):
-        os.write(2, b"compiler noise\n")
-    assert captured == ["compiler noise\n"]
-    assert os.fstat(2) is not None  # descriptor 2 is back (writing to it raises nothing)
-    os.write(2, b"")
+        os.write(2, b"1 warning generated.\n")
+    assert captured == ["1 warning generated.\n"] and capfd.readouterr().err == ""
+    with buildlog.quiet_stderr(captured):
+        os.write(2, b"a user's own line\n")
+    assert captured == ["1 warning generated.\n"] and capfd.readouterr().err == "a user's own line\n"
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"

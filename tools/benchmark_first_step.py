@@ -8,7 +8,8 @@ child process of its own (one JSON line back), in this order:
 
   cold    the first TrainStep call (forward, loss, backward, SGD with momentum, zero_grad; the
           loss read), wall clock from the call; then the first predict() of the same batch in eval
-          mode; then the steady step and predict (medians of --steps after --warmup)
+          mode; then (once the kernels building in the background are built: settle_s) the steady
+          step and predict (medians of --steps after --warmup)
   batch   warm caches, a new process: the first step at --new-batch (and its first predict)
   input   the same at 1.5x the input's height and width (models whose layers take it)
   width   the same with every channel count a multiple of 8 times 1.5 (16 -> 24, ...; the input's
@@ -148,6 +149,12 @@ def child(name, phase, batch, steps, warmup):
     model.predict(x)
     row["predict_s"], row["predict_cpu_s"] = round(time.perf_counter() - t, 3), round(time.process_time() - c, 2)
     row.update({"predict_" + k: v - before[k] for k, v in _counts().items()})
+    tiers = getattr(netcl.runtime, "tiers", None)  # (a checkout before the kernel tiers has none)
+    if tiers is not None:  # the specialised kernels the background still builds: before the steady steps
+        t = time.perf_counter()
+        row["background_left"] = tiers.pending()
+        tiers.settle()
+        row["settle_s"] = round(time.perf_counter() - t, 2)
     if phase == "cold":
         ts = []
         for i in range(warmup + steps):

@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+import netcl.runtime as runtime
 from netcl import ops, tuning
 from netcl.convspec import winot_choice
 from netcl.nn.conv_route import FAMILY as _FAMILY
@@ -357,16 +358,30 @@ class Conv2d(Module):
                         self.groups)
 
     def route(self, q, shape):
-        """The ConvRoute this conv trains with at input `shape` on queue q (netcl.nn.conv_route): kept
-        per queue, shape and device class, so that padded_input, the forward and (through _Saved)
-        the backward run one route."""
+        """The ConvRoute this conv trains with at input `shape` on queue q (netcl.nn.conv_route), kept
+        per queue, shape and device class. Where the full route's specialised kernels are not built
+        yet and kernels build in the background (netcl.runtime.tiers), the generic tier's route,
+        the others handed to the background thread: decided anew once it has built them. Both
+        tiers read their input from the same planes, and the backward runs the route the forward
+        saved (_Saved), so a change between two calls of one step changes nothing of that step."""
         routes = self.__dict__.setdefault("_routes", {})
-        d = device_class(q)
-        key = (q.int_ptr, tuple(shape), d)
-        r = routes.get(key)
-        if r is None:
-            r = routes[key] = conv_route(self.spec(shape), d)
+        d, mode = device_class(q), runtime.tiers.mode()
+        key = (q.int_ptr, tuple(shape), d, mode)
+        held = routes.get(key)
+        if held is not None and (held[0].tier == "specialised" or held[1] == runtime.tiers.generation()):
+            return held[0]
+        generation = runtime.tiers.generation()
+        r = conv_route(self.spec(shape), d)
+        if r.kernels and mode == "background" and not runtime.kernels_ready(q, r.kernels):
+            runtime.tiers.build_later(q, r.kernels)
+            r = conv_route(self.spec(shape), d, generic=True)
+        routes[key] = (r, generation)
         return r
+
+    def route_kernels(self):
+        """The specialised kernels (family, kernel, options) of the routes this conv has chosen so
+        far (ConvRoute.kernels; netcl.warmup builds them all ahead of time)."""
+        return tuple(k for r, _ in self.__dict__.get("_routes", {}).values() for k in r.kernels)
 
     def _zeros(self, q, size):
         """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias

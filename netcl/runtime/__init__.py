@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from netcl.errors import CompileError
-from netcl.runtime import program, sources
+from netcl.runtime import program, sources, tiers
 from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, select_device, serial_bound
 from netcl.runtime.program import build, kernel_source
 
@@ -21,6 +21,7 @@ _pools = {}  # context -> MemoryPool
 # (context, family, options) -> _Kernels; (context, source digest, kernel name, its options) -> Kernel
 _kernels = {}
 _dtypes = {}  # a kernel source's digest -> arg_dtypes of it
+_building = threading.RLock()  # held while a kernel is built: the foreground's and tiers' thread's
 _arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): for copy_kernel()
 
 
@@ -155,8 +156,22 @@ class _Kernels(Mapping):
     def __getitem__(self, name):
         k = self._built.get(name)
         if k is None:
-            k = self._built[name] = self._kernel(name)
+            with _building:  # the background thread (netcl.runtime.tiers) builds through here too
+                k = self._built.get(name)
+                if k is None:
+                    k = self._built[name] = self._kernel(name)
         return k
+
+    def ready(self, name):
+        """Whether kernel `name` is built, or its program's binary is in the disk cache."""
+        if name in self._built:
+            return True
+        if name not in self.split.kernels:
+            return False
+        options = self.split.options_for(name, self.options)
+        if (self.context, self.split.digest, name, options) in _kernels:
+            return True
+        return program.cached(self.context, self.split.program_source(name), options)
 
     def __iter__(self):
         return iter(self.split.names())
@@ -199,6 +214,16 @@ def kernels(queue, family, options=()):
     return ks
 
 
+tiers.builder = lambda queue, family, name, options: kernels(queue, family, options)[name]
+
+
+def kernels_ready(queue, triples):
+    """Whether every (family, kernel, options) of `triples` is built for the queue's context or its
+    program's binary is in the disk cache (netcl.runtime.tiers: a route whose kernels are not runs
+    its generic tier meanwhile)."""
+    return all(kernels(queue, family, options).ready(name) for family, name, options in triples)
+
+
 def kernel_arg_types(k):
     """kernels()' kernel k's scalar argument dtypes (None for a buffer), by argument index."""
     return _arg_types[k.int_ptr][1]
@@ -224,7 +249,7 @@ class Recorder:
     held its data before the recording. netcl.trainstep records training steps with it."""
 
     def __init__(self):
-        self.commands, self.refused, self.allocated = [], None, set()
+        self.commands, self.refused, self.allocated, self.generation = [], None, set(), None
         self.varying = {}  # command index -> (argument indices, fn): see vary()
 
     def launch(self, k, gsize, lsize, args):
@@ -248,6 +273,7 @@ class Recorder:
     def start(self):
         if _recording.recorder is not None:
             raise RuntimeError("this thread is already recording device commands")
+        self.generation = tiers.generation()  # the kernel tiers the recorded layers chose from
         _recording.recorder = self
         return self
 
@@ -309,4 +335,5 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "float_lanes", "lanes_override", "kernels", "kernels_ready", "tiers",
+           "alloc", "buffer", "stats", "build", "kernel_source"]

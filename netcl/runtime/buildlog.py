@@ -9,6 +9,7 @@ chatter (PoCL's build log, its "1 warning generated." lines on stderr) goes to D
 only: program.build captures the standard error stream while a build runs (quiet_stderr)."""
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -18,6 +19,8 @@ from contextlib import contextmanager
 log = logging.getLogger("netcl")
 BURST_S, GAP_S = 2.0, 3.0
 _lock = threading.Lock()
+# what a compiler writes: diagnostics and clang's summary line
+_COMPILER = re.compile(rb"(?:error|warning|note): |\d+ (?:warnings?|errors?)(?: and \d+ \w+)? generated")
 _fd_lock = threading.Lock()  # one build at a time redirects file descriptor 2
 _fd_guard = threading.Lock()  # held while _saved_fd changes or is written to
 _saved_fd = None  # while a build redirects descriptor 2: a descriptor of where it pointed before
@@ -67,12 +70,46 @@ def say(message):
     log.info(message)
 
 
+class _Thread(threading.local):
+    background = False  # this thread builds for netcl.runtime.tiers
+
+
+_thread = _Thread()
+_last_foreground = [None, 0]  # when the foreground's last build ended (monotonic), builds running now
+
+
+@contextmanager
+def background():
+    """Builds in the block are the background thread's (netcl.runtime.tiers): DEBUG lines only,
+    and they do not keep the background waiting (busy_within)."""
+    _thread.background = True
+    try:
+        yield
+    finally:
+        _thread.background = False
+
+
+def busy_within(seconds):
+    """Whether a foreground build runs now or ended less than `seconds` ago."""
+    with _lock:
+        last, running = _last_foreground
+    return running > 0 or (last is not None and time.monotonic() - last < seconds)
+
+
 @contextmanager
 def building(family, what, device=""):
     """Around one program build: `family` (the kernel file's name), `what` (its kernel and options,
     for the lines)."""
     global _burst
+    if _thread.background:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            log.debug("built %s in the background in %.2f s", what, time.perf_counter() - t)
+        return
     with _lock:
+        _last_foreground[1] += 1
         now = time.monotonic()
         b = _burst
         if b is None or (b.active == 0 and b.last_end is not None and now - b.last_end > GAP_S):
@@ -97,6 +134,7 @@ def building(family, what, device=""):
             b.count += 1
             b.seconds += spent
             b.last_end = time.monotonic()
+            _last_foreground[:] = [b.last_end, _last_foreground[1] - 1]
         log.debug("built %s in %.2f s", what, spent)
         timer = threading.Timer(GAP_S + 0.1, _maybe_end, (b,))
         timer.daemon = True
@@ -135,7 +173,8 @@ def _summary(b):
 def quiet_stderr(captured):
     """Standard error (file descriptor 2, where PoCL's compiler writes) into a file while the block
     runs; its text is appended to the list `captured` afterwards. Python's own sys.stderr writes in
-    the meantime land there too (one build at a time holds the descriptor), netcl's log lines do not."""
+    the meantime land there too (one build at a time holds the descriptor) and go back to stderr
+    afterwards unless the compiler wrote there too; netcl's log lines are not redirected."""
     global _saved_fd
     with _fd_lock:
         try:
@@ -154,9 +193,16 @@ def quiet_stderr(captured):
             try:
                 yield
             finally:
+                f.seek(0)
+                text = f.read()
                 with _fd_guard:
                     os.dup2(saved, 2)
                     _saved_fd = None
                     os.close(saved)
-                f.seek(0)
-                captured.append(f.read().decode(errors="replace"))
+                if text and not _COMPILER.search(text):  # another thread's, not the compiler's: back to stderr
+                    try:
+                        os.write(2, text)
+                    except OSError:
+                        pass
+                else:
+                    captured.append(text.decode(errors="replace"))

@@ -111,6 +111,16 @@ def build(context, source, options=(), family=None, what=None):
     return prog
 
 
+def cached(context, source, options=()):
+    """Whether build(context, source, options) is answered without compiling: built in this
+    process, or a binary of it in netcl's disk cache (where it keeps binaries)."""
+    device = context.devices[0]
+    key = _key(source, tuple(options), device)
+    if (context, key) in _memory:
+        return True
+    return keeps_binaries(device) and os.path.exists(os.path.join(cache_dir(), key + ".bin"))
+
+
 def _load(context, device, path, options):
     """The program of cache entry `path`, or None (no whole entry, or a binary the driver refuses)."""
     import pyopencl as cl
