@@ -50,7 +50,7 @@ import threading
 
 import numpy as np
 
-from netcl import nn, ops, optim
+from netcl import buildhelper, nn, ops, optim
 from netcl.nn import sequential
 from netcl.nn.module import rng
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
@@ -119,7 +119,8 @@ class TrainStep:
                 return self._eager(xt, tt, None)[0]
             sh.calls += 1
             if sh.calls < _RECORD_AT:
-                return self._eager(xt, tt, None)[0]
+                with buildhelper.first_call(self, xt, tt):  # a second process shares its builds (cold cache)
+                    return self._eager(xt, tt, None)[0]
             pending, rec = self._eager(xt, tt, Recorder())
             if rec.refused is not None:
                 why, sh.recording = f"the step makes {rec.refused} in the middle", None

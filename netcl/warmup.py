@@ -6,13 +6,18 @@ this from the command line and leaves the kernels in the kernel cache), and befo
 The specialised kernels are built too (NETCL_COMPILE=eager for the duration: netcl.runtime.tiers),
 and the model is left as it was: parameters, buffers (a BatchNorm's running statistics),
 gradients, training mode and netcl's random generator are restored after the training step."""
+import json
+import os
+import shutil
+import sys
 import time
 
 import numpy as np
 
-from netcl import nn
+from netcl import nn, ops, optim
+from netcl.io.netcl_format import load
 from netcl.nn import module as _module
-from netcl.runtime import default_queue, kernels, program, tiers
+from netcl.runtime import collecting, default_queue, kernels, program, tiers
 from netcl.tensor import Tensor
 from netcl.trainstep import TrainStep
 
@@ -94,3 +99,41 @@ def _target(loss_fn, out_shape):
     if isinstance(loss_fn, nn.CrossEntropyLoss):
         return np.zeros((out_shape[0],) + tuple(out_shape[2:]), np.int64)
     return np.zeros(out_shape, np.float32)
+
+
+def _helper(folder):
+    """`python -m netcl.warmup --helper FOLDER` (netcl.buildhelper): a training step of the model and
+    spec in FOLDER, walked dry (nothing built, nothing launched) for the kernels it runs, which are
+    then built last to first (the first call builds first to last: they meet in the middle), each
+    unless another process builds it now; then, at a lower priority, the background thread's
+    kernels, and those the walk finds once the full routes run (a fusion only they allow)."""
+    with open(os.path.join(folder, "spec.json")) as f:
+        spec = json.load(f)
+    model = load(os.path.join(folder, "model.netcl"))
+    shutil.rmtree(folder, ignore_errors=True)
+    program.dry = True
+    ops._enqueue = lambda *args: None  # nothing launched: only the kernels' builds count
+    q = default_queue()
+    loss_fn = getattr(nn, spec["loss"])()
+    target = np.zeros(spec["target"], np.int64 if isinstance(loss_fn, nn.CrossEntropyLoss) else np.float32)
+    optimizer = getattr(optim, spec["optimizer"])(model.to(q).train().parameters(), **spec["hyper"])
+    step = TrainStep(model, loss_fn, optimizer, replay=False)
+    for walk in range(3):  # again once the specialised kernels are built: the full routes' own kernels
+        with collecting([]) as found:
+            step(np.zeros(spec["x"], np.float32), target)
+        todo = [k for k in dict.fromkeys(found) if not kernels(q, k[0], k[2]).ready(k[1])]
+        if not todo and walk:
+            break
+        for family, name, options in reversed(todo):
+            kernels(q, family, options)[name]  # (None where another process builds it: skipped)
+        if walk == 0:
+            os.nice(10)
+        tiers.settle()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--helper"] and len(sys.argv) == 3:
+        _helper(sys.argv[2])
+    else:
+        sys.exit("usage: python -m netcl.warmup --helper FOLDER (netcl.buildhelper starts it)")
+

@@ -91,7 +91,8 @@ def _counts():
     from netcl.runtime import program
 
     s = program.stats
-    return {"compiled": s["compiled"], "loaded": s["disk"], "build_s": round(s.get("seconds", 0.0), 2)}
+    return {"compiled": s["compiled"], "loaded": s["disk"], "build_s": round(s.get("seconds", 0.0), 2),
+            "waited_s": round(s.get("waited", 0.0), 2)}
 
 
 def _timed_builds():

@@ -4,6 +4,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -155,11 +156,17 @@ class _Kernels(Mapping):
 
     def __getitem__(self, name):
         k = self._built.get(name)
+        if k is None and _collecting:  # (a build helper's dry run: which kernels, in which order)
+            _collecting[-1].append((self.family, name, self.options))
+            return None
         if k is None:
             with _building:  # the background thread (netcl.runtime.tiers) builds through here too
                 k = self._built.get(name)
                 if k is None:
-                    k = self._built[name] = self._kernel(name)
+                    try:
+                        k = self._built[name] = self._kernel(name)
+                    except program.Claimed:  # (a build helper's dry run: another process builds it)
+                        return None
         return k
 
     def ready(self, name):
@@ -215,6 +222,19 @@ def kernels(queue, family, options=()):
 
 
 tiers.builder = lambda queue, family, name, options: kernels(queue, family, options)[name]
+_collecting = []  # collecting()'s lists
+
+
+@contextmanager
+def collecting(into):
+    """While the block runs, a kernel not built yet is not built: (family, kernel, options) is
+    appended to the list `into` and kernels()[name] gives None (a build helper's dry run walks a
+    step this way first, then builds what it found: netcl.buildhelper)."""
+    _collecting.append(into)
+    try:
+        yield into
+    finally:
+        _collecting.pop()
 
 
 def kernels_ready(queue, triples):

@@ -89,6 +89,11 @@ def background():
         _thread.background = False
 
 
+def in_background():
+    """Whether this thread builds for netcl.runtime.tiers (background())."""
+    return _thread.background
+
+
 def busy_within(seconds):
     """Whether a foreground build runs now or ended less than `seconds` ago."""
     with _lock:

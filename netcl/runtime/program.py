@@ -22,7 +22,7 @@ from netcl.runtime import buildlog
 
 _memory = {}  # (context, key) -> pyopencl.Program
 # where this process's builds came from (tests read it), and the seconds compiling took
-stats = {"memory": 0, "disk": 0, "compiled": 0, "damaged": 0, "seconds": 0.0}
+stats = {"memory": 0, "disk": 0, "compiled": 0, "damaged": 0, "seconds": 0.0, "waited": 0.0}
 _ENTRY = struct.Struct("<8sQ32s")  # magic, binary length, SHA-256 of the binary
 _MAGIC = b"NETCLBIN"
 
@@ -105,10 +105,109 @@ def build(context, source, options=(), family=None, what=None):
     keep = keeps_binaries(device)
     path = os.path.join(cache_dir(), key + ".bin") if keep else None
     prog = _load(context, device, path, options) if keep else None
+    claimed = False
+    if prog is None and keep:
+        claimed = _claim(path)
+        if not claimed and dry:
+            raise Claimed(path)
+        if not claimed:  # another process builds it now (a build helper: netcl.buildhelper): its binary
+            prog = _await(context, device, path, options)
     if prog is None:
-        prog = _compile(context, device, source, options, family or "an OpenCL program", what or family or "", path)
+        for hook in list(on_compile):
+            hook()
+        try:
+            prog = _compile(context, device, source, options, family or "an OpenCL program", what or family or "",
+                            path)
+        finally:
+            if claimed:
+                _unclaim(path)
     _memory[(context, key)] = prog
     return prog
+
+
+CLAIM_WAIT_S = 300  # the longest a build waits for another process's build of the same program
+on_compile = []  # callables run before this process compiles a program (netcl.buildhelper's)
+dry = False  # a build helper's process: a program another process is building is skipped (Claimed)
+
+
+class Claimed(Exception):
+    """(A build helper's, dry) another process is building this program now."""
+
+
+def _claim(path):
+    """Whether this process may build the program cached at `path`: no other live process builds it
+    now (`path`.claim, holding the builder's PID, linked into place whole; a dead builder's is
+    taken over)."""
+    mine = f"{path}.{os.getpid()}.claiming"
+    try:
+        with open(mine, "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        return True  # no claims here (a read-only cache): build
+    try:
+        for _ in range(2):
+            try:
+                os.link(mine, path + ".claim")
+                return True
+            except FileExistsError:
+                owner = _claimant(path)
+                if owner is not None and owner != os.getpid() and _alive(owner):
+                    return False
+                try:
+                    os.unlink(path + ".claim")  # its builder died (or it is this process's own, left over)
+                except OSError:
+                    pass
+            except OSError:
+                return True
+        return True
+    finally:
+        try:
+            os.unlink(mine)
+        except OSError:
+            pass
+
+
+def _unclaim(path):
+    try:
+        if _claimant(path) == os.getpid():
+            os.unlink(path + ".claim")
+    except OSError:
+        pass
+
+
+def _claimant(path):
+    try:
+        with open(path + ".claim") as f:
+            return int(f.read().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (another user's process)
+    return True
+
+
+def _await(context, device, path, options):
+    """The program another process is building into `path`, loaded once its binary is there; None
+    (this process builds it) where that process gives up, dies, or takes past CLAIM_WAIT_S."""
+    start = time.monotonic()
+    try:
+        while time.monotonic() < start + CLAIM_WAIT_S:
+            if os.path.exists(path):
+                return _load(context, device, path, options)
+            owner = _claimant(path)
+            if owner is None or not _alive(owner):
+                return _load(context, device, path, options) if os.path.exists(path) else None
+            time.sleep(0.01)
+        return None
+    finally:
+        stats["waited"] += time.monotonic() - start
 
 
 def cached(context, source, options=()):
