@@ -120,3 +120,30 @@ def test_compile_mode_is_checked(monkeypatch):
     with tiers.with_mode("background"):
         assert tiers.mode() == "background"
     assert tiers.mode() == "eager"
+
+
+def test_a_first_predict_runs_the_layers_while_the_fused_plan_builds(queue, rng, monkeypatch, background):
+    """predict() whose fused plan's programs are not built yet (a fresh cache, the jit's program
+    cache emptied) runs the layers' own eval forwards and hands the plan's build to the background;
+    once built, the plan runs: the same result within float32 noise."""
+    from netcl.jit import common
+
+    if not ops.is_cpu(queue):
+        pytest.skip("the background tier runs on CPUs")
+    monkeypatch.setattr(common, "_programs", {})
+    netcl.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(8 * 8 * 8, 10)).to(queue).eval()
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    from netcl.runtime import buildlog
+
+    held = [True]  # the background thread waits while this holds
+    monkeypatch.setattr(buildlog, "busy_within", lambda seconds: held[0])
+    plan = model._fused
+    first = model.predict(x)
+    assert plan._compiled == {} and tiers.pending() > 0  # the layers ran; the plan builds in the background
+    held[0] = False
+    assert tiers.settle(timeout=300)
+    second = model.predict(x)
+    assert plan._compiled != {}
+    assert_close(first, second, what="unfused vs fused predict")

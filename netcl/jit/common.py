@@ -38,6 +38,8 @@ class Target:
             source, options, what = split.program_source(kernel), split.options_for(kernel, options), f"{what} {kernel}"
         key = (self.q.context.int_ptr, family, kernel, options)
         prog = _programs.get(key)
+        if prog is None and runtime.tiers.only_ready() and not runtime.program.cached(self.q.context, source, options):
+            raise runtime.tiers.NotReady(what)
         if prog is None:
             STATS["builds"] += 1  # a miss of ours, whether or not runtime.build's caches answer
             prog = _programs[key] = runtime.build(self.q.context, source, options, family=family,

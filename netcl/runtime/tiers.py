@@ -64,6 +64,44 @@ def pending():
         return len(_pending)
 
 
+class NotReady(Exception):
+    """(Raised where only built programs may be used, ready_only()) this program is not built yet."""
+
+
+class _ReadyOnly(threading.local):
+    on = False
+
+
+_ready_only = _ReadyOnly()
+
+
+@contextmanager
+def ready_only():
+    """In the block, netcl.jit's builds of a program not built yet raise NotReady (the fused
+    inference path then runs the layers' own kernels and builds its plan with build_later_call)."""
+    was, _ready_only.on = _ready_only.on, True
+    try:
+        yield
+    finally:
+        _ready_only.on = was
+
+
+def only_ready():
+    return _ready_only.on
+
+
+def build_later_call(key, fn):
+    """Hand fn() (a build of several programs: a fused plan's for one input shape) to the
+    background thread, once per key."""
+    with _lock:
+        if key in _queued:
+            return
+        _queued.add(key)
+        _pending.append((None, fn, None, None))
+        _start()
+        _lock.notify_all()
+
+
 def build_later(queue, kernels):
     """Hand (family, kernel, options) triples to the background thread (each once)."""
     with _lock:
@@ -72,11 +110,15 @@ def build_later(queue, kernels):
             if key not in _queued:
                 _queued.add(key)
                 _pending.append((queue, family, name, tuple(options)))
-        if _pending and not _worker:
-            t = threading.Thread(target=_work, name="netcl-kernel-builds", daemon=True)
-            _worker.append(t)
-            t.start()
+        _start()
         _lock.notify_all()
+
+
+def _start():
+    if _pending and not _worker:
+        t = threading.Thread(target=_work, name="netcl-kernel-builds", daemon=True)
+        _worker.append(t)
+        t.start()
 
 
 def settle(timeout=None):
@@ -102,9 +144,12 @@ def _work():
             time.sleep(0.05)
         try:
             with buildlog.background():
-                builder(q, family, name, options)
+                if q is None:  # build_later_call's
+                    family()
+                else:
+                    builder(q, family, name, options)
         except Exception as e:  # the foreground builds it again when it runs it, and raises there
-            buildlog.log.debug("background build of %s.cl %s failed: %s", family, name, e)
+            buildlog.log.debug("background build of %s %s failed: %s", family, name, e)
         with _lock:
             _pending.pop(0)
             if not _pending:
