@@ -10,10 +10,12 @@ Device classes are ops.config_class's: "cpu16" (16-wide float vectors: AVX-512 o
 each time (tests change a value for a while with monkeypatch.setitem)."""
 import json
 import os
+from contextlib import contextmanager
 from importlib import resources
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "tuning.json")
 _rows = {}  # (group, class) -> values; filled on first use
+_version = [0]  # moves on with each override(): caches of what the values decide key on it
 
 
 def _load():
@@ -39,6 +41,28 @@ def values(group, cls):
         if key in rows:
             return rows[key]
     raise KeyError(f"the tuning table has no {group!r} row for device class {cls!r} (netcl/kernels/tuning.json)")
+
+
+def version():
+    """A number that changes whenever override() changes or restores a value (route and GEMM plan
+    caches key on it)."""
+    return _version[0]
+
+
+@contextmanager
+def override(group, cls, key, value):
+    """The table's `key` of (group, cls) is `value` while the block runs (tools/ab_kernels.py's side
+    B); KeyError naming what there is for a key the row lacks."""
+    row = values(group, cls)
+    if key not in row:
+        raise KeyError(f"the tuning table's {group!r} row for {cls!r} has no {key!r}; expected one of {', '.join(row)}")
+    saved, row[key] = row[key], value
+    _version[0] += 1
+    try:
+        yield
+    finally:
+        row[key] = saved
+        _version[0] += 1
 
 
 def write_value(group, cls, key, value, measured, path=PATH):

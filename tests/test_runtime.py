@@ -364,7 +364,7 @@ def test_every_kernel_declares_its_scalar_argument_types(queue):
     import glob
     import os
 
-    from netcl import ops
+    from netcl import tuning
     from netcl.runtime import arg_dtypes, kernel_source, kernels
 
     for path in sorted(glob.glob(os.path.join(os.path.dirname(netcl.__file__), "kernels", "*.cl"))):
@@ -373,7 +373,7 @@ def test_every_kernel_declares_its_scalar_argument_types(queue):
             continue  # the fused families are built by netcl.jit with their -D defines
         types = arg_dtypes(kernel_source(family))
         options = {"gemm": ("-DBM=64", "-DBN=64", "-DBK=16", "-DRM=4", "-DRN=4", "-DA_KMAJOR=1", "-DB_KMAJOR=0"),
-                   "gemm_cpu": tuple(f"-D{k}={v}" for k, v in ops._CPU_GEMM["cpu16"].items())}.get(family, ())
+                   "gemm_cpu": tuple(f"-D{k}={v}" for k, v in tuning.values("gemm_cpu", "cpu16").items())}.get(family, ())
         ks = kernels(queue, family, options)
         for name in ks:
             try:

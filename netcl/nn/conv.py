@@ -24,7 +24,8 @@ import netcl.runtime as runtime
 from netcl import ops, tuning
 from netcl.convspec import winot_choice
 from netcl.nn.conv_route import FAMILY as _FAMILY
-from netcl.nn.conv_route import ROWS1, ConvRoute, ConvSpec, DeviceClass, bordered_extent, conv_route, cpu_options
+from netcl.nn.conv_route import (ROWS1, ConvRoute, ConvSpec, DeviceClass, bordered_extent, conv_route, cpu_options,
+                                 narrow_launch, oc16_launch)
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
@@ -366,7 +367,7 @@ class Conv2d(Module):
         saved (_Saved), so a change between two calls of one step changes nothing of that step."""
         routes = self.__dict__.setdefault("_routes", {})
         d, mode = device_class(q), runtime.tiers.mode()
-        key = (q.int_ptr, tuple(shape), d, mode)
+        key = (q.int_ptr, tuple(shape), d, mode, tuning.version())
         held = routes.get(key)
         if held is not None and (held[0].tier == "specialised" or held[1] == runtime.tiers.generation()):
             return held[0]
@@ -631,14 +632,21 @@ class Conv2d(Module):
         _pad_planes(q, dy, dyb, pd, None, _cpu_options(self.kernel_size))
         return dyb
 
+    def _input_of(self, dy_shape):
+        """The input shape of a stride-1 conv whose output gradient has dy_shape."""
+        n, _, oh, ow = dy_shape
+        k, _, p, d = self._geometry()
+        span = d * (k - 1)
+        return n, self.in_channels, oh + span - 2 * p, ow + span - 2 * p
+
     def _wgrad_narrow(self, q, xp, dy):
         """dW and db of a "channels" convolution of stride 1 with few weights per output channel
         in one wgrad_narrow_cpu launch from dy and the forward's padded x (no im2col columns, no
         GEMM): rows of 4 or 8 two to a vector (PAIR) where their number is even, else a row a vector;
         split over images (partial sums, then sum_chunks_cpu) only where the output channels
-        alone leave the cores idle on a long sum (the route's launch sizes: conv_route._narrow)."""
+        alone leave the cores idle on a long sum (conv_route.narrow_launch's sizes)."""
         n, oc, oh, ow = dy.shape
-        a = self._saved.route.direct
+        a = narrow_launch(self.spec(self._input_of(dy.shape)), device_class(q))
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
         chunks = a["chunks"]
@@ -657,9 +665,9 @@ class Conv2d(Module):
     def _wgrad_oc16(self, q, xp, dy):
         """dW and db in one wgrad_oc16_cpu launch from dy and the forward's padded x (no im2col
         columns, no GEMM, no separate bias sums): blocks of 16 output channels x 16 weights, about
-        oc16_items work-items per compute unit (the route's launch sizes: conv_route._oc16)."""
+        oc16_items work-items per compute unit (conv_route.oc16_launch's sizes)."""
         n, oc, oh, ow = dy.shape
-        a = self._saved.route.direct
+        a = oc16_launch(self.spec(self._input_of(dy.shape)), device_class(q), xp.shape[3])
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
         ops.launch(q, _FAMILY, "wgrad_oc16_cpu", (a["items"],), (1,), n, self.in_channels, xp.shape[2], oc, oh * ow,

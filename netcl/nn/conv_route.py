@@ -228,7 +228,7 @@ def _direct(s, d, mode, generic):
         wgrad = "gemm_planes"
         if s.stride == 1 and not generic:
             narrow = s.c * s.ks * s.ks <= d.cutoffs()["narrow_max_r"]
-            direct = (_narrow(s, d) if narrow else _oc16(s, d, planes)) or {}
+            direct = (narrow_launch(s, d) if narrow else oc16_launch(s, d, planes[3])) or {}
             if direct:
                 wgrad = direct["kind"]
                 kernels.append((FAMILY, direct["kernel"], direct["options"]))
@@ -253,9 +253,9 @@ def cpu_options(k, flip=0, rm=8, ro=None, rr=2):
     return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={rr}", f"-DRO={ro}", f"-DFLIP={flip}")
 
 
-def _narrow(s, d):
-    """wgrad_narrow_cpu's launch for a stride-1 "channels" conv with few weights per output channel
-    on rows of narrow_widths, or None."""
+def narrow_launch(s, d):
+    """wgrad_narrow_cpu's launch (options, work-items, chunks, images per chunk, rows per run) for a
+    stride-1 "channels" conv with few weights per output channel on rows of narrow_widths, or None."""
     cut = d.cutoffs()
     ckk = s.c * s.ks * s.ks
     if s.ow not in cut["narrow_widths"]:
@@ -276,16 +276,16 @@ def _narrow(s, d):
             "imgs": -(-n // chunks), "run": max(1, cut["narrow_run"] * vw // ow)}
 
 
-def _oc16(s, d, planes):
-    """wgrad_oc16_cpu's launch (an AVX-512 class device, planes of 16k outputs in rows of
-    oc16_widths), or None."""
+def oc16_launch(s, d, xw):
+    """wgrad_oc16_cpu's launch (options, work-items, tap groups) for input planes xw wide: an AVX-512
+    class device, planes of 16k outputs in rows of oc16_widths; else None."""
     cut = d.cutoffs()
     if d.kind != "cpu16" or s.dilation != 1 or s.ow not in cut["oc16_widths"] or s.oh * s.ow % 16:
         return None
     taps = s.c * s.ks ** 2
     tgroups = -(-taps // 16)
     items = min(-(-s.k // 16) * tgroups, cut["oc16_items"] * d.compute_units)
-    options = cpu_options(s.ks) + (f"-DXW={planes[3]}", f"-DOW16={s.ow}")
+    options = cpu_options(s.ks) + (f"-DXW={xw}", f"-DOW16={s.ow}")
     return {"kind": "oc16", "kernel": "wgrad_oc16_cpu", "options": options, "items": items, "tgroups": tgroups}
 
 
