@@ -147,3 +147,37 @@ def test_a_first_predict_runs_the_layers_while_the_fused_plan_builds(queue, rng,
     second = model.predict(x)
     assert plan._compiled != {}
     assert_close(first, second, what="unfused vs fused predict")
+
+
+_EXITS_WHILE_BUILDING = """
+import os, time
+import numpy as np
+import netcl
+from netcl import nn, Tensor
+from netcl.runtime import tiers
+tiers.IDLE_S = 0.0
+q = netcl.default_queue()
+layer = nn.Conv2d(16, 16, 3, padding=1).to(q).train()
+layer(Tensor.from_host(q, np.zeros((2, 16, 32, 32), np.float32)))
+assert tiers.pending() > 0
+time.sleep(float(os.environ["PAUSE"]))
+"""
+
+
+def test_a_process_exits_cleanly_while_the_background_builds(queue, tmp_path):
+    """The interpreter's exit waits for a build in flight (PoCL aborted the process when it ended
+    inside the compiler) and drops the rest: several exits at different moments of the builds."""
+    import subprocess
+    import sys
+
+    if not ops.is_cpu(queue):
+        pytest.skip("the background tier runs on CPUs")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for i, pause in enumerate(("0", "0.02", "0.05", "0.1", "0.2", "0.4")):
+        env = dict(os.environ, NETCL_COMPILE="background", NETCL_CPU_WINOT="1", NETCL_BUILD_HELPER="0",
+                   NETCL_CACHE_DIR=str(tmp_path / f"n{i}"), POCL_CACHE_DIR=str(tmp_path / f"p{i}"), PAUSE=pause,
+                   PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+        (tmp_path / f"p{i}").mkdir()
+        r = subprocess.run([sys.executable, "-c", _EXITS_WHILE_BUILDING], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, (pause, r.returncode, r.stderr[-2000:])

@@ -11,6 +11,7 @@ NETCL_COMPILE=eager builds the specialised kernels before the first step that ru
 behaviour: deterministic launches, benchmarks, the tests); background (the default) as above.
 compile_model and `netcl warmup` build everything a model needs ahead of time (eager for their
 duration: with_mode)."""
+import atexit
 import os
 import threading
 import time
@@ -26,6 +27,8 @@ _queued = set()  # their keys: (context int_ptr, family, name, options)
 _generation = [0]
 _worker = []  # the thread, once started
 _forced = []  # with_mode's stack
+_building = [False]  # the thread is inside a build
+_stopping = [False]  # the interpreter exits: the thread builds nothing more
 builder = None  # (queue, family, kernel, options) -> the built kernel: netcl.runtime sets it (runtime.kernels)
 
 
@@ -118,7 +121,19 @@ def _start():
     if _pending and not _worker:
         t = threading.Thread(target=_work, name="netcl-kernel-builds", daemon=True)
         _worker.append(t)
+        atexit.register(_stop)
         t.start()
+
+
+def _stop():
+    """(At exit) drop what waits, and let a build in flight finish: the interpreter must not end
+    while the thread is inside the compiler (PoCL aborted the process then)."""
+    with _lock:
+        _stopping[0] = True
+        del _pending[1 if _building[0] else 0:]
+        end = time.monotonic() + 60
+        while _building[0] and time.monotonic() < end:
+            _lock.wait(0.5)
 
 
 def settle(timeout=None):
@@ -137,11 +152,17 @@ def settle(timeout=None):
 def _work():
     while True:
         with _lock:
-            while not _pending:
+            while not _pending and not _stopping[0]:
                 _lock.wait()
+            if _stopping[0]:
+                return
             q, family, name, options = _pending[0]
-        while buildlog.busy_within(IDLE_S):  # the foreground builds: it goes first
+        while buildlog.busy_within(IDLE_S) and not _stopping[0]:  # the foreground builds: it goes first
             time.sleep(0.05)
+        with _lock:
+            if _stopping[0]:
+                return
+            _building[0] = True
         try:
             with buildlog.background():
                 if q is None:  # build_later_call's
@@ -151,7 +172,9 @@ def _work():
         except Exception as e:  # the foreground builds it again when it runs it, and raises there
             buildlog.log.debug("background build of %s %s failed: %s", family, name, e)
         with _lock:
-            _pending.pop(0)
+            _building[0] = False
+            if _pending:
+                _pending.pop(0)
             if not _pending:
                 _generation[0] += 1
             _lock.notify_all()
