@@ -15,9 +15,7 @@ from netcl.runtime import tiers
 
 @pytest.fixture(scope="module")
 def torch():
-    t = pytest.importorskip("torch")
-    t.set_default_dtype(t.float64)
-    return t
+    return pytest.importorskip("torch")
 
 
 @pytest.fixture
