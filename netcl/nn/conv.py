@@ -165,31 +165,6 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     return (part.mark_written(), n * items, 64, False) if stats else None
 
 
-def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
-    """out (N, K, H, W) = the 3x3 stride-1 padding-1 correlation of inp (N, C, H + 2, W + 2: the
-    planes with their zero border) with w (K, C, 3, 3), or (flip) with w (C, K, 3, 3) turned by 180
-    degrees (a data gradient), + bias (K values), + out where `add` (its layout built with add):
-    Winograd F(2x2, 3x3) with 16 output tiles per float16 (conv_winot.cl, the fused CPU path's
-    kernel), the weights transformed on the device first. With `stats` (not with add), also out's
-    batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values per part,
-    False: a channel's parts together)."""
-    n, k, h, wd = out.shape
-    c = inp.shape[1]
-    if inp.shape[2:] != (h + 2, wd + 2):
-        raise ValueError(f"conv_winot reads planes with a border of 1: {inp.shape} for output {out.shape}")
-    d, options = layout
-    kv, kb = d["KV"], d["KB"]
-    u = ops.new(q, (kb * 16 * c * kv,))
-    ops.launch(q, "conv_winot", "winot_weights", (kb, c), (1, 1), w, u, int(flip), options=options)
-    u.mark_written()
-    items = h // 2 // d["T"] * d["VPR"]  # per image
-    part = ops.new(q, (k, n * items, 2)) if stats else None
-    ops.launch(q, "conv_winot", "conv_winot", (items, n), (1, 1), inp, u, bias, out, out if add else bias,
-               part if stats else bias, options=options + (("-DSTATS=1",) if stats else ()))
-    out.mark_written()
-    return (part.mark_written(), n * items, 64, False) if stats else None
-
-
 def _winot_wgrad(q, xp, dy, gw, acc, layout, groups, border=0):
     """gw (K, C, 3, 3) (+= where acc) the weight gradient of a 3x3 stride-1 padding-1 convolution
     from its input planes xp (N, C, H + 2, W + 2, with their zero border) and dy (N, K, H, W), or
