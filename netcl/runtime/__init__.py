@@ -22,7 +22,12 @@ _pools = {}  # context -> MemoryPool
 # (context, family, options) -> _Kernels; (context, source digest, kernel name, its options) -> Kernel
 _kernels = {}
 _dtypes = {}  # a kernel source's digest -> arg_dtypes of it
-_building = threading.RLock()  # held while a kernel is built: the foreground's and tiers' thread's
+_key_locks = {}  # kernel key -> a Lock held while that kernel's program is built
+
+
+def _lock_of(key):
+    with _made:
+        return _key_locks.setdefault(key, threading.Lock())
 _arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): for copy_kernel()
 
 
@@ -160,13 +165,10 @@ class _Kernels(Mapping):
             _collecting[-1].append((self.family, name, self.options))
             return None
         if k is None:
-            with _building:  # the background thread (netcl.runtime.tiers) builds through here too
-                k = self._built.get(name)
-                if k is None:
-                    try:
-                        k = self._built[name] = self._kernel(name)
-                    except program.Claimed:  # (a build helper's dry run: another process builds it)
-                        return None
+            try:
+                k = self._built[name] = self._kernel(name)
+            except program.Claimed:  # (a build helper's dry run: another process builds it)
+                return None
         return k
 
     def ready(self, name):
@@ -192,7 +194,12 @@ class _Kernels(Mapping):
         options = self.split.options_for(name, self.options)
         key = (self.context, self.split.digest, name, options)
         k = _kernels.get(key)
-        if k is None:
+        if k is not None:
+            return k
+        with _lock_of(key):  # one build of a program at a time; others go on (the tiers' thread builds here too)
+            k = _kernels.get(key)
+            if k is not None:
+                return k
             what = f"{self.family}.cl {name}" + (f" ({' '.join(options)})" if options else "")
             prog = build(self.context, self.split.program_source(name), options, family=self.family, what=what)
             k = next((k for k in prog.all_kernels() if k.function_name == name), None)
@@ -206,7 +213,7 @@ class _Kernels(Mapping):
             k.set_scalar_arg_dtypes(dtypes)
             _arg_types[k.int_ptr] = (k, dtypes)
             _kernels[key] = k
-        return k
+            return k
 
 
 def kernels(queue, family, options=()):

@@ -94,8 +94,16 @@ def in_background():
     return _thread.background
 
 
+def touch():
+    """The foreground made a program now (loaded one: PoCL loads take the lock its compiles hold)."""
+    if not _thread.background:
+        with _lock:
+            _last_foreground[0] = time.monotonic()
+
+
 def busy_within(seconds):
-    """Whether a foreground build runs now or ended less than `seconds` ago."""
+    """Whether a foreground build runs now, or one ended, or the foreground loaded a program, less
+    than `seconds` ago."""
     with _lock:
         last, running = _last_foreground
     return running > 0 or (last is not None and time.monotonic() - last < seconds)

@@ -102,6 +102,7 @@ def build(context, source, options=(), family=None, what=None):
     if prog is not None:
         stats["memory"] += 1
         return prog
+    buildlog.touch()  # (the tiers' thread waits while the foreground makes programs)
     keep = keeps_binaries(device)
     path = os.path.join(cache_dir(), key + ".bin") if keep else None
     prog = _load(context, device, path, options) if keep else None
