@@ -57,17 +57,11 @@ def _cl():
     return cl
 
 
-GENERIC_WORK_GROUPS = "0"
 SERIAL_PREFIXES = ("basic-", "cpu-minimal-")  # PoCL's serial CPU device, named by driver (PoCL 3; 5+)
 SERIAL_MACS = 30_000_000  # predict() runs calls of at most this many multiply-accumulates on the serial device
 _probed = {}  # device (int_ptr) -> None where it passes the probe (compile_error), else the error's text
 _asked = []  # set once this process has listed platforms: POCL_DEVICES is read then, never again
 _SERIAL_DEVICES = "pthread basic"  # POCL_DEVICES as netcl sets it
-# POCL_WORK_GROUP_SPECIALIZATION as netcl sets it unless set already (PoCL reads it at each launch, so
-# it stays set; child processes inherit it): PoCL then runs a kernel's work-group function as the
-# program's binary holds it, compiled once with the program (netcl's kernels fix their work-group
-# sizes), instead of compiling another for each launch's sizes on first use, so that a binary in
-# netcl's kernel cache is all a later process needs (program.keeps_binaries)
 _set_by_netcl = []  # holds True where netcl set it (the probe's child process then sets it too)
 
 
@@ -258,7 +252,6 @@ def _is_pocl(p):
 def _all_devices():
     cl = _cl()
     asked = _ask_pocl_for_serial()
-    os.environ.setdefault("POCL_WORK_GROUP_SPECIALIZATION", GENERIC_WORK_GROUPS)
     out = []
     try:
         try:
