@@ -53,8 +53,9 @@ def with_headers(text):
 
 
 def _key(source, options, device):
+    # (what a PoCL binary's work-group functions are specialised to is part of what it is: POCL_SPECIALISE)
     ident = "\0".join([source, " ".join(options), device.name, device.driver_version,
-                       device.platform.version, device.platform.name])
+                       device.platform.version, device.platform.name, POCL_SPECIALISE])
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
