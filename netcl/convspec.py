@@ -43,15 +43,18 @@ class ConvSpec:
     mult: int = 0  # 0: a dense conv; else depthwise (groups == c) with this channel multiplier
 
     @property
-    def poh(self):  # output size after the pool (floor, as MaxPool2d)
+    def poh(self):
+        """The output height after the fused 2x2 pool (floor, as MaxPool2d), else oh."""
         return self.oh // 2 if self.pool else self.oh
 
     @property
     def pow(self):
+        """The output width after the fused 2x2 pool (floor, as MaxPool2d), else ow."""
         return self.ow // 2 if self.pool else self.ow
 
     @property
-    def r(self):  # reduction length
+    def r(self):
+        """The reduction length: input channels (one for a depthwise conv) x ks x ks."""
         return (1 if self.mult else self.c) * self.ks * self.ks
 
     @property
@@ -60,13 +63,15 @@ class ConvSpec:
         return (2 * self.poh, 2 * self.pow) if self.pool else (self.oh, self.ow)
 
     def out_shape(self, n):
+        """(N, K, poh, pow): the output's logical shape for batch n."""
         return n, self.k, self.poh, self.pow
 
     def stored_shape(self, n):
         """The stored output plane (with its border)."""
         return n, self.kt or self.k, self.poh + 2 * self.opb, self.pow + 2 * self.opb
 
-    def out_bytes(self, n):  # the stored output plane, plus 16 floats of slack for wide vector accesses
+    def out_bytes(self, n):
+        """Bytes of the stored output planes for batch n, plus 16 floats of slack for wide vector accesses."""
         return 4 * (int(np.prod(self.stored_shape(n), dtype=np.int64)) + 16)
 
     def defines(self):

@@ -7,6 +7,7 @@ from collections import namedtuple
 import numpy as np
 
 import netcl.runtime as runtime
+from netcl import tuning
 from netcl.runtime import alloc, device_class, kernels, recorder
 from netcl.tensor import Tensor
 
@@ -99,6 +100,7 @@ def launch_rows(queue, family, name, n, rows_of, length, *args, options=()):
 
 
 def launch1d(queue, family, name, n, *args, options=()):
+    """launch() over n work-items (at least one) in groups of the default local size."""
     return launch(queue, family, name, (max(n, 1),), (_LOCAL,), *args, options=options)
 
 
@@ -226,29 +228,21 @@ def add(a, b, out=None):
 
 
 def mul(a, b):
+    """a * b element-wise, a new Tensor (a and b of one shape: no broadcasting)."""
     y = new(a, a.shape)
     launch1d(a.queue, "pointwise", "mul", a.size, a.size, a, b, y)
     return y.mark_written()
 
 
 # -- GEMM --------------------------------------------------------------------------------
-# Per device class, gemm.cl's build options and launch sizes. CPUs run gemm_cpu.cl (_CPU_GEMM
-# below); their rows here are empty: gemm.cl gives them only sum_axis, permute3 and gemm_reduce.
-# GPUs run gemm_tile for every layout: a BM x BN tile through local memory, BK values of k per
-# step, a RM x RN register block per work-item (the fused conv_gpu family's sizes); a tile side
-# halves, down to 4 register blocks, while half still covers M or N (weight gradients are
-# small). Split-K aims at groups_per_cu work-groups per compute unit, each summing at least
-# min_kchunk values of k. A sweep on the H200 (BK 32, 128-wide tiles, RM 8, groups_per_cu 2 or 8,
-# min_kchunk 1024) moved a detector26 or resnet8 training step by no more than noise.
-_GEMM_CONFIG = {
-    "cpu": {},
-    "cpu16": {},
-    "gpu": {"BM": 64, "BN": 64, "BK": 16, "RM": 4, "RN": 4, "groups_per_cu": 4, "min_kchunk": 256},
-}
+# GPUs run gemm.cl's gemm_tile for every layout, with the tuning table's gemm_gpu sizes
+# (netcl.tuning); CPUs run gemm_cpu.cl (_gemm_cpu), gemm.cl giving them only sum_axis, permute3
+# and gemm_reduce. A tile side halves, down to 4 register blocks, while half still covers M or N
+# (weight gradients are small); split-K where the tiles alone would leave the device idle.
 _OPTION_KEYS = ("BM", "BN", "BK", "RM", "RN")
 
 
-_config_class = {}  # device int_ptr -> key of _GEMM_CONFIG
+_config_class = {}  # device int_ptr -> config_class()
 _compute_units = {}  # device int_ptr -> max_compute_units (a driver query: once)
 _local_mem = {}  # device int_ptr -> local_mem_size (the same)
 _float_lanes = {}  # device int_ptr -> runtime.device_lanes (driver queries: once)
@@ -285,7 +279,7 @@ def local_mem(q):
 
 
 def config_class(q):
-    """The queue's device class, a key of _GEMM_CONFIG ("cpu", "cpu16", "gpu"): it picks kernel
+    """The queue's device class ("cpu", "cpu16", "gpu": the tuning table's classes): it picks kernel
     variants and launch sizes (cached per device; tests override it through _config_class)."""
     cls = _config_class.get(q.device.int_ptr)
     if cls is None:
@@ -297,8 +291,10 @@ def config_class(q):
 
 
 def _gemm_config(q):
-    """(block and launch sizes, gemm.cl build options) for the queue's device."""
-    cfg = _GEMM_CONFIG[config_class(q)]
+    """(block and launch sizes, gemm.cl build options) for the queue's device: the tuning table's
+    gemm_gpu row on GPUs; none on CPUs, whose GEMMs run gemm_cpu.cl."""
+    cls = config_class(q)
+    cfg = tuning.values("gemm_gpu", cls) if cls == "gpu" else {}
     return cfg, tuple(f"-D{k}={cfg[k]}" for k in _OPTION_KEYS if k in cfg)
 
 
@@ -319,7 +315,7 @@ def gemm(M, N, K, A, sa, B, sb, C, sc, alpha=1.0, beta=0.0, bias=None, bias_mode
     if M == 0 or N == 0 or batch == 0:  # an empty C: nothing to compute (an empty batch)
         return C.mark_written()
     cls = config_class(q)
-    if cls in _CPU_GEMM:
+    if cls != "gpu":
         _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode, batch, offsets)
         return C.mark_written()
     cfg, _ = _gemm_config(q)
@@ -361,54 +357,20 @@ def _gemm_tile(q, cfg, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias_arg, bias
                      C, offsets[2], *sc, float(alpha), float(beta), bias_arg, bias_mode)
 
 
-# CPU classes (gemm_cpu.cl): the outer-product tile MR x NV vectors of VW floats, its K block
-# KC, and the dot-product block DM x DN. On a 2-core AVX-512 PoCL 8 x 32 (16 of the 32 zmm
-# registers) ran 2x faster than 4 x 16 and 8 x 16; 6 or 12 x 32, 16 x 16, KC 128 or 512 and 4 or
-# 16 work-items per core were within the shared machine's noise of it. "cpu" (AVX2, 16 ymm
-# registers) takes the classic 6 x 16 tile and a 3 x 3 dot block (not measured here).
-_CPU_GEMM = {
-    "cpu": {"VW": 8, "NV": 2, "MR": 6, "KC": 256, "DM": 3, "DN": 3},
-    "cpu16": {"VW": 16, "NV": 2, "MR": 8, "KC": 256, "DM": 4, "DN": 4},
-}
-_CPU_ITEMS = 8  # work-items per compute unit a CPU GEMM aims for (rows split first, then K)
-_CPU_MSTEP = 256  # most rows per work-item (its A block, MSTEP x KC floats, stays in L2)
-_CPU_KMIN = 1024  # fewest k per split-K chunk
-_CPU_SPLIT_WORK = 1 << 24  # fewer multiply-adds: no split-K for parallelism (a second launch costs more)
-_CPU_DOT_ROWS = 128  # fewer rows, A and B contiguous along k: dot products (1.2-3x faster at 32-64 rows)
-_CPU_DOT_KMIN = 64  # fewer k (a Linear's input gradient, K = its 10 outputs): its scalar tail alone;
-# gemm_cpu ran 64 x 512 x 10 in 10-24 us against the dot kernel's 91, 64 x 128 x 32 in 12-19 against
-# 22-33, while at K = 64 and 128 the dot kernel was as fast or faster (PoCL, Zen 5, replayed launches)
-_CPU_DOT_ITEM_WORK = 16384  # fewest multiply-adds a dot-product work-item takes, cores kept busy: blocks
-# of a short K go several to one (32 x 144 x 128 ran 288 work-items of 2048: the kernel 25-27 us;
-# 40 of 16384: 12.6; 16 of 65536: 19, the cores' shares uneven; PoCL, Zen 5, profiled events)
-_CPU_DOT_KCHUNK = 4096  # k per dot-product chunk: a block's rows of a chunk stay in L2
-# gemm_cpu_nt in place of the dot kernel for 16 or more rows and a short K: 32 x 144 x 128 (the
-# digits CNN's conv2 weight gradient at batch 8) 12-15 us against 17-19, replayed (the dot kernel
-# reduces each of its 4608 sums across lanes); at K = 512 they tie (32 x 144 x 512: 37 us each), past
-# it the transposing kernel's 16 rows of A and B a stride K apart conflict in L1 (32 x 144 x 1024: 90
-# against 62) and each chunk's sum of K / 8 terms grows its error (PoCL, Zen 5). Its 8-wide variant
-# (cpu: AVX2 code on Zen 4), 16 x 5 blocks on A's rows transposed into private memory first:
-# 32 x 144 x 128 in 12.8-15 us a launch against 16-19 for the 8 x 8 blocks it replaced (kernel events),
-# 18.4 us replayed against numpy's 10.4 in the GEMM benchmark (8 x 8: 31.5 against 14.1, the same
-# day); its K is at most gemm_cpu.cl's NT_KMAX.
-_CPU_NT_MIN_ROWS, _CPU_NT_MAX_K = 16, 256
-_CPU_NT_BLOCKS = {16: (16, 16), 8: (16, 5)}  # vector width: rows x columns of gemm_cpu_nt's blocks
-_CPU_NT_ITEM_WORK = 1 << 17  # fewest multiply-adds of an 8-wide gemm_cpu_nt work-item, which transposes
-# its 16 rows of A over K before its blocks: 32 x 144 x 128 in 58 work-items took 29 us a launch, in
-# 20 19.1, in 6 16.5, in 2 15.5 (replayed; AVX2 code on Zen 4)
-_CPU_THIN_K = 8  # most k for gemm_cpu_thin (B's k vectors held in registers; a detection head's 5 channels)
-_CPU_THIN_VECS = 4  # most column vectors: on wider rows of C gemm_cpu was faster (27 x 32768 x 4: 117 us
-# against 204; 64 x 1024 x 8 over 8: 106 against 216), on these gemm_cpu_thin as fast or faster (512 x
-# 16 x 5 over 8: 11.1-11.7 against 13.9-17.3; 128 x 48 x 8 over 2: 5.7-6.2 against 7.2-9.0; 1024 x 64 x
-# 3 over 4: 22-27 against 27; PoCL, Zen 5, replayed launches, two runs)
-_CPU_THIN_WORK = 4096  # fewest elements of C a gemm_cpu_thin work-item writes (10 x 64 x 3: one work-item)
-# gemm_cpu_dot's blocks are DM x DN (_CPU_GEMM); 3 columns where DN's would repeat many (_dot_blocks):
-# kernel times (PoCL, Zen 5) in 4 x 3 blocks against 4 x 4: 16 x 9 x 4096 9.1 us against 10.2, 32 x 9
-# x 65536 198 against 209; but 16 x 27 x 65536 508 against 469, 64 x 27 x 4096 87 against 75 (fewer
-# products per load), so not for N = 27 or 45
+# CPU classes (gemm_cpu.cl): the tuning table's gemm_cpu rows give the outer-product tile MR x NV
+# vectors of VW floats, its K block KC and the dot-product block DM x DN; gemm_cpu_cutoffs which
+# kernel a GEMM takes and how it splits (the table's rows say why each value, where measured).
 
 
-_cpu_plans = {}  # (context, class, M, N, K, batch, dot) -> _cpu_plan(): small GEMMs are host-bound
+def _cpu_config(cls):
+    return tuning.values("gemm_cpu", cls)
+
+
+def _cpu_cutoffs(cls):
+    return tuning.values("gemm_cpu_cutoffs", cls)
+
+
+_cpu_plans = {}  # (context, class, M, N, K, batch, dot, tuning version) -> _cpu_plan(): small GEMMs are host-bound
 
 
 def _cdiv(a, b):
@@ -425,38 +387,38 @@ def _dot_blocks(cfg, N):
 def _cpu_plan(q, cls, M, N, K, batch, dot):
     """(kernel, its grid arguments, work-items, split-K chunks, reduce kernel) of a CPU GEMM; dot
     "dot" (gemm_cpu_dot), "nt" (gemm_cpu_nt) or None (gemm_cpu)."""
-    cfg = _CPU_GEMM[cls]
+    cfg, cut = _cpu_config(cls), _cpu_cutoffs(cls)
     if dot == "dot":
         cfg = _dot_blocks(cfg, N)
     elif not dot and N <= cfg["VW"]:  # one vector of columns (a classifier's 10): half the multiply-adds
         cfg = dict(cfg, NV=1)
     ks = kernels(q, "gemm_cpu", tuple(f"-D{key}={v}" for key, v in cfg.items()))
-    want = _CPU_ITEMS * compute_units(q)
-    split = batch * M * N * K >= _CPU_SPLIT_WORK
+    want = cut["items"] * compute_units(q)
+    split = batch * M * N * K >= cut["split_work"]
     if dot:
         if dot == "nt":  # its blocks (gemm_cpu.cl's NTM x NTN) follow the class's vector width
-            cfg = dict(cfg, DM=_CPU_NT_BLOCKS[cfg["VW"]][0], DN=_CPU_NT_BLOCKS[cfg["VW"]][1])
+            cfg = dict(cfg, DM=cut["nt_blocks"][cfg["VW"]][0], DN=cut["nt_blocks"][cfg["VW"]][1])
         mblocks, nblocks = _cdiv(M, cfg["DM"]), _cdiv(N, cfg["DN"])
         items = batch * mblocks * nblocks
-        chunks = max(_cdiv(K, _CPU_DOT_KCHUNK), min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
+        chunks = max(_cdiv(K, cut["dot_kchunk"]), min(_cdiv(want, items), K // cut["kmin"]) if split else 1)
         kchunk = max(1, _cdiv(_cdiv(K, chunks), cfg["VW"])) * cfg["VW"]  # whole vectors per chunk
         # blocks of few multiply-adds go nper to a work-item, as long as the cores keep enough
         if dot == "nt" and cfg["VW"] == 8:  # each work-item transposes its rows of A first
-            work, most = _CPU_NT_ITEM_WORK, items * chunks // compute_units(q)
+            work, most = cut["nt_item_work"], items * chunks // compute_units(q)
         else:
-            work, most = _CPU_DOT_ITEM_WORK, items * chunks // want
+            work, most = cut["dot_item_work"], items * chunks // want
         nper = max(1, min(work // (cfg["DM"] * cfg["DN"] * kchunk), most, nblocks))
         items = batch * mblocks * _cdiv(nblocks, nper)
         grid = (mblocks, nblocks, nper)
     else:
         MR, NR, KC = cfg["MR"], cfg["NV"] * cfg["VW"], cfg["KC"]
         nblocks, mblocks = _cdiv(N, NR), _cdiv(M, MR)
-        per_item = min(mblocks, _cdiv(_CPU_MSTEP, MR))  # row blocks per work-item
+        per_item = min(mblocks, _cdiv(cut["mstep"], MR))  # row blocks per work-item
         while per_item > 1 and batch * nblocks * _cdiv(mblocks, per_item) < want:
             per_item = _cdiv(per_item, 2)
         mgroups = _cdiv(mblocks, per_item)
         items = batch * nblocks * mgroups
-        chunks = max(1, min(_cdiv(want, items), K // _CPU_KMIN) if split else 1)
+        chunks = max(1, min(_cdiv(want, items), K // cut["kmin"]) if split else 1)
         kchunk = max(1, _cdiv(_cdiv(K, chunks), KC)) * KC  # whole K blocks per chunk
         grid = (nblocks, mgroups, per_item * MR)
     chunks = max(1, _cdiv(K, kchunk))  # one with K == 0: C = beta * C + bias
@@ -470,17 +432,18 @@ def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode
     with a short K into short rows, gemm_cpu_thin (_gemm_cpu_thin).
     Split-K chunks (partial sums in P, then gemm_cpu_reduce) when the blocks of C alone leave the
     cores idle or K is long."""
-    if (0 < K <= _CPU_THIN_K and N <= _CPU_THIN_VECS * _CPU_GEMM[cls]["VW"] and sb[1] == 1 and sc[1] == 1
+    cut = _cpu_cutoffs(cls)
+    if (0 < K <= cut["thin_k"] and N <= cut["thin_vecs"] * _cpu_config(cls)["VW"] and sb[1] == 1 and sc[1] == 1
             and alpha == 1.0 and beta == 0.0 and bias_mode == 0):
         _gemm_cpu_thin(q, cls, M, N, K, A, sa, B, sb, C, sc, batch, offsets)
         return
     dot = None
-    if sa[1] == 1 and sb[0] == 1 and M < _CPU_DOT_ROWS and K >= _CPU_DOT_KMIN:
-        dot = "nt" if M >= _CPU_NT_MIN_ROWS and K <= _CPU_NT_MAX_K else "dot"
-    key = (q.context, cls, M, N, K, batch, dot)
+    if sa[1] == 1 and sb[0] == 1 and M < cut["dot_rows"] and K >= cut["dot_kmin"]:
+        dot = "nt" if M >= cut["nt_min_rows"] and K <= cut["nt_max_k"] else "dot"
+    key = (q.context, cls, M, N, K, batch, dot, tuning.version())
     plan = _cpu_plans.get(key)
     if plan is None:
-        plan = _cpu_plans[key] = _cpu_plan(q, *key[1:])
+        plan = _cpu_plans[key] = _cpu_plan(q, *key[1:-1])
     k, grid, total, chunks, reduce = plan
     P = new(q, (batch, chunks, M, N)) if chunks > 1 else None
     if dot:
@@ -493,15 +456,16 @@ def _gemm_cpu(q, cls, M, N, K, A, sa, B, sb, C, sc, alpha, beta, bias, bias_mode
 
 
 def _gemm_cpu_thin(q, cls, M, N, K, A, sa, B, sb, C, sc, batch, offsets):
-    """C = A B for a short K into rows of C of at most _CPU_THIN_VECS vectors, B and C contiguous
-    along n (gemm_cpu_thin): work-items over the batch, then blocks of rows: about _CPU_ITEMS per
-    compute unit, each writing at least _CPU_THIN_WORK elements."""
-    key = (q.context, cls, "thin", M, N, K, batch)
+    """C = A B for a short K into rows of C of at most thin_vecs vectors, B and C contiguous along n
+    (gemm_cpu_thin): work-items over the batch, then blocks of rows: about `items` per compute unit,
+    each writing at least thin_work elements (the tuning table's gemm_cpu_cutoffs)."""
+    key = (q.context, cls, "thin", M, N, K, batch, tuning.version())
     plan = _cpu_plans.get(key)
     if plan is None:
-        want = max(1, min(_CPU_ITEMS * compute_units(q), batch * M * N // _CPU_THIN_WORK))
+        cut = _cpu_cutoffs(cls)
+        want = max(1, min(cut["items"] * compute_units(q), batch * M * N // cut["thin_work"]))
         mstep = _cdiv(M, max(1, min(_cdiv(want, batch), M)))
-        ks = kernels(q, "gemm_cpu", tuple(f"-D{k}={v}" for k, v in _CPU_GEMM[cls].items()) + (f"-DTK={K}",))
+        ks = kernels(q, "gemm_cpu", tuple(f"-D{k}={v}" for k, v in _cpu_config(cls).items()) + (f"-DTK={K}",))
         plan = _cpu_plans[key] = (ks["gemm_cpu_thin"], (_cdiv(M, mstep), mstep), batch * _cdiv(M, mstep))
     k, grid, total = plan
     _enqueue(q, k, (total,), (1,), (M, N, A, offsets[0], *sa, B, offsets[1], sb[0], sb[2], C, offsets[2], sc[0],

@@ -52,11 +52,11 @@ import threading
 
 import numpy as np
 
-from netcl import autograd, nn, ops, optim
+from netcl import autograd, buildhelper, nn, ops, optim
 from netcl.nn import sequential
 from netcl.nn.module import rng
 from netcl.nn.loss import CrossEntropyLoss, PendingLoss
-from netcl.runtime import Recorder, copy_kernel, kernel_arg_types
+from netcl.runtime import Recorder, copy_kernel, kernel_arg_types, tiers
 from netcl.tensor import Tensor, _upload
 
 _RECORD_AT = 2  # calls of a shape run eagerly before the first recording (the first builds and lays out)
@@ -122,7 +122,8 @@ class TrainStep:
                 return self._eager(xt, tt, None)[0]
             sh.calls += 1
             if sh.calls < _RECORD_AT:
-                return self._eager(xt, tt, None)[0]
+                with buildhelper.first_call(self, xt, tt):  # a second process shares its builds (cold cache)
+                    return self._eager(xt, tt, None)[0]
             pending, rec = self._eager(xt, tt, Recorder())
             if rec.refused is not None:
                 why, sh.recording = f"the step makes {rec.refused} in the middle", None
@@ -269,10 +270,13 @@ def _draws_only_varying(rec, gen, before):
         gen.bit_generator.state = after
 
 
-def _knobs():
+def _knobs(generation=None):
     """Process-wide switches that choose training kernels: NETCL_CPU_WINOT (read by each Conv2d
-    call, nn/conv.py) and Sequential's TRAIN_FUSE (nn/sequential.py)."""
-    return os.environ.get("NETCL_CPU_WINOT"), sequential.TRAIN_FUSE
+    call, nn/conv.py), Sequential's TRAIN_FUSE (nn/sequential.py), and the kernel tiers' generation
+    (netcl.runtime.tiers: once kernels built in the background are ready, layers choose anew;
+    `generation`: the one a recording began with, else the current one)."""
+    generation = tiers.generation() if generation is None else generation
+    return os.environ.get("NETCL_CPU_WINOT"), sequential.TRAIN_FUSE, generation
 
 
 def _plain(v):
@@ -289,7 +293,7 @@ class _Guard:
     container holds, the optimizer's launch_settings(), its parameters' buffers and state tensors,
     and that no gradient is set."""
 
-    def __init__(self, model, optimizer):
+    def __init__(self, model, optimizer, generation=None):
         self.settings, self.tensors, self.children = [], [], []
         stack = [model]
         while stack:
@@ -316,7 +320,7 @@ class _Guard:
         params += [p for p in optimizer.params if not any(p is q for q in params)]
         self.grads = [(p, p.grad) for p in params]
         self.steps = [st.get("step") for st in optimizer.state]  # a replay advances them (see _Replay.run)
-        self.knobs = _knobs()
+        self.knobs = _knobs(generation)
 
     def holds(self):
         for m, k, v in self.settings:
@@ -447,7 +451,7 @@ class _Replay:
         if isinstance(getattr(step.loss_fn, "_grad", None), Tensor):
             self.written.append(step.loss_fn._grad)
         self.homes = [p for p in step.optimizer.params if p.grad_home is not None]
-        self.guard = _Guard(step.model, step.optimizer)
+        self.guard = _Guard(step.model, step.optimizer, rec.generation)
         if any(c[0] == "copy" and set(inputs.values()) & {c[1].int_ptr, c[2].int_ptr} for c in commands):
             self.bindings = None  # an input in a copy: replay only with the same input buffers
 

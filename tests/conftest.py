@@ -4,8 +4,15 @@ errors against the references, printed at the end of the run.
 Kernels are cached on disk (netcl/runtime/program.py; default ~/.cache/netcl, or
 $NETCL_CACHE_DIR), so only the first run on a machine pays PoCL's compile time.
 """
+import os
+
 import numpy as np
 import pytest
+
+# Kernels specialised to a layer's sizes are built before the step that runs them (netcl.runtime.tiers),
+# so that every test runs the routes it names whatever the kernel cache holds; tests of the
+# background tier set it themselves
+os.environ.setdefault("NETCL_COMPILE", "eager")
 
 _ERRORS = []  # (test id, forward max abs error, backward max abs error)
 _NOTES = []  # free-form lines for the summary (training accuracy and time)
@@ -121,8 +128,8 @@ def loop_step(model, loss_fn, opt, x, target):
 
 
 def use_cpu_class(queue, monkeypatch, cls):
-    """Run the CPU kernels with the register blocks of device class `cls` (netcl.nn.conv's
-    _CPU_BLOCKS): "native" leaves the device's own, "other" takes AVX2's on an AVX-512 device and
+    """Run the CPU kernels with the register blocks of device class `cls` (the tuning table's
+    conv_train rows): "native" leaves the device's own, "other" takes AVX2's on an AVX-512 device and
     AVX-512's on an AVX2 one, so that both are checked on every machine (skipped on a GPU)."""
     from netcl import ops
 

@@ -103,8 +103,7 @@ def test_direct_weight_gradient_rows(queue, capsys, monkeypatch):
     wgrad2o_cpu and the sums of its chunks and of the bias's per-image parts; AVX-512: wgrad2_cpu,
     its chunks' sum and the bias's), each against the launches it replaced, the results equal to
     float64 numpy's product."""
-    from netcl import ops
-    from netcl.nn import conv as conv_module
+    from netcl import ops, tuning
 
     if not ops.is_cpu(queue):
         pytest.skip("CPU kernels")
@@ -117,7 +116,7 @@ def test_direct_weight_gradient_rows(queue, capsys, monkeypatch):
     rows = bt.bench_direct(queue, 1, entries, np.random.default_rng(0))
     assert [(r["kind"], r["launches"], r["replaced_launches"]) for r in rows] == (
         [("narrow", 1, 4), ("pooled", 3, 4)] + [("oc16", 1, 4)] * oc16
-        + [("phases", 4 if conv_module._blocks(queue)["WG2_OL"] else 3, 4)])
+        + [("phases", 4 if tuning.values("conv_train", ops.config_class(queue))["WG2_OL"] else 3, 4)])
     assert all(r["rel_err"] < 1e-5 and r["numpy_us"] > 0 and r["replayed_us"] > 0 for r in rows)
     out = capsys.readouterr().out
     assert "without a GEMM" in out and "inside the BatchNorm2d's backward pass" in out

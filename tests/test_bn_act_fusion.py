@@ -764,7 +764,7 @@ def check_conv_statistics(queue, rng, torch, record_error, monkeypatch, model, x
 def test_batchnorm_statistics_from_a_stride2_conv(queue, rng, torch, record_error, monkeypatch, channels, cls):
     """A 3x3 stride-2 conv on even planes (CPUs: corrc_cpu, "phases" mode) computes the next
     BatchNorm2d's statistics parts in its own pass, a part's channels together (part-major:
-    bn_stats_finish_cpu reads them so); with both CPU classes' blocks (conv._CPU_BLOCKS: 32
+    bn_stats_finish_cpu reads them so); with both CPU classes' blocks (the tuning table's conv_train rows: 32
     channels a work-item, or AVX2's 16, whose blocks of 24 and 40 end in a partial one too)."""
     use_cpu_class(queue, monkeypatch, cls)
     model = nn.Sequential(

@@ -16,7 +16,7 @@ import ctypes, mmap, sys
 import numpy as np
 import pyopencl as cl
 import netcl
-from netcl import Tensor, nn, ops
+from netcl import Tensor, nn, ops, tuning
 
 libc = ctypes.CDLL(None)
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -43,13 +43,14 @@ rng = np.random.default_rng(0)
 for config in ("cpu", "cpu16"):
     ops._config_class = {q.device.int_ptr: config}
     ops._cpu_plans.clear()
+    cut = tuning.values("gemm_cpu_cutoffs", config)
     for thin_k in (8, 0):  # K <= 8: gemm_cpu_thin's tail vectors, then gemm_cpu's narrow panels for all
-        ops._CPU_THIN_K = thin_k
+        cut["thin_k"] = thin_k
         for M, N, K in [(5, 1, 7), (9, 3, 40), (19, 10, 300), (4, 15, 5), (8, 10, 1), (70, 21, 3)]:  # B rows
             a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
             got = ops.matmul(guarded(q, a), guarded(q, b)).to_host()
             assert np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4), (config, M, N, K)
-    ops._CPU_THIN_K = 8
+    cut["thin_k"] = 8
     # both operands k-rows: dot blocks, grouped along n; gemm_cpu_nt (rows, columns and k in tails)
     for M, N, K in [(10, 150, 128), (13, 21, 71), (32, 150, 128), (45, 21, 203)]:
         a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)

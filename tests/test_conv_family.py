@@ -7,9 +7,10 @@ from conftest import assert_close, use_cpu_class
 from test_layers import compare, rand, run_netcl, run_torch
 
 import netcl
-from netcl import Tensor, nn, ops, optim
+from netcl import Tensor, nn, ops, optim, tuning
 from netcl.io import export_onnx, load, save
 from netcl.nn import conv as conv_module
+from netcl.nn import conv_route
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ CPU_PATH_CASES = [  # N, C, H, W, K, k, stride, padding, dilation, bias: each of
 @pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,bias", CPU_PATH_CASES)
 def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch, cls, n, c, h, w, k, ks, s, p, d,
                                    bias):
-    """Shapes that reach each of the CPU training paths (convtrain_cpu.cl; Conv2d._cpu_mode), on
+    """Shapes that reach each of the CPU training paths (convtrain_cpu.cl; conv_route), on
     both device classes, and gradients accumulated over two backward passes."""
     from netcl import ops
 
@@ -102,7 +103,7 @@ def test_conv2d_cpu_paths_vs_torch(queue, rng, torch, record_error, monkeypatch,
 @pytest.mark.parametrize("n,c,h,w,k,ks,s,p,d,bias", [CPU_PATH_CASES[i] for i in (0, 2, 8, 9, 14)])
 def test_conv2d_other_cpu_class_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, ks, s, p, d,
                                          bias):
-    """The direct kernels' register blocks of the other CPU class (conv._CPU_BLOCKS: AVX-512's on an
+    """The direct kernels' register blocks of the other CPU class (the tuning table: AVX-512's on an
     AVX2 device, AVX2's on an AVX-512 one; corr_cpu, wgrad_cpu, corrc_cpu, corrt_cpu), so that both
     are checked on every machine."""
     use_cpu_class(queue, monkeypatch, "other")
@@ -131,8 +132,9 @@ def test_conv2d_narrow_wgrad_vs_torch(queue, rng, torch, record_error, monkeypat
     against float64 PyTorch, in one chunk and split over images (partial sums, sum_chunks_cpu),
     gradients accumulated over two backward passes."""
     if split:
-        monkeypatch.setattr(conv_module, "_NARROW_SPLIT", 0)
-        monkeypatch.setattr(conv_module, "_NARROW_ITEMS", 64)
+        cut = tuning.values("conv_cutoffs", ops.config_class(queue))
+        monkeypatch.setitem(cut, "narrow_split", 0)
+        monkeypatch.setitem(cut, "narrow_items", 64)
     layer = nn.Conv2d(c, k, ks, padding=p, bias=bias)
     calls = []
     real = nn.Conv2d._wgrad_narrow
@@ -140,12 +142,13 @@ def test_conv2d_narrow_wgrad_vs_torch(queue, rng, torch, record_error, monkeypat
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, 1, p, 1, 1, bias)
     assert len(calls) == ops.is_cpu(queue)
     x = rand(rng, n, c, h, w)
-    # rows with a scalar tail (12, 13 wide) stay with im2col and the GEMM (slower there: _NARROW_WIDTHS)
+    # rows with a scalar tail (12, 13 wide) stay with im2col and the GEMM (slower there: narrow_widths)
     for wide in (11, 15):
         calls.clear()
         other = nn.Conv2d(c, k, ks, padding=p)
         run_netcl(queue, other, rand(rng, 1, c, h, wide), rand(rng, *other.output_shape((1, c, h, wide))))
-        assert calls == [] or other.output_shape((1, c, h, wide))[3] in conv_module._NARROW_WIDTHS
+        widths = tuning.values("conv_cutoffs", ops.config_class(queue))["narrow_widths"]
+        assert calls == [] or other.output_shape((1, c, h, wide))[3] in widths
     dy = rand(rng, *layer.output_shape(x.shape))
     assert_accumulates(queue, layer, x, dy)
 
@@ -198,16 +201,16 @@ STRIDE2_ODD_ROWS = [(2, 8, 6, 16, 8, 1, 0, True), (3, 5, 10, 16, 6, 3, 1, False)
 @pytest.mark.parametrize("cls", ["native", "other"])
 @pytest.mark.parametrize("n,c,h,w,k,ks,p,bias", STRIDE2_PLANE_CASES + STRIDE2_ODD_ROWS)
 def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, monkeypatch, n, c, h, w, k, ks, p, bias, cls):
-    """The CPU kernels with 16 output positions of a plane in a vector (Conv2d._stride2_planes):
+    """The CPU kernels with 16 output positions of a plane in a vector (conv_route's stride-2 routes):
     the 1x1 stride-2 forward and gradients, the 3x3 stride-2 data gradient by phases; gradients
     accumulate, and a 1x1's data gradient is added into a tensor (a Residual's shortcut). Rows of
-    8 in odd number fall back to the general kernels. With both CPU classes' blocks (conv._CPU_BLOCKS:
+    8 in odd number fall back to the general kernels. With both CPU classes' blocks (the tuning table:
     AVX2's PW_RM, PW_WC and CT2_RM are half AVX-512's)."""
     use_cpu_class(queue, monkeypatch, cls)
     layer = nn.Conv2d(c, k, ks, stride=2, padding=p, bias=bias)
     if ops.is_cpu(queue):
         takes = (n, c, h, w, k, ks, p, bias) not in STRIDE2_ODD_ROWS
-        assert (layer._stride2_planes(queue, (n, c, h, w), (ks, 2, p, 1)) is not None) == takes
+        assert (layer.route(queue, (n, c, h, w)).stride2 != ()) == takes
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, ks, 2, p, 1, 1, bias)
     x, dy = rand(rng, n, c, h, w), rand(rng, *layer.output_shape((n, c, h, w)))
     first = run_netcl(queue, layer, x, dy)
@@ -217,7 +220,7 @@ def test_conv2d_stride2_planes_vs_torch(queue, rng, torch, record_error, monkeyp
     base = rand(rng, n, c, h, w)
     layer(Tensor.from_host(queue, x))
     if ops.is_cpu(queue) and ks == 3:  # x read as it is (no padded copy) where the phases kernels run
-        assert (layer._saved[1] == "phases") == takes
+        assert (layer._saved.route.forward == "phases") == takes
     acc = Tensor.from_host(queue, base)
     layer.backward_into(Tensor.from_host(queue, dy), acc)
     assert_close(acc.to_host(), base + first[1], what="backward_into")
@@ -243,7 +246,7 @@ def test_stride2_weight_gradient_kernels_by_class(queue, rng, monkeypatch, n, c,
     layer = nn.Conv2d(c, k, 3, stride=2, padding=1, bias=bias).to(queue).train()
     x, dy = rand(rng, n, c, 32, 32), rand(rng, n, k, 16, 16)
     layer(Tensor.from_host(queue, x))
-    assert layer._saved[1] == "phases"
+    assert layer._saved.route.forward == "phases"
     launched.clear()
     layer.backward(Tensor.from_host(queue, dy))
     lanes = conv_module._blocks(queue)["WG2_OL"]
@@ -380,10 +383,13 @@ def test_winot_prefetch_changes_no_result(queue, rng, monkeypatch, winot_lanes, 
                            Tensor.zeros(queue, (c,)), add=True)
         results.append((out.to_host(), stats[0].to_host(), dx.to_host()))
         for rows in (4, 1):
-            monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt, rows=rows: rows)
+            monkeypatch.setattr(conv_route, "wgrad_rows", lambda tv16, nt, t, rows=rows: rows)
             gw = Tensor.empty(queue, (k, c, 3, 3))
+            d = layouts[0][0]
+            groups = conv_route.winot_wgrad_groups(c, k, n * (h // 2 // d["T"]) * d["VPR"],
+                                                   conv_module.device_class(queue))
             conv_module._winot_wgrad(queue, Tensor.from_host(queue, x), Tensor.from_host(queue, dy), gw, False,
-                                     layouts[0], border=1)
+                                     layouts[0], groups, border=1)
             results[-1] += (gw.to_host(),)
     for a, b in zip(*results):
         assert np.array_equal(a, b)
@@ -399,13 +405,13 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
     transformed row's 4, ROWS 4 or 1; each device width's variant) against float64 PyTorch, forced
     on any CPU (NETCL_CPU_WINOT=1); with NETCL_CPU_WINOT=0 the direct kernels take the same shapes."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
-    monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt: rows)
-    groups, launches = conv_module._winot_wgrad_groups, []
-    monkeypatch.setattr(conv_module, "_winot_wgrad_groups", lambda *a: launches.append(groups(*a)) or launches[-1])
+    monkeypatch.setattr(conv_route, "wgrad_rows", lambda tv16, nt, t: rows)
+    groups, launches = conv_route.winot_wgrad_groups, []
+    monkeypatch.setattr(conv_route, "winot_wgrad_groups", lambda *a: launches.append(groups(*a)) or launches[-1])
     layer = nn.Conv2d(c, k, 3, padding=1, bias=bias)
     if ops.is_cpu(queue):
-        assert layer._winot(queue, (n, c, h, w)) is not None
-        assert layer._winot(queue, (n, c, h, w), transposed=True) is not None
+        assert layer.route(queue, (n, c, h, w)).winot is not None
+        assert layer.route(queue, (n, c, h, w)).winot_dx is not None
     wgrads = []
     monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, n, c, h, w, k, 3, 1, 1, 1, 1, bias)
@@ -415,7 +421,7 @@ def test_conv2d_winot_training_vs_torch(queue, rng, torch, record_error, monkeyp
     x, dy = rand(rng, n, c, h, w), rand(rng, n, k, h, w)
     assert_accumulates(queue, layer, x, dy)
     monkeypatch.setenv("NETCL_CPU_WINOT", "0")
-    assert layer._winot(queue, (n, c, h, w)) is None
+    assert layer.route(queue, (n, c, h, w)).winot is None
 
 
 @pytest.mark.parametrize("rows", [4, 1])
@@ -426,11 +432,12 @@ def test_winot_wgrad_chunks_add_in_order(queue, rng, torch, record_error, monkey
     adding each chunk's sums onto their own: the weight gradient as float64 PyTorch's."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
     if ops.is_cpu(queue):
-        monkeypatch.setattr(conv_module, "_WGRAD_SHARE", 48 * 1024 / ops.local_mem(queue))
-        monkeypatch.setattr(conv_module, "_WGRAD_ITEMS_PER_CU", 0)  # _WGRAD_MIN_ITEMS (8), whatever the cores
-        monkeypatch.setattr(conv_module, "_wgrad_rows", lambda tv16, nt: rows)
+        t = tuning.values("winot_wgrad", ops.config_class(queue))
+        monkeypatch.setitem(t, "share", 48 * 1024 / ops.local_mem(queue))
+        monkeypatch.setitem(t, "items_per_cu", 0)  # min_items (8), whatever the cores
+        monkeypatch.setattr(conv_route, "wgrad_rows", lambda tv16, nt, t: rows)
         expected = (4, 2, 2, 8) if rows == 4 else (1, 5, 2, 2)
-        assert conv_module._winot_wgrad_groups(8, 12, 19, ops.local_mem(queue), ops.compute_units(queue)) == expected
+        assert conv_route.winot_wgrad_groups(8, 12, 19, conv_module.device_class(queue)) == expected
     wgrads = []
     monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
     test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 19, 8, 8, 8, 12, 3, 1, 1, 1, 1, True)
@@ -732,31 +739,32 @@ def test_sgd_steps_decrease_the_loss(queue, rng, torch):
 
 def test_winot_wgrad_refuses_what_it_cannot_hold(queue, rng, torch, record_error, monkeypatch):
     """winot_wgrad's local memory (16 or 4 points of (C + K) x TVP float16, a share of the device's)
-    and partial sums (16 x K x C floats a group) are bounded: a conv of 8 -> 4096 or more channels
-    (as many as this device's local memory cannot hold even one tile vector of; 8 -> 16384 crashed PoCL) trains through the direct
+    and partial sums (16 x K x C floats a group) are bounded: a conv of 8 -> 4096 channels (whose
+    tiles would not fit even one per work-item in 1 MiB; 8 -> 16384 crashed PoCL) trains through the direct
     kernels instead, against float64 torch; and no group count makes more than 64 MiB of partial
     sums."""
     monkeypatch.setenv("NETCL_CPU_WINOT", "1")
     mib = 1024 * 1024
-    assert conv_module._winot_wgrad_groups(8, 4096, 64, mib, 2) is None
-    assert conv_module._winot_wgrad_groups(256, 256, 64 * 2 * 32, 2 * mib, 64) is None  # 256 -> 256 at 64x64, batch 64
+
+    def groups(c, k, nt, local, cores):
+        return conv_route.winot_wgrad_groups(c, k, nt, conv_route.DeviceClass("cpu16", 16, local, cores))
+    part_max = tuning.values("winot_wgrad", "cpu16")["part_max"]
+    assert groups(8, 4096, 64, mib, 2) is None
+    assert groups(256, 256, 64 * 2 * 32, 2 * mib, 64) is None  # 256 -> 256 at 64x64, batch 64
     for local in (mib, 2 * mib, 256 * 1024):
         for cores in (1, 2, 16):
             for c, k, nt in ((16, 16, 1024), (64, 64, 64), (128, 256, 32)):  # resnet8's stages, detector26's 8th conv
-                rows, tv, chunks, groups = conv_module._winot_wgrad_groups(c, k, nt, local, cores)
-                assert tv * chunks * groups >= nt and 4 * rows * 64 * ((c + k) * conv_module._wgrad_row(tv) + 2) <= local
-                assert 4 * groups * 16 * k * c <= conv_module._WGRAD_PART_MAX
-    rows, tv, _, _ = conv_module._winot_wgrad_groups(4, 4, 512, 2 * mib, 2)  # rows of 64 vectors (4 KiB): one more
-    assert (rows, tv) == (4, 64) and conv_module._wgrad_row(tv) == 65
-    # the fewest output channels (4096 or more) whose tiles this device's local memory cannot hold
-    k = 4096
-    while conv_module._winot_wgrad_groups(8, k, 16, ops.local_mem(queue), ops.compute_units(queue)) is not None:
-        k *= 2
-    assert k <= 65536, f"a device with {ops.local_mem(queue)} bytes of local memory holds 8 -> {k // 2}"
-    layer = nn.Conv2d(8, k, 3, padding=1, bias=False)
-    if ops.is_cpu(queue):
-        assert layer._winot(queue, (1, 8, 8, 8)) is not None  # the forward still runs conv_winot
+                rows, tv, chunks, g = groups(c, k, nt, local, cores)
+                assert tv * chunks * g >= nt and 4 * rows * 64 * ((c + k) * conv_route._wgrad_row(tv) + 2) <= local
+                assert 4 * g * 16 * k * c <= part_max
+    rows, tv, _, _ = groups(4, 4, 512, 2 * mib, 2)  # rows of 64 vectors (4 KiB): one more
+    assert (rows, tv) == (4, 64) and conv_route._wgrad_row(tv) == 65
+    layer = nn.Conv2d(8, 4096, 3, padding=1, bias=False)
+    if ops.is_cpu(queue):  # (a budget of 1 MiB's share, whatever the device's local memory: 2 MiB holds a tile)
+        t = tuning.values("winot_wgrad", ops.config_class(queue))
+        monkeypatch.setitem(t, "share", t["share"] * mib / ops.local_mem(queue))
+        assert layer.route(queue, (1, 8, 8, 8)).winot is not None  # the forward still runs conv_winot
     wgrads = []
     monkeypatch.setattr(conv_module, "_winot_wgrad", lambda *a, **kw: wgrads.append(a) or winot_wgrad(*a, **kw))
-    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 1, 8, 8, 8, k, 3, 1, 1, 1, 1, False)
+    test_conv2d_groups_dilation_vs_torch(queue, rng, torch, record_error, 1, 8, 8, 8, 4096, 3, 1, 1, 1, 1, False)
     assert not wgrads

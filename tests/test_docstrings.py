@@ -7,25 +7,12 @@ The rule: in every module of the netcl package (gen/'s bindings aside),
   a method that overrides a documented one of a base class inherits its docstring, as `help()`
   and the API reference show it.
 Names imported from elsewhere are checked where they are defined.
-
-PENDING lists the names that lack one today in modules other work is rewriting (ops, convspec); the list may only shrink: a name on it that has gained a
-docstring, or no longer exists, fails the test until it is taken off."""
+"""
 import importlib
 import inspect
 import pkgutil
 
 import netcl
-
-PENDING = {  # in ops and convspec, which the first-step work is rewriting
-    "netcl.convspec.ConvSpec.out_bytes",
-    "netcl.convspec.ConvSpec.out_shape",
-    "netcl.convspec.ConvSpec.poh",
-    "netcl.convspec.ConvSpec.pow",
-    "netcl.convspec.ConvSpec.r",
-    "netcl.ops.launch1d",
-    "netcl.ops.mul",
-}
-
 
 def _modules():
     yield netcl
@@ -64,8 +51,5 @@ def _undocumented():
 
 def test_public_names_have_docstrings():
     missing = _undocumented()
-    new = sorted(missing - PENDING)
-    assert not new, f"{len(new)} public names without a docstring (say what it is, its arguments and " \
-                    f"shapes where they help): {new}"
-    stale = sorted(PENDING - missing)
-    assert not stale, f"these names have a docstring now (or are gone): take them off PENDING: {stale}"
+    assert not missing, f"{len(missing)} public names without a docstring (say what it is, its arguments and " \
+                        f"shapes where they help): {sorted(missing)}"

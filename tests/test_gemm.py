@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import assert_close
 
-from netcl import Tensor, ops
+from netcl import Tensor, ops, tuning
 
 
 def _strides(layout_t, rows, cols):
@@ -94,7 +94,7 @@ def test_gemm_batched_bias_beta(queue, rng, monkeypatch, path, bias_mode, beta):
 # K == 0 (C = beta * C + bias); "dot_n9" runs cpu16's dot blocks of 3 columns (ops._dot_blocks).
 # "narrow" panels (N = 10, a classifier's; 3) load rows of B as whole vectors past their columns,
 # but for the last rows (ops: k_wide), over batches with offsets, one vector of columns on cpu16;
-# "small_k": both operands contiguous along k but K under _CPU_DOT_KMIN (a Linear's input gradient);
+# "small_k": both operands contiguous along k but K under dot_kmin (a Linear's input gradient);
 # "dot_grouped": a short K, so a work-item takes several blocks along n (the last group fewer).
 # gemm_cpu_nt (blocks of 16 x 16 on cpu16, 16 x 5 on cpu): whole blocks (stored as rows where the
 # product is plain), tails of rows, columns and k (45 x 28 x 203: last blocks of 13 rows and 12
@@ -138,7 +138,7 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
         # alpha 1, no beta: gemm_cpu's plain epilogue (whole tiles stored without tests)
         _check_gemm(queue, rng, batch, M, N, K, a_kmajor, b_layout, bias_mode, 0.0, f"{config} {path} alpha 1", 1.0)
     dot = {"gemm_cpu_dot": "dot", "gemm_cpu_nt": "nt"}.get(kernel)
-    plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, dot)]
+    plan = ops._cpu_plans[(queue.context, config, M, N, K, batch, dot, tuning.version())]
     assert (plan[0].function_name, plan[3] > 1) == (kernel, chunks > 1), f"{path} took {plan[0].function_name}"
     if path == "dot_grouped":
         mblocks, nblocks, nper = plan[1][:3]
@@ -150,10 +150,10 @@ def test_cpu_gemm_paths(queue, rng, monkeypatch, config, path):
 def test_nt_rows_of_a_fit_its_private_memory():
     """The 8-wide gemm_cpu_nt holds A's rows over its whole K chunk in a private array of NT_KMAX k."""
     source = (Path(ops.__file__).parent / "kernels" / "gemm_cpu.cl").read_text()
-    assert f"#define NT_KMAX {ops._CPU_NT_MAX_K}\n" in source
+    assert f"#define NT_KMAX {tuning.values('gemm_cpu_cutoffs', 'cpu16')['nt_max_k']}\n" in source
 
 
-# gemm_cpu_thin (K <= ops._CPU_THIN_K, rows of C of a few vectors, B and C contiguous along n, C = A
+# gemm_cpu_thin (K <= the tuning table's thin_k, rows of C of a few vectors, B and C contiguous along n, C = A
 # B): (batch, M, N, K, A contiguous along k, blocks of rows). A detection head's data gradient
 # (512 x 16 x 5 over 8 images), tails of a vector of columns (N = 3, 21, 30), one image's rows over
 # both cores, a work-item an image for little work, K = 1 and 8.
@@ -169,7 +169,7 @@ def test_cpu_gemm_thin(queue, rng, monkeypatch, config, case):
     monkeypatch.setattr(ops, "_cpu_plans", {})
     batch, M, N, K, a_kmajor, mblocks = case
     _check_gemm(queue, rng, batch, M, N, K, a_kmajor, "kn", 0, 0.0, f"{config} thin", 1.0)
-    kernel, (mgroups, mstep), items = ops._cpu_plans[(queue.context, config, "thin", M, N, K, batch)]
+    kernel, (mgroups, mstep), items = ops._cpu_plans[(queue.context, config, "thin", M, N, K, batch, tuning.version())]
     assert kernel.function_name == "gemm_cpu_thin" and (mgroups - 1) * mstep < M <= mgroups * mstep
     assert (mgroups, items) == (mblocks, batch * mblocks)
     # alpha, beta, a bias or a B strided along n: gemm_cpu's epilogue and panels
@@ -182,7 +182,7 @@ def test_cpu_gemm_thin(queue, rng, monkeypatch, config, case):
 
 def test_dot_block_width():
     """gemm_cpu_dot's blocks of 3 columns only where 4-wide ones would repeat a fifth or more."""
-    cfg = ops._CPU_GEMM["cpu16"]
+    cfg = tuning.values("gemm_cpu", "cpu16")
     assert [ops._dot_blocks(cfg, n)["DN"] for n in (3, 9, 10, 16, 21, 27, 45, 288)] == [3, 3, 4, 4, 4, 4, 4, 4]
 
 

@@ -25,14 +25,23 @@ from A's after the same steps.
 
     python tools/ab_kernels.py --source /tmp/conv_winot.cl --step resnet8:64 --rounds 30
 
+With --set GROUP.KEY=VALUE instead of --source, side B is netcl as it is with that value of the
+tuning table (netcl/kernels/tuning.json, for --class or the device's class); --write records it
+there, with the CPU, driver and commit it was measured on, when B is 3% faster or more:
+
+    python tools/ab_kernels.py --set conv_train.RM=4 --layer "Conv2d(16, 16, 3, padding=1)" \
+        --input 64,16,32,32 --write
+
 The family is the source file's name (convtrain_cpu.cl: convtrain_cpu) unless --family names it.
 The layer expression is evaluated with netcl.nn's public names only and no builtins: it is your
 own command line, not a file's contents.
 """
 import argparse
+import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 
@@ -41,10 +50,13 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import netcl  # noqa: E402
-from netcl import Tensor, nn, runtime  # noqa: E402
+from netcl import Tensor, nn, ops, runtime, tuning  # noqa: E402
 from netcl.apps import common  # noqa: E402
 from netcl.nn.module import manual_seed, rng, set_rng  # noqa: E402
 from netcl.runtime import program  # noqa: E402
+
+
+WIN = 0.03  # --write records a value that is at least this much faster (the pairs' median)
 
 
 def build_layer(expr):
@@ -60,11 +72,12 @@ def build_layer(expr):
 
 
 class Side:
-    """A side of the A/B: while entered, netcl builds kernels into this side's own cache, and
-    family `family` from `source` (already with its headers) where given."""
+    """A side of the A/B: while entered, netcl builds kernels into this side's own cache, family
+    `family` from `source` (already with its headers) where given, and with the tuning table's value
+    `setting` (group, class, key, value) where given."""
 
-    def __init__(self, family=None, source=None):
-        self.family, self.source, self.cache = family, source, {}
+    def __init__(self, family=None, source=None, setting=None):
+        self.family, self.source, self.setting, self.cache = family, source, setting, {}
 
     def __enter__(self):
         self.saved = runtime._kernels, runtime.kernel_source
@@ -72,10 +85,49 @@ class Side:
         if self.source is not None:
             original = self.saved[1]
             runtime.kernel_source = lambda family: self.source if family == self.family else original(family)
+        self.overriding = tuning.override(*self.setting) if self.setting else None
+        if self.overriding is not None:
+            self.overriding.__enter__()
         return self
 
     def __exit__(self, *exc):
+        if self.overriding is not None:
+            self.overriding.__exit__(*exc)
         runtime._kernels, runtime.kernel_source = self.saved
+
+
+def parse_setting(text, cls):
+    """--set GROUP.KEY=VALUE (VALUE as JSON: 4, true, [4, 8]) for device class cls: (group, cls, key,
+    value), checked against the table."""
+    name, eq, value = text.partition("=")
+    group, dot, key = name.partition(".")
+    if not (eq and dot and group and key):
+        raise ValueError(f"--set {text!r}: expected GROUP.KEY=VALUE, e.g. conv_train.RM=4")
+    try:
+        value = json.loads(value)
+    except json.JSONDecodeError:
+        raise ValueError(f"--set {text!r}: the value must be JSON (a number, true, [4, 8])") from None
+    if key not in tuning.values(group, cls):
+        raise ValueError(f"--set {text!r}: the tuning table's {group!r} rows have no {key!r}; expected one of "
+                         f"{', '.join(map(str, tuning.values(group, cls)))}")
+    return group, cls, key, value
+
+
+def provenance(q):
+    """Where a measurement ran, for the tuning table's rows: the CPU (or device), driver, commit."""
+    cpu = q.device.name.strip()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"cpu": cpu, "driver": f"{q.device.platform.name.strip()} {q.device.platform.version.strip()}",
+            "commit": commit or "unknown"}
 
 
 def _largest_difference(a, b):
@@ -101,9 +153,13 @@ def _sources(source_path, family):
         return family, original, program.with_headers(f.read())
 
 
-def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, device=None, seed=0):
-    """Run the A/B (module docstring); returns a dict of the figures it prints."""
-    family, original, patched = _sources(source_path, family)
+def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, device=None, seed=0, setting=None):
+    """Run the A/B (module docstring); returns a dict of the figures it prints. `setting` (group,
+    class, key, value) instead of a source: side B with that tuning table value."""
+    if setting is None:
+        family, original, patched = _sources(source_path, family)
+    else:
+        family, original, patched = "tuning " + ".".join(map(str, setting[:3])), None, None
     q = netcl.default_queue(device)
     layer = build_layer(layer_expr).to(q).train()
     rng = np.random.default_rng(seed)
@@ -111,7 +167,7 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
     dy = rng.standard_normal(layer.output_shape(x.shape)).astype(np.float32)
     xt, dyt = Tensor.from_host(q, x), Tensor.from_host(q, dy)
     state = {name: v.copy() for name, v in layer.state_dict().items()}
-    sides = (Side(), Side(family, patched))
+    sides = (Side(), Side(family, patched, setting))
 
     def call():
         layer.zero_grad()
@@ -139,7 +195,8 @@ def ab(source_path, layer_expr, input_shape, family=None, rounds=15, calls=10, d
     quarter = len(ratios) // 4
     return {"family": family, "a_ms": statistics.median(times[0]), "b_ms": statistics.median(times[1]),
             "ratio": statistics.median(ratios), "middle": (ratios[quarter], ratios[-1 - quarter]),
-            "difference": _largest_difference(results[0], results[1]), "same_source": patched == original,
+            "difference": _largest_difference(results[0], results[1]),
+            "same_source": setting is None and patched == original,
             "device": q.device.name.strip()}
 
 
@@ -233,7 +290,14 @@ def ab_step(source_path, model, batch, family=None, rounds=30, device=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--source", required=True, help="a patched copy of netcl/kernels/<family>.cl (side B)")
+    ap.add_argument("--source", help="a patched copy of netcl/kernels/<family>.cl (side B)")
+    ap.add_argument("--set", dest="setting", metavar="GROUP.KEY=VALUE",
+                    help="side B: netcl as it is with this tuning table value (netcl/kernels/tuning.json), e.g. "
+                         "conv_train.RM=4 (instead of --source; with --layer and --input)")
+    ap.add_argument("--class", dest="cls", help="the tuning table's device class --set changes (default: the device's)")
+    ap.add_argument("--write", action="store_true",
+                    help="with --set: record the value in the tuning table, with where it ran, when B is "
+                         f"faster by {WIN:.0%} or more (the pairs' median)")
     ap.add_argument("--family", help="the kernel family the source replaces (default: the file's name)")
     ap.add_argument("--layer", help='a netcl.nn layer expression, e.g. "Conv2d(16, 16, 3, padding=1)"')
     ap.add_argument("--input", help="the input shape, comma-separated, e.g. 64,16,32,32")
@@ -245,6 +309,12 @@ def main(argv=None):
     ap.add_argument("--isa", choices=sorted(common.ISA_ENVIRONMENTS), default=None,
                     help="run that instruction set's code paths (restarts the process with its environment)")
     args = ap.parse_args(argv)
+    if (args.source is None) == (args.setting is None):
+        ap.error("give --source (a patched kernel file) or --set GROUP.KEY=VALUE (a tuning table value)")
+    if args.setting is not None and args.step is not None:
+        ap.error("--set pairs one layer's passes: give --layer and --input")
+    if args.write and args.setting is None:
+        ap.error("--write records a --set value")
     if args.step is not None and (args.layer or args.input):
         ap.error("--step pairs whole training steps: leave out --layer and --input")
     if args.step is None and not (args.layer and args.input):
@@ -271,13 +341,27 @@ def main(argv=None):
         shape = tuple(int(v) for v in args.input.split(","))
     except ValueError:
         ap.error(f"--input {args.input!r}: expected integers separated by commas, e.g. 64,16,32,32")
-    r = ab(args.source, args.layer, shape, args.family, rounds, args.calls, args.device)
-    print(f"== {args.layer} on {shape}, {r['device']}: B = {args.source} as {r['family']} ==")
+    setting = None
+    if args.setting is not None:
+        q = netcl.default_queue(args.device)
+        try:
+            setting = parse_setting(args.setting, args.cls or ops.config_class(q))
+        except (ValueError, KeyError) as e:
+            ap.error(str(e).strip("'\""))
+    r = ab(args.source, args.layer, shape, args.family, rounds, args.calls, args.device, setting=setting)
+    print(f"== {args.layer} on {shape}, {r['device']}: B = {args.source or args.setting} as {r['family']} ==")
     if r["same_source"]:
         print("(B's source is the family's own: an A/A run)")
     print(f"A {r['a_ms']:.3f} ms  B {r['b_ms']:.3f} ms a forward + backward; B / A {r['ratio']:.3f} "
           f"(middle half {r['middle'][0]:.3f}-{r['middle'][1]:.3f}, {rounds} rounds of {args.calls}); "
           f"largest difference of B's results from A's {r['difference']:.1e}")
+    if args.write:
+        if r["ratio"] <= 1 - WIN:
+            where = provenance(netcl.default_queue(args.device))
+            tuning.write_value(*setting, where)
+            print(f"written: {args.setting} for class {setting[1]} in {tuning.PATH} ({where})")
+        else:
+            print(f"not written: B is not {WIN:.0%} faster")
     return r
 
 

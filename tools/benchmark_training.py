@@ -48,6 +48,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import netcl  # noqa: E402
 from netcl import Tensor, nn, ops  # noqa: E402
+from netcl.nn import conv as conv_module  # noqa: E402
+from netcl.nn.conv_route import ConvRoute, conv_route  # noqa: E402
 from netcl.apps import common  # noqa: E402
 from netcl.apps.common import median_time  # noqa: E402
 
@@ -151,7 +153,7 @@ def training_gemms(q, steps=TRAINING_STEPS, mode="trainstep"):
         return real_oc16(self, q_, xp, dy)
 
     def phases(self, dy, need_dx, options):
-        direct.setdefault(conv_key("phases", self, self._saved[0], dy.shape), f"{where[0]} Conv2d._backward_phases")
+        direct.setdefault(conv_key("phases", self, self._saved.shape, dy.shape), f"{where[0]} Conv2d._backward_phases")
         return real_phases(self, dy, need_dx, options)
 
     def pooled(self, conv, fused, dp, arg, sums):
@@ -347,8 +349,8 @@ def bench_direct(q, repeat, direct, rng):
     is not charged for im2col or the bias's sums). "narrow" (Conv2d._wgrad_narrow: dW and db of a
     first layer from dy and its padded input in one launch) and "oc16" (Conv2d._wgrad_oc16, likewise
     for more weights, 16 output channels in the lanes) replayed, and the launches they replaced
-    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: conv._NARROW_MAX_R = 0, conv._OC16_WIDTHS
-    = ()). "phases" (Conv2d._backward_phases: a 3x3 stride-2 convolution's dW from x as it is by
+    (im2col_cpu, dy_rows_cpu, the GEMM, the bias's sums: the generic tier's route,
+    conv_route(..., generic=True)). "phases" (Conv2d._backward_phases: a 3x3 stride-2 convolution's dW from x as it is by
     per-chunk sums, then sum_chunks_cpu: on AVX2 dy_t8_cpu transposes dy for wgrad2o_cpu and sums
     its planes for the bias, on AVX-512 wgrad2_cpu reads dy as it is) likewise, against im2col_cpu from a padded
     copy of x, dy_rows_cpu and the GEMM. "pooled" (dW and db in the backward pass of the BatchNorm2d + ReLU + MaxPool2d after the
@@ -409,24 +411,25 @@ def _direct_row(q, repeat, entry, conv, new, old, xp, dy, stride=1):
 
 
 def _bench_narrow(q, repeat, entry, rng):
-    from netcl.nn import conv as conv_module
-
     _, _, c, oc, k, p, bias, xp_shape, dy_shape = entry
     conv = nn.Conv2d(c, oc, k, padding=p, bias=bias).to(q).train()
     xp = rng.standard_normal(xp_shape).astype(np.float32)
     dy = rng.standard_normal(dy_shape).astype(np.float32)
     xt, dyt = Tensor.from_host(q, xp), Tensor.from_host(q, dy)
-    n, direct = dy_shape[0], conv._direct_wgrad(q, dy_shape)  # (the method the step ran)
+    shape = (dy_shape[0], c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p)
+    route = conv.route(q, shape)  # the route the step ran: its direct kernel for dW
+    direct = conv._wgrad_narrow if route.wgrad == "narrow" else conv._wgrad_oc16
+    # the path it replaced, from the same padded input: the generic tier's (im2col, dy_rows, a GEMM)
+    generic = conv_route(conv.spec(shape), conv_module.device_class(q), generic=True)
 
-    def old():  # the path it replaced, from the same padded input (the forward's "channels" mode saves it)
-        conv._saved = ((n, c, xp_shape[2] - 2 * p, xp_shape[3] - 2 * p), "channels", xt)
-        real_max, conv_module._NARROW_MAX_R = conv_module._NARROW_MAX_R, 0
-        real_widths, conv_module._OC16_WIDTHS = conv_module._OC16_WIDTHS, ()
-        try:
-            conv._backward_cpu(dyt, False)
-        finally:
-            conv_module._NARROW_MAX_R, conv_module._OC16_WIDTHS = real_max, real_widths
-    return _direct_row(q, repeat, entry, conv, lambda: direct(q, xt, dyt), old, xp, dy)
+    def new():
+        conv._saved = conv_module._Saved(shape, route, xp=xt)
+        direct(q, xt, dyt)
+
+    def old():
+        conv._saved = conv_module._Saved(shape, generic, xp=xt)
+        conv._backward_cpu(dyt, False)
+    return _direct_row(q, repeat, entry, conv, new, old, xp, dy)
 
 
 def _bench_phases(q, repeat, entry, rng):
@@ -436,14 +439,15 @@ def _bench_phases(q, repeat, entry, rng):
     dy = rng.standard_normal(dy_shape).astype(np.float32)
     xt, dyt = Tensor.from_host(q, x), Tensor.from_host(q, dy)
     conv(xt)
-    if conv._saved[1] != "phases":
+    if conv._saved.route.forward != "phases":
         raise RuntimeError(f"{label}: the forward did not run in phases mode here")
-    options = conv._stride2_planes(q, x_shape, (k, 2, p, 1))
+    options = conv._saved.route.stride2
     xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
     xpt = Tensor.from_host(q, xp)
 
     def old():  # the path it replaced: im2col_cpu from a padded copy of x, dy_rows_cpu, the GEMM, the bias's sums
-        saved, conv._saved = conv._saved, (x_shape, "channels", xpt)
+        saved = conv._saved
+        conv._saved = conv_module._Saved(x_shape, ConvRoute("channels", "gemm_planes", "corrt"), xp=xpt)
         try:
             conv._backward_cpu(dyt, False)
         finally:
@@ -481,12 +485,12 @@ def _bench_pooled(q, repeat, entry, rng):
     def unfused():
         plain()
         conv.weight.grad = conv.bias.grad = None
-        conv._wgrad_narrow(q, conv._saved[2], dyt)
+        conv._wgrad_narrow(q, conv._saved.xp, dyt)
     replaced, replaced_launches = _replayable(q, unfused)
     replaced(1)
     old_dw = conv.weight.grad.to_host()
     replay(1)
-    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(conv._saved[2].to_host(), dyt.to_host(), k)
+    (M, N, K), reps, run_np, cols, dyr = _numpy_wgrad(conv._saved.xp.to_host(), dyt.to_host(), k)
     err = _wgrad_err(conv, dyr, cols, (old_dw,))
     t_pass, t_plain, t_np, t_old = (t / reps for t in _best_rounds(
         (lambda: replay(reps), lambda: replay_plain(reps), run_np, lambda: replaced(reps)), repeat))

@@ -1,4 +1,4 @@
-"""The `netcl` command: devices, train, export, import, verify, bench. `netcl COMMAND --help` for each.
+"""The `netcl` command: devices, train, export, import, verify, bench, warmup. `netcl COMMAND --help` for each.
 
 Exit codes: 0 success, 1 verification mismatch, 2 bad usage or input, 3 no OpenCL device.
 """
@@ -18,6 +18,7 @@ from netcl.io.onnx_export import TARGETS, resolve_opset
 from netcl.runtime import select_device
 from netcl.runtime.device import _all_devices, compile_error, is_serial
 from netcl.runtime.program import _hint
+from netcl.warmup import compile_model
 
 
 def _load_model(path):
@@ -132,6 +133,27 @@ def cmd_verify(args):
     return 0 if report.ok else 1
 
 
+def cmd_warmup(args):
+    """Build the kernels a .netcl model needs at the given batch sizes into the kernel cache."""
+    model = _load_model(args.model)
+    q = netcl.default_queue(args.device)
+    loss_fn = optimizer = None
+    if args.train:
+        out = model.output_shape((1,) + tuple(args.input_shape))
+        kind = args.loss or ("cross_entropy" if len(out) == 2 else "mse")
+        loss_fn = netcl.nn.CrossEntropyLoss() if kind == "cross_entropy" else netcl.nn.MSELoss()
+        make = {"sgd": lambda ps: netcl.optim.SGD(ps, lr=0.01, momentum=0.9), "adam": lambda ps: netcl.optim.Adam(ps)}
+        optimizer = make[args.optimizer](model.parameters())
+    what = "training steps" if args.train else "predict()"
+    for batch in args.batch:
+        x = np.zeros((batch,) + tuple(args.input_shape), np.float32)
+        done = compile_model(model, x, train=args.train, loss_fn=loss_fn, optimizer=optimizer,
+                             queue=q if args.device else None)  # (predict()'s own choice of queue otherwise)
+        print(f"{args.model}: {what} at batch {batch}, input {tuple(args.input_shape)}: "
+              f"{done['programs']} programs built in {done['seconds']:.1f} s on {q.device.name.strip()}")
+    return 0
+
+
 def cmd_bench(args):
     """`netcl bench ...`: netcl.apps.bench.main with the remaining arguments."""
     rest = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
@@ -195,6 +217,17 @@ def build_parser():
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--seed", type=int, default=0, help="seed of the random input")
     p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("warmup", help="build the kernels a model needs into the kernel cache (ahead of its first call)")
+    p.add_argument("model", help="the .netcl file")
+    p.add_argument("--input-shape", type=common.shape, required=True, help="one sample's shape, e.g. 3,32,32")
+    p.add_argument("--batch", type=common.positive_ints, default=(1,), help="batch sizes, e.g. 1,32 (default 1)")
+    p.add_argument("--train", action="store_true", help="a training step's kernels (default: predict()'s)")
+    p.add_argument("--loss", choices=("cross_entropy", "mse"),
+                   help="--train's loss (default: cross_entropy for a (N, classes) output, else mse)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="--train's optimizer kind")
+    p.add_argument("--device", help="netcl's OpenCL device (gpu, cpu or a name substring)")
+    p.set_defaults(fn=cmd_warmup)
 
     p = sub.add_parser("bench", help="benchmark netcl against onnxruntime (options: netcl bench --help)",
                        add_help=False)

@@ -26,15 +26,24 @@ class Target:
         self.n_cu = q.device.max_compute_units
         self.vector_width = runtime.float_lanes(q.device)  # PoCL: 16 on AVX-512, 8 on AVX2
 
-    def program(self, family, defines, extra=()):
+    def program(self, family, defines, extra=(), kernel=None):
         """netcl/kernels/<family>.cl built with `defines` as -D options, once per context and options
-        (kernel objects are made from it per executable: their set arguments are per executable)."""
+        (kernel objects are made from it per executable: their set arguments are per executable);
+        with `kernel`, that kernel alone, with the options that can change it (runtime.sources)."""
         options = tuple(f"-D{k}={v}" for k, v in defines.items()) + tuple(extra)
-        key = (self.q.context, family, options)  # the Context itself: kept alive, its address never reused
+        source = runtime.kernel_source(family)
+        what = family + ".cl"
+        if kernel is not None:
+            split = runtime.sources.split(source)
+            source, options, what = split.program_source(kernel), split.options_for(kernel, options), f"{what} {kernel}"
+        key = (self.q.context, family, kernel, options)  # the Context itself: kept alive, its address never reused
         prog = _programs.get(key)
+        if prog is None and runtime.tiers.only_ready() and not runtime.program.cached(self.q.context, source, options):
+            raise runtime.tiers.NotReady(what)
         if prog is None:
             STATS["builds"] += 1  # a miss of ours, whether or not runtime.build's caches answer
-            prog = _programs[key] = runtime.build(self.q.context, runtime.kernel_source(family), options)
+            prog = _programs[key] = runtime.build(self.q.context, source, options, family=family,
+                                                  what=f"{what} ({' '.join(options)})")
         return prog
 
     def buffer(self, nbytes, zero=False):

@@ -43,7 +43,7 @@ class ConvCpu(Launch):
         ly = _largest_divisor(self.grid[1], max(1, 32 // lx))
         self.program, self.name = target.program("conv_cpu", dict(spec.defines(), VW=vw, VWH=vw // 2,
                                                                   RM=rm, RR=rr, KB=kb, LX=lx, LY=ly, PACK=pack),
-                                                 ["-cl-mad-enable"]), "conv_cpu"
+                                                 ["-cl-mad-enable"], kernel="conv_cpu"), "conv_cpu"
         self.lsize, self.spec, self.rows_per_vector = (lx, ly, 1), spec, pack
         self.kb, self.rm, self.r, self.k = kb, rm, spec.r, spec.k
         self.w_buf = target.buffer(4 * kb * rm * spec.r)

@@ -20,7 +20,8 @@ class ConvDw(Launch):
         lx = _pow2_at_most(spec.ow, 32 if target.gpu else 16)
         ly = _pow2_at_most(spec.oh, max(1, (64 if target.gpu else 16) // lx))
         self.program, self.name = target.program("conv_dw", dict(spec.defines(), DIL=spec.dil, MULT=spec.k // spec.c,
-                                                                 LX=lx, LY=ly), ["-cl-mad-enable"]), "conv_dw"
+                                                                 LX=lx, LY=ly), ["-cl-mad-enable"],
+                                                  kernel="conv_dw"), "conv_dw"
         self.lsize, self.spec, self.k = (lx, ly, 1), spec, spec.k
         self.w_buf = target.buffer(4 * spec.k * spec.ks * spec.ks)
         self.b_buf = target.buffer(4 * spec.k)

@@ -56,7 +56,7 @@ class ConvGpu(Launch):
                                                 "launches: %s", std, e.log or e)
                 self.atomic = False
         if not self.atomic:
-            self.program = target.program("conv_gpu", defines)
+            self.program = target.program("conv_gpu", defines)  # (conv_gpu_reduce too)
         self.kp, self.r, self.k, self.spec, self.gpu = -(-k // BM) * BM, r, k, spec, target.gpu
         # weight rows: padded to the longest split * rchunk any batch size can ask for (zeros past R)
         rtiles = -(-r // BK)

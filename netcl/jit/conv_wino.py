@@ -61,7 +61,7 @@ class ConvWino(Launch):
         check = int(spec.ipb < spec.pad or ohu % wm or uw % wm)  # the last tiles read past the stored border
         self.program, self.name = target.program("conv_wino", dict(spec.defines(), WM=wm, TB=tb, TT=tt, RV=rv, KBN=kbn,
                                                                    THN=thn, TWN=twn, CHECK=check),
-                                                 ["-cl-mad-enable"]), "conv_wino"
+                                                 ["-cl-mad-enable"], kernel="conv_wino"), "conv_wino"
         self.lsize, self.spec, self.tiles, self.tt = (1, 1, 1), spec, thn * twn, tt
         self.kbn, self.kv, self.wm, self.k, self.c = kbn, 8 * rv, wm, spec.k, spec.c
         self.w_buf = target.buffer(4 * kbn * self.kv * (wm + 2) ** 2 * spec.c)
@@ -95,7 +95,7 @@ class ConvWinoT(Launch):
     def __init__(self, target, spec):
         defines = winot_defines(spec)
         t, vpr, kv, kb = defines["T"], defines["VPR"], defines["KV"], defines["KB"]
-        self.program, self.name = target.program("conv_winot", defines, ["-cl-mad-enable"]), "conv_winot"
+        self.program, self.name = target.program("conv_winot", defines, ["-cl-mad-enable"], kernel="conv_winot"), "conv_winot"
         self.lsize, self.spec = (1, 1), spec
         self.vectors = spec.oh // 2 // t * vpr  # per image
         self.kv, self.kb, self.k, self.c = kv, kb, spec.k, spec.c

@@ -20,7 +20,7 @@ class AddLaunch(_NoWeights):
     in_arg, out_arg, res_arg = 1, 3, 2
 
     def __init__(self, target, stage, shape):
-        self.program, self.name = target.program("eltwise", act_defines(stage.act, stage.slope)), "add_act"
+        self.program, self.name = target.program("eltwise", act_defines(stage.act, stage.slope), kernel="add_act"), "add_act"
         self.lsize = (_LOCAL,)
 
     def sized(self, target, shape):
@@ -35,7 +35,7 @@ class CopyLaunch(_NoWeights):
     RUN = 16  # eltwise.cl's
 
     def __init__(self, target, stage, whole_shape, offset):
-        self.program, self.name = target.program("eltwise", {}), "copy_rows"
+        self.program, self.name = target.program("eltwise", {}, kernel="copy_rows"), "copy_rows"
         self.lsize, self.dim, self.whole, self.offset = (8, 8), stage.dim, tuple(whole_shape), offset
 
     def sized(self, target, shape):

@@ -43,12 +43,12 @@ class LinearLaunch(Launch):
             lx = min(64, 1 << max(0, (gx - 1).bit_length()))  # 64 work-items a group, the spare ones on rows
             self.lsize = (lx, 64 // lx)
             self.program, self.name = target.program("linear", dict(defines, OUT_P=self.outp, LJ=self.lj, RB=self.rb,
-                                                                    JW=1)), "linear"
+                                                                    JW=1), kernel="linear"), "linear"
         else:
             jv, self.rb, self.nj = cpu_block(out_f)
             self.outp, self.lsize, self.n_cu = -(-out_f // 16) * 16, (1, 1), target.n_cu
             self.program, self.name = target.program("linear_cpu", dict(defines, OUT_P=self.outp, RB=self.rb, JV=jv),
-                                                     ["-cl-mad-enable"]), "linear_cpu"
+                                                     ["-cl-mad-enable"], kernel="linear_cpu"), "linear_cpu"
         self.w_buf = target.buffer(4 * in_f * self.outp)
         self.b_buf = target.buffer(4 * self.outp)
 

@@ -10,6 +10,7 @@ import netcl.runtime as runtime
 from netcl import ops
 from netcl.jit.executable import Compiled, Executable
 from netcl.jit.stages import LayerStage, plan_stages
+from netcl.tensor import Tensor
 
 
 def plan_fused(model):
@@ -70,7 +71,9 @@ class FusedPlan:
 
     def _executable(self, q, shape):
         """The Executable for (q, shape), made (after the layers' own checks) when missing; the
-        caller holds the lock."""
+        caller holds the lock. Where the plan's programs for this shape are not built yet and
+        kernels build in the background (netcl.runtime.tiers, on a CPU), tiers.NotReady: the caller
+        runs the layers' own forwards (_unfused) while the background thread builds them."""
         key = (q.int_ptr, shape)
         exe = self._exe.get(key)
         if exe is not None:
@@ -81,15 +84,41 @@ class FusedPlan:
         ckey = (q.int_ptr, shape[1:])
         comp = self._compiled.get(ckey)
         if comp is None:
-            comp = self._compiled[ckey] = Compiled(self.stages, q, shape)
-            if len(self._compiled) > self.MAX_COMPILED:
-                old, _ = self._compiled.popitem(last=False)
-                for k in [k for k in self._exe if (k[0], k[1][1:]) == old]:
-                    del self._exe[k]
+            if runtime.tiers.mode() == "background" and ops.is_cpu(q):
+                try:
+                    with runtime.tiers.ready_only():
+                        comp = Compiled(self.stages, q, shape)
+                except runtime.tiers.NotReady:
+                    runtime.tiers.build_later_call(("plan", id(self), ckey), lambda: self._prepare(q, shape))
+                    raise
+            else:
+                comp = Compiled(self.stages, q, shape)
+            self._keep(ckey, comp)
         self._compiled.move_to_end(ckey)
         exe = self._exe[key] = Executable(comp, shape, self.output)
         self._trim()
         return exe
+
+    def _keep(self, ckey, comp):
+        self._compiled[ckey] = comp
+        if len(self._compiled) > self.MAX_COMPILED:
+            old, _ = self._compiled.popitem(last=False)
+            for k in [k for k in self._exe if (k[0], k[1][1:]) == old]:
+                del self._exe[k]
+
+    def _prepare(self, q, shape):
+        """(The background thread's) build the plan's programs and weights for `shape`."""
+        comp = Compiled(self.stages, q, shape)
+        with self._lock:
+            if (q.int_ptr, shape[1:]) not in self._compiled:
+                self._keep((q.int_ptr, shape[1:]), comp)
+
+    def _unfused(self, x):
+        """The eval-mode forward through the layers' own kernels (those of the training routes,
+        built already after a training step): where the plan's programs are still building."""
+        for _, layer in self.model.chain():
+            x = layer(x)
+        return x
 
     def _trim(self):
         """Drop the least recently used executables past the bounds (never the newest)."""
@@ -140,7 +169,11 @@ class FusedPlan:
         if x.size == 0:
             return np.zeros(self.model.output_shape(x.shape), np.float32)
         with runtime.serial_lock(q) or nullcontext(), self._lock:  # on the serial device: one call at a time
-            exe = self._executable(q, x.shape)
+            try:
+                exe = self._executable(q, x.shape)
+            except runtime.tiers.NotReady:  # (on the device the layers' parameters are on, not the serial one)
+                home = queue or runtime.default_queue()
+                return self._unfused(Tensor.from_host(home, x)).to_host()
             fresh = not exe.staged
             y = exe.infer(x)
             if fresh:
@@ -153,4 +186,7 @@ class FusedPlan:
         if 0 in x.shape:  # (not x.size: np.prod costs microseconds per call)
             return ops.new(x.queue, self.model.output_shape(x.shape))
         with runtime.serial_lock(x.queue) or nullcontext(), self._lock:
-            return self._executable(x.queue, x.shape).run(x)
+            try:
+                return self._executable(x.queue, x.shape).run(x)
+            except runtime.tiers.NotReady:
+                return self._unfused(x)

@@ -26,7 +26,7 @@ class LayerNormLaunch(Launch):
     def __init__(self, target, stage, shape):
         ln = stage.ln
         self.d = ln.normalized_shape
-        self.program = target.program("seq", dict(D=self.d, EPS=repr(float(ln.eps)) + "f"))
+        self.program = target.program("seq", dict(D=self.d, EPS=repr(float(ln.eps)) + "f"), kernel="layernorm")
         self.name, self.lsize = "layernorm", _groups(target, 1)[1]
         self.w_buf, self.b_buf = target.buffer(4 * self.d), target.buffer(4 * self.d)
 
@@ -50,7 +50,7 @@ class AttentionLaunch(_NoWeights):
         self.qb = 1 if target.gpu else 16  # queries per work-item (kernels/seq.cl says why)
         self.program = target.program("seq", dict(L=self.length, E=self.e, HD=hd, QB=self.qb,
                                                   SCALE=repr(float(np.float32(1.0 / math.sqrt(hd)))) + "f"),
-                                      ["-cl-mad-enable"])
+                                      ["-cl-mad-enable"], kernel="attention")
         self.name = "attention"
         self.blocks = -(-self.length // self.qb)
         self.lsize = (min(self.blocks, _GPU_LOCAL), 1) if target.gpu else (1, 1)
@@ -70,7 +70,7 @@ class MeanLaunch(_NoWeights):
     def __init__(self, target, stage, shape):
         self.stage = stage
         _, self.r, self.inner = stage.split(shape)
-        self.program = target.program("seq", dict(R=self.r, INNER=self.inner))
+        self.program = target.program("seq", dict(R=self.r, INNER=self.inner), kernel="mean_axis")
         self.name, self.lsize = "mean_axis", _groups(target, 1)[1]
 
     def sized(self, target, shape):
@@ -90,7 +90,7 @@ class TransposeLaunch(_NoWeights):
         self.layer = stage.layer
         split = self.layer._split(shape)
         self.d0, self.b, self.d1, self.c = split or (1, 1, 1, int(np.prod(shape[1:], dtype=np.int64)))
-        self.program = target.program("seq", dict(TD0=self.d0, TB=self.b, TD1=self.d1, TC=self.c))
+        self.program = target.program("seq", dict(TD0=self.d0, TB=self.b, TD1=self.d1, TC=self.c), kernel="transpose_rows")
         self.name, self.lsize = "transpose_rows", _groups(target, 1)[1]
 
     def sized(self, target, shape):
@@ -110,7 +110,7 @@ class MaxPoolLaunch(_NoWeights):
         _, _, self.oh, self.ow = self.layer.output_shape(shape)
         lay = self.layer
         self.program = target.program("seq", dict(PK=lay.kernel_size, PS=lay.stride, PP=lay.padding, H=h, W=w,
-                                                  OH=self.oh, OW=self.ow))  # (ceil_mode: OH, OW say it)
+                                                  OH=self.oh, OW=self.ow), kernel="maxpool")  # (ceil_mode: OH, OW say it)
         self.name, self.lsize = "maxpool", _groups(target, 1)[1]
 
     def sized(self, target, shape):
@@ -128,7 +128,7 @@ class UpsampleLaunch(_NoWeights):
         self.layer = stage.layer
         _, _, h, self.w = shape
         self.program = target.program("seq", dict(US=self.layer.scale_factor, H=h, W=self.w,
-                                                  BILINEAR=int(self.layer.mode == "bilinear")))
+                                                  BILINEAR=int(self.layer.mode == "bilinear")), kernel="upsample_rows")
         self.name, self.lsize = "upsample_rows", _groups(target, 1)[1]
 
     def sized(self, target, shape):

@@ -266,7 +266,7 @@ void gemm_cpu_dot(const int M, const int N, const int K,
 
 #if VW == 16 || VW == 8
 // Transposing kernel for the same layout (A and B contiguous along k) with 16 rows or more and
-// a short K (at most NT_KMAX, ops._CPU_NT_MAX_K): a work-item computes nper blocks of C along n
+// a short K (at most NT_KMAX, the tuning table's nt_max_k): a work-item computes nper blocks of C along n
 // of one block of rows, its vectors' lanes rows of C (no sums across lanes). A's rows are
 // transposed in registers 8 floats at a time (3 stages of 8 two-source shuffles, each swapping a
 // bit of the vector index with a bit of the lane index) and multiplied by broadcast floats of B.

@@ -1,32 +1,64 @@
 """Conv2d (grouped, depthwise, dilated) and ConvTranspose2d: square kernels, symmetric padding.
 
-Training runs as im2col + GEMM (kernels/conv.cl, gemm.cl): groups=1 batches the GEMM over the
-images, other groups batch it over the groups; depthwise convolutions (groups == in_channels)
-run direct kernels instead. On CPUs, undilated 3x3 and 5x5 convolutions of stride 1 or 2 run
-direct kernels (kernels/convtrain_cpu.cl, Conv2d._cpu_mode): no im2col columns in the forward
-and the data gradient, no col2im; 3x3 stride-1 padding-1 ones of 8 or more channels run their
-forward and data gradient as Winograd F(2x2, 3x3) where its vectors tile the planes (the fused
-path's conv_winot.cl on the padded planes the direct kernels use, the weights transformed on the
-device each step; on AVX-512-class devices, NETCL_CPU_WINOT=0|1 overrides: resnet8 batch 64 on
-PoCL 43.4 -> 40.9 ms a step, detector26 batch 8 115.7 -> 103.8 ms). ConvTranspose2d is the
-convolution's data gradient: forward is GEMM + col2im, its input gradient is im2col + GEMM."""
+Which kernels a Conv2d trains with, forward, weight gradient and data gradient together, is one
+decision: netcl.nn.conv_route's conv_route(spec, device class), made at forward time (Conv2d.route)
+and read back by the backward from what the forward saved (_Saved). On GPUs and for grouped
+convolutions: im2col + GEMM (kernels/conv.cl, gemm.cl; groups=1 batches the GEMM over the images,
+other groups over the groups); depthwise convolutions (groups == in_channels) run direct kernels.
+On CPUs, undilated 3x3 and 5x5 convolutions of stride 1 or 2 run direct kernels
+(kernels/convtrain_cpu.cl): no im2col columns in the forward and the data gradient, no col2im;
+3x3 stride-1 padding-1 ones of 8 or more channels run their forward and data gradient as Winograd
+F(2x2, 3x3) where its vectors tile the planes (the fused path's conv_winot.cl on the padded planes
+the direct kernels use, the weights transformed on the device each step; NETCL_CPU_WINOT=0|1
+overrides the device's choice). Register blocks and cut-offs: the tuning table (netcl.tuning).
+ConvTranspose2d is the convolution's data gradient: forward is GEMM + col2im, its input gradient
+is im2col + GEMM."""
 import math
 import os
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
-from netcl import ops
-from netcl.convspec import WINOT_TRAIN_LANES, winot_choice, winot_enabled, winot_plain
+import netcl.runtime as runtime
+from netcl import ops, tuning
+from netcl.convspec import winot_choice
+from netcl.nn.conv_route import FAMILY as _FAMILY
+from netcl.nn.conv_route import (ROWS1, ConvRoute, ConvSpec, DeviceClass, bordered_extent, conv_route, cpu_options,
+                                 narrow_launch, oc16_launch)
 from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
 _GPU_LOCAL = 256  # work-group size of im2col_gpu and col2im_gpu
+_WG2_VW, _WG2_O = 16, 8  # wgrad2_cpu's positions a vector and output channels a work-item (its defines)
+_cpu_options = cpu_options
+_bordered_extent = bordered_extent
 
 
-def _bordered_extent(h, w, k, s, p, oh, ow):
-    """(HP, WP) of zero-bordered planes holding an (h, w) input at (p, p) from which a k-tap read
-    of stride s for oh x ow outputs (ow rounded up as its reader's vectors need) stays inside."""
-    return max(s * (oh - 1) + k, h + p), max(s * (ow - 1) + k, w + p)
+def _blocks(q):
+    """The tuning table's convtrain_cpu.cl blocks for the queue's device class."""
+    return tuning.values("conv_train", ops.config_class(q))
+
+
+def _cutoffs(q):
+    return tuning.values("conv_cutoffs", ops.config_class(q))
+
+
+def device_class(q):
+    """The DeviceClass conv routes are chosen for on queue q (NETCL_CPU_WINOT read per call)."""
+    return DeviceClass(ops.config_class(q), ops.float_lanes(q), ops.local_mem(q), ops.compute_units(q),
+                       winot_choice(os.environ.get("NETCL_CPU_WINOT")))
+
+
+@dataclass
+class _Saved:
+    """What a Conv2d's training forward keeps for its backward: the input's shape, the route it ran,
+    and, as the route needs them, the input (x), its zero-bordered planes (xp) or im2col columns."""
+    shape: tuple
+    route: ConvRoute
+    x: Optional[object] = None
+    xp: Optional[object] = None
+    cols: Optional[object] = None
 
 
 def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
@@ -64,65 +96,6 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     out.mark_written()
 
 
-# convtrain_cpu.cl's direct kernels, per CPU device class (ops.config_class; _CPU_BLOCKS):
-# corr_cpu's block of RM channels (at most 4 for fewer than 8) x RR rows x 16 columns per work-item;
-# wgrad_cpu's RO output channels per kernel size (RO * k * k float16 accumulators); corrc_cpu's
-# TC output positions (x CW channels). On AVX-512 (32 zmm registers, "cpu16") corr_cpu's 8 x 2 ran
-# 10-15% faster than 4 x 2 or 3, 6 x 3, 4 x 4 (8 x 3 spilled); wgrad_cpu's 3 output channels at 3x3
-# (27 accumulators) ran 10-40% faster than 2 (with 4 they spilled). On AVX2 (16 ymm registers, a
-# float16 takes two: "cpu") those blocks spill: resnet8's step at batch 64 (PoCL 3.0, Zen 3)
-# spent 136 ms in its kernels with them, 61-71 ms with RM 2, RO 1 and TC 3, 63-77 with TC 4 (RM 4,
-# RO 1, TC 4: 89; RM 1, TC 2: 73; RO 2: 92). TC 4 it is: its padded planes stay those of TC 8 on
-# rows of 8k (conv_winot reads them too: a border of exactly 1), and 8 and 16 columns keep the
-# batch statistics in corrc_cpu. Then corr_cpu's RM x RR (best of 2-3 rounds, corr_cpu's ms in
-# detector26 at batch 8 / resnet8 at batch 64): 4 x 1 89.9 / 17.2, 2 x 2 106.5 / 20.7, 6 x 1 - /
-# 21.1, 3 x 2 123.5 / -, 2 x 1 144.0 / -, 1 x 2 137.1 / -. Rows narrower than 16 would be mostly
-# padding in their vectors: the GEMMs and col2im are faster there. wgrad_cpu's vectors (WGV): float8
-# on AVX2 (9 accumulators in 9 ymm registers, where float16's took 18): its share of detector26's
-# step at batch 8 66-75 against 83-92 ms, of resnet8's at batch 64 12.7-19.8 against 15.8-16.8
-# (medians 13.9 and 16.6; alternated, 2 and 3 rounds). corrc_cpu's CW channels a work-item: 16 on
-# AVX2 (its 4 x 2 float16 accumulators were 16 registers alone; 8 float8 now), the stride-2
-# forward alone 1.28-1.34x faster in AVX2 code on Zen 4 (paired, resnet8's two shapes at batch 64).
-# The stride-2 kernels' blocks (_stride2_blocks): pw2_fwd_cpu's and pw2_dgrad_cpu's PW_RM channels,
-# pw2_wgrad_cpu's PW_WC input channels (x 4 output channels), corrt2_cpu's CT2_RM channels; AVX2's
-# halve AVX-512's, whose accumulators alone filled its 16 registers once or twice over (paired, a
-# layer's training forward and backward in AVX2 code, resnet8's shapes at batch 64: the 1x1
-# shortcut 1.14-1.27x faster with PW_RM 4, then 1.03-1.08x with PW_WC 2; the 3x3 stride-2 layer on
-# 8x8 outputs 1.03-1.04x with CT2_RM 2, against 1.02x for 1; AVX-512's CT2_RM 2 0.99x). The 3x3
-# stride-2 weight gradient's kernel reads rows of whole WG2_VW vectors: on AVX-512 wgrad2_cpu's 16
-# positions x 8 output channels (x 8 1.07-1.17x faster than x 2, x 4-6 1.02-1.03x, paired, 16 -> 32
-# and 32 -> 64 channels), rows of 8 taking im2col_cpu and a GEMM (float8 x 8 instead: 0.84-0.96x of
-# their time at three shapes, 1.40x at the cnn's 16 -> 32 channels at batch 64: not taken,
-# dc5fb01); on AVX2 (WG2_OL) wgrad2o_cpu's 16 output channels in the lanes on rows of 8 or more
-# (paired on a Zen 3 at 55137ff, the weight gradient's launches replayed without a bias: 0.62x the
-# time of wgrad2_cpu's float8 x 4 at resnet8's 32 -> 64 channels, 0.80-0.92x at 16 -> 32).
-_FAMILY, _CORR_RR, _WGRAD_RO, _DIRECT_MIN_WIDTH = "convtrain_cpu", 2, {3: 3, 5: 1}, 16
-_CPU_BLOCKS = {"cpu16": {"RM": 8, "RR": _CORR_RR, "RO": _WGRAD_RO, "TC": 8, "CW": 32, "WGV": 16,
-                         "PW_RM": 8, "PW_WC": 4, "CT2_RM": 4, "WG2_VW": 16, "WG2_OL": False},
-               "cpu": {"RM": 4, "RR": 1, "RO": {3: 1, 5: 1}, "TC": 4, "CW": 16, "WGV": 8,
-                       "PW_RM": 4, "PW_WC": 2, "CT2_RM": 2, "WG2_VW": 8, "WG2_OL": True}}
-_WGRAD_L2, _WGRAD_ITEMS, _CHUNK_RUN = 512 * 1024, 32, 64
-_WG2_VW, _WG2_O = 16, 8  # wgrad2_cpu's positions a vector and output channels a work-item (its defines)
-
-
-def _blocks(q):
-    """The queue's device class's _CPU_BLOCKS (AVX2's for a CPU class without its own row)."""
-    return _CPU_BLOCKS.get(ops.config_class(q), _CPU_BLOCKS["cpu"])
-
-
-def _stride2_blocks(q):
-    """The build defines of the stride-2 kernels' blocks (pw2_*, corrt2_cpu) for q's device class."""
-    b = _blocks(q)
-    return tuple(f"-D{name}={b[name]}" for name in ("PW_RM", "PW_WC", "CT2_RM"))
-
-
-def _cpu_options(k, flip=0, rm=8, ro=None, rr=_CORR_RR):
-    """convtrain_cpu.cl's build options (ro None: _WGRAD_RO's; only wgrad_cpu reads RO, only
-    corr_cpu RM and RR)."""
-    ro = _WGRAD_RO.get(k, 1) if ro is None else ro
-    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={rr}", f"-DRO={ro}", f"-DFLIP={flip}")
-
-
 def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     """out (N, CO, OH, OW) = corr_cpu's correlation of the zero-bordered planes inp (N, CI, HP, WP)
     with the weights w (element strides sco per output and sci per input channel; flip: taps
@@ -142,32 +115,6 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
                options=_cpu_options(k, flip, rm, rr=rr))
     out.mark_written()
     return (part.mark_written(), parts, 16 * rr, True) if stats else None
-
-
-# the most weights per output channel corrc_cpu takes (C * k * k): at 256 -> 512 channels on 8x8
-# planes (2304) its weight traffic left it at 150 GFLOP/s, where im2col and the GEMM ran 230; at
-# 64 -> 64 it ran 250, they 100 (AVX-512).
-_CORRC_MAX_R = 1152
-# wgrad_narrow_cpu: "channels" convolutions of stride 1 with up to 27 weights per output channel
-# (a first layer: 1 or 3 input channels, 3x3) take dW and db in one launch where im2col_cpu,
-# dy_rows_cpu, a GEMM and sum_chunks_cpu ran four (the digits CNN's conv1, replayed on PoCL, Zen 5:
-# 4.5-6.5 us against 13-19 at batch 8, 11-14 against 42-57 at batch 64). WRO output channels per
-# work-item keep WRO * (weights + 1) accumulators within _NARROW_ACC (the 32 AVX-512 registers
-# less the loads'); split over images past _NARROW_SPLIT multiply-adds where fewer than
-# _NARROW_ITEMS work-items per core would run; the accumulators join the totals every
-# _NARROW_RUN vectors a lane. Only rows of _NARROW_WIDTHS outputs (a vector, or two rows to one):
-# a review's sweep (1 or 3 input channels, 3x3 and 5x5, 16 or 64 outputs, batch 8 and 64) found
-# rows of 4 and 8 at 0.3-0.9x of the four launches' time, but rows of 12 at 0.28-1.34x and rows
-# of 9-15 with a scalar tail up to 4.9x slower (one output channel a work-item at 25-27 weights)
-_NARROW_MAX_R, _NARROW_ACC, _NARROW_ITEMS, _NARROW_SPLIT, _NARROW_RUN = 27, 20, 2, 1 << 22, 32
-_NARROW_WIDTHS = (4, 8, 16)
-# wgrad_oc16_cpu (AVX-512 class): "channels" convolutions of stride 1 past _NARROW_MAX_R weights
-# per output channel, on planes of 16k outputs in rows of _OC16_WIDTHS, take dW and db in one launch
-# (16 output channels in the lanes) where im2col_cpu, dy_rows_cpu, a GEMM and the bias's sums ran
-# four: the digits CNN's conv2 (16 -> 32, 4x4) at batch 8 in 15-17 us against 40-55, replayed;
-# _OC16_ITEMS work-items per compute unit (PoCL, Zen 5)
-_OC16_WIDTHS, _OC16_ITEMS = (4, 8), 4
-_ROWS1 = ("-DPW2_ROWS=1",)  # _stride2_planes: one output row a vector
 
 
 def _corrc_cpu(q, inp, w, out, stride, flip, bias=None, unpad=False, stats=False):
@@ -218,71 +165,18 @@ def _winot(q, inp, w, out, flip, layout, bias, add=False, stats=False):
     return (part.mark_written(), n * items, 64, False) if stats else None
 
 
-# winot_wgrad's local memory: the share of the device's (PoCL gives a core's L2) that a work-item's
-# PTS x (C + K) x TVP float16 may take, the rest left to the input rows streaming through (0.5 and
-# 0.75 read alike on this machine's 1 MiB, 0.875 worse); the fewest tile vectors a chunk of all 16
-# points must hold (ROWS 4), else a work-item takes one transformed row's 4 points (ROWS 1: 4
-# times the vectors a chunk): with fewer, the lane sums that end each chunk cost more than ROWS
-# 4's cheaper transforms save (per kernel against the previous kernel, ROWS 4 read 0.88x at 32 ->
-# 64 channels holding 7, 1.03x at 64 -> 64 holding 4, 1.16x at 64 -> 128 holding 3; ROWS 1 1.10x,
-# 0.85-0.89x and 0.95x); its work-items per compute unit (at least _WGRAD_MIN_ITEMS), each taking
-# chunks of tile vectors in turn, its sums added over them; the fewest tile vectors a chunk is
-# cut to for more work-items; the most bytes of partial sums (16 x K x C floats per work-item of
-# ROWS 4, per 4 of ROWS 1)
-_WGRAD_SHARE, _WGRAD_ROWS4_TV, _WGRAD_ITEMS_PER_CU, _WGRAD_MIN_ITEMS, _WGRAD_MIN_TV = 0.75, 6, 4, 8, 4
-_WGRAD_PART_MAX = 64 * 2**20
-
-
-def _wgrad_row(tv):
-    """conv_winot.cl's TVP: the vectors of a local-memory row of TV tile vectors."""
-    return tv + 1 if tv % 64 == 0 else tv
-
-
-def _wgrad_rows(tv16, nt):
-    """winot_wgrad's ROWS where a chunk of all 16 points holds tv16 of nt tile vectors."""
-    return 4 if tv16 >= min(_WGRAD_ROWS4_TV, nt) else 1
-
-
-def _winot_wgrad_groups(c, k, nt, local_mem, cores):
-    """(ROWS, TV, chunks, groups) of winot_wgrad for c -> k channels and nt tile vectors on a device
-    with local_mem bytes of local memory and `cores` compute units: work-items of all 16 points or
-    (ROWS 1, a group of 4) one transformed row's 4 each, the tile vectors in chunks of TV (as many as
-    a work-item's local memory holds), spread as evenly as whole chunks allow over the groups, each
-    taking `chunks` of them; or None where its local memory or partial sums would not fit (the
-    direct kernels take such convolutions)."""
-    budget = int(local_mem * _WGRAD_SHARE)
-
-    def fit(pts):  # the most tile vectors of PTS points of (C + K) x TVP float16, a vector more each
-        tv = budget // (pts * 64 * (c + k))
-        while tv >= 1 and pts * 64 * ((c + k) * _wgrad_row(tv) + 2) > budget:
-            tv -= 1
-        return tv
-
-    rows = _wgrad_rows(fit(16), nt)
-    tv = fit(4 * rows)
-    if tv < 1:
-        return None
-    per_group = 4 // rows  # work-items
-    groups = max(1, min(nt // min(tv, _WGRAD_MIN_TV),
-                        -(-max(_WGRAD_MIN_ITEMS, _WGRAD_ITEMS_PER_CU * cores) // per_group)))
-    chunks = -(-nt // (tv * groups))  # per group
-    groups = min(groups, -(-nt // chunks))
-    if 4 * groups * 16 * k * c > _WGRAD_PART_MAX:
-        return None
-    return rows, -(-nt // (chunks * groups)), chunks, groups  # the chunks evened out
-
-
-def _winot_wgrad(q, xp, dy, gw, acc, layout, border=0):
+def _winot_wgrad(q, xp, dy, gw, acc, layout, groups, border=0):
     """gw (K, C, 3, 3) (+= where acc) the weight gradient of a 3x3 stride-1 padding-1 convolution
     from its input planes xp (N, C, H + 2, W + 2, with their zero border) and dy (N, K, H, W), or
     dy's zero-bordered planes (N, K, HD, WD) with dy at row and column `border`:
     Winograd F(2x2, 3x3)'s adjoint (conv_winot.cl's winot_wgrad, then winot_wgrad_finish adds its
-    groups' sums in order and transforms back); `layout` is Conv2d._winot's for the forward."""
+    groups' sums in order and transforms back); `layout` is the forward's (ConvRoute.winot) and
+    `groups` its (ROWS, TV, chunks, groups) (ConvRoute.winot_wgrad)."""
     d, options = layout
     n, k, hd, wd = dy.shape
     c, h, w = xp.shape[1], xp.shape[2] - 2, xp.shape[3] - 2
     nt = n * (h // 2 // d["T"]) * d["VPR"]  # tile vectors
-    rows, tv, chunks, groups = _winot_wgrad_groups(c, k, nt, ops.local_mem(q), ops.compute_units(q))
+    rows, tv, chunks, groups = groups
     part = ops.new(q, (groups * 16 * k * c,))
     options = options + (f"-DTV={tv}", f"-DROWS={rows}")
     ops.launch(q, "conv_winot", "winot_wgrad", (4 // rows, groups), (1, 1), xp, dy, border * (wd + 1), hd * wd, wd,
@@ -343,10 +237,12 @@ def _image_chunks(n, floats, items, vectors):
     """(images per chunk, chunks) of a weight gradient's per-chunk partial sums over n images of
     `floats` floats each (input and dy), `items` work-items per chunk and `vectors` additions per
     image to a lane's sum (vectors of dy, or a kernel's flushed runs): a chunk's images stay in L2
-    while its work-items run, no lane of a work-item adds more than _CHUNK_RUN of them (then
-    sum_chunks_cpu adds the chunks in order), and the chunks give every core work."""
-    chunk = max(1, min(n, _WGRAD_L2 // (4 * floats), _CHUNK_RUN // vectors))
-    while chunk > 1 and items * -(-n // chunk) < _WGRAD_ITEMS:
+    while its work-items run, no lane of a work-item adds more than chunk_run of them (then
+    sum_chunks_cpu adds the chunks in order), and the chunks give every core work (the tuning
+    table's conv_cutoffs: wgrad_l2, chunk_run, wgrad_items)."""
+    cut = tuning.values("conv_cutoffs", "*")
+    chunk = max(1, min(n, cut["wgrad_l2"] // (4 * floats), cut["chunk_run"] // vectors))
+    while chunk > 1 and items * -(-n // chunk) < cut["wgrad_items"]:
         chunk = -(-chunk // 2)
     return chunk, -(-n // chunk)
 
@@ -435,61 +331,37 @@ class Conv2d(Module):
     def _depthwise(self):
         return self.groups > 1 and self.groups == self.in_channels
 
-    def _cpu_mode(self, q, shape):
-        """Which of convtrain_cpu.cl's direct kernels the training passes run, for an undilated 3x3
-        or 5x5 convolution on a CPU with groups 1 and padding below the kernel size: "rows"
-        (stride 1, rows of 16 or more: corr_cpu, wgrad_cpu, corr_cpu on dy), "channels" (narrower
-        rows or stride 2, up to _CORRC_MAX_R weights per output channel: corrc_cpu, then im2col
-        and a GEMM for dW, corrc_cpu (stride 1) or corrt_cpu (stride 2) on dy for dx; 3x3 stride-2
-        padding-1 ones on the planes _stride2_planes takes run the "phases" kernels instead,
-        _phases); None: im2col and GEMMs (1x1 stride-2 ones on such planes: the pw2 kernels)."""
-        k, s, p, d = self._geometry()
-        if not (self.groups == 1 and d == 1 and k in _WGRAD_RO and p <= k - 1 and ops.is_cpu(q)):
-            return None
-        w, ow = shape[3], (shape[3] + 2 * p - k) // s + 1
-        if s == 1 and min(w, ow) >= _DIRECT_MIN_WIDTH:
-            return "rows"
-        return "channels" if s <= 2 and shape[1] * k * k <= _CORRC_MAX_R else None
+    def spec(self, shape):
+        """This conv at input `shape` as conv_route's ConvSpec."""
+        n, c, h, w = shape
+        return ConvSpec(n, c, h, w, self.out_channels, self.kernel_size, self.stride, self.padding, self.dilation,
+                        self.groups)
 
-    def _winot(self, q, shape, transposed=False, add=False):
-        """conv_winot.cl's (defines, build options) for this conv's forward at input `shape`
-        (transposed: for its data gradient, `shape` the gradient's), or None: only undilated 3x3
-        stride-1 padding-1 ones whose planes its vectors tile (netcl.convspec.winot_plain), where
-        NETCL_CPU_WINOT (read per call) and the device allow it (winot_enabled: float vectors of
-        WINOT_TRAIN_LANES or more)."""
-        if self._geometry() != (3, 1, 1, 1) or self.groups != 1:
-            return None
-        lanes = ops.float_lanes(q)
-        if not winot_enabled(winot_choice(os.environ.get("NETCL_CPU_WINOT")), lanes, WINOT_TRAIN_LANES):
-            return None
-        c, k = (self.out_channels, self.in_channels) if transposed else (self.in_channels, self.out_channels)
-        return winot_plain(c, k, shape[2], shape[3], add, lanes)
+    def route(self, q, shape):
+        """The ConvRoute this conv trains with at input `shape` on queue q (netcl.nn.conv_route), kept
+        per queue, shape and device class. Where the full route's specialised kernels are not built
+        yet and kernels build in the background (netcl.runtime.tiers), the generic tier's route,
+        the others handed to the background thread: decided anew once it has built them. Both
+        tiers read their input from the same planes, and the backward runs the route the forward
+        saved (_Saved), so a change between two calls of one step changes nothing of that step."""
+        routes = self.__dict__.setdefault("_routes", {})
+        d, mode = device_class(q), runtime.tiers.mode()
+        key = (q.int_ptr, tuple(shape), d, mode, tuning.version())
+        held = routes.get(key)
+        if held is not None and (held[0].tier == "specialised" or held[1] == runtime.tiers.generation()):
+            return held[0]
+        generation = runtime.tiers.generation()
+        r = conv_route(self.spec(shape), d)
+        if r.kernels and mode == "background" and not runtime.kernels_ready(q, r.kernels):
+            runtime.tiers.build_later(q, r.kernels)
+            r = conv_route(self.spec(shape), d, generic=True)
+        routes[key] = (r, generation)
+        return r
 
-    def _stride2_planes(self, q, shape, geometry):
-        """The build options of convtrain_cpu.cl's stride-2 kernels that put 16 consecutive output
-        positions of a plane in a vector (pw2_*, corrt2_cpu), or None: this conv has `geometry`
-        (kernel, stride, padding, dilation), groups 1, runs on a CPU and its input `shape` has even
-        planes whose output rows are a multiple of 16 wide (_ROWS1), or 8 wide and even in number
-        (two rows a vector); the device class's blocks (_stride2_blocks) after them."""
-        if self._geometry() != geometry or self.groups != 1 or not ops.is_cpu(q):
-            return None
-        h, w = shape[2:]
-        if h % 2 or w % 2:
-            return None
-        oh, ow = h // 2, w // 2
-        rows = _ROWS1 if ow % 16 == 0 else ("-DPW2_ROWS=2",) if ow == 8 and oh % 2 == 0 else None
-        return rows and rows + _stride2_blocks(q)
-
-    def _phases(self, q, shape):
-        """Whether this conv trains in "phases" mode at input `shape`: 3x3 stride 2 padding 1 on the
-        planes _stride2_planes takes: corrc_cpu, and for dW wgrad2o_cpu (AVX2), wgrad2_cpu (AVX-512's
-        rows of 16 or more) or im2col_cpu (AVX-512's 8-wide rows), read x as it is (UNPAD: no padded copy);
-        corrt2_cpu gives dx."""
-        return self._stride2_planes(q, shape, (3, 2, 1, 1)) is not None
-
-    def _pointwise2(self, q, shape):
-        """_stride2_planes for a 1x1 stride-2 convolution without padding (a ResNet shortcut)."""
-        return self._stride2_planes(q, shape, (1, 2, 0, 1))
+    def route_kernels(self):
+        """The specialised kernels (family, kernel, options) of the routes this conv has chosen so
+        far (ConvRoute.kernels; netcl.warmup builds them all ahead of time)."""
+        return tuple(k for r, _ in self.__dict__.get("_routes", {}).values() for k in r.kernels)
 
     def _zeros(self, q, size):
         """A zero device tensor of `size` floats, made once per size and queue (conv_winot's bias
@@ -505,21 +377,10 @@ class Conv2d(Module):
 
     def padded_input(self, q, shape):
         """(top, left, HP, WP): the zero-bordered planes this conv's CPU training forward copies
-        its input `shape` into ("rows" and "channels" modes), so that the layer before it can
-        write them instead (Sequential: a BatchNorm2d's pass, then forward_padded); None where
+        its input `shape` into (the "winot", "rows" and "channels" routes), so that the layer before
+        it can write them instead (Sequential: a BatchNorm2d's pass, then forward_padded); None where
         the forward reads its input as it is."""
-        mode = self._cpu_mode(q, shape)
-        if mode is None or self._phases(q, shape):
-            return None
-        _, _, oh, ow = self.output_shape(shape)
-        k, s, p, _ = self._geometry()
-        if mode == "rows":
-            rr = _blocks(q)["RR"]
-            hp, wp = -(-oh // rr) * rr + k - 1, -(-ow // 16) * 16 + k - 1
-        else:
-            tc = _blocks(q)["TC"]
-            hp, wp = _bordered_extent(shape[2], shape[3], k, s, p, oh, -(-ow // tc) * tc)
-        return p, p, hp, wp
+        return self.route(q, shape).planes
 
     def forward(self, x, stats=False):
         """y = conv(x); with `stats` (Sequential's training path, a BatchNorm2d next), a kernel that
@@ -528,19 +389,19 @@ class Conv2d(Module):
         q = self._on(x)
         out_shape = self.output_shape(x.shape)  # checks the rank first
         self._out_stats = None
-        geometry = self.padded_input(q, x.shape)
-        if geometry is not None:  # x with its zero border, then the direct kernels
-            top, _, hp, wp = geometry
+        r = self.route(q, x.shape)
+        if r.planes is not None:  # x with its zero border, then the direct kernels
+            top, _, hp, wp = r.planes
             xp = ops.new(q, x.shape[:2] + (hp, wp))
             _pad_planes(q, x, xp, top, None, _cpu_options(self.kernel_size))
             return self._forward_padded(xp, x.shape, out_shape, stats)
-        if self._phases(q, x.shape):  # corrc_cpu on x as it is (UNPAD); backward: _backward_phases
+        if r.forward == "phases":  # corrc_cpu on x as it is (UNPAD); backward: _backward_phases
             y = ops.new(q, out_shape)
             st = _corrc_cpu(q, x, self.weight, y, 2, 0, self.bias, unpad=True, stats=stats)
-            self._saved = (x.shape, "phases", x)
+            self._saved = _Saved(x.shape, r, x=x)
             self._out_stats = (y,) + st if st else None
             return y
-        return self._forward_other(x, out_shape, stats)
+        return self._forward_other(x, out_shape, r, stats)
 
     def forward_padded(self, xp, shape):
         """forward() of an input of `shape` given as the zero-bordered planes xp that padded_input
@@ -563,33 +424,31 @@ class Conv2d(Module):
 
     def _forward_padded(self, xp, shape, out_shape, stats=False):
         q = self._on(xp)  # the parameters on xp's device (Sequential calls this without forward())
-        (_, oc, oh, ow), mode = out_shape, self._cpu_mode(q, shape)
-        n, c = shape[:2]
+        r = self.route(q, shape)
+        (_, oc, oh, ow), (n, c) = out_shape, shape[:2]
         k, s, _, _ = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
-        wino = self._winot(q, shape)
-        self._out_stats = None
-        if wino:
-            st = _winot(q, xp, self.weight, y, 0, wino, self._bias_or_zeros(q), stats=stats)
-            self._out_stats = (y,) + st if st else None
+        if r.forward == "winot":
+            st = _winot(q, xp, self.weight, y, 0, r.winot, self._bias_or_zeros(q), stats=stats)
+        elif r.forward == "rows":
+            st = _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias, stats=stats)
         else:
-            st = (_corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias, stats=stats) if mode == "rows" else
-                  _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias, stats=stats))
-            self._out_stats = (y,) + st if st else None
-        self._saved = (tuple(shape), mode, xp)  # backward's weight gradient reads the padded x
+            st = _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias, stats=stats)
+        self._out_stats = (y,) + st if st else None
+        self._saved = _Saved(tuple(shape), r, xp=xp)  # backward's weight gradient reads the padded x
         return y
 
-    def _forward_other(self, x, out_shape, stats=False):
+    def _forward_other(self, x, out_shape, r, stats=False):
         q = x.queue
         _, oc, oh, ow = out_shape
         n, c, h, w = x.shape
         k, s, p, d = self._geometry()
         y = ops.new(q, (n, oc, oh, ow))
-        if self._depthwise():
+        if r.forward in ("depthwise", "depthwise_any"):
             has_bias = self.bias is not None
             bias = self.bias if has_bias else ops.dummy(q)
             xp = None
-            if ops.is_cpu(q) and s in (1, 2) and d == 1:  # whole vectors of a row on zero-bordered planes
+            if r.forward == "depthwise":  # whole vectors of a row on zero-bordered planes
                 vw = _row_vector(ow)
                 xp = ops.new(q, (n, c) + _bordered_extent(h, w, k, s, p, oh, -(-ow // vw) * vw))
                 _pad_planes(q, x, xp, p, None, _cpu_options(k))
@@ -600,16 +459,15 @@ class Conv2d(Module):
             else:
                 ops.launch1d(q, "conv", "dw_forward", n * oc * oh, n, c, h, w, oc // c, k, s, p, d, oh, ow, x,
                              self.weight, bias, int(has_bias), y)
-            self._saved = (x, xp)  # xp: the bordered planes dw_bwd_weight_cpu reads too
+            self._saved = _Saved(x.shape, r, x=x, xp=xp)  # xp: the bordered planes dw_bwd_weight_cpu reads too
             return y.mark_written()
-        pw = self._pointwise2(q, x.shape)
-        if pw is not None:
+        if r.forward == "pointwise2":
             has_bias, vectors = self.bias is not None, n * oh * ow // 16
             st = ops.new(q, (oc, vectors, 2)) if stats else None
             ops.launch(q, _FAMILY, "pw2_fwd_cpu", (vectors,), (1,), c, oc, oh, ow, x,
                        self.weight, self.bias if has_bias else ops.dummy(q), int(has_bias), y,
-                       int(stats), st if stats else y, options=pw)
-            self._saved = (x.shape, "pointwise", x)
+                       int(stats), st if stats else y, options=r.stride2)
+            self._saved = _Saved(x.shape, r, x=x)
             self._out_stats = (y, st.mark_written(), vectors, 16, False) if stats else None
             return y.mark_written()
         G, P, ckk = self.groups, oh * ow, c * k * k
@@ -626,7 +484,7 @@ class Conv2d(Module):
             ops.launch1d(q, "conv", "cn_to_nchw", y.size, n, oc, P, t, self.bias if has_bias else ops.dummy(q),
                          int(has_bias), y)
             y.mark_written()
-        self._saved = (x.shape, None, cols)
+        self._saved = _Saved(x.shape, r, cols=cols)
         return y
 
     def backward(self, dy):
@@ -635,15 +493,17 @@ class Conv2d(Module):
     def backward_into(self, dy, acc, act=None):
         """acc += backward(dy) (a Residual's shortcut into the body's gradient): on a CPU a 1x1
         convolution without padding adds its data gradient straight into acc (pw2_dgrad_cpu at
-        stride 2 on the planes _stride2_planes takes, else its GEMM's columns: no gradient tensor of
-        its own); otherwise backward() and a sum. With `act` (an ops.ActGrad: the activation whose
-        output is this layer's input, a Residual's that ran in its sum), the sum comes back through
-        that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else act_bwd_cpu."""
+        stride 2 on the planes the "pointwise2" route takes, else its GEMM's columns: no gradient
+        tensor of its own); otherwise backward() and a sum. With `act` (an ops.ActGrad: the
+        activation whose output is this layer's input, a Residual's that ran in its sum), the sum
+        comes back through that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else
+        act_bwd_cpu."""
         k, s, p, d = self._geometry()
         cpu_1x1 = (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue)
-        if cpu_1x1 and self._saved[1] == "pointwise" and self.padded_grad(dy.queue, dy.shape) is None:
+        route = self._saved.route
+        if cpu_1x1 and route.forward == "pointwise2":
             return self._backward_pointwise2(dy, True, acc, act)  # (_backward_cpu's path for it)
-        if cpu_1x1 and self._saved[1] is None:
+        if cpu_1x1 and route.forward == "gemm":
             self._backward_cpu(dy, True, into=acc)
         else:
             ops.add(acc, self._backward(dy, True), out=acc)
@@ -654,11 +514,12 @@ class Conv2d(Module):
 
     def _backward(self, dy, need_dx):
         """The gradients of weight and bias; dx too unless need_dx is False (then None)."""
-        if self._depthwise():
+        route = self._saved.route
+        if route.forward in ("depthwise", "depthwise_any"):
             return self._backward_depthwise(dy, need_dx)
-        if self.groups == 1 and ops.is_cpu(dy.queue):
+        if route.wgrad != "gemm":
             return self._backward_cpu(dy, need_dx)
-        (n, c, h, w), _, cols = self._saved
+        (n, c, h, w), cols = self._saved.shape, self._saved.cols
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk, G = dy.queue, oh * ow, c * k * k, self.groups
@@ -680,39 +541,38 @@ class Conv2d(Module):
         return dx
 
     def _backward_cpu(self, dy, need_dx, into=None):
-        """backward() on a CPU, groups == 1 (convtrain_cpu.cl): where every read of dy can read
-        its zero-bordered planes (padded_grad), _backward_padded; after a pw2_fwd_cpu forward,
-        _backward_pointwise2; after a "phases" forward on rows of whole vectors of the class's weight
-        gradient kernel (WG2_VW), _backward_phases.
+        """backward() on a CPU, groups == 1 (convtrain_cpu.cl), by the route the forward ran: where
+        every read of dy is of its zero-bordered planes (ConvRoute.takes_dy_planes), _backward_padded;
+        after a "pointwise2" forward, _backward_pointwise2; wgrad2o / wgrad2, _backward_phases.
         Otherwise one pass over dy gives the weight gradient's GEMM operand (OC, N*P) and the bias
-        gradient's sums; dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
-        padded x, or a "phases" one on 8-wide rows, of x as it is); dx after a "channels" forward:
-        corrc_cpu's correlation of padded dy with the flipped weights (stride 1) or corrt_cpu
-        (stride 2), after a "phases" one corrt2_cpu's phases, a 1x1 convolution of stride 1 W^T dy
-        per image straight into dx, else dcols = W^T dy and col2im (added into `into` for a 1x1
-        convolution: backward_into)."""
-        geometry = self.padded_grad(dy.queue, dy.shape)
-        if geometry is not None:
-            return self._backward_padded(dy, None, need_dx, dy.shape, geometry)
-        (n, c, h, w), mode, cols = self._saved
-        if mode == "pointwise":
+        gradient's sums, and dW = dy @ cols^T (cols from im2col after a "channels" forward, of its
+        padded x, or a "phases" one on rows of other widths, of x as it is; or the forward's own),
+        where no direct kernel (narrow, oc16) takes dW and db in one launch; dx by the route's data
+        gradient: the flipped correlation of dy's zero-bordered planes ("winot", "channels"),
+        corrt2_cpu's phases, corrt_cpu, a 1x1 convolution's W^T dy per image straight into dx, else
+        dcols = W^T dy and col2im (added into `into` for a 1x1 convolution: backward_into)."""
+        saved = self._saved
+        r = saved.route
+        if r.takes_dy_planes:
+            return self._backward_padded(dy, None, need_dx, dy.shape, r.dy_planes)
+        if r.forward == "pointwise2":
             return self._backward_pointwise2(dy, need_dx, into)
-        phases = self._stride2_planes(dy.queue, (n, c, h, w), (3, 2, 1, 1)) if mode == "phases" else None
-        if phases is not None and dy.shape[3] % _blocks(dy.queue)["WG2_VW"] == 0:
-            return self._backward_phases(dy, need_dx, phases)
+        if r.wgrad in ("wgrad2o", "wgrad2"):
+            return self._backward_phases(dy, need_dx, r.stride2)
+        (n, c, h, w) = saved.shape
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
         q, P, ckk = dy.queue, oh * ow, c * k * k
-        direct = self._direct_wgrad(q, dy.shape) if mode == "channels" and s == 1 else None
-        if direct is not None:  # dW and db in one launch from dy and the forward's padded x
-            direct(q, cols, dy)
-            return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode) if need_dx else None
-        if mode in ("channels", "phases"):  # im2col here, from the forward's padded x or x as it is
-            # (AVX-512's 8-wide rows: im2col and the GEMM ran faster than a wgrad2_cpu of two rows a vector)
-            xp, cols = cols, ops.new(q, (ckk, n * P))
+        if r.wgrad in ("narrow", "oc16"):  # dW and db in one launch from dy and the forward's padded x
+            (self._wgrad_narrow if r.wgrad == "narrow" else self._wgrad_oc16)(q, saved.xp, dy)
+            return self._dx_of_planes(self._padded_dy(q, dy, r), r) if need_dx else None
+        if r.wgrad in ("gemm_planes", "gemm_unpad"):  # im2col here, from the forward's padded x or x as it is
+            src, cols = (saved.xp if r.wgrad == "gemm_planes" else saved.x), ops.new(q, (ckk, n * P))
             rows, items = ops.cpu_rows(n * oh, ow)
-            ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, xp.shape[2], xp.shape[3], oh, ow, s, n * oh,
-                       rows, xp, cols, options=_cpu_options(k) + (("-DUNPAD=1",) if phases else ()))
+            ops.launch(q, _FAMILY, "im2col_cpu", (ckk, items), (1, 1), c, src.shape[2], src.shape[3], oh, ow, s, n * oh,
+                       rows, src, cols, options=_cpu_options(k) + (("-DUNPAD=1",) if r.wgrad == "gemm_unpad" else ()))
+        else:
+            cols = saved.cols
         NP, options = n * P, _cpu_options(k)
         dyp, sums = ops.new(q, (oc, NP)), ops.new(q, (n * oc,))
         rows, items = ops.cpu_rows(n * oc, P)
@@ -723,15 +583,15 @@ class Conv2d(Module):
         self._bias_grad_cpu(n, oc, sums)
         if not need_dx:
             return None
-        if mode == "channels" and s == 1:
-            return self._dx_of_planes(self._padded_dy(q, dy, mode, ow), mode)
-        if phases is not None:
-            return self._corrt2(dy, ops.new(q, (n, c, h, w)), phases)
-        if mode == "channels":
+        if r.dgrad in ("winot", "channels"):
+            return self._dx_of_planes(self._padded_dy(q, dy, r), r)
+        if r.dgrad in ("corrt2", "corrt2p"):
+            return self._corrt2(dy, ops.new(q, (n, c, h, w)), r.stride2)
+        if r.dgrad == "corrt":
             dx = ops.new(q, (n, c, h, w))
             _corrt_cpu(q, dy, self.weight, dx, s, p)
             return dx
-        if (k, s, p, d) == (1, 1, 0, 1) and into is None:  # 1x1: dx[n] = W^T dy[n] straight into NCHW, no col2im
+        if r.dgrad == "gemm_1x1" and into is None:  # 1x1: dx[n] = W^T dy[n] straight into NCHW, no col2im
             dx = ops.new(q, (n, c, h, w))
             return ops.gemm(c, P, oc, self.weight, (1, c, 0), dy, (P, 1, oc * P), dx, (P, 1, c * P), batch=n)
         dcols = ops.gemm(ckk, NP, oc, self.weight, (1, ckk, 0), dyp, (NP, 1, 0), ops.new(q, (ckk, NP)), (NP, 1, 0))
@@ -744,74 +604,54 @@ class Conv2d(Module):
         _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, None, dx)
         return dx
 
-    def _padded_dy(self, q, dy, mode, ow):
+    def _padded_dy(self, q, dy, r):
         """dy in the zero-bordered planes _dx_of_planes correlates with the flipped weights."""
-        pd, _, hd, wd = self._grad_planes(q, mode, ow)
+        pd, _, hd, wd = r.dy_planes
         dyb = ops.new(q, (dy.shape[0], dy.shape[1], hd, wd))
         _pad_planes(q, dy, dyb, pd, None, _cpu_options(self.kernel_size))
         return dyb
+
+    def _input_of(self, dy_shape):
+        """The input shape of a stride-1 conv whose output gradient has dy_shape."""
+        n, _, oh, ow = dy_shape
+        k, _, p, d = self._geometry()
+        span = d * (k - 1)
+        return n, self.in_channels, oh + span - 2 * p, ow + span - 2 * p
 
     def _wgrad_narrow(self, q, xp, dy):
         """dW and db of a "channels" convolution of stride 1 with few weights per output channel
         in one wgrad_narrow_cpu launch from dy and the forward's padded x (no im2col columns, no
         GEMM): rows of 4 or 8 two to a vector (PAIR) where their number is even, else a row a vector;
         split over images (partial sums, then sum_chunks_cpu) only where the output channels
-        alone leave the cores idle on a long sum."""
+        alone leave the cores idle on a long sum (conv_route.narrow_launch's sizes)."""
         n, oc, oh, ow = dy.shape
-        ckk = self.weight.size // oc
-        ro = max(1, min(oc, _NARROW_ACC // (ckk + 1)))
-        blocks, want = -(-oc // ro), _NARROW_ITEMS * ops.compute_units(q)
-        items = min(blocks, want)  # a work-item takes every items-th block of output channels
-        chunks = 1
-        if blocks < want and n * oh * ow * ckk * oc >= _NARROW_SPLIT:
-            imgs = -(-n // min(n, -(-want // blocks)))
-            chunks = -(-n // imgs)
-        imgs = -(-n // chunks)
-        pair = ow in (4, 8) and oh % 2 == 0
-        vw = 2 * ow if pair else ow  # a row one vector (_NARROW_WIDTHS)
-        options = _cpu_options(self.kernel_size) + (f"-DWC={self.in_channels}", f"-DWV={vw}", f"-DWRO={ro}") + (
-            ("-DPAIR=1", f"-DWH={ow}") if pair else ())
+        a = narrow_launch(self.spec(self._input_of(dy.shape)), device_class(q))
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
-        part, partb = (ops.new(q, (chunks, oc * ckk)), ops.new(q, (chunks, oc))) if chunks > 1 else (None, None)
-        run = max(1, _NARROW_RUN * vw // ow)  # rows per run: about _NARROW_RUN vectors a lane
-        ops.launch(q, _FAMILY, "wgrad_narrow_cpu", (items, chunks), (1, 1), n, xp.shape[2], xp.shape[3], oc, oh,
-                   ow, imgs, run, xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b), part, partb,
-                   options=options)
+        chunks = a["chunks"]
+        part, partb = (ops.new(q, (chunks, self.weight.size)), ops.new(q, (chunks, oc))) if chunks > 1 else (None, None)
+        ops.launch(q, _FAMILY, "wgrad_narrow_cpu", (a["items"], chunks), (1, 1), n, xp.shape[2], xp.shape[3], oc, oh,
+                   ow, a["imgs"], a["run"], xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b), part,
+                   partb, options=a["options"])
         if chunks > 1:
-            _sum_chunks(q, oc * ckk, chunks, part, gw, int(acc_w))
+            _sum_chunks(q, self.weight.size, chunks, part, gw, int(acc_w))
             if self.bias is not None:
                 _sum_chunks(q, oc, chunks, partb, gb, int(acc_b))
         gw.mark_written()
         if self.bias is not None:
             gb.mark_written()
 
-    def _direct_wgrad(self, q, dy_shape):
-        """The method taking this conv's dW and db straight from dy (of dy_shape) and the forward's
-        padded x after a stride-1 "channels" forward (groups 1: _backward_cpu), or None (im2col and a
-        GEMM): _wgrad_narrow for at most _NARROW_MAX_R weights per output channel on rows of
-        _NARROW_WIDTHS; _wgrad_oc16 for more on an AVX-512 class device, undilated, planes of 16k
-        outputs in rows of _OC16_WIDTHS."""
-        _, _, oh, ow = dy_shape
-        if self.weight.size // self.out_channels <= _NARROW_MAX_R:
-            return self._wgrad_narrow if ow in _NARROW_WIDTHS else None
-        if ops.config_class(q) == "cpu16" and self.dilation == 1 and ow in _OC16_WIDTHS and oh * ow % 16 == 0:
-            return self._wgrad_oc16
-        return None
-
     def _wgrad_oc16(self, q, xp, dy):
         """dW and db in one wgrad_oc16_cpu launch from dy and the forward's padded x (no im2col
         columns, no GEMM, no separate bias sums): blocks of 16 output channels x 16 weights, about
-        _OC16_ITEMS work-items per compute unit."""
+        oc16_items work-items per compute unit (conv_route.oc16_launch's sizes)."""
         n, oc, oh, ow = dy.shape
-        taps = self.in_channels * self.kernel_size ** 2
-        tgroups = -(-taps // 16)
-        items = min(-(-oc // 16) * tgroups, _OC16_ITEMS * ops.compute_units(q))
-        options = _cpu_options(self.kernel_size) + (f"-DXW={xp.shape[3]}", f"-DOW16={ow}")
+        a = oc16_launch(self.spec(self._input_of(dy.shape)), device_class(q), xp.shape[3])
         gw, acc_w = ops.grad_target(self.weight)
         gb, acc_b = ops.grad_target(self.bias) if self.bias is not None else (ops.dummy(q), False)
-        ops.launch(q, _FAMILY, "wgrad_oc16_cpu", (items,), (1,), n, self.in_channels, xp.shape[2], oc, oh * ow,
-                   tgroups, xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b), options=options)
+        ops.launch(q, _FAMILY, "wgrad_oc16_cpu", (a["items"],), (1,), n, self.in_channels, xp.shape[2], oc, oh * ow,
+                   a["tgroups"], xp, dy, gw, gb, int(self.bias is not None), int(acc_w), int(acc_b),
+                   options=a["options"])
         gw.mark_written()
         if self.bias is not None:
             gb.mark_written()
@@ -820,27 +660,23 @@ class Conv2d(Module):
         """(kernel options, the forward's padded input) with which a BatchNorm2d after this conv,
         its forward fused with a 2x2 MaxPool2d, computes this conv's weight and bias gradients in
         its own backward pass instead of dx (norm_cpu.cl's bn_pool_bwd_wgrad_cpu; Sequential, when
-        this conv needs no data gradient): after a stride-1 "channels" forward on a CPU, groups 1,
-        at most _NARROW_MAX_R weights per output channel, dy (of dy_shape) in rows of 8 and an even
-        number of rows. None otherwise."""
+        this conv needs no data gradient): where the route the forward ran allows it
+        (ConvRoute.pool_wgrad: a stride-1 "channels" forward, few weights per output channel, dy in
+        rows of 8 and an even number of rows). None otherwise."""
         saved = getattr(self, "_saved", None)
-        if not (isinstance(saved, tuple) and len(saved) == 3 and saved[1] == "channels" and ops.is_cpu(q)):
+        if not isinstance(saved, _Saved) or saved.route.pool_wgrad is None or not ops.is_cpu(q):
             return None
-        (_, c, _, _), _, xp = saved
-        k, s, _, d = self._geometry()
-        _, oc, oh, ow = dy_shape
-        if (s, d, self.groups) != (1, 1, 1) or c * k * k > _NARROW_MAX_R or ow != 8 or oh % 2:
+        if tuple(dy_shape) != self.output_shape(saved.shape):
             return None
-        return (f"-DFW_C={c}", f"-DFW_K={k}"), xp
+        return saved.route.pool_wgrad, saved.xp
 
     def _backward_pointwise2(self, dy, need_dx, into, act=None):
         """_backward_cpu after a pw2_fwd_cpu forward: dW from pw2_wgrad_cpu's per-chunk sums (added
         in order), dx from pw2_dgrad_cpu, added into `into` where given (and then, with `act`, the
         sum through that activation's gradient in the same pass: backward_into)."""
-        (n, c, h, w), _, x = self._saved
+        (n, c, h, w), x, options = self._saved.shape, self._saved.x, self._saved.route.stride2
         _, oc, oh, ow = dy.shape
         q = dy.queue
-        options = self._pointwise2(q, (n, c, h, w))
         wc = _blocks(q)["PW_WC"]
         chunk, chunks = _image_chunks(n, (c * 4 + oc) * oh * ow, -(-c // wc) * -(-oc // 4), oh * ow // 16)
         part = ops.new(q, (chunks, oc, c))
@@ -867,13 +703,13 @@ class Conv2d(Module):
             _channel_sum(dy, self.bias)
 
     def _backward_phases(self, dy, need_dx, options):
-        """_backward_cpu after a "phases" forward (_phases, whose build options are `options`) on
-        rows of whole WG2_VW-output vectors: dW from per-chunk sums over x as it is
-        (added in order) and dx from corrt2_cpu's phases, both reading dy as it is. The per-chunk
-        sums: on AVX2 (_CPU_BLOCKS' WG2_OL), wgrad2o_cpu's with output channels in the lanes from
-        dy transposed (dy_t8_cpu, which also sums its planes for the bias); on AVX-512, wgrad2_cpu's
-        with positions in the lanes."""
-        (n, c, h, w), _, x = self._saved
+        """_backward_cpu after a "phases" forward (the stride-2 build options `options`) on rows of
+        whole WG2_VW-output vectors: dW from per-chunk sums over x as it is (added in order) and dx
+        from corrt2_cpu's phases, both reading dy as it is. The per-chunk sums: on AVX2 (the tuning
+        table's WG2_OL), wgrad2o_cpu's with output channels in the lanes from dy transposed
+        (dy_t8_cpu, which also sums its planes for the bias); on AVX-512, wgrad2_cpu's with
+        positions in the lanes."""
+        (n, c, h, w), x = self._saved.shape, self._saved.x
         _, oc, oh, ow = dy.shape
         q, blocks = dy.queue, _blocks(dy.queue)
         if blocks["WG2_OL"]:
@@ -898,11 +734,12 @@ class Conv2d(Module):
         return self._corrt2(dy, ops.new(q, (n, c, h, w)), options)
 
     def _corrt2(self, dy, dx, options):
-        """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (_stride2_planes' options;
-        corrt2p_cpu, two dy rows a work-item, where rows are a multiple of 16 and even in number)."""
+        """dx of a 3x3 stride-2 padding-1 convolution by corrt2_cpu's phases (the stride-2 build
+        options; corrt2p_cpu, two dy rows a work-item, where rows are a multiple of 16 and even in
+        number)."""
         n, c = dx.shape[:2]
         _, oc, oh, ow = dy.shape
-        if options[:1] == _ROWS1 and oh % 2 == 0:
+        if options[:1] == ROWS1 and oh % 2 == 0:
             ops.launch(dy.queue, _FAMILY, "corrt2p_cpu", (n * oh * ow // 32, -(-c // 2)), (1, 1), c, oc, oh, ow, dy,
                        self.weight, dx, options=options)
         else:
@@ -911,57 +748,33 @@ class Conv2d(Module):
                        dy, self.weight, dx, options=options)
         return dx.mark_written()
 
-    def _winot_wgrad_layout(self, q, dy_shape, xp):
-        """conv_winot's layout for winot_wgrad (Winograd's adjoint) from the forward's padded planes
-        xp: where the forward's layout applies and both channel counts are multiples of 4 (its 4 x 4
-        blocks); None where it does not."""
-        shape = (dy_shape[0], self.in_channels, *dy_shape[2:])
-        wino = self._winot(q, shape)
-        if not wino or self.in_channels % 4 or self.out_channels % 4 or xp.shape[2:] != (shape[2] + 2, shape[3] + 2):
-            return None
-        d = wino[0]
-        nt = shape[0] * (shape[2] // 2 // d["T"]) * d["VPR"]
-        return wino if _winot_wgrad_groups(self.in_channels, self.out_channels, nt, ops.local_mem(q),
-                                           ops.compute_units(q)) else None
-
     def padded_grad(self, q, dy_shape):
         """(top, left, HD, WD): the zero-bordered planes this conv's CPU backward copies its output
-        gradient (of dy_shape) into where every kernel that reads dy can read those (after a "rows"
-        forward, and after a stride-1 "channels" one whose weight gradient is winot_wgrad's), so
-        that the layer after it can write them instead (Sequential: a BatchNorm2d's backward pass,
-        then backward_padded); None otherwise."""
+        gradient (of dy_shape) into where every kernel that reads dy can read those (the route the
+        forward ran: ConvRoute.takes_dy_planes, after a "rows" forward, and after a stride-1
+        "channels" or "winot" one whose weight gradient is winot_wgrad's), so that the layer after
+        it can write them instead (Sequential: a BatchNorm2d's backward pass, then
+        backward_padded); None otherwise."""
         saved = getattr(self, "_saved", None)
-        if not (isinstance(saved, tuple) and len(saved) == 3 and saved[1] in ("rows", "channels")):
+        if not isinstance(saved, _Saved) or not saved.route.takes_dy_planes:
             return None
-        mode, xp = saved[1:]
-        if mode == "rows" or self.stride == 1 and self._winot_wgrad_layout(q, dy_shape, xp):
-            return self._grad_planes(q, mode, dy_shape[3])
-        return None
+        if tuple(dy_shape) != self.output_shape(saved.shape):
+            return None
+        return saved.route.dy_planes
 
-    def _grad_planes(self, q, mode, ow):
-        """(top, left, HD, WD): the zero-bordered planes of dy (output width ow) that the stride-1
-        data-gradient correlations read after a "rows" or "channels" forward (dy at k - 1 - p)."""
-        (_, _, h, w), k, p = self._saved[0], self.kernel_size, self.padding
-        pd = k - 1 - p
-        if mode == "rows":
-            rr = _blocks(q)["RR"]
-            return pd, pd, -(-h // rr) * rr + k - 1, max(-(-w // 16) * 16 + k - 1, pd + -(-ow // 16) * 16)
-        tc = _blocks(q)["TC"]
-        return pd, pd, h + k - 1, max(-(-w // tc) * tc + k - 1, pd + ow)
-
-    def _dx_of_planes(self, dyp, mode, into=None):
-        """dx after a stride-1 "rows" or "channels" forward from dy's zero-bordered planes dyp: the
-        correlation with the flipped weights (conv_winot's, corr_cpu's or corrc_cpu's); added into
-        `into` and that returned where given (conv_winot adds it in its stores)."""
-        (n, c, h, w), k, q = self._saved[0], self.kernel_size, dyp.queue
-        wino = self._winot(q, (n, c, h, w), transposed=True, add=into is not None)
-        if wino and into is not None:
-            _winot(q, dyp, self.weight, into, 1, wino, self._zeros(q, c), add=True)
+    def _dx_of_planes(self, dyp, r, into=None):
+        """dx after a stride-1 "rows", "channels" or "winot" forward from dy's zero-bordered planes
+        dyp: the correlation with the flipped weights (conv_winot's, corr_cpu's or corrc_cpu's, as
+        the route's data gradient says); added into `into` and that returned where given
+        (conv_winot adds it in its stores)."""
+        (n, c, h, w), k, q = self._saved.shape, self.kernel_size, dyp.queue
+        if r.dgrad == "winot" and into is not None:
+            _winot(q, dyp, self.weight, into, 1, r.winot_dx_add, self._zeros(q, c), add=True)
             return into
         dx = ops.new(q, (n, c, h, w))
-        if wino:
-            _winot(q, dyp, self.weight, dx, 1, wino, self._zeros(q, c))
-        elif mode == "rows":
+        if r.dgrad == "winot":
+            _winot(q, dyp, self.weight, dx, 1, r.winot_dx, self._zeros(q, c))
+        elif r.dgrad == "rows":
             _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
         else:
             _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
@@ -971,7 +784,7 @@ class Conv2d(Module):
         """backward() (need_dx False: backward_params()) of the output gradient given as the
         zero-bordered planes padded_grad describes."""
         saved = getattr(self, "_saved", None)
-        shape = self.output_shape(saved[0]) if isinstance(saved, tuple) else None
+        shape = self.output_shape(saved.shape) if isinstance(saved, _Saved) else None
         geometry = self.padded_grad(dyp.queue, shape) if shape else None
         if geometry is None or dyp.shape != shape[:2] + geometry[2:]:
             raise ValueError(f"Conv2d.backward_padded: planes {dyp.shape} are not the {geometry} this conv's "
@@ -985,8 +798,9 @@ class Conv2d(Module):
         order); dx = conv_winot's, corr_cpu's or corrc_cpu's correlation of them with the flipped
         weights (added into `into` where given, and that returned). `sums` (N * K), where the
         writer of dyp gave them: dy's sum per plane, whence the bias gradient (else its own pass)."""
-        (n, c, h, w), mode, xp = self._saved
-        k, _, _, _ = self._geometry()
+        saved = self._saved
+        (n, c, h, w), r, xp = saved.shape, saved.route, saved.xp
+        k = self.kernel_size
         q, options = (dyp if dy is None else dy).queue, _cpu_options(k)
         _, oc, oh, ow = dy_shape
         pd, _, hd, wd = geometry
@@ -995,17 +809,16 @@ class Conv2d(Module):
             sums = ops.new(q, (n * oc,)) if self.bias is not None else None  # the bias gradient's, on the way
             _pad_planes(q, dy, dyp, pd, sums, options)
         gw, acc = ops.grad_target(self.weight)
-        wino = self._winot_wgrad_layout(q, dy_shape, xp)
-        if wino:
-            _winot_wgrad(q, xp, dyp, gw, acc, wino, border=pd)
+        if r.wgrad == "winot":
+            _winot_wgrad(q, xp, dyp, gw, acc, r.winot, r.winot_wgrad, border=pd)
         else:  # "rows": wgrad_cpu
-            blocks = _blocks(q)
+            blocks, cut = _blocks(q), _cutoffs(q)
             hx, wx, ro = xp.shape[2], xp.shape[3], blocks["RO"][k]
             wgv = (f"-DWGV={blocks['WGV']}",) if blocks["WGV"] != 16 else ()  # 16: the kernel's default
-            # chunks of output rows: a chunk's rows of every input channel stay in L2 (512 KiB), and
-            # the work-items (channels x output blocks x chunks) are enough for every core
-            ob, rows = -(-oc // ro), max(1, min(n * oh, _WGRAD_L2 // (4 * c * wx)))
-            while rows > 1 and c * ob * -(-n * oh // rows) < _WGRAD_ITEMS:
+            # chunks of output rows: a chunk's rows of every input channel stay in L2, and the
+            # work-items (channels x output blocks x chunks) are enough for every core
+            ob, rows = -(-oc // ro), max(1, min(n * oh, cut["wgrad_l2"] // (4 * c * wx)))
+            while rows > 1 and c * ob * -(-n * oh // rows) < cut["wgrad_items"]:
                 rows = -(-rows // 2)
             chunks = -(-n * oh // rows)
             part = ops.new(q, (chunks, oc, c * k * k))
@@ -1017,7 +830,7 @@ class Conv2d(Module):
             self._bias_grad_cpu(n, oc, sums)
         elif self.bias is not None:
             _channel_sum(dyp, self.bias)  # the border's zeros add nothing
-        return self._dx_of_planes(dyp, mode, into) if need_dx else None
+        return self._dx_of_planes(dyp, r, into) if need_dx else None
 
     def _bias_grad_cpu(self, n, oc, sums):
         if self.bias is not None:
@@ -1026,7 +839,8 @@ class Conv2d(Module):
             gb.mark_written()
 
     def _backward_depthwise(self, dy, need_dx):
-        x, xp = self._saved
+        saved = self._saved
+        x, xp, r = saved.x, saved.xp, saved.route
         n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape
         k, s, p, d = self._geometry()
@@ -1049,14 +863,14 @@ class Conv2d(Module):
         if not need_dx:
             return None
         dx = ops.new(q, x.shape)
-        if ops.is_cpu(q) and s == 1 and d == 1 and p <= k - 1:  # the flipped correlation of bordered dy, in vectors
+        if r.dgrad == "depthwise":  # the flipped correlation of bordered dy, in vectors
             vw = _row_vector(w)
             dyp = ops.new(q, (n, oc, h + k - 1, -(-w // vw) * vw + k - 1))
             _pad_planes(q, dy, dyp, k - 1 - p, None, _cpu_options(k))
             planes, items = ops.cpu_rows(n * c, h * w * k * k * (oc // c))
             ops.launch(q, _FAMILY, "dw_bwd_data_cpu", (items,), (1,), n * c, planes, c, oc // c, h, w, dyp.shape[2],
                        dyp.shape[3], dyp, self.weight, dx, options=_cpu_options(k) + (f"-DDWV={vw}",))
-        elif ops.is_cpu(q) and s == 2 and d == 1 and p <= k - 1:  # each dx row's taps by parity, in vectors
+        elif r.dgrad == "depthwise_s2":  # each dx row's taps by parity, in vectors
             pairs = -(-w // 2)  # dx's column pairs: a vector of each parity's sums covers 2 * vw columns
             vw = min(8, _row_vector(pairs))
             border, tq = (k - p) // 2, -(-pairs // vw) * vw

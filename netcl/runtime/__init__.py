@@ -3,11 +3,13 @@ counters that tell a steady training step (no buffers made, no programs built) f
 import os
 import re
 import threading
+from collections.abc import Mapping
+from contextlib import contextmanager
 
 import numpy as np
 
 from netcl.errors import CompileError
-from netcl.runtime import program
+from netcl.runtime import program, sources, tiers
 from netcl.runtime.device import SERIAL_MACS, DeviceInfo, devices, is_serial, select_device, serial_bound
 from netcl.runtime.program import build, kernel_source
 
@@ -19,7 +21,15 @@ _device_locks = {}  # device (int_ptr) -> a Lock for PoCL's serial device, None 
 _made = threading.Lock()  # held while a queue or lock above is made (two threads must not make two)
 _serial = {}  # a threaded PoCL CPU device's queue (int_ptr) -> its platform's serial device's queue, or None
 _pools = {}  # context -> MemoryPool
-_kernels = {}  # (context, family, options) -> {name: Kernel}
+# (context, family, options) -> _Kernels; (context, source digest, kernel name, its options) -> Kernel
+_kernels = {}
+_dtypes = {}  # a kernel source's digest -> arg_dtypes of it
+_key_locks = {}  # kernel key -> a Lock held while that kernel's program is built
+
+
+def _lock_of(key):
+    with _made:
+        return _key_locks.setdefault(key, threading.Lock())
 _arg_types = {}  # Kernel.int_ptr -> (the Kernel, its scalar argument dtypes): for copy_kernel()
 
 
@@ -196,34 +206,109 @@ def _scalar_type(name):
     return _SCALARS[name]
 
 
-class _Kernels(dict):
-    """kernels()' answer: a missing name is a CompileError that says where it was looked for (PoCL
-    3.0 on a Zen 4 "builds" programs without their kernels: see netcl.runtime.device)."""
+class _Kernels(Mapping):
+    """kernels()' answer: its family's kernels by name, each built on first use as a program of its
+    own, with the options that can change it (netcl.runtime.sources): a new option set builds only
+    what runs, and a kernel no option of the set reaches is the one already built. A missing name
+    is a CompileError that says where it was looked for (PoCL 3.0 on a Zen 4 "builds" programs
+    without their kernels: see netcl.runtime.device)."""
 
-    what = ""
+    def __init__(self, context, family, options, device_name):
+        source = kernel_source(family)  # (looked up here: tools/ab_kernels.py patches it)
+        self.context, self.family, self.options, self.split = context, family, options, sources.split(source)
+        self.what = f"{family}.cl built with {' '.join(options) or 'no options'} on {device_name}"
+        self._built = {}
 
-    def __missing__(self, name):
-        raise CompileError(f"no kernel {name!r} in {self.what}: the compiler dropped it, or a -D option "
-                           "leaves it out; `netcl devices --check` tests the device")
+    def __getitem__(self, name):
+        k = self._built.get(name)
+        if k is None and _collecting:  # (a build helper's dry run: which kernels, in which order)
+            _collecting[-1].append((self.family, name, self.options))
+            return None
+        if k is None:
+            try:
+                k = self._built[name] = self._kernel(name)
+            except program.Claimed:  # (a build helper's dry run: another process builds it)
+                return None
+        return k
+
+    def ready(self, name):
+        """Whether kernel `name` is built, or its program's binary is in the disk cache."""
+        if name in self._built:
+            return True
+        if name not in self.split.kernels:
+            return False
+        options = self.split.options_for(name, self.options)
+        if (self.context, self.split.digest, name, options) in _kernels:
+            return True
+        return program.cached(self.context, self.split.program_source(name), options)
+
+    def __iter__(self):
+        return iter(self.split.names())
+
+    def __len__(self):
+        return len(self.split.names())
+
+    def _kernel(self, name):
+        if name not in self.split.kernels:
+            raise CompileError(f"no kernel {name!r} in {self.what}")
+        options = self.split.options_for(name, self.options)
+        key = (self.context, self.split.digest, name, options)
+        k = _kernels.get(key)
+        if k is not None:
+            return k
+        with _lock_of(key):  # one build of a program at a time; others go on (the tiers' thread builds here too)
+            k = _kernels.get(key)
+            if k is not None:
+                return k
+            what = f"{self.family}.cl {name}" + (f" ({' '.join(options)})" if options else "")
+            prog = build(self.context, self.split.program_source(name), options, family=self.family, what=what)
+            k = next((k for k in prog.all_kernels() if k.function_name == name), None)
+            if k is None:
+                raise CompileError(f"no kernel {name!r} in {self.what}: the compiler dropped it, or a -D option "
+                                   "leaves it out; `netcl devices --check` tests the device")
+            dtypes = _dtypes.get(self.split.digest)
+            if dtypes is None:
+                dtypes = _dtypes[self.split.digest] = arg_dtypes(self.split.source)
+            dtypes = dtypes[name]
+            k.set_scalar_arg_dtypes(dtypes)
+            _arg_types[k.int_ptr] = (k, dtypes)
+            _kernels[key] = k
+            return k
 
 
 def kernels(queue, family, options=()):
-    """Kernels of netcl/kernels/<family>.cl built for the queue's context, by name (cached). Their
-    scalar argument types are declared from the source, so set_args packs them without inspecting
-    each value (which cost most of a launch's host time on NVIDIA's OpenCL)."""
+    """Kernels of netcl/kernels/<family>.cl for the queue's context, by name, built with `options`
+    as each is first asked for (_Kernels; cached). Their scalar argument types are declared from
+    the source, so set_args packs them without inspecting each value (which cost most of a
+    launch's host time on NVIDIA's OpenCL)."""
     key = (queue.context, family, tuple(options))
     ks = _kernels.get(key)
     if ks is None:
-        source = kernel_source(family)
-        prog = build(queue.context, source, options)
-        dtypes = arg_dtypes(source)
-        ks = _Kernels({k.function_name: k for k in prog.all_kernels()})
-        ks.what = f"{family}.cl built with {' '.join(options) or 'no options'} on {queue.device.name.strip()}"
-        _kernels[key] = ks
-        for name, k in ks.items():
-            k.set_scalar_arg_dtypes(dtypes[name])
-            _arg_types[k.int_ptr] = (k, dtypes[name])
+        ks = _kernels[key] = _Kernels(queue.context, family, tuple(options), queue.device.name.strip())
     return ks
+
+
+tiers.builder = lambda queue, family, name, options: kernels(queue, family, options)[name]
+_collecting = []  # collecting()'s lists
+
+
+@contextmanager
+def collecting(into):
+    """While the block runs, a kernel not built yet is not built: (family, kernel, options) is
+    appended to the list `into` and kernels()[name] gives None (a build helper's dry run walks a
+    step this way first, then builds what it found: netcl.buildhelper)."""
+    _collecting.append(into)
+    try:
+        yield into
+    finally:
+        _collecting.pop()
+
+
+def kernels_ready(queue, triples):
+    """Whether every (family, kernel, options) of `triples` is built for the queue's context or its
+    program's binary is in the disk cache (netcl.runtime.tiers: a route whose kernels are not runs
+    its generic tier meanwhile)."""
+    return all(kernels(queue, family, options).ready(name) for family, name, options in triples)
 
 
 def kernel_arg_types(k):
@@ -251,7 +336,7 @@ class Recorder:
     held its data before the recording. netcl.trainstep records training steps with it."""
 
     def __init__(self):
-        self.commands, self.refused, self.allocated = [], None, set()
+        self.commands, self.refused, self.allocated, self.generation = [], None, set(), None
         self.varying = {}  # command index -> (argument indices, fn): see vary()
 
     def launch(self, k, gsize, lsize, args):
@@ -282,6 +367,7 @@ class Recorder:
         """Record this thread's device commands from now on (RuntimeError if it already records)."""
         if _recording.recorder is not None:
             raise RuntimeError("this thread is already recording device commands")
+        self.generation = tiers.generation()  # the kernel tiers the recorded layers chose from
         _recording.recorder = self
         return self
 
@@ -375,4 +461,5 @@ def stats():
 
 
 __all__ = ["DeviceInfo", "devices", "select_device", "default_queue", "serial_queue", "serial_route", "serial_lock",
-           "serial_bound", "SERIAL_MACS", "device_class", "acq_rel_atomics", "float_lanes", "device_lanes", "lanes_override", "kernels", "alloc", "buffer", "stats", "build", "kernel_source"]
+           "serial_bound", "SERIAL_MACS", "device_class", "acq_rel_atomics", "float_lanes", "device_lanes",
+           "lanes_override", "kernels", "kernels_ready", "tiers", "alloc", "buffer", "stats", "build", "kernel_source"]
