@@ -685,10 +685,12 @@ def _recorded_model(m, g, shape, dynamic):
 
 # -- the entry point ----------------------------------------------------------------------------
 def import_onnx(path):
-    """An ONNX model file -> a netcl nn.Sequential (eval mode, weights on the host).
+    """An ONNX model file -> a netcl nn.Sequential (eval mode, weights on the host), or an
+    nn.GraphModule where the graph is not a chain of layers and blocks.
 
     Files netcl wrote come back as the same layers with the same weights; other graphs in the
-    same vocabulary (CONVERTERS, MERGES, FOLDERS) become the equivalent layers. The model has one
+    same vocabulary (CONVERTERS, MERGES, FOLDERS) become the equivalent layers; any other graph of
+    onnx_graph.OPS is replayed by netcl layers and operations and traced (onnx_graph). The model has one
     float input whose dims but the batch are fixed, and one output. Raises FormatError for a file
     that is not ONNX or is corrupt (sizes that do not fit, external data outside the model's
     folder), NotImplementedError naming every unsupported op (type and node) or setting."""
@@ -703,12 +705,20 @@ def import_onnx(path):
     model = _recorded_model(m, g, shape, dynamic)
     if model is not None:
         return model.eval()
+    try:
+        return _chain(g, inputs[0].name, m.graph.output[0].name, shape, dynamic)
+    except NotImplementedError:  # not a chain, or ops a chain of layers lacks: the graph replayed and traced
+        from netcl.io.onnx_graph import import_graph
+        return import_graph(g, inputs[0].name, m.graph.output[0].name, shape, dynamic)
+
+
+def _chain(g, input_name, output_name, shape, dynamic):
+    """The graph as an nn.Sequential of layers and blocks (NotImplementedError where it is not one)."""
     walk = _Walk(g)
     _unsupported(g, walk.grouped)
     allowed = {id(n) for n in g.nodes}
     with _scratch_rng():
-        layers, _ = walk.chain(inputs[0].name, (None,) + shape[1:] if dynamic else shape, m.graph.output[0].name,
-                               allowed)
+        layers, _ = walk.chain(input_name, (None,) + shape[1:] if dynamic else shape, output_name, allowed)
     if allowed:
         left = [n for n in g.nodes if id(n) in allowed]
         raise NotImplementedError(f"nodes {', '.join(repr(n.name) for n in left[:10])} do not lie between the input "
