@@ -145,6 +145,38 @@ class TokenMixer(tnn.Module):
         return x.transpose(1, 2).softmax(-1)
 
 
+class PatchEmbed(tnn.Module):
+    """ViT's stem: patches by a strided Conv, a class token expanded over the batch and prepended, a
+    position embedding added (Parameters as operands), LayerNorm, the class token's row (Gather)."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = tnn.Conv2d(3, 6, 4, 4)
+        self.cls = tnn.Parameter(torch.randn(1, 1, 6))
+        self.pos = tnn.Parameter(torch.randn(1, 17, 6) * 0.5)
+        self.norm, self.head = tnn.LayerNorm(6), tnn.Linear(6, 4)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(x.shape[0], -1, -1), t], dim=1) + self.pos
+        return self.head(self.norm(t)[:, 0])
+
+
+class Decoder(tnn.Module):
+    """ConvTranspose, constant Pad, Split by sizes, Squeeze/Unsqueeze and a ReduceMax."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = tnn.ConvTranspose2d(3, 6, 2, stride=2)
+        self.conv = tnn.Conv2d(2, 4, 3)
+
+    def forward(self, x):
+        y = tnn.functional.pad(self.up(x), (1, 1, 1, 1), value=0.5)
+        a, b = y.split([2, 4], dim=1)
+        m = b.amax(1, keepdim=True).squeeze(1).unsqueeze(1)
+        return torch.relu(self.conv(a)) + m[:, :, 1:-1, 1:-1]
+
+
 CASES = {  # name -> (torch module, input shape)
     "basic_block": (BasicBlock, (2, 3, 16, 16)),
     "squeeze_excite": (SqueezeExcite, (2, 3, 16, 16)),
@@ -153,6 +185,8 @@ CASES = {  # name -> (torch module, input shape)
     "mlp": (Mlp, (2, 3, 2, 2)),
     "hard_activations": (HardActivations, (2, 3, 16, 16)),
     "token_mixer": (TokenMixer, (2, 5, 6)),
+    "patch_embed": (PatchEmbed, (2, 3, 16, 16)),
+    "decoder": (Decoder, (2, 3, 6, 6)),
 }
 
 

@@ -205,6 +205,11 @@ def _slice(m, node, ins):
         steps = _ints(ins[4], node, "steps") if len(ins) > 4 and ins[4] is not None else None
     axes = list(range(len(starts))) if axes is None else axes
     steps = steps or [1] * len(starts)
+    if _host(x):  # (torch's Pad writes a reversed slice of its pads)
+        index = [slice(None)] * x.ndim
+        for a, s, e, st in zip(axes, starts, ends, steps):
+            index[int(a) % x.ndim] = slice(int(s), int(e), int(st))
+        return [x[tuple(index)]]
     shape = x.shape
     index = [slice(None)] * len(shape)
     for a, s, e, st in zip(axes, starts, ends, steps):
@@ -212,8 +217,6 @@ def _slice(m, node, ins):
             raise NotImplementedError(f"node {node.name!r} (Slice): step {st} (netcl slices forwards)")
         a = int(a) % len(shape)
         index[a] = slice(*slice(int(s), int(e), int(st)).indices(int(shape[a])))  # (ends like 2**63-1 clipped)
-    if _host(x):
-        return [x[tuple(index)]]
     return [functions.getitem(x, tuple(index))]
 
 
@@ -235,8 +238,9 @@ def _shape(m, node, ins):
 def _expand(m, node, ins):
     x = ins[0]
     shape = _ints(ins[1], node, "shape")
-    if _host(x):
+    if _host(x) and x.dtype.kind != "f":
         return [x * np.ones(shape, x.dtype)]
+    x = m.operand(node, 0, x, x)  # (a float constant expanded over the batch: a class token, a Parameter)
     out = tuple(int(n) for n in np.broadcast_shapes(tuple(int(n) for n in x.shape), tuple(shape)))
     if x.ndim < len(out):
         x = functions.reshape(x, *((1,) * (len(out) - x.ndim) + tuple(x.shape)))
@@ -304,6 +308,23 @@ def _pad(m, node, ins):
     return [x]
 
 
+def _host_only(fn):
+    """An op netcl computes only on values known at import (shapes: torch's expand writes
+    ConstantOfShape/Equal/Where on them)."""
+    def op(m, node, ins):
+        if not all(_host(v) for v in ins):
+            raise NotImplementedError(f"node {node.name!r} ({node.op_type}): only on values known when the model is "
+                                      "imported (constants and shapes), not on a tensor")
+        return [fn(*ins, k=m.attrs(node))]
+    return op
+
+
+def _constant_of_shape(shape, k):
+    value = k.get("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    return np.full([int(n) for n in shape.ravel()], value[0], value.dtype)
+
+
 _MAKERS = {"LayerNormalization": _make_layer_norm, "ConvTranspose": _make_conv_transpose}
 
 # ONNX op -> handler (see the module docstring)
@@ -325,6 +346,8 @@ OPS = {
     "LayerNormalization": _layer_norm,  # LayerNorm over the last axis
     "Concat": _concat, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Split": _split, "Slice": _slice, "Gather": _gather,
+    "ConstantOfShape": _host_only(_constant_of_shape), "Equal": _host_only(lambda a, b, k: np.equal(a, b)),
+    "Where": _host_only(lambda c, a, b, k: np.where(c, a, b)), "Range": _host_only(lambda a, b, d, k: np.arange(a, b, d)),
     "Shape": _shape, "Expand": _expand, "Cast": _cast, "Identity": _identity, "Pad": _pad,
 }
 
