@@ -28,7 +28,7 @@ from netcl.io import onnx_import as oi
 from netcl.io.netcl_format import _scratch_rng
 from netcl.nn import functional
 from netcl.nn.blocks import ModuleDict
-from netcl.nn.graph import _parent, trace
+from netcl.nn.graph import GraphModule, _parent, trace
 from netcl.nn.module import Module, Parameter
 from netcl.tensor import INT32, Tensor
 
@@ -427,8 +427,8 @@ _PART = re.compile(r"[^A-Za-z0-9_]")
 
 
 def _sanitize(name, default):
-    part = _PART.sub("_", name).strip("_")[:64] or default
-    return part if part[0].isalpha() else f"v{part}"[:64]
+    """`name` as one part of a module path (letters, digits, underscores; no leading underscore)."""
+    return _PART.sub("_", name).strip("_")[:64] or default
 
 
 class OnnxGraph(Module):
@@ -515,13 +515,15 @@ class OnnxGraph(Module):
 
     def _free(self, path):
         parts = path.split(".")
-        if any(hasattr(OnnxGraph if i == 0 else ModuleDict, p) for i, p in enumerate(parts)):
-            return False  # (a method's or attribute's name)
+        if any(hasattr(ModuleDict, p) or (i == 0 and (hasattr(OnnxGraph, p) or hasattr(GraphModule, p)))
+               for i, p in enumerate(parts)):
+            return False  # (a method's or attribute's name, here or in the traced GraphModule)
         return not any(t == path or t.startswith(path + ".") or path.startswith(t + ".") for t in self._taken)
 
     def _make_layers(self, node, x):
-        """Build the node's layers (onnx_import's CONVERTERS, or _MAKERS), hold those with weights at
-        their path; (layers or paths, the value they make), kept for the next runs."""
+        """Build the node's layers (onnx_import's CONVERTERS, or _MAKERS) and hold them at their paths
+        (a weight's initializer's, else the node's name); (the paths, the value they make), kept for the
+        next runs."""
         make = _MAKERS.get(node.op_type) or oi.CONVERTERS[node.op_type]
         layers, y, used = make(self._g, node, tuple(int(n) for n in x.shape))
         steps = []

@@ -1,4 +1,4 @@
-"""import_onnx: an ONNX file -> a netcl Sequential, read with netcl's own protobuf bindings.
+"""import_onnx: an ONNX file -> a netcl Sequential (or GraphModule), read with netcl's own protobuf bindings.
 
 Read `CONVERTERS` to see what each op becomes. The importer
 1. reads the file (sizes checked before anything is allocated; external data only from the
@@ -11,7 +11,9 @@ Read `CONVERTERS` to see what each op becomes. The importer
    CONVERTERS (MatMul + Add fuse into one Linear); a value used by several nodes opens a block
    that ends where the paths meet (`MERGES`: Add -> Residual, Concat -> Concat); known multi-node
    subgraphs netcl itself writes (`PATTERNS`: MultiheadAttention) are recognised by their nodes'
-   doc_strings and checked op by op.
+   doc_strings and checked op by op;
+4. where that walk refuses the graph (not a chain, or ops no layer is), replays it with netcl layers
+   and tensor operations and traces it into a GraphModule (onnx_graph).
 Unsupported ops raise NotImplementedError naming every one of them (op type and node); a file
 that is not ONNX, or is corrupt, raises FormatError.
 """
