@@ -177,6 +177,18 @@ class Decoder(tnn.Module):
         return torch.relu(self.conv(a)) + m[:, :, 1:-1, 1:-1]
 
 
+class SharedConv(tnn.Module):
+    """One convolution applied twice (its weight shared): one layer, trained as one."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = tnn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.conv(y) + x
+
+
 CASES = {  # name -> (torch module, input shape)
     "basic_block": (BasicBlock, (2, 3, 16, 16)),
     "squeeze_excite": (SqueezeExcite, (2, 3, 16, 16)),
@@ -187,6 +199,7 @@ CASES = {  # name -> (torch module, input shape)
     "token_mixer": (TokenMixer, (2, 5, 6)),
     "patch_embed": (PatchEmbed, (2, 3, 16, 16)),
     "decoder": (Decoder, (2, 3, 6, 6)),
+    "shared_conv": (SharedConv, (2, 3, 8, 8)),
 }
 
 
@@ -291,6 +304,13 @@ def test_batchnorm_nodes_and_the_chain_importer(queue, rng, tmp_path):
     gm = as_graph(path)
     close(run(queue, gm, x), want)
     assert {"conv1.weight", "bn1.running_var", "down.0.weight", "down.1.bias", "fc.weight"} <= set(gm.state_dict())
+
+
+def test_a_shared_weight_is_one_layer(tmp_path):
+    _, _, path = built("shared_conv", 17, tmp_path)
+    gm = as_graph(path)
+    assert list(gm.state_dict()) == ["conv.weight", "conv.bias"]
+    assert [n.get("target") for n in gm.graph if n["op"] == "call"] == ["conv", "Relu", "conv"]
 
 
 def test_state_dict_keys_follow_the_initializers(tmp_path):

@@ -444,7 +444,7 @@ class OnnxGraph(Module):
             raise NotImplementedError(problem)
         d = self.__dict__
         d.update(_g=g, _input=input_name, _output=output_name, _made={}, _operands={}, _skip=set(inner),
-                 _gelu=last, _env=None, _batch=int(example_shape[0]), _taken=set())
+                 _gelu=last, _env=None, _batch=int(example_shape[0]), _taken=set(), _shared={})
         self.eval()  # (building runs the layers: BatchNorm must not learn from it)
         x = Tensor.from_host(None, np.zeros(example_shape, np.float32))
         with autograd.no_grad(), _scratch_rng():
@@ -526,6 +526,10 @@ class OnnxGraph(Module):
         next runs."""
         make = _MAKERS.get(node.op_type) or oi.CONVERTERS[node.op_type]
         layers, y, used = make(self._g, node, tuple(int(n) for n in x.shape))
+        same = (node.op_type, tuple(node.input[1:]), tuple(a.SerializeToString() for a in node.attribute))
+        if len(used) == 1 and len(node.input) > 1 and same in self._shared:  # (weights two nodes share: one layer)
+            self._made[id(node)] = (self._shared[same], y)
+            return self._shared[same], y
         steps = []
         for layer in layers:
             w = node.input[1] if len(node.input) > 1 and layer.named_tensors() else ""
@@ -537,6 +541,8 @@ class OnnxGraph(Module):
             steps.append(path)
         self._skip.update(id(n) for n in used if n is not node)
         self._made[id(node)] = (steps, y)
+        if len(used) == 1 and len(node.input) > 1:
+            self._shared[same] = steps
         return steps, y
 
     def get_submodule(self, path):
