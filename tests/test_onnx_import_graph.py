@@ -189,6 +189,19 @@ class SharedConv(tnn.Module):
         return self.conv(y) + x
 
 
+class Attention(tnn.Module):
+    """torch's MultiheadAttention as its exporter writes it (the heads split by shapes computed with
+    Shape, Gather, Div, Mod, Sqrt; MatMul of two values, Softmax), then a class-token read."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = tnn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        y, _ = self.attn(x, x, x, need_weights=False)
+        return (y + x)[:, 0]
+
+
 CASES = {  # name -> (torch module, input shape)
     "basic_block": (BasicBlock, (2, 3, 16, 16)),
     "squeeze_excite": (SqueezeExcite, (2, 3, 16, 16)),
@@ -200,6 +213,7 @@ CASES = {  # name -> (torch module, input shape)
     "patch_embed": (PatchEmbed, (2, 3, 16, 16)),
     "decoder": (Decoder, (2, 3, 6, 6)),
     "shared_conv": (SharedConv, (2, 3, 8, 8)),
+    "attention": (Attention, (2, 5, 8)),
 }
 
 
@@ -248,10 +262,14 @@ def built(name, opset, tmp_path, fold=True):
 @pytest.mark.parametrize("opset", [11, 13, 17, 18])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agrees_with_onnxruntime_and_torch(queue, rng, tmp_path, name, opset):
+    if name == "attention" and opset < 14:
+        pytest.skip("torch exports scaled_dot_product_attention from opset 14 on")
     tm, shape, path = built(name, opset, tmp_path)
     model = import_onnx(path)
     assert isinstance(model, (nn.GraphModule, nn.Sequential)) and not model.training
-    x = rng.standard_normal((3,) + shape[1:]).astype(np.float32)  # (another batch than the traced one)
+    free = not isinstance(model, nn.GraphModule) or model.graph[0]["out"][0][0] == "N"
+    assert free == (name != "attention")  # (torch's attention moves the batch off dimension 0)
+    x = rng.standard_normal((3 if free else 2,) + shape[1:]).astype(np.float32)  # (3: not the traced batch)
     with torch.no_grad():
         want = tm.double()(torch.from_numpy(x).double()).numpy()
     close(onnxruntime(path, x), want)  # (the reference itself)
@@ -276,7 +294,7 @@ def test_saves_loads_and_exports(queue, rng, tmp_path, name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_trains(queue, rng, tmp_path, name):
-    tm, shape, path = built(name, 13, tmp_path)
+    tm, shape, path = built(name, 17 if name == "attention" else 13, tmp_path)
     gm = as_graph(path).train()
     x = rng.standard_normal(shape).astype(np.float32)
     target = netcl.tensor(run(queue, gm, x) + rng.standard_normal(gm.output_shape(shape)).astype(np.float32),
@@ -392,3 +410,13 @@ def test_gelu_written_the_other_way(queue, rng, tmp_path):
     want = np.vectorize(lambda v: v * 0.5 * (1 + erf(v / 2 ** 0.5)))(x.astype(np.float64)) + x
     close(onnxruntime(path, x), want)
     close(run(queue, gm, x), want)
+
+
+def test_a_batch_off_the_first_dimension_is_fixed(queue, rng, tmp_path):
+    """torch's MultiheadAttention reshapes to (L, N * heads, d): the graph keeps the traced batch and
+    refuses another one where it comes in."""
+    _, shape, path = built("attention", 17, tmp_path)
+    gm = import_onnx(path)
+    assert gm.graph[0]["out"][0] == list(shape)
+    with pytest.raises(ValueError, match="traced for input"):
+        run(queue, gm, np.zeros((3,) + shape[1:], np.float32))

@@ -102,7 +102,7 @@ def import_onnx_row(netcl, q, tm, x, torch, opset):
         try:
             model = import_onnx(path)
         except NotImplementedError as e:
-            return f"refused: {str(e)[:90]}", ""
+            return f"refused: {' '.join(str(e).split())[:90]}", ""  # (one table row)
     with torch.no_grad():
         want = tm(torch.from_numpy(x)).numpy()
     return f"yes ({type(model).__name__})", f"{rel(model.predict(x, q), want):.1e}"

@@ -14,7 +14,9 @@ Read `OPS` to see what each op becomes. A node
   is computed with numpy (onnx_import's FOLDERS), so Shape -> Gather -> Unsqueeze -> Concat -> Reshape
   chains fold to a plain target shape.
 A Reshape or Expand target's first entry equal to the input's batch size (the graph's own, or 2
-where the graph's batch is symbolic) is taken to be the batch: the GraphModule keeps it free.
+where the graph's batch is symbolic) is taken to be the batch: the GraphModule keeps it free. A graph
+that moves the batch off the first dimension (torch's MultiheadAttention works sequence-first) cannot
+keep it free: it comes back for batch 2 only, and says so when given another.
 GELU as torch writes it before opset 20 (x * 0.5 * (1 + Erf(x / sqrt 2))) is recognised whole; an Erf
 elsewhere is not supported."""
 import collections
@@ -87,8 +89,8 @@ def _gemm(m, node, ins):
     return _layer_op(m, node, ins)
 
 
-def _unary(fn):
-    return lambda m, node, ins: [fn(ins[0])]
+def _unary(fn, on_host):
+    return lambda m, node, ins: [on_host(ins[0]) if _host(ins[0]) and on_host else fn(ins[0])]
 
 
 def _clip(m, node, ins):
@@ -337,17 +339,19 @@ OPS = {
     "Add": _binary(functions.add), "Sub": _binary(functions.sub), "Mul": _binary(functions.mul),
     "Div": _binary(functions.div), "Pow": _binary(functions.pow),
     "Max": _binary(functions.maximum), "Min": _binary(functions.minimum),
-    "Neg": _unary(functions.neg), "Exp": _unary(functions.exp), "Log": _unary(functions.log),
-    "Sqrt": _unary(functions.sqrt), "Abs": _unary(functions.abs), "Reciprocal": _unary(lambda x: 1.0 / x),
+    "Neg": _unary(functions.neg, np.negative), "Exp": _unary(functions.exp, np.exp),
+    "Log": _unary(functions.log, np.log), "Sqrt": _unary(functions.sqrt, np.sqrt),
+    "Abs": _unary(functions.abs, np.abs), "Reciprocal": _unary(lambda x: 1.0 / x, lambda a: 1 / a),
     "Clip": _clip,                    # F.relu6 for [0, 6], else clamp
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _unary(functional.hardswish),
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _unary(functional.hardswish, None),
     "Erf": _gelu,                     # only inside GELU's pattern: F.gelu
     "ReduceMean": _reduce(functions.mean), "ReduceSum": _reduce(functions.sum), "ReduceMax": _reduce(functions.amax),
     "LayerNormalization": _layer_norm,  # LayerNorm over the last axis
     "Concat": _concat, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Split": _split, "Slice": _slice, "Gather": _gather,
     "ConstantOfShape": _host_only(_constant_of_shape), "Equal": _host_only(lambda a, b, k: np.equal(a, b)),
-    "Where": _host_only(lambda c, a, b, k: np.where(c, a, b)), "Range": _host_only(lambda a, b, d, k: np.arange(a, b, d)),
+    "Where": _host_only(lambda c, a, b, k: np.where(c, a, b)),
+    "Mod": _host_only(lambda a, b, k: np.fmod(a, b) if k.get("fmod", 0) else np.mod(a, b)), "Range": _host_only(lambda a, b, d, k: np.arange(a, b, d)),
     "Shape": _shape, "Expand": _expand, "Cast": _cast, "Identity": _identity, "Pad": _pad,
 }
 
@@ -562,5 +566,33 @@ def import_graph(g, input_name, output_name, shape, dynamic):
     example = (EXAMPLE_BATCH if dynamic else int(shape[0]),) + tuple(int(n) for n in shape[1:])
     model = OnnxGraph(g, input_name, output_name, example).eval()
     with _scratch_rng():
-        gm = trace(model, Tensor.from_host(None, np.zeros(example, np.float32)))
-    return gm.eval()
+        gm = trace(model, Tensor.from_host(None, np.zeros(example, np.float32))).eval()
+    if dynamic and not _runs_at(gm, (example[0] + 1,) + example[1:]):
+        _fix_batch(gm, example[0])
+    return gm
+
+
+def _runs_at(gm, shape):
+    """Whether the graph runs on an input of `shape` (a batch of its own: a graph whose batch moves off
+    the first dimension, as torch's MultiheadAttention's does, holds the traced one in its shapes)."""
+    try:
+        with autograd.no_grad():
+            gm(Tensor.from_host(None, np.zeros(shape, np.float32)))
+    except ValueError:
+        return False
+    return True
+
+
+def _fix_batch(gm, n):
+    """Make the graph take batch n only (its shapes and batch arguments n), so that another batch is
+    refused where it comes in ("this graph was traced for input ...") rather than deep inside."""
+    def fixed(a):
+        if isinstance(a, dict):
+            return n if a == {"batch": 1} else {k: fixed(v) for k, v in a.items()}
+        return [fixed(v) for v in a] if isinstance(a, list) else a
+
+    for node in gm.graph:
+        node["out"] = [[n if d == "N" else d for d in shape] for shape in node.get("out", [])]
+        for field in ("args", "kwargs"):
+            if field in node:
+                node[field] = fixed(node[field])
