@@ -290,6 +290,7 @@ def test_saves_loads_and_exports(queue, rng, tmp_path, name):
     close(run(queue, loaded, x), want)
     export_onnx(loaded, shape, tmp_path / "again.onnx", dynamic_batch=True)
     close(onnxruntime(tmp_path / "again.onnx", x), want)
+    close(run(queue, import_onnx(tmp_path / "again.onnx"), x), want)  # (and netcl's own export imports back)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

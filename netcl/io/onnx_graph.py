@@ -242,7 +242,7 @@ def _expand(m, node, ins):
     shape = _ints(ins[1], node, "shape")
     if _host(x) and x.dtype.kind != "f":
         return [x * np.ones(shape, x.dtype)]
-    x = m.operand(node, 0, x, x)  # (a float constant expanded over the batch: a class token, a Parameter)
+    x = m.operand(node, 0, x, None, tensor=True)  # (a float constant expanded over the batch: a class token)
     out = tuple(int(n) for n in np.broadcast_shapes(tuple(int(n) for n in x.shape), tuple(shape)))
     if x.ndim < len(out):
         x = functions.reshape(x, *((1,) * (len(out) - x.ndim) + tuple(x.shape)))
@@ -487,13 +487,14 @@ class OnnxGraph(Module):
             shape[0] = x.shape[0] if int(x.shape[0]) == self._batch else self._env[self._input].shape[0]
         return shape
 
-    def operand(self, node, i, v, other):
+    def operand(self, node, i, v, other, tensor=False):
         """Input i of the node as an operand: a tensor as it is; a constant of one element a float (where
-        it adds no dimension to `other`); else a Parameter (an initializer) or buffer named after it."""
+        it adds no dimension to `other`, and `tensor` is False); else a Parameter (an initializer) or
+        buffer named after it."""
         if isinstance(v, Tensor):
             return v
         ndim = other.ndim if isinstance(other, (Tensor, np.ndarray)) else 0
-        if v.size == 1 and v.ndim <= ndim:
+        if v.size == 1 and v.ndim <= ndim and not tensor:
             return float(v.ravel()[0])
         name = node.input[i]
         t = self._operands.get(name)
