@@ -421,3 +421,26 @@ def test_a_batch_off_the_first_dimension_is_fixed(queue, rng, tmp_path):
     assert gm.graph[0]["out"][0] == list(shape)
     with pytest.raises(ValueError, match="traced for input"):
         run(queue, gm, np.zeros((3,) + shape[1:], np.float32))
+
+
+def test_more_elementwise_ops(queue, rng, tmp_path):
+    """Sum, PRelu (a learnt slope per channel), Elu, Softplus (large inputs too), LogSoftmax, ReduceMin."""
+    slope = rng.uniform(0.05, 0.5, (3, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("PRelu", ["input", "slope"], ["p"], name="prelu"),
+             helper.make_node("Elu", ["input"], ["e"], alpha=0.7, name="elu"),
+             helper.make_node("Softplus", ["input"], ["s"], name="softplus"),
+             helper.make_node("Sum", ["p", "e", "s"], ["t"], name="sum"),
+             helper.make_node("ReduceMin", ["t"], ["r"], axes=[1], keepdims=1, name="rmin"),
+             helper.make_node("Sub", ["t", "r"], ["d"], name="sub"),
+             helper.make_node("LogSoftmax", ["d"], ["output"], axis=-1, name="lsm")]
+    path = save_graph(nodes, {"slope": slope}, ["n", 3, 4, 5], ["n", 3, 4, 5], tmp_path / "g.onnx", opset=17)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32) * 3
+    x[0, 0, 0, :2] = (60.0, -60.0)  # (softplus of a large value must not overflow)
+    xd = x.astype(np.float64)
+    t = np.where(xd > 0, xd, slope * xd) + np.where(xd > 0, xd, 0.7 * np.expm1(xd)) + np.logaddexp(0, xd)
+    d = t - t.min(1, keepdims=True)
+    want = d - np.log(np.exp(d - d.max(-1, keepdims=True)).sum(-1, keepdims=True)) - d.max(-1, keepdims=True)
+    close(onnxruntime(path, x), want)
+    gm = import_onnx(path)
+    close(run(queue, gm, x), want)
+    assert "slope" in gm.state_dict()

@@ -114,6 +114,40 @@ def _hard_sigmoid(m, node, ins):
     return [functions.clamp(ins[0] * float(alpha) + float(beta), 0.0, 1.0)]
 
 
+def _sum(m, node, ins):
+    if all(_host(v) for v in ins):
+        return [sum(ins[1:], ins[0])]
+    values = [m.operand(node, i, v, None, tensor=True) for i, v in enumerate(ins)]
+    out = values[0]
+    for v in values[1:]:
+        out = functions.add(out, v)
+    return [out]
+
+
+def _prelu(m, node, ins):  # x where x > 0, else slope * x (slope a Parameter: PyTorch's PReLU learns it)
+    x = ins[0]
+    return [functional.relu(x) + m.operand(node, 1, ins[1], x) * functions.minimum(x, 0.0)]
+
+
+def _elu(m, node, ins):
+    x, alpha = ins[0], float(m.attrs(node).get("alpha", 1.0))
+    return [functional.relu(x) + (functions.exp(functions.minimum(x, 0.0)) - 1.0) * alpha]
+
+
+def _softplus(m, node, ins):  # log(1 + exp(x)) = relu(x) + log(1 + exp(-|x|)), which never overflows
+    x = ins[0]
+    return [functional.relu(x) + functions.log(functions.exp(-functions.abs(x)) + 1.0)]
+
+
+def _log_softmax(m, node, ins):
+    x = ins[0]
+    axis = m.attrs(node).get("axis", 1 if m._g.opset < 13 else -1) % x.ndim
+    if m._g.opset < 13 and axis != x.ndim - 1:  # (before 13: the flattened trailing dimensions together)
+        raise NotImplementedError(f"node {node.name!r} (LogSoftmax-{m._g.opset}): axis={axis} of a {x.ndim}-D "
+                                  "input normalises several dimensions together")
+    return [functions.log_softmax(x, axis)]
+
+
 def _gelu(m, node, ins):
     return [functional.gelu(m._env_value(m._gelu[id(node)]))]
 
@@ -342,10 +376,12 @@ OPS = {
     "Neg": _unary(functions.neg, np.negative), "Exp": _unary(functions.exp, np.exp),
     "Log": _unary(functions.log, np.log), "Sqrt": _unary(functions.sqrt, np.sqrt),
     "Abs": _unary(functions.abs, np.abs), "Reciprocal": _unary(lambda x: 1.0 / x, lambda a: 1 / a),
+    "Sum": _sum, "PRelu": _prelu, "Elu": _elu, "Softplus": _softplus, "LogSoftmax": _log_softmax,
     "Clip": _clip,                    # F.relu6 for [0, 6], else clamp
     "HardSigmoid": _hard_sigmoid, "HardSwish": _unary(functional.hardswish, None),
     "Erf": _gelu,                     # only inside GELU's pattern: F.gelu
     "ReduceMean": _reduce(functions.mean), "ReduceSum": _reduce(functions.sum), "ReduceMax": _reduce(functions.amax),
+    "ReduceMin": _reduce(functions.amin),
     "LayerNormalization": _layer_norm,  # LayerNorm over the last axis
     "Concat": _concat, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Split": _split, "Slice": _slice, "Gather": _gather,
