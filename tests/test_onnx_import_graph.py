@@ -444,3 +444,19 @@ def test_more_elementwise_ops(queue, rng, tmp_path):
     gm = import_onnx(path)
     close(run(queue, gm, x), want)
     assert "slope" in gm.state_dict()
+
+
+def test_padding_netcl_convolutions_do_not_take(queue, rng, tmp_path):
+    """Conv with pads on one side only, and auto_pad SAME_UPPER / SAME_LOWER with a stride: a Pad
+    in front of a convolution; onnxruntime is the reference."""
+    w1, w2, w3 = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3, 3, 3), (4, 4, 2, 2), (5, 4, 3, 3)))
+    nodes = [helper.make_node("Conv", ["input", "w1"], ["a"], pads=[0, 0, 1, 1], name="one_side"),
+             helper.make_node("Conv", ["a", "w2"], ["b"], auto_pad="SAME_UPPER", strides=[2, 2], name="same_upper"),
+             helper.make_node("Conv", ["b", "w3"], ["c"], auto_pad="SAME_LOWER", name="same_lower"),
+             helper.make_node("Relu", ["c"], ["output"], name="relu")]
+    path = save_graph(nodes, {"w1": w1, "w2": w2, "w3": w3}, ["n", 3, 7, 7], ["n", 5, 4, 4], tmp_path / "g.onnx")
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    want = onnxruntime(path, x).astype(np.float64)
+    gm = import_onnx(path)
+    assert isinstance(gm, nn.GraphModule)
+    close(run(queue, gm, x), want)

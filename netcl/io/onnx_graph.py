@@ -27,6 +27,7 @@ import numpy as np
 
 from netcl import autograd, functions
 from netcl.io import onnx_import as oi
+from netcl.io.onnx_export import onnx_pb2 as P
 from netcl.io.netcl_format import _scratch_rng
 from netcl.nn import functional
 from netcl.nn.blocks import ModuleDict
@@ -332,16 +333,53 @@ def _pad(m, node, ins):
         float(np.asarray(ins[2]).item()) if len(ins) > 2 and ins[2] is not None else 0.0)
     if k.get("mode", "constant") != "constant" or (len(ins) > 3 and ins[3] is not None) or min(pads) < 0:
         raise NotImplementedError(f"node {node.name!r} (Pad): only constant padding of every axis, by >= 0")
-    n = x.ndim
-    for a in range(n):
-        for side, p in ((0, pads[a]), (1, pads[a + n])):
+    return [_pad_tensor(m, x, pads[:x.ndim], pads[x.ndim:], value)]
+
+
+def _pad_tensor(m, x, before, after, value=0.0):
+    """x with `before[a]` and `after[a]` entries of `value` around each axis a (concatenations)."""
+    for a in range(x.ndim):
+        for side, p in ((0, before[a]), (1, after[a])):
             if p:
                 shape = [int(d) for d in x.shape]
-                shape[a] = p
-                fill = functions.zeros(*m.batch_first(shape, x)) + value if value else \
-                    functions.zeros(*m.batch_first(shape, x))
+                shape[a] = int(p)
+                fill = functions.zeros(*m.batch_first(shape, x))
+                fill = fill + float(value) if value else fill
                 x = functions.cat([fill, x] if side == 0 else [x, fill], a)
-    return [x]
+    return x
+
+
+def _conv(m, node, ins):
+    """Conv; padding netcl's Conv2d does not take (one side more than the other, auto_pad SAME_*) is
+    a Pad in front of a convolution without any."""
+    plan = m._conv_pads.get(id(node))
+    if plan is None:
+        plan = m._conv_pads[id(node)] = _conv_plan(m, node, ins[0].shape, ins[1].shape)
+    before, after, conv = plan
+    return _layer_op(m, conv, [_pad_tensor(m, ins[0], before, after)] + ins[1:])
+
+
+def _conv_plan(m, node, shape, wshape):
+    """(pads before, pads after, the node to convert): the node itself where netcl pads it."""
+    k = m.attrs(node)
+    auto, pads, n = k.get("auto_pad", "NOTSET"), k.get("pads"), len(shape) - 2
+    if auto in ("NOTSET", "VALID") and (not pads or len(set(pads)) == 1):
+        return [0] * len(shape), [0] * len(shape), node
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        strides, dil = k.get("strides") or [1] * n, k.get("dilations") or [1] * n
+        kernel = k.get("kernel_shape") or wshape[2:]
+        total = [max((-(-int(shape[2 + i]) // strides[i]) - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
+                     - int(shape[2 + i]), 0) for i in range(n)]
+        small = [t // 2 for t in total]
+        pads = (small + [t - s for t, s in zip(total, small)] if auto == "SAME_UPPER"
+                else [t - s for t, s in zip(total, small)] + small)
+    elif auto != "NOTSET":
+        raise NotImplementedError(f"node {node.name!r} (Conv): auto_pad={auto}")
+    plain = P.NodeProto()
+    plain.CopyFrom(node)
+    del plain.attribute[:]
+    plain.attribute.extend(a for a in node.attribute if a.name not in ("pads", "auto_pad"))
+    return [0, 0] + list(pads[:n]), [0, 0] + list(pads[n:]), plain
 
 
 def _host_only(fn):
@@ -365,7 +403,8 @@ _MAKERS = {"LayerNormalization": _make_layer_norm, "ConvTranspose": _make_conv_t
 
 # ONNX op -> handler (see the module docstring)
 OPS = {
-    **{op: _layer_op for op in ("Conv", "BatchNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "MaxPool",
+    "Conv": _conv,                    # Conv2d (asymmetric or SAME padding: a Pad in front)
+    **{op: _layer_op for op in ("BatchNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "MaxPool",
                                 "AveragePool", "GlobalAveragePool", "Softmax", "Dropout", "Resize", "Upsample",
                                 "ConvTranspose")},
     "Gemm": _gemm,                    # Linear; B transposed into netcl's (in, out) when transB=1
@@ -484,7 +523,7 @@ class OnnxGraph(Module):
             raise NotImplementedError(problem)
         d = self.__dict__
         d.update(_g=g, _input=input_name, _output=output_name, _made={}, _operands={}, _skip=set(inner),
-                 _gelu=last, _env=None, _batch=int(example_shape[0]), _taken=set(), _shared={})
+                 _gelu=last, _env=None, _batch=int(example_shape[0]), _taken=set(), _shared={}, _conv_pads={})
         self.eval()  # (building runs the layers: BatchNorm must not learn from it)
         x = Tensor.from_host(None, np.zeros(example_shape, np.float32))
         with autograd.no_grad(), _scratch_rng():
