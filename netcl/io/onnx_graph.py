@@ -530,6 +530,7 @@ class OnnxGraph(Module):
             self.forward(x)
 
     def forward(self, x):
+        """Run the graph's nodes in order on input x; the graph's output."""
         g = self._g
         env = self.__dict__["_env"] = {self._input: x}
         try:
