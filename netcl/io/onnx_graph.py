@@ -349,17 +349,21 @@ def _pad_tensor(m, x, before, after, value=0.0):
     return x
 
 
-def _conv(m, node, ins):
-    """Conv; padding netcl's Conv2d does not take (one side more than the other, auto_pad SAME_*) is
-    a Pad in front of a convolution without any."""
-    plan = m._conv_pads.get(id(node))
-    if plan is None:
-        plan = m._conv_pads[id(node)] = _conv_plan(m, node, ins[0].shape, ins[1].shape)
-    before, after, conv = plan
-    return _layer_op(m, conv, [_pad_tensor(m, ins[0], before, after)] + ins[1:])
+def _padded(value):
+    """Conv or MaxPool with padding netcl's layers do not take (one side more than the other, auto_pad
+    SAME_*): a Pad by `value` in front of the layer without any (for MaxPool -inf, which never wins)."""
+    def op(m, node, ins):
+        plan = m._pads.get(id(node))
+        if plan is None:
+            kernel = ins[1].shape[2:] if node.op_type == "Conv" else m.attrs(node).get("kernel_shape")
+            plan = m._pads[id(node)] = _pad_plan(m, node, ins[0].shape, kernel)
+        before, after, plain = plan
+        x = ins[0] if not any(before + after) else _pad_tensor(m, ins[0], before, after, value)
+        return _layer_op(m, plain, [x] + ins[1:])
+    return op
 
 
-def _conv_plan(m, node, shape, wshape):
+def _pad_plan(m, node, shape, kernel):
     """(pads before, pads after, the node to convert): the node itself where netcl pads it."""
     k = m.attrs(node)
     auto, pads, n = k.get("auto_pad", "NOTSET"), k.get("pads"), len(shape) - 2
@@ -367,14 +371,14 @@ def _conv_plan(m, node, shape, wshape):
         return [0] * len(shape), [0] * len(shape), node
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         strides, dil = k.get("strides") or [1] * n, k.get("dilations") or [1] * n
-        kernel = k.get("kernel_shape") or wshape[2:]
+        kernel = k.get("kernel_shape") or kernel
         total = [max((-(-int(shape[2 + i]) // strides[i]) - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
                      - int(shape[2 + i]), 0) for i in range(n)]
         small = [t // 2 for t in total]
         pads = (small + [t - s for t, s in zip(total, small)] if auto == "SAME_UPPER"
                 else [t - s for t, s in zip(total, small)] + small)
     elif auto != "NOTSET":
-        raise NotImplementedError(f"node {node.name!r} (Conv): auto_pad={auto}")
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={auto}")
     plain = P.NodeProto()
     plain.CopyFrom(node)
     del plain.attribute[:]
@@ -403,8 +407,9 @@ _MAKERS = {"LayerNormalization": _make_layer_norm, "ConvTranspose": _make_conv_t
 
 # ONNX op -> handler (see the module docstring)
 OPS = {
-    "Conv": _conv,                    # Conv2d (asymmetric or SAME padding: a Pad in front)
-    **{op: _layer_op for op in ("BatchNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "MaxPool",
+    "Conv": _padded(0.0),             # Conv2d (padding on one side more, or SAME: a Pad in front)
+    "MaxPool": _padded(-math.inf),    # MaxPool2d (likewise, padded by -inf)
+    **{op: _layer_op for op in ("BatchNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
                                 "AveragePool", "GlobalAveragePool", "Softmax", "Dropout", "Resize", "Upsample",
                                 "ConvTranspose")},
     "Gemm": _gemm,                    # Linear; B transposed into netcl's (in, out) when transB=1
@@ -523,7 +528,7 @@ class OnnxGraph(Module):
             raise NotImplementedError(problem)
         d = self.__dict__
         d.update(_g=g, _input=input_name, _output=output_name, _made={}, _operands={}, _skip=set(inner),
-                 _gelu=last, _env=None, _batch=int(example_shape[0]), _taken=set(), _shared={}, _conv_pads={})
+                 _gelu=last, _env=None, _batch=int(example_shape[0]), _taken=set(), _shared={}, _pads={})
         self.eval()  # (building runs the layers: BatchNorm must not learn from it)
         x = Tensor.from_host(None, np.zeros(example_shape, np.float32))
         with autograd.no_grad(), _scratch_rng():
