@@ -2,7 +2,8 @@
 """Which torchvision models netcl takes, measured: each model with random weights (10 classes) goes
 through nn.from_torch and through torch.onnx.export + netcl.io.import_onnx; each result is held
 against torch's output on the same input (max difference relative to torch's largest output), and
-the from_torch model trains five SGD steps on one batch (the loss must fall). Prints a Markdown table.
+the from_torch model trains five SGD steps on one batch (the loss must fall). Prints a Markdown table
+(import_onnx's column names what it gave: a Sequential for a chain of layers, else a GraphModule).
 
     python tools/coverage_torchvision.py                       # every model, inputs 1x3x64x64
     python tools/coverage_torchvision.py --models resnet18,vit_b_16 --size 224
@@ -101,10 +102,10 @@ def import_onnx_row(netcl, q, tm, x, torch, opset):
         try:
             model = import_onnx(path)
         except NotImplementedError as e:
-            return f"refused: {str(e)[:90]}", ""
+            return f"refused: {' '.join(str(e).split())[:90]}", ""  # (one table row)
     with torch.no_grad():
         want = tm(torch.from_numpy(x)).numpy()
-    return "yes", f"{rel(model.predict(x, q), want):.1e}"
+    return f"yes ({type(model).__name__})", f"{rel(model.predict(x, q), want):.1e}"
 
 
 def main():

@@ -618,6 +618,10 @@ def _expand(g, outs, x, *shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     target = [1 if (v is _BATCH or v == -1) else int(v) for v in shape]  # 1: broadcast keeps the input's
+    pad = len(shape) - len(x.shape)
+    if shape and shape[0] is _BATCH and (pad > 0 or x.shape[0] == 1):  # (a class token over the batch)
+        batch = g.op("Slice", [g.op("Shape", [g.graph_input], None), g.const("start", [0]), g.const("end", [1])], None)
+        return g.op("Expand", [x.name, g.op("Concat", [batch, g.const("rest", target[1:])], None, axis=0)], outs[0])
     return g.op("Expand", [x.name, g.const("shape", target)], outs[0])
 
 

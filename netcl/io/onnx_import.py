@@ -1,4 +1,4 @@
-"""import_onnx: an ONNX file -> a netcl Sequential, read with netcl's own protobuf bindings.
+"""import_onnx: an ONNX file -> a netcl Sequential (or GraphModule), read with netcl's own protobuf bindings.
 
 Read `CONVERTERS` to see what each op becomes. The importer
 1. reads the file (sizes checked before anything is allocated; external data only from the
@@ -11,7 +11,9 @@ Read `CONVERTERS` to see what each op becomes. The importer
    CONVERTERS (MatMul + Add fuse into one Linear); a value used by several nodes opens a block
    that ends where the paths meet (`MERGES`: Add -> Residual, Concat -> Concat); known multi-node
    subgraphs netcl itself writes (`PATTERNS`: MultiheadAttention) are recognised by their nodes'
-   doc_strings and checked op by op.
+   doc_strings and checked op by op;
+4. where that walk refuses the graph (not a chain, or ops no layer is), replays it with netcl layers
+   and tensor operations and traces it into a GraphModule (onnx_graph).
 Unsupported ops raise NotImplementedError naming every one of them (op type and node); a file
 that is not ONNX, or is corrupt, raises FormatError.
 """
@@ -685,10 +687,12 @@ def _recorded_model(m, g, shape, dynamic):
 
 # -- the entry point ----------------------------------------------------------------------------
 def import_onnx(path):
-    """An ONNX model file -> a netcl nn.Sequential (eval mode, weights on the host).
+    """An ONNX model file -> a netcl nn.Sequential (eval mode, weights on the host), or an
+    nn.GraphModule where the graph is not a chain of layers and blocks.
 
     Files netcl wrote come back as the same layers with the same weights; other graphs in the
-    same vocabulary (CONVERTERS, MERGES, FOLDERS) become the equivalent layers. The model has one
+    same vocabulary (CONVERTERS, MERGES, FOLDERS) become the equivalent layers; any other graph of
+    onnx_graph.OPS is replayed by netcl layers and operations and traced (onnx_graph). The model has one
     float input whose dims but the batch are fixed, and one output. Raises FormatError for a file
     that is not ONNX or is corrupt (sizes that do not fit, external data outside the model's
     folder), NotImplementedError naming every unsupported op (type and node) or setting."""
@@ -703,12 +707,20 @@ def import_onnx(path):
     model = _recorded_model(m, g, shape, dynamic)
     if model is not None:
         return model.eval()
+    try:
+        return _chain(g, inputs[0].name, m.graph.output[0].name, shape, dynamic)
+    except NotImplementedError:  # not a chain, or ops a chain of layers lacks: the graph replayed and traced
+        from netcl.io.onnx_graph import import_graph
+        return import_graph(g, inputs[0].name, m.graph.output[0].name, shape, dynamic)
+
+
+def _chain(g, input_name, output_name, shape, dynamic):
+    """The graph as an nn.Sequential of layers and blocks (NotImplementedError where it is not one)."""
     walk = _Walk(g)
     _unsupported(g, walk.grouped)
     allowed = {id(n) for n in g.nodes}
     with _scratch_rng():
-        layers, _ = walk.chain(inputs[0].name, (None,) + shape[1:] if dynamic else shape, m.graph.output[0].name,
-                               allowed)
+        layers, _ = walk.chain(input_name, (None,) + shape[1:] if dynamic else shape, output_name, allowed)
     if allowed:
         left = [n for n in g.nodes if id(n) in allowed]
         raise NotImplementedError(f"nodes {', '.join(repr(n.name) for n in left[:10])} do not lie between the input "
