@@ -5,7 +5,7 @@ def __getattr__(name):  # each submodule loads on first use, so neither needs th
     import importlib
 
     where = {"save": "netcl_format", "load": "netcl_format", "save_checkpoint": "netcl_format",
-             "load_checkpoint": "netcl_format", "export_onnx": "onnx_export", "import_onnx": "onnx_import",
+             "load_checkpoint": "netcl_format", "export_onnx": "onnx_export", "import_onnx": "onnx_graph",
              "export_test_case": "onnx_test_case"}
     if name in where:
         return getattr(importlib.import_module(f"netcl.io.{where[name]}"), name)

@@ -678,3 +678,22 @@ def _fix_batch(gm, n):
         for field in ("args", "kwargs"):
             if field in node:
                 node[field] = fixed(node[field])
+
+
+def import_onnx(path):
+    """An ONNX model file -> a netcl nn.Sequential (eval mode, weights on the host), or an
+    nn.GraphModule where the graph is not a chain of layers and blocks.
+
+    Files netcl wrote come back as the same layers with the same weights; other graphs in the
+    same vocabulary (onnx_import's CONVERTERS, MERGES, FOLDERS) become the equivalent layers; any other graph of
+    OPS is replayed by netcl layers and operations and traced (OnnxGraph). The model has one
+    float input whose dims but the batch are fixed, and one output. Raises FormatError for a file
+    that is not ONNX or is corrupt (sizes that do not fit, external data outside the model's
+    folder), NotImplementedError naming every unsupported op (type and node) or setting."""
+    recorded, g, input_name, output_name, shape, dynamic = oi.read(path)
+    if recorded is not None:
+        return recorded.eval()
+    try:
+        return oi.chain(g, input_name, output_name, shape, dynamic)
+    except NotImplementedError:  # not a chain, or ops a chain of layers lacks: the graph replayed and traced
+        return import_graph(g, input_name, output_name, shape, dynamic)

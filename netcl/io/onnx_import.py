@@ -1,4 +1,5 @@
-"""import_onnx: an ONNX file -> a netcl Sequential (or GraphModule), read with netcl's own protobuf bindings.
+"""The chain importer: an ONNX file read with netcl's own protobuf bindings into a netcl Sequential
+(netcl.io.onnx_graph's import_onnx tries it first, and replays the graphs it refuses).
 
 Read `CONVERTERS` to see what each op becomes. The importer
 1. reads the file (sizes checked before anything is allocated; external data only from the
@@ -686,16 +687,11 @@ def _recorded_model(m, g, shape, dynamic):
 
 
 # -- the entry point ----------------------------------------------------------------------------
-def import_onnx(path):
-    """An ONNX model file -> a netcl nn.Sequential (eval mode, weights on the host), or an
-    nn.GraphModule where the graph is not a chain of layers and blocks.
-
-    Files netcl wrote come back as the same layers with the same weights; other graphs in the
-    same vocabulary (CONVERTERS, MERGES, FOLDERS) become the equivalent layers; any other graph of
-    onnx_graph.OPS is replayed by netcl layers and operations and traced (onnx_graph). The model has one
-    float input whose dims but the batch are fixed, and one output. Raises FormatError for a file
-    that is not ONNX or is corrupt (sizes that do not fit, external data outside the model's
-    folder), NotImplementedError naming every unsupported op (type and node) or setting."""
+def read(path):
+    """The ONNX file at `path` read for import_onnx (netcl.io.onnx_graph): (the model netcl recorded in
+    it, or None; the _Graph; the input's name; the output's name; the input's dims; whether its batch
+    is symbolic). Raises FormatError for a file that is not ONNX or is corrupt, NotImplementedError
+    for a graph without one float input and one output."""
     m, opset = _read_model(path)
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
     g = _Graph(m, opset, folder)
@@ -704,17 +700,10 @@ def import_onnx(path):
         raise NotImplementedError(f"netcl models have one input and one output; the graph has {len(inputs)} inputs "
                                   f"and {len(m.graph.output)} outputs")
     shape, dynamic = _shape_of(inputs[0])
-    model = _recorded_model(m, g, shape, dynamic)
-    if model is not None:
-        return model.eval()
-    try:
-        return _chain(g, inputs[0].name, m.graph.output[0].name, shape, dynamic)
-    except NotImplementedError:  # not a chain, or ops a chain of layers lacks: the graph replayed and traced
-        from netcl.io.onnx_graph import import_graph
-        return import_graph(g, inputs[0].name, m.graph.output[0].name, shape, dynamic)
+    return _recorded_model(m, g, shape, dynamic), g, inputs[0].name, m.graph.output[0].name, shape, dynamic
 
 
-def _chain(g, input_name, output_name, shape, dynamic):
+def chain(g, input_name, output_name, shape, dynamic):
     """The graph as an nn.Sequential of layers and blocks (NotImplementedError where it is not one)."""
     walk = _Walk(g)
     _unsupported(g, walk.grouped)
