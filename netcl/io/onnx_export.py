@@ -780,6 +780,7 @@ EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
     nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
+    nn.BatchNorm1d: _batchnorm2d,                # BatchNormalization on (N, C) or (N, C, L), as on 4-D
     nn.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
     nn.ReLU: _pointwise("Relu"),
     nn.LeakyReLU: _pointwise("LeakyRelu", alpha="negative_slope"),

@@ -343,10 +343,11 @@ def _batchnorm(g, node, shape):
     k = g.attrs(node)
     if k.get("training_mode", 0) or k.get("spatial", 1) != 1 or any(g.used(v) for v in node.output[1:] if v):
         raise NotImplementedError(f"node {node.name!r} (BatchNormalization): only inference form (one output)")
-    if shape is None or len(shape) != 4:
-        raise NotImplementedError(f"node {node.name!r} (BatchNormalization): netcl has BatchNorm2d, input {shape}")
+    if shape is None or len(shape) not in (2, 3, 4):
+        raise NotImplementedError(f"node {node.name!r} (BatchNormalization): netcl has BatchNorm1d (2-D, 3-D input) "
+                                  f"and BatchNorm2d (4-D), input {shape}")
     scale, bias, mean, var = (g.const(node, i, what) for i, what in enumerate(("scale", "B", "mean", "var"), 1))
-    layer = _layer("BatchNorm2d", node, num_features=scale.size, eps=float(k.get("epsilon", 1e-5)))
+    layer = _layer("BatchNorm2d" if len(shape) == 4 else "BatchNorm1d", node, num_features=scale.size, eps=float(k.get("epsilon", 1e-5)))
     return [_with(layer, weight=scale, bias=bias, running_mean=mean, running_var=var)], node.output[0], [node]
 
 
@@ -472,7 +473,7 @@ CONVERTERS = {
     "Gemm": _gemm,                           # Linear (transB=1: the weight transposed into (in, out))
     "MatMul": _matmul,                       # Linear, with the Add of a constant bias after it
     "Conv": _conv,                           # Conv2d (groups/dilation when netcl's Conv2d has them)
-    "BatchNormalization": _batchnorm,        # BatchNorm2d (inference form)
+    "BatchNormalization": _batchnorm,        # BatchNorm2d, or BatchNorm1d on 2-D/3-D input (inference form)
     "Relu": _direct("ReLU"),
     "LeakyRelu": _direct("LeakyReLU", alpha=("negative_slope", 0.01)),
     "Sigmoid": _direct("Sigmoid"),

@@ -12,13 +12,13 @@ from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLo
                            SmoothL1Loss)
 from netcl.nn.graph import GraphModule, TraceError, trace
 from netcl.nn.module import LAYERS, Module, Parameter, manual_seed
-from netcl.nn.norm import BatchNorm2d, LayerNorm
+from netcl.nn.norm import BatchNorm1d, BatchNorm2d, LayerNorm
 from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from netcl.nn.sequential import Sequential
 from netcl.nn.torch_import import from_torch
 from netcl.nn.upsample import Upsample
 
-LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
+LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm1d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
                                         MultiheadAttention, GELU, SiLU, ReLU6, Hardswish, Hardsigmoid, LayerNorm,
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
@@ -26,7 +26,7 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
 
 from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
-__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
+__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",

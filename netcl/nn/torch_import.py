@@ -73,11 +73,13 @@ def _conv_transpose2d(m):
                   dilation=_pair("dilation", m.dilation), groups=m.groups, bias=m.bias is not None)
 
 
-def _batchnorm2d(m):
-    _require(m, affine=True, track_running_stats=True)
-    if m.momentum is None:
-        raise _Unsupported("momentum=None (a cumulative average; netcl keeps an exponential one)")
-    return _layer("BatchNorm2d", num_features=m.num_features, eps=m.eps, momentum=m.momentum)
+def _batchnorm(kind):
+    def convert(m):
+        _require(m, affine=True, track_running_stats=True)
+        if m.momentum is None:
+            raise _Unsupported("momentum=None (a cumulative average; netcl keeps an exponential one)")
+        return _layer(kind, num_features=m.num_features, eps=m.eps, momentum=m.momentum)
+    return convert
 
 
 def _layernorm(m):
@@ -131,7 +133,8 @@ CONVERTERS = {
     "Linear": _linear,
     "Conv2d": _conv2d,
     "ConvTranspose2d": _conv_transpose2d,
-    "BatchNorm2d": _batchnorm2d,
+    "BatchNorm1d": _batchnorm("BatchNorm1d"),
+    "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),

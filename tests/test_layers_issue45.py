@@ -1,0 +1,190 @@
+"""Issue 45's layers (BatchNorm1d, ...): forward and backward against float64 PyTorch, training
+against PyTorch step for step, .netcl round trips, ONNX export checked by onnxruntime, the import
+back (from netcl's own files and from the bare graph) and from_torch, eval()/predict in a Sequential."""
+import numpy as np
+import pytest
+from conftest import assert_close
+
+import netcl
+from netcl import Tensor, nn, optim
+from netcl.io import export_onnx, import_onnx, load, save
+from netcl.io.onnx_export import onnx_pb2 as P
+
+
+@pytest.fixture
+def torch():
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+@pytest.fixture
+def ort():
+    return pytest.importorskip("onnxruntime")
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def run_ort(path, x):
+    from netcl.apps.common import ort_session
+
+    return ort_session(path, "cpu").run(None, {"input": x})[0]
+
+
+def strip_metadata(src, dst):
+    m = P.ModelProto.FromString(open(src, "rb").read())
+    del m.metadata_props[:]
+    with open(dst, "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def check_export_import(queue, model, x, tmp_path, types, rtol=1e-5, atol=1e-5):
+    """Export to ONNX, compare onnxruntime with netcl; import back with and without netcl's metadata
+    (the bare graph is read from its nodes); the imported models give netcl's outputs."""
+    want = model(Tensor.from_host(queue, x)).to_host()
+    path = tmp_path / "m.onnx"
+    export_onnx(model, x.shape, path, dynamic_batch=True)
+    np.testing.assert_allclose(run_ort(path, x), want, rtol=rtol, atol=atol)
+    back = import_onnx(path)
+    assert repr(back) == repr(model)
+    np.testing.assert_array_equal(back(Tensor.from_host(queue, x)).to_host(), want)
+    strip_metadata(path, tmp_path / "bare.onnx")
+    bare = import_onnx(tmp_path / "bare.onnx")
+    assert [type(m).__name__ for _, m in bare.chain()] == types
+    np.testing.assert_allclose(bare(Tensor.from_host(queue, x)).to_host(), want, rtol=1e-6, atol=1e-6)
+    return want
+
+
+def check_save_load(queue, model, x, tmp_path):
+    save(model, tmp_path / "m.netcl")
+    back = load(tmp_path / "m.netcl").eval()
+    model.eval()
+    assert repr(back) == repr(model)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(back.state_dict()[k], v)
+    np.testing.assert_array_equal(back(Tensor.from_host(queue, x)).to_host(),
+                                  model(Tensor.from_host(queue, x)).to_host())
+
+
+def check_eval_paths(queue, model, x):
+    """Sequential.eval() (the fused plan) and predict() agree with the layers' own forwards."""
+    model.eval()
+    with netcl.no_grad():
+        h = Tensor.from_host(queue, x)
+        for layer in model:
+            h = layer.forward(h)
+        want = h.to_host()
+    np.testing.assert_allclose(model(Tensor.from_host(queue, x)).to_host(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(x, queue), want, rtol=1e-5, atol=1e-6)
+
+
+# -- BatchNorm1d --------------------------------------------------------------------------------------
+def bn_pair(torch, rng, c):
+    layer, ref = nn.BatchNorm1d(c, eps=1e-3, momentum=0.3), torch.nn.BatchNorm1d(c, eps=1e-3, momentum=0.3)
+    sd = {"weight": rng.uniform(0.5, 1.5, c), "bias": rng.normal(size=c), "running_mean": rng.normal(size=c),
+          "running_var": rng.uniform(0.5, 2.0, c)}
+    layer.load_state_dict({k: v.astype(np.float32) for k, v in sd.items()})
+    ref.load_state_dict({**{k: torch.tensor(v.astype(np.float32)) for k, v in sd.items()},
+                         "num_batches_tracked": torch.tensor(0)})
+    return layer, ref.double()
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (3, 6, 7), (2, 4, 1), (1, 3, 9)])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batchnorm1d_vs_torch(queue, rng, torch, shape, training):
+    c = shape[1]
+    layer, ref = bn_pair(torch, rng, c)
+    layer.train(training)
+    ref.train(training)
+    x, dy = rand(rng, *shape) * 2 + 0.5, rand(rng, *shape)
+    xt = netcl.tensor(x, queue=queue, requires_grad=True)
+    y = layer(xt)
+    y.backward(netcl.tensor(dy, queue=queue))
+    rx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ry = ref(rx)
+    ry.backward(torch.tensor(dy, dtype=torch.float64))
+    assert y.shape == shape
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-5, what="forward")
+    assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-5, atol=1e-5, what="dx")
+    assert_close(layer.weight.grad.numpy(), ref.weight.grad.numpy(), 1e-5, what="dweight")
+    assert_close(layer.bias.grad.numpy(), ref.bias.grad.numpy(), 1e-5, what="dbias")
+    for k in ("running_mean", "running_var"):  # updated in training (unbiased variance), kept in eval
+        assert_close(layer.state_dict()[k], getattr(ref, k).numpy(), 1e-6, what=k)
+
+
+def test_batchnorm1d_refuses_other_ranks_and_one_value_per_channel(queue):
+    with pytest.raises(ValueError, match="2-D input"):
+        nn.BatchNorm1d(3).output_shape((2, 3, 4, 4))
+    with pytest.raises(ValueError, match="3 channels"):
+        nn.BatchNorm1d(3).output_shape((2, 4))
+    with pytest.raises(ValueError, match="more than one value"):
+        nn.BatchNorm1d(3)(Tensor.from_host(queue, np.ones((1, 3), np.float32)))
+
+
+def tabular(c_in=6, hidden=12, classes=3):
+    return nn.Sequential(nn.Linear(c_in, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def test_tabular_mlp_trains_as_torch_step_for_step(queue, rng, torch):
+    netcl.manual_seed(3)
+    model = tabular()
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.ReLU(),
+                              torch.nn.Linear(12, 3)).double()
+    ref.load_state_dict({k: torch.tensor(v.T if k.endswith("weight") and k[0] in "03" else v, dtype=torch.float64)
+                         for k, v in model.state_dict().items()}, strict=False)
+    x = rand(rng, 64, 6)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
+    opt, ref_opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(ref.parameters(), lr=0.1,
+                                                                                    momentum=0.9)
+    model.train()
+    losses = []
+    for step in range(25):
+        i = (step * 16) % 64
+        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + 16], queue=queue)), y[i:i + 16])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + 16], dtype=torch.float64)),
+                                                     torch.tensor(y[i:i + 16]))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5])
+    ref_sd = ref.state_dict()
+    for k, v in model.state_dict().items():
+        want = ref_sd[k].numpy()
+        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
+
+
+def test_batchnorm1d_saves_exports_imports_and_runs_fused(queue, rng, torch, ort, tmp_path):
+    model = tabular().eval()
+    model[1].load_state_dict({"weight": rng.uniform(0.5, 1.5, 12).astype(np.float32),
+                              "bias": rand(rng, 12), "running_mean": rand(rng, 12),
+                              "running_var": rng.uniform(0.5, 2.0, 12).astype(np.float32)})
+    x = rand(rng, 5, 6)
+    check_eval_paths(queue, model, x)
+    check_save_load(queue, model, x, tmp_path)
+    check_export_import(queue, model, x, tmp_path, ["Linear", "BatchNorm1d", "ReLU", "Linear"])
+    seq = nn.Sequential(nn.BatchNorm1d(4)).eval()  # (N, C, L): BatchNormalization on a 3-D input
+    seq[0].load_state_dict({"weight": rand(rng, 4), "bias": rand(rng, 4), "running_mean": rand(rng, 4),
+                            "running_var": rng.uniform(0.5, 2.0, 4).astype(np.float32)})
+    check_export_import(queue, seq, rand(rng, 3, 4, 7), tmp_path, ["BatchNorm1d"])
+
+
+def test_batchnorm1d_from_torch(queue, rng, torch):
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12, eps=1e-4, momentum=0.2),
+                              torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        ref[1].running_mean.normal_()
+        ref[1].running_var.uniform_(0.5, 2.0)
+        ref[1].weight.normal_()
+    model = nn.from_torch(ref)
+    assert type(model[1]) is nn.BatchNorm1d and model[1].config() == {"num_features": 12, "eps": 1e-4,
+                                                                      "momentum": 0.2}
+    x = rand(rng, 4, 6)
+    np.testing.assert_allclose(model.eval().predict(x, queue), ref(torch.tensor(x)).detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
