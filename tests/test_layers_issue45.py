@@ -188,3 +188,132 @@ def test_batchnorm1d_from_torch(queue, rng, torch):
     x = rand(rng, 4, 6)
     np.testing.assert_allclose(model.eval().predict(x, queue), ref(torch.tensor(x)).detach().numpy(), rtol=1e-5,
                                atol=1e-5)
+
+
+# -- Embedding ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("padding_idx", [None, 2, -1])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_embedding_vs_torch_with_repeated_indices(queue, rng, torch, padding_idx, dtype):
+    layer = nn.Embedding(9, 5, padding_idx=padding_idx)
+    ref = torch.nn.Embedding(9, 5, padding_idx=padding_idx).double()
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(layer.weight.numpy()))
+    if padding_idx is not None:  # torch's row of zeros at padding_idx, and the same normalised index
+        assert layer.padding_idx == ref.padding_idx and not layer.weight.numpy()[padding_idx].any()
+    idx = np.array([[1, 2, 2, 8], [2, 0, 1, 2], [8, 8, 8, 3]], dtype)
+    dy = rand(rng, 3, 4, 5)
+    x = netcl.tensor(idx, queue=queue)
+    assert x.dtype == np.int32
+    y = layer(x)
+    y.backward(netcl.tensor(dy, queue=queue))
+    ry = ref(torch.tensor(idx.astype(np.int64)))
+    ry.backward(torch.tensor(dy, dtype=torch.float64))
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-6, what="forward")
+    assert_close(layer.weight.grad.numpy(), ref.weight.grad.numpy(), 1e-5, what="dweight")
+    # a second backward accumulates, and numpy indices go straight in
+    layer(idx).backward(netcl.tensor(dy, queue=queue))
+    assert_close(layer.weight.grad.numpy(), 2 * ref.weight.grad.numpy(), 1e-5, what="dweight twice")
+
+
+def test_embedding_backward_is_deterministic(queue, rng):
+    layer = nn.Embedding(4, 33)
+    idx = rng.integers(0, 4, (64, 7))
+    dy = netcl.tensor(rand(rng, 64, 7, 33), queue=queue)
+    grads = []
+    for _ in range(3):
+        layer.zero_grad()
+        layer(netcl.tensor(idx, queue=queue)).backward(dy)
+        grads.append(layer.weight.grad.numpy().copy())
+    assert all(np.array_equal(g, grads[0]) for g in grads)
+
+
+def test_embedding_refuses_indices_out_of_range_and_floats(queue):
+    layer = nn.Embedding(5, 3)
+    for bad in (np.array([0, 5]), np.array([[-1, 2]])):
+        with pytest.raises(IndexError, match="out of range"):
+            layer(bad)
+        with pytest.raises(IndexError, match="out of range"):
+            layer(netcl.tensor(bad, queue=queue))
+    with pytest.raises(TypeError, match="integer indices"):
+        layer(np.array([0.5, 1.0]))
+    with pytest.raises(TypeError, match="whole numbers"):
+        layer(netcl.tensor(np.array([0.5, 1.0], np.float32), queue=queue))
+    with pytest.raises(ValueError):
+        nn.Embedding(5, 3, padding_idx=5)
+    with pytest.raises(ValueError):
+        nn.Embedding(0, 3)
+
+
+def test_embedding_model_trains_as_torch(queue, rng, torch):
+    netcl.manual_seed(5)
+    model = nn.Sequential(nn.Embedding(12, 6, padding_idx=0), nn.Flatten(), nn.Linear(18, 2))
+    ref = torch.nn.Sequential(torch.nn.Embedding(12, 6, padding_idx=0), torch.nn.Flatten(),
+                              torch.nn.Linear(18, 2)).double()
+    ref.load_state_dict({k: torch.tensor(v.T if k == "2.weight" else v, dtype=torch.float64)
+                         for k, v in model.state_dict().items()})
+    idx = rng.integers(0, 12, (48, 3))
+    y = (idx.sum(1) % 2).astype(np.int64)
+    opt, ref_opt = optim.Adam(model.parameters(), lr=0.05), torch.optim.Adam(ref.parameters(), lr=0.05)
+    losses = []
+    for step in range(30):
+        i = (step * 16) % 48
+        loss = nn.functional.cross_entropy(model(netcl.tensor(idx[i:i + 16], queue=queue)), y[i:i + 16])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(idx[i:i + 16])), torch.tensor(y[i:i + 16]))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        assert abs(loss.item() - ref_loss.item()) < 1e-3 * max(1.0, abs(ref_loss.item())), step
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5])
+    assert not model.state_dict()["0.weight"][0].any()  # the padding row never moved
+
+
+def test_embedding_saves_exports_imports_and_runs_in_eval(queue, rng, torch, ort, tmp_path):
+    model = nn.Sequential(nn.Embedding(10, 4, padding_idx=1), nn.Flatten(), nn.Linear(12, 5), nn.Tanh()).eval()
+    idx = rng.integers(0, 10, (4, 3))
+    want = model(netcl.tensor(idx, queue=queue)).numpy()
+    np.testing.assert_allclose(model.predict(idx, queue), want, rtol=1e-6, atol=1e-6)  # (indices as floats)
+    save(model, tmp_path / "m.netcl")
+    back = load(tmp_path / "m.netcl").eval()
+    assert repr(back) == repr(model)
+    np.testing.assert_array_equal(back(netcl.tensor(idx, queue=queue)).numpy(), want)
+    path = tmp_path / "m.onnx"
+    export_onnx(model, idx.shape, path, dynamic_batch=True)
+    m = P.ModelProto.FromString(path.read_bytes())
+    assert m.graph.input[0].type.tensor_type.elem_type == P.TensorProto.INT64  # the indices, as Gather takes them
+    assert m.graph.node[0].op_type == "Gather"
+    np.testing.assert_allclose(run_ort(path, idx.astype(np.int64)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run_ort(path, idx[:1].astype(np.int64)), want[:1], rtol=1e-5, atol=1e-5)
+    back = import_onnx(path)
+    assert repr(back) == repr(model)
+    np.testing.assert_array_equal(back(netcl.tensor(idx, queue=queue)).numpy(), want)
+    strip_metadata(path, tmp_path / "bare.onnx")
+    bare = import_onnx(tmp_path / "bare.onnx")  # from the nodes: Gather of a table -> Embedding
+    assert [type(m).__name__ for m in bare] == ["Embedding", "Flatten", "Linear", "Tanh"]
+    np.testing.assert_allclose(bare(netcl.tensor(idx, queue=queue)).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_after_a_layer_exports_a_cast(queue, rng, ort, tmp_path):
+    model = nn.Sequential(nn.Identity(), nn.Embedding(6, 3)).eval()  # the graph input stays float
+    idx = rng.integers(0, 6, (2, 5)).astype(np.float32)
+    want = model.predict(idx, queue)
+    export_onnx(model, idx.shape, tmp_path / "m.onnx")
+    assert [n.op_type for n in P.ModelProto.FromString((tmp_path / "m.onnx").read_bytes()).graph.node] == \
+        ["Cast", "Gather"]
+    np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", idx), want, rtol=1e-6)
+    strip_metadata(tmp_path / "m.onnx", tmp_path / "bare.onnx")
+    np.testing.assert_allclose(import_onnx(tmp_path / "bare.onnx").predict(idx, queue), want, rtol=1e-6)
+
+
+def test_embedding_from_torch(queue, rng, torch):
+    ref = torch.nn.Sequential(torch.nn.Embedding(7, 4, padding_idx=3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    model = nn.from_torch(ref)
+    assert model[0].config() == {"num_embeddings": 7, "embedding_dim": 4, "padding_idx": 3}
+    idx = rng.integers(0, 7, (3, 2))
+    np.testing.assert_allclose(model(netcl.tensor(idx, queue=queue)).numpy(),
+                               ref(torch.tensor(idx)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="max_norm"):
+        nn.from_torch(torch.nn.Sequential(torch.nn.Embedding(7, 4, max_norm=1.0)))

@@ -107,6 +107,7 @@ class _Graph:
         self.batch, self.n, self.opset = batch, n, opset  # n: the concrete batch, for the layers' output_shape
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
         self.named = {}  # id(tensor) -> its initializer's name
+        self.int_input = None  # the graph input's name where it holds int64 indices (an Embedding first)
         self.layer = self.path = None
 
     def begin(self, path, layer):
@@ -362,6 +363,12 @@ def _layernorm(g, m, x, s, out):
     var = _axes_op(g, "ReduceMean", g.op("Mul", [d, d], s), [-1], row, keepdims=1)
     std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
     return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
+
+
+def _embedding(g, m, x, s, out):  # the weight's rows by int64 indices: the graph input, else x cast
+    if x != g.int_input:
+        x = g.op("Cast", [x], None, to=INT64)  # (no value_info: those say float)
+    return g.op("Gather", [g.param("weight"), x], out, axis=0)
 
 
 def _softmax(g, m, x, s, out):  # before opset 13, Transposes around a last-axis Softmax
@@ -801,6 +808,7 @@ EMITTERS = {
     nn.Identity: _identity,                     # no node
     nn.Dropout: _identity,                      # no node (identity at inference)
     nn.Softmax: _softmax,                        # Softmax(axis=dim)
+    nn.Embedding: _embedding,                    # Gather(weight, indices, axis=0); first: an int64 graph input
     nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
     nn.Residual: _residual,                      # the body's nodes, the shortcut's (if any), Add
     nn.Concat: _concat,                          # each branch's nodes, Concat(axis=dim)
@@ -881,11 +889,11 @@ def _held(layer, path=""):
 
 
 # -- building ----------------------------------------------------------------------------
-def _value_info(name, shape):
+def _value_info(name, shape, elem_type=FLOAT):
     dims = [P.TensorShapeProto.Dimension(dim_param=d) if isinstance(d, str) else
             P.TensorShapeProto.Dimension(dim_value=d) if d is not None else P.TensorShapeProto.Dimension()
             for d in shape]
-    t = P.TypeProto.Tensor(elem_type=FLOAT, shape=P.TensorShapeProto(dim=dims))
+    t = P.TypeProto.Tensor(elem_type=elem_type, shape=P.TensorShapeProto(dim=dims))
     return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
 
 
@@ -894,6 +902,9 @@ def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset)
     shapes = _check(model, input_shape, input_name, output_name)
     g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0], opset)
     sym = g.sym
+    first = next(iter(model.chain()), (None, None))[1]
+    if type(first) is nn.Embedding:  # the model's input is its indices: int64, as ONNX's Gather takes them
+        g.int_input = input_name
     x = g.chain(model, "", input_name, shapes[0])
     if x == input_name:  # nothing but dropped layers
         g.begin("output", None)
@@ -903,7 +914,8 @@ def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset)
     clash = {input_name, output_name} & {name for name, *_ in g.inits}
     if clash:
         raise ValueError(f"input_name/output_name {sorted(clash)} clash with initializer names")
-    graph = P.GraphProto(node=g.nodes, name="netcl", input=[_value_info(input_name, sym(shapes[0]))],
+    graph = P.GraphProto(node=g.nodes, name="netcl",
+                         input=[_value_info(input_name, sym(shapes[0]), INT64 if g.int_input else FLOAT)],
                          output=[_value_info(output_name, sym(shapes[-1]))],
                          value_info=[_value_info(n, s) for n, s in g.shapes.items()
                                      if s is not None and n not in (input_name, output_name)])

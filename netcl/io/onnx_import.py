@@ -241,8 +241,9 @@ class _Graph:
 def _shape_of(value_info):
     """(dims with None for the symbolic batch, batch is symbolic)."""
     t = value_info.type.tensor_type
-    if not value_info.type.HasField("tensor_type") or t.elem_type != T.FLOAT:
-        raise NotImplementedError(f"graph input {value_info.name!r} must be a float32 tensor")
+    if not value_info.type.HasField("tensor_type") or t.elem_type not in (T.FLOAT, T.INT64, T.INT32):
+        raise NotImplementedError(f"graph input {value_info.name!r} must be a float32 tensor (or integer indices "
+                                  "of an Embedding)")
     dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
     if not dims or any(d is None for d in dims[1:]):
         raise NotImplementedError(f"graph input {value_info.name!r}: every dimension but the batch must be fixed, "
@@ -469,6 +470,25 @@ def _identity(g, node, shape):
     return [], node.output[0], [node]
 
 
+def _gather_rows(g, node, shape):
+    """Gather of a constant 2-D table's rows (axis 0) at the data input's indices -> Embedding."""
+    table = g.consts.get(node.input[0])
+    if table is None or table.ndim != 2 or g.attrs(node).get("axis", 0) != 0 or node.input[1] in g.consts:
+        raise NotImplementedError(f"node {node.name!r} (Gather): only rows (axis 0) of a constant 2-D table at the "
+                                  "data input's indices (an Embedding)")
+    layer = _layer("Embedding", node, num_embeddings=table.shape[0], embedding_dim=table.shape[1])
+    return [_with(layer, weight=table)], node.output[0], [node]
+
+
+def _cast_to_indices(g, node, shape):
+    """A Cast to integers that only Gathers read: nothing (Embedding takes whole float numbers as indices)."""
+    if g.attrs(node).get("to") not in (T.INT64, T.INT32) or \
+            any(n.op_type != "Gather" for n in g.consumers.get(node.output[0], [])):
+        raise NotImplementedError(f"node {node.name!r} (Cast): only to the indices of an Embedding (netcl computes "
+                                  "in float32)")
+    return [], node.output[0], [node]
+
+
 CONVERTERS = {
     "Gemm": _gemm,                           # Linear (transB=1: the weight transposed into (in, out))
     "MatMul": _matmul,                       # Linear, with the Add of a constant bias after it
@@ -487,6 +507,8 @@ CONVERTERS = {
     "Softmax": _softmax,
     "Dropout": _dropout,
     "Identity": _identity,                   # no layer
+    "Gather": _gather_rows,                  # Embedding (rows of a constant table at the input's indices)
+    "Cast": _cast_to_indices,                # no layer, before an Embedding's Gather
     "Resize": _resize,                       # Upsample (integer scale)
     "Upsample": _resize,
 }

@@ -7,6 +7,7 @@ from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
+from netcl.nn.embedding import Embedding
 from netcl.nn.linear import Linear
 from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
                            SmoothL1Loss)
@@ -22,12 +23,12 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
                                         MultiheadAttention, GELU, SiLU, ReLU6, Hardswish, Hardsigmoid, LayerNorm,
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
-                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample)})
+                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample, Embedding)})
 
 from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
 __all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
-           "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
+           "Dropout", "Softmax", "Embedding", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
            "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch"]

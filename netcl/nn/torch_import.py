@@ -120,6 +120,12 @@ def _attention(m):
     return _layer("MultiheadAttention", embed_dim=m.embed_dim, num_heads=m.num_heads)
 
 
+def _embedding(m):
+    _require(m, max_norm=None, scale_grad_by_freq=False, sparse=False)
+    return _layer("Embedding", num_embeddings=m.num_embeddings, embedding_dim=m.embedding_dim,
+                  padding_idx=m.padding_idx)
+
+
 def _softmax(m):
     if m.dim is None:
         raise _Unsupported("dim=None (torch's implicit dimension; give dim explicitly)")
@@ -150,6 +156,7 @@ CONVERTERS = {
     "Hardswish": _same("Hardswish"),
     "Hardsigmoid": _same("Hardsigmoid"),
     "Softmax": _softmax,
+    "Embedding": _embedding,
     "MultiheadAttention": _attention,  # (self-attention, query, key and value one tensor: netcl.nn.torch_graph)
     "Flatten": _same("Flatten", "start_dim", "end_dim"),
     "Dropout": _same("Dropout", "p"),
