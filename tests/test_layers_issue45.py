@@ -317,3 +317,131 @@ def test_embedding_from_torch(queue, rng, torch):
                                ref(torch.tensor(idx)).detach().numpy(), rtol=1e-5, atol=1e-6)
     with pytest.raises(NotImplementedError, match="max_norm"):
         nn.from_torch(torch.nn.Sequential(torch.nn.Embedding(7, 4, max_norm=1.0)))
+
+
+# -- ELU, Softplus, Mish, LogSoftmax, PReLU ------------------------------------------------------------
+ACTIVATIONS = {  # id -> (netcl layer, torch layer, input shape)
+    "elu": (lambda: nn.ELU(), lambda t: t.nn.ELU(), (3, 4, 5)),
+    "elu_alpha": (lambda: nn.ELU(alpha=0.3), lambda t: t.nn.ELU(alpha=0.3), (6, 7)),
+    "softplus": (lambda: nn.Softplus(), lambda t: t.nn.Softplus(), (3, 4, 5)),
+    "softplus_beta": (lambda: nn.Softplus(beta=2.5, threshold=4.0), lambda t: t.nn.Softplus(2.5, 4.0), (6, 7)),
+    "softplus_low_beta": (lambda: nn.Softplus(beta=0.5), lambda t: t.nn.Softplus(0.5), (2, 3, 4, 5)),
+    "mish": (lambda: nn.Mish(), lambda t: t.nn.Mish(), (3, 4, 5)),
+    "log_softmax_1": (lambda: nn.LogSoftmax(1), lambda t: t.nn.LogSoftmax(1), (3, 4, 5)),
+    "log_softmax_last": (lambda: nn.LogSoftmax(dim=-1), lambda t: t.nn.LogSoftmax(dim=-1), (6, 7)),
+    "prelu": (lambda: nn.PReLU(), lambda t: t.nn.PReLU(), (3, 4, 5)),
+    "prelu_channels": (lambda: nn.PReLU(4, init=0.1), lambda t: t.nn.PReLU(4, init=0.1), (3, 4, 5)),
+    "prelu_channels_2d": (lambda: nn.PReLU(7, init=0.2), lambda t: t.nn.PReLU(7, init=0.2), (6, 7)),
+    "prelu_channels_4d": (lambda: nn.PReLU(3), lambda t: t.nn.PReLU(3), (2, 3, 4, 5)),
+}
+
+
+def act_input(rng, shape):
+    x = rand(rng, *shape) * 4  # both sides of every kink, the Softplus thresholds, exp's range
+    x.flat[:3] = [0.0, 25.0, -30.0]
+    return x
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_vs_torch(queue, rng, torch, name):
+    make, make_ref, shape = ACTIVATIONS[name]
+    layer, ref = make(), make_ref(torch).double()
+    if isinstance(layer, nn.PReLU):  # slopes of both signs, different per channel
+        w = rng.uniform(-0.5, 0.8, layer.num_parameters).astype(np.float32)
+        layer.load_state_dict({"weight": w})
+        ref.load_state_dict({"weight": torch.tensor(w)})
+    x, dy = act_input(rng, shape), rand(rng, *shape)
+    xt = netcl.tensor(x, queue=queue, requires_grad=True)
+    y = layer(xt)
+    y.backward(netcl.tensor(dy, queue=queue))
+    rx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ry = ref(rx)
+    ry.backward(torch.tensor(dy, dtype=torch.float64))
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-6, what="forward")
+    assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-5, atol=1e-6, what="dx")
+    for (k, p), (rk, rp) in zip(layer.named_parameters(), ref.named_parameters()):
+        assert k == rk
+        assert_close(p.grad.numpy(), rp.grad.numpy(), 1e-5, what=f"d{k}")
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_saves_exports_imports_and_runs_in_eval(queue, rng, torch, ort, tmp_path, name):
+    make, make_ref, shape = ACTIVATIONS[name]
+    c = shape[1]
+    model = nn.Sequential(nn.Linear(shape[-1], shape[-1]), make()).eval()
+    if isinstance(model[1], nn.PReLU):
+        model[1].load_state_dict({"weight": rng.uniform(-0.5, 0.8, model[1].num_parameters).astype(np.float32)})
+    x = act_input(rng, shape)
+    check_eval_paths(queue, model, x)
+    check_save_load(queue, model, x, tmp_path)
+    want = model(Tensor.from_host(queue, x)).to_host()
+    for opset in (11, 13, 17, 18):
+        path = tmp_path / f"m{opset}.onnx"
+        export_onnx(model, x.shape, path, opset=opset, dynamic_batch=True)
+        np.testing.assert_allclose(run_ort(path, x), want, rtol=1e-5, atol=1e-5, err_msg=f"opset {opset}")
+        back = import_onnx(path)  # netcl's record of the layers
+        assert repr(back) == repr(model)
+        np.testing.assert_array_equal(back(Tensor.from_host(queue, x)).to_host(), want)
+        strip_metadata(path, tmp_path / "bare.onnx")  # read from the nodes (a graph where they are several)
+        if getattr(model[1], "threshold", 20.0) != 20.0:  # Softplus's threshold is a Where of a Greater:
+            with pytest.raises(NotImplementedError, match="Greater"):  # netcl's record reads it, nodes alone not
+                import_onnx(tmp_path / "bare.onnx")
+            continue
+        bare = import_onnx(tmp_path / "bare.onnx")
+        np.testing.assert_allclose(bare(Tensor.from_host(queue, x)).to_host(), want, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"bare graph, opset {opset}")
+    ref = torch.nn.Sequential(torch.nn.Linear(shape[-1], shape[-1]), make_ref(torch)).eval()
+    from_torch = nn.from_torch(ref)
+    assert repr(from_torch[1]) == repr(make()) and type(from_torch[1]) is type(model[1])
+    np.testing.assert_allclose(from_torch.eval().predict(x, queue), ref(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    assert c  # (shape's channel dimension exists for every case)
+
+
+def test_bare_graph_imports_give_the_layers(queue, rng, ort, tmp_path):
+    """Without netcl's record, the nodes alone come back as the same layer types where ONNX has the op."""
+    model = nn.Sequential(nn.Linear(5, 4), nn.ELU(0.5), nn.Softplus(), nn.Mish(), nn.PReLU(3), nn.LogSoftmax(-1)).eval()
+    x = rand(rng, 2, 3, 5)
+    want = model(Tensor.from_host(queue, x)).to_host()
+    export_onnx(model, x.shape, tmp_path / "m.onnx", opset=18)
+    strip_metadata(tmp_path / "m.onnx", tmp_path / "bare.onnx")
+    bare = import_onnx(tmp_path / "bare.onnx")
+    assert repr(bare) == repr(model)
+    np.testing.assert_allclose(bare(Tensor.from_host(queue, x)).to_host(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_activation_arguments_are_checked():
+    with pytest.raises(ValueError, match="beta"):
+        nn.Softplus(beta=0)
+    with pytest.raises(TypeError):
+        nn.ELU(alpha="1")
+    with pytest.raises(ValueError):
+        nn.PReLU(0)
+    with pytest.raises(ValueError, match="PReLU"):
+        nn.PReLU(4).output_shape((2, 3, 5))
+
+
+def test_prelu_trains_as_torch(queue, rng, torch):
+    netcl.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 6), nn.PReLU(6), nn.Linear(6, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.PReLU(6), torch.nn.Linear(6, 1)).double()
+    ref.load_state_dict({k: torch.tensor(v.T if k in ("0.weight", "2.weight") else v, dtype=torch.float64)
+                         for k, v in model.state_dict().items()})
+    x = rand(rng, 32, 4)
+    y = (np.abs(x).sum(1, keepdims=True) - 2).astype(np.float32)
+    opt, ref_opt = optim.SGD(model.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
+    losses = []
+    for step in range(20):
+        loss = nn.functional.mse_loss(model(netcl.tensor(x, queue=queue)), netcl.tensor(y, queue=queue))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.mse_loss(ref(torch.tensor(x, dtype=torch.float64)),
+                                                torch.tensor(y, dtype=torch.float64))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, ref_loss.item()), step
+    assert losses[-1] < 0.7 * losses[0]
+    assert_close(model.state_dict()["1.weight"], ref.state_dict()["1.weight"].numpy(), 1e-4, what="slopes")

@@ -425,6 +425,26 @@ def _softmax(g, node, shape):
     return [_layer("Softmax", node, dim=axis)], node.output[0], [node]
 
 
+def _log_softmax(g, node, shape):
+    axis = g.attrs(node).get("axis", 1 if g.opset < 13 else -1)
+    if g.opset < 13 and axis % len(shape) != len(shape) - 1:  # before 13: the flattened trailing dims together
+        raise NotImplementedError(f"node {node.name!r} (LogSoftmax-{g.opset}): axis={axis} of a {len(shape)}-D "
+                                  "input normalises several dimensions together")
+    return [_layer("LogSoftmax", node, dim=axis)], node.output[0], [node]
+
+
+def _prelu(g, node, shape):
+    slope = g.const(node, 1, "slope")
+    n = slope.size
+    channels = shape[1] if shape is not None and len(shape) > 1 else None
+    if n != 1 and (slope.ndim == 0 or n != channels or slope.shape[0] != n
+                   or (len(shape) > 2 and slope.ndim != len(shape) - 1)):
+        raise NotImplementedError(f"node {node.name!r} (PRelu): slope of shape {slope.shape} on input {shape} "
+                                  "(netcl's PReLU has one slope, or one per channel of dimension 1)")
+    layer = _layer("PReLU", node, num_parameters=n)
+    return [_with(layer, weight=slope.reshape(n))], node.output[0], [node]
+
+
 def _dropout(g, node, shape):
     if len(node.output) > 1 and g.used(node.output[1]):
         raise NotImplementedError(f"node {node.name!r} (Dropout): its mask output is used")
@@ -505,6 +525,11 @@ CONVERTERS = {
     "Reshape": _reshape_node,                # Flatten, when it flattens (N, ...) to (N, -1)
     "Squeeze": _squeeze_node,                # Flatten, when it drops (N, C, 1, 1)'s unit dims
     "Softmax": _softmax,
+    "LogSoftmax": _log_softmax,
+    "Elu": _direct("ELU", alpha=("alpha", 1.0)),
+    "Softplus": _direct("Softplus"),         # (beta 1; netcl's beta != 1 is read back from the file's record)
+    "Mish": _direct("Mish"),
+    "PRelu": _prelu,                         # PReLU (one slope, or one per channel)
     "Dropout": _dropout,
     "Identity": _identity,                   # no layer
     "Gather": _gather_rows,                  # Embedding (rows of a constant table at the input's indices)

@@ -2,7 +2,8 @@
 
 LAYERS is the registry of layer types that .netcl files can hold (by class name); the ONNX
 exporter's EMITTERS table is checked against it (tests/test_layer_protocol.py)."""
-from netcl.nn.activation import GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh
+from netcl.nn.activation import (ELU, GELU, Hardsigmoid, Hardswish, LeakyReLU, LogSoftmax, Mish, PReLU, ReLU, ReLU6,
+                                 Sigmoid, SiLU, Softmax, Softplus, Tanh)
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
@@ -23,12 +24,13 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
                                         MultiheadAttention, GELU, SiLU, ReLU6, Hardswish, Hardsigmoid, LayerNorm,
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
-                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample, Embedding)})
+                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample, Embedding, ELU, Softplus, Mish,
+                                        PReLU, LogSoftmax)})
 
 from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
 __all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
-           "Dropout", "Softmax", "Embedding", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
+           "Dropout", "Softmax", "LogSoftmax", "ELU", "Softplus", "Mish", "PReLU", "Embedding", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
            "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch"]

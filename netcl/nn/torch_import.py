@@ -120,6 +120,16 @@ def _attention(m):
     return _layer("MultiheadAttention", embed_dim=m.embed_dim, num_heads=m.num_heads)
 
 
+def _log_softmax(m):
+    if m.dim is None:
+        raise _Unsupported("dim=None (torch's implicit dimension; give dim explicitly)")
+    return _layer("LogSoftmax", dim=m.dim)
+
+
+def _prelu(m):
+    return _layer("PReLU", num_parameters=m.num_parameters, init=float(getattr(m, "init", 0.25)))
+
+
 def _embedding(m):
     _require(m, max_norm=None, scale_grad_by_freq=False, sparse=False)
     return _layer("Embedding", num_embeddings=m.num_embeddings, embedding_dim=m.embedding_dim,
@@ -157,6 +167,11 @@ CONVERTERS = {
     "Hardsigmoid": _same("Hardsigmoid"),
     "Softmax": _softmax,
     "Embedding": _embedding,
+    "LogSoftmax": _log_softmax,
+    "ELU": _same("ELU", "alpha"),
+    "Softplus": _same("Softplus", "beta", "threshold"),
+    "Mish": _same("Mish"),
+    "PReLU": _prelu,
     "MultiheadAttention": _attention,  # (self-attention, query, key and value one tensor: netcl.nn.torch_graph)
     "Flatten": _same("Flatten", "start_dim", "end_dim"),
     "Dropout": _same("Dropout", "p"),
