@@ -139,18 +139,18 @@ class Softmax(Module):
 
 
 class _Elementwise(Module):
-    # x: any shape -> same; a kernel of act_param.cl (forward `name`_fwd, backward `name`_bwd) with the
-    # layer's settings `args()` before the tensors
-    name = ""
+    # x: any shape -> same; a kernel of act_param.cl (forward `_kernel`_fwd, backward `_kernel`_bwd) with the
+    # layer's settings `_args()` before the tensors
+    _kernel = ""
 
-    def args(self):
+    def _args(self):
         return ()
 
     def forward(self, x):
         q = self._on(x)
         y = ops.new(q, x.shape)
         if y.size:
-            ops.launch1d(q, "act_param", f"{self.name}_fwd", y.size, y.size, *self.args(), x, y)
+            ops.launch1d(q, "act_param", f"{self._kernel}_fwd", y.size, y.size, *self._args(), x, y)
         self._saved = x
         return y.mark_written()
 
@@ -158,13 +158,13 @@ class _Elementwise(Module):
         x = self._saved
         dx = ops.new(dy, dy.shape)
         if dx.size:
-            ops.launch1d(dy.queue, "act_param", f"{self.name}_bwd", dx.size, dx.size, *self.args(), x, dy, dx)
+            ops.launch1d(dy.queue, "act_param", f"{self._kernel}_bwd", dx.size, dx.size, *self._args(), x, dy, dx)
         return dx.mark_written()
 
 
 class ELU(_Elementwise):
     """ELU(alpha=1.0): x where x > 0, else alpha * (exp(x) - 1), element by element."""
-    name = "elu"
+    _kernel = "elu"
 
     def __init__(self, alpha=1.0):
         super().__init__()
@@ -173,13 +173,13 @@ class ELU(_Elementwise):
     def config(self):
         return {"alpha": self.alpha}
 
-    def args(self):
+    def _args(self):
         return (self.alpha,)
 
 
 class Softplus(_Elementwise):
     """Softplus(beta=1.0, threshold=20.0): log(1 + exp(beta * x)) / beta, element by element; x itself where beta * x > threshold."""
-    name = "softplus"
+    _kernel = "softplus"
 
     def __init__(self, beta=1.0, threshold=20.0):
         super().__init__()
@@ -190,13 +190,13 @@ class Softplus(_Elementwise):
     def config(self):
         return {"beta": self.beta, "threshold": self.threshold}
 
-    def args(self):
+    def _args(self):
         return (self.beta, self.threshold)
 
 
 class Mish(_Elementwise):
     """x * tanh(softplus(x)), element by element."""
-    name = "mish"
+    _kernel = "mish"
 
 
 class PReLU(Module):
