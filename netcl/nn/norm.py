@@ -1,4 +1,4 @@
-"""BatchNorm2d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
+"""BatchNorm2d and BatchNorm1d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
 import math
 
 from netcl import ops
