@@ -445,3 +445,25 @@ def test_prelu_trains_as_torch(queue, rng, torch):
         assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, ref_loss.item()), step
     assert losses[-1] < 0.7 * losses[0]
     assert_close(model.state_dict()["1.weight"], ref.state_dict()["1.weight"].numpy(), 1e-4, what="slopes")
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_torch_onnx_export_of_the_new_layers_imports(queue, rng, torch, tmp_path, opset):
+    """A graph torch.onnx wrote (Mish as x * tanh(softplus(x)) before 18, the table's Gather): its nodes
+    come back, through the graph importer, as a model that agrees with torch on int indices."""
+    t = torch.nn
+    ref = t.Sequential(t.Embedding(10, 4), t.Flatten(), t.Linear(12, 8), t.BatchNorm1d(8), t.ELU(0.5), t.Softplus(),
+                       t.Mish(), t.PReLU(8), t.Linear(8, 3), t.LogSoftmax(1)).eval()
+    with torch.no_grad():
+        ref[3].running_mean.normal_()
+        ref[3].running_var.uniform_(0.5, 2.0)
+    idx = rng.integers(0, 10, (4, 3))
+    try:
+        torch.onnx.export(ref, (torch.tensor(idx),), str(tmp_path / "t.onnx"), dynamo=False, opset_version=opset,
+                          input_names=["input"], output_names=["output"])
+    except Exception as e:  # (as test_onnx_import_graph: an export torch cannot make here)
+        pytest.skip(f"torch.onnx.export does not work here: {e}")
+    model = import_onnx(tmp_path / "t.onnx")
+    assert any(isinstance(m, nn.Embedding) for m in model.modules())
+    np.testing.assert_allclose(model(netcl.tensor(idx, queue=queue)).numpy(), ref(torch.tensor(idx)).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
