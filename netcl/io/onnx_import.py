@@ -348,7 +348,8 @@ def _batchnorm(g, node, shape):
         raise NotImplementedError(f"node {node.name!r} (BatchNormalization): netcl has BatchNorm1d (2-D, 3-D input) "
                                   f"and BatchNorm2d (4-D), input {shape}")
     scale, bias, mean, var = (g.const(node, i, what) for i, what in enumerate(("scale", "B", "mean", "var"), 1))
-    layer = _layer("BatchNorm2d" if len(shape) == 4 else "BatchNorm1d", node, num_features=scale.size, eps=float(k.get("epsilon", 1e-5)))
+    layer = _layer("BatchNorm2d" if len(shape) == 4 else "BatchNorm1d", node, num_features=scale.size,
+                   eps=float(k.get("epsilon", 1e-5)))
     return [_with(layer, weight=scale, bias=bias, running_mean=mean, running_var=var)], node.output[0], [node]
 
 

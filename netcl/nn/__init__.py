@@ -20,17 +20,18 @@ from netcl.nn.sequential import Sequential
 from netcl.nn.torch_import import from_torch
 from netcl.nn.upsample import Upsample
 
-LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm1d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
+LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNorm2d, ReLU, LeakyReLU, Sigmoid, Tanh,
                                         MaxPool2d, AvgPool2d, Identity, Flatten, Dropout, Softmax,
                                         MultiheadAttention, GELU, SiLU, ReLU6, Hardswish, Hardsigmoid, LayerNorm,
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
-                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample, Embedding, ELU, Softplus, Mish,
-                                        PReLU, LogSoftmax)})
+                                        Concat, ModuleList, ModuleDict, GraphModule, Upsample,
+                                        BatchNorm1d, Embedding, ELU, Softplus, Mish, PReLU, LogSoftmax)})
 
 from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
-__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "ReLU",
+__all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "trace", "functional", "utils", "Sequential", "Linear", "Conv2d", "ConvTranspose2d", "BatchNorm2d", "LayerNorm", "ReLU",
            "LeakyReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "ReLU6", "Hardswish", "Hardsigmoid", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "Upsample", "Identity", "Flatten", "Transpose",
-           "Dropout", "Softmax", "LogSoftmax", "ELU", "Softplus", "Mish", "PReLU", "Embedding", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
-           "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch"]
+           "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
+           "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch",
+           "BatchNorm1d", "Embedding", "ELU", "Softplus", "Mish", "PReLU", "LogSoftmax"]

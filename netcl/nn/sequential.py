@@ -124,8 +124,9 @@ class Sequential(LayerList):
                 x = layer(x)  # call recorded by autograd (this Sequential's backward could not follow it)
             return x
         self.output_shape(x.shape)  # a shape that does not fit: the same message, naming the layer, on both paths
-        if not self.training and self._fused is not None and x.dtype == FLOAT32:  # (int indices: layer by layer,
-            self._fused_input = x  # the plan's buffers hold float32; predict() hands an Embedding floats)
+        # int indices (an Embedding's) go layer by layer: the plan's buffers hold float32 (predict() hands floats)
+        if not self.training and self._fused is not None and x.dtype == FLOAT32:
+            self._fused_input = x
             y = self._fused(x)
         else:
             self._fused_input = None
