@@ -2,7 +2,8 @@
 // slopes) and Mish: one work-item per element, PyTorch's formulas (aten's CPU kernels), each
 // backward beside its forward. They are not act.h codes: no kernel family fuses them.
 
-// ELU: x where x > 0, else alpha * (exp(x) - 1); dx = dy * alpha * exp(x) there
+// ELU: x where x > 0, else alpha * (exp(x) - 1); dx = dy * alpha * exp(x) where x <= 0 (a NaN's
+// gradient passes as dy, as PyTorch's)
 __kernel void elu_fwd(const int n, const float alpha, __global const float *x, __global float *y) {
     const int i = get_global_id(0);
     if (i >= n) return;
@@ -15,7 +16,7 @@ __kernel void elu_bwd(const int n, const float alpha, __global const float *x, _
     const int i = get_global_id(0);
     if (i >= n) return;
     const float v = x[i];
-    dx[i] = v > 0.0f ? dy[i] : dy[i] * alpha * exp(v);
+    dx[i] = v <= 0.0f ? dy[i] * alpha * exp(v) : dy[i];
 }
 
 // Softplus: log(1 + exp(beta x)) / beta, x itself where beta x > threshold
