@@ -91,7 +91,8 @@ def bn_pair(torch, rng, c):
     return layer, ref.double()
 
 
-@pytest.mark.parametrize("shape", [(8, 5), (3, 6, 7), (2, 4, 1), (1, 3, 9)])
+@pytest.mark.parametrize("shape", [(8, 5), (3, 6, 7), (2, 4, 1), (1, 3, 9),
+                                   (40000, 3), (64, 2, 700)])  # (channels of several parts: norm.PART_LEN)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_batchnorm1d_vs_torch(queue, rng, torch, shape, training):
     c = shape[1]
