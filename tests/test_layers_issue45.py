@@ -468,3 +468,31 @@ def test_torch_onnx_export_of_the_new_layers_imports(queue, rng, torch, tmp_path
     assert any(isinstance(m, nn.Embedding) for m in model.modules())
     np.testing.assert_allclose(model(netcl.tensor(idx, queue=queue)).numpy(), ref(torch.tensor(idx)).detach().numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["tabular", "embedding"])
+def test_trainstep_replays_the_new_layers(queue, rng, case):
+    """TrainStep records a step of the new layers and replays it: the same losses and weights as the
+    layer calls (conftest.loop_step), step for step."""
+    from conftest import loop_step
+    from netcl.trainstep import TrainStep
+
+    def make():
+        netcl.manual_seed(4)
+        if case == "tabular":
+            return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.PReLU(8), nn.ELU(), nn.Softplus(2.0), nn.Mish(),
+                                 nn.Linear(8, 3), nn.LogSoftmax(1)).to(queue).train()
+        return nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 3)).to(queue).train()
+
+    a, b = make(), make()
+    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
+    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
+    for i in range(6):
+        raw = rand(rng, 16, 6) if case == "tabular" else rng.integers(0, 10, (16, 3))
+        x = Tensor.from_host(queue, raw) if case == "tabular" else netcl.tensor(raw, queue=queue)
+        y = rng.integers(0, 3, 16)
+        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
+        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
+    assert step.replays > 0 and step.eager_reason is None
+    for k, v in b.state_dict().items():
+        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
