@@ -67,6 +67,17 @@ def modern_model():
         nn.ReLU6(), nn.Transpose(-1, -2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Hardsigmoid(), nn.Linear(7, 5))
 
 
+def tabular_model():
+    # x: (N, 6) -> (N, 3); issue 45's layers
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.PReLU(8, init=0.1), nn.ELU(0.5), nn.Softplus(2.0),
+                         nn.Mish(), nn.Linear(8, 3), nn.LogSoftmax(1))
+
+
+def embedding_model():
+    # indices (N, 3) in [0, 10) -> (N, 5)
+    return nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 5))
+
+
 def graph_model():
     # x: (N, 3, 8, 8) -> (N, 5); a traced graph (GraphModule, its ModuleDict containers) written by
     # hand, so that no device is needed: conv, relu, times a parameter of its own, plus a constant
@@ -100,7 +111,8 @@ def with_running_stats(model, rng):
 # round trips
 @pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6)),
                                           (transposed_conv_model, (2, 3, 5, 5)), (blocks_model, (2, 3, 8, 8)),
-                                          (modern_model, (2, 3, 8, 8)), (graph_model, (2, 3, 8, 8))])
+                                          (modern_model, (2, 3, 8, 8)), (graph_model, (2, 3, 8, 8)),
+                                          (tabular_model, (2, 6)), (embedding_model, (2, 3))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -112,7 +124,7 @@ def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     assert list(got) == list(want)
     for k in want:
         assert got[k].dtype == np.float32 and np.array_equal(got[k], want[k]), k
-    x = rng.normal(size=shape).astype(np.float32)
+    x = (rng.integers(0, 10, shape) if build is embedding_model else rng.normal(size=shape)).astype(np.float32)
     y0 = model.eval()(Tensor.from_host(queue, x)).to_host()
     y1 = loaded.eval()(Tensor.from_host(queue, x)).to_host()
     assert np.array_equal(y0, y1)
@@ -124,7 +136,7 @@ def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
     """The round-trip models hold every registered layer; each class's tensor_shapes (what the
     loader checks files against) names exactly the tensors a layer of that config holds."""
     layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model,
-                              graph_model) for m in held(build())]
+                              graph_model, tabular_model, embedding_model) for m in held(build())]
     assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
     for layer in layers:
         own = {k: t.shape for k, t, owner, _ in layer._owned_tensors() if owner is layer}  # not its children's

@@ -18,6 +18,10 @@ LAYERS = {  # netcl layer, the torch module that is its reference
     "Hardsigmoid": (nn.Hardsigmoid, torch.nn.Hardsigmoid),
     "LayerNorm": (lambda: nn.LayerNorm(4), lambda: torch.nn.LayerNorm(4)),
     "AdaptiveAvgPool2d": (lambda: nn.AdaptiveAvgPool2d(3), lambda: torch.nn.AdaptiveAvgPool2d(3)),
+    "ELU": (lambda: nn.ELU(0.5), lambda: torch.nn.ELU(0.5)), "Mish": (nn.Mish, torch.nn.Mish),
+    "Softplus": (lambda: nn.Softplus(2.0, 5.0), lambda: torch.nn.Softplus(2.0, 5.0)),
+    "PReLU": (lambda: nn.PReLU(3), lambda: torch.nn.PReLU(3)),
+    "LogSoftmax": (lambda: nn.LogSoftmax(dim=1), lambda: torch.nn.LogSoftmax(dim=1)),
 }
 
 

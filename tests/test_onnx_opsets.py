@@ -51,6 +51,13 @@ LAYER_MODELS = {
     nn.Residual: (lambda: nn.Sequential(nn.Residual(nn.Conv2d(3, 3, 3, padding=1), nn.ReLU())), (3, 5, 4)),
     nn.Concat: (lambda: nn.Sequential(nn.Concat(nn.Conv2d(3, 2, 1), nn.Identity())), (3, 5, 4)),
     nn.Upsample: (lambda: nn.Sequential(nn.Upsample(2, "nearest"), nn.Upsample(2, "bilinear")), (2, 3, 4)),
+    nn.BatchNorm1d: (lambda: nn.Sequential(nn.BatchNorm1d(3), nn.Flatten(), nn.BatchNorm1d(12)), (3, 4)),
+    nn.ELU: (lambda: nn.Sequential(nn.ELU(0.5)), (6,)),
+    nn.Softplus: (lambda: nn.Sequential(nn.Softplus(), nn.Softplus(2.0, 3.0)), (6,)),
+    nn.Mish: (lambda: nn.Sequential(nn.Mish()), (6,)),
+    nn.PReLU: (lambda: nn.Sequential(nn.PReLU(3), nn.PReLU()), (3, 4)),
+    nn.LogSoftmax: (lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.LogSoftmax(1)), (3, 5, 6)),  # a non-last axis
+    nn.Embedding: (lambda: nn.Sequential(nn.Embedding(9, 4, padding_idx=0), nn.Flatten()), (5,)),  # int64 input
     nn.GraphModule: (graph_model, (3, 8, 8)),  # a conv, then a graph: a layer call, operations, a parameter
 }
 
@@ -92,9 +99,13 @@ def check_at_opset(queue, rng, model, shape, opset, path, record_error):
     assert m.ir_version == ox.OPSET_IR_VERSION[opset]
     session, err = ort_session(path, "cpu"), 0.0
     for n in BATCHES:
-        x = rng.standard_normal((n,) + tuple(shape)).astype(np.float32)
-        got = session.run(None, {"input": x})[0]
-        want = model(netcl.Tensor.from_host(queue, x)).to_host()
+        if isinstance(model[0], nn.Embedding):  # indices: the graph's input is int64
+            x = rng.integers(0, model[0].num_embeddings, (n,) + tuple(shape))
+            got, want = session.run(None, {"input": x})[0], model(netcl.tensor(x, queue=queue)).to_host()
+        else:
+            x = rng.standard_normal((n,) + tuple(shape)).astype(np.float32)
+            got = session.run(None, {"input": x})[0]
+            want = model(netcl.Tensor.from_host(queue, x)).to_host()
         assert got.shape == want.shape
         err = max(err, float(np.abs(got.astype(np.float64) - want).max()))
     record_error(err)

@@ -35,3 +35,19 @@ def test_layout_read_back_and_run(name, options, rng, tmp_path):
 def test_training_mode_refused(tmp_path):
     with pytest.raises(ValueError, match="training mode"):
         export_test_case(models.build("mlp"), np.zeros((1, 64), np.float32), tmp_path / "c")
+
+
+def test_an_embedding_models_case_holds_int64_indices(rng, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    from netcl import nn
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 3)).eval()
+    x = rng.integers(0, 10, (2, 3))
+    export_test_case(model, x, tmp_path / "case")
+    data = tmp_path / "case" / "test_data_set_0"
+    x_back = numpy_helper.to_array(onnx.load_tensor(str(data / "input_0.pb")))
+    assert x_back.dtype == np.int64 and np.array_equal(x_back, x)
+    onnx.checker.check_model(onnx.load(str(tmp_path / "case" / "model.onnx")), full_check=True)
+    sess = ort.InferenceSession(str(tmp_path / "case" / "model.onnx"), providers=["CPUExecutionProvider"])
+    y = numpy_helper.to_array(onnx.load_tensor(str(data / "output_0.pb")))
+    assert np.abs(sess.run(None, {"input": x_back})[0] - y).max() <= 1e-5

@@ -102,12 +102,12 @@ def test_unsupported_layers_are_all_named_with_the_supported_list():
         def forward(self, x):
             return torch.cumsum(x, 1)
 
-    tm = tnn.Sequential(tnn.Linear(4, 4), tnn.ELU(), tnn.Sequential(tnn.Conv2d(1, 1, (3, 5)), Mine()),
+    tm = tnn.Sequential(tnn.Linear(4, 4), tnn.SELU(), tnn.Sequential(tnn.Conv2d(1, 1, (3, 5)), Mine()),
                         tnn.MaxPool2d(2, dilation=2))
     with pytest.raises(NotImplementedError) as e:
         nn.from_torch(tm)
     msg = str(e.value)
-    for part in ("layer 1 (ELU)", "layer 2.0 (Conv2d): kernel_size=(3, 5)", "layer 2.1 (Mine): node cumsum",
+    for part in ("layer 1 (SELU)", "layer 2.0 (Conv2d): kernel_size=(3, 5)", "layer 2.1 (Mine): node cumsum",
                  "layer 3 (MaxPool2d): dilation=2", "Supported torch layers: Sequential, Linear, Conv2d"):
         assert part in msg
 

@@ -107,6 +107,7 @@ class _Graph:
         self.batch, self.n, self.opset = batch, n, opset  # n: the concrete batch, for the layers' output_shape
         self.nodes, self.inits, self.shapes = [], [], {}  # inits: (name, dims, ONNX type, source)
         self.named = {}  # id(tensor) -> its initializer's name
+        self.int_input = None  # the graph input's name where it holds int64 indices (an Embedding first)
         self.layer = self.path = None
 
     def begin(self, path, layer):
@@ -200,18 +201,18 @@ def _attribute(name, v):
 
 
 # -- opset-dependent forms: emitters call these, so one emitter serves every opset ------------
-def _softmax_at(g, x, axis, shape, out):
+def _softmax_at(g, x, axis, shape, out, op_type="Softmax"):
     """Softmax over `axis` of a value of `shape`. Softmax-11/12 coerce the input to 2-D at `axis`
     (normalising every dimension from it on together), so before opset 13 an axis other than the
     last is swapped with the last around a last-axis Softmax (exact: a Transpose only moves data)."""
     last = len(shape) - 1
     if g.opset >= 13 or axis % len(shape) == last:
-        return g.op("Softmax", [x], out, axis=axis)
+        return g.op(op_type, [x], out, axis=axis)
     perm = list(range(len(shape)))
     perm[axis % len(shape)], perm[last] = last, axis % len(shape)
     swapped = tuple(shape[i] for i in perm)
-    y = g.op("Softmax", [g.op("Transpose", [x], swapped, perm=perm)], swapped, axis=last)
-    last_axis = g._name("softmax_last_axis")  # not "<path>.Softmax", the name the layer's output gets
+    y = g.op(op_type, [g.op("Transpose", [x], swapped, perm=perm)], swapped, axis=last)
+    last_axis = g._name(op_type.lower() + "_last_axis")  # not "<path>.Softmax", the name the layer's output gets
     g.rename(y, last_axis, len(g.nodes) - 1)
     return g.op("Transpose", [last_axis], out, perm=perm)  # the swap is its own inverse
 
@@ -362,6 +363,50 @@ def _layernorm(g, m, x, s, out):
     var = _axes_op(g, "ReduceMean", g.op("Mul", [d, d], s), [-1], row, keepdims=1)
     std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
     return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
+
+
+def _elu(g, m, x, s, out):
+    return g.op("Elu", [x], out, alpha=m.alpha)
+
+
+def _softplus(g, m, x, s, out):
+    """Softplus (log(exp(x) + 1)) on beta * x, divided by beta where beta != 1; the threshold as a Where
+    unless it is PyTorch's 20, past which log1p(exp(-bx)) is below float32's resolution of x."""
+    if m.beta == 1.0 and m.threshold == 20.0:
+        return g.op("Softplus", [x], out)
+    bx = x if m.beta == 1.0 else g.op("Mul", [x, g.const("beta", m.beta, np.float32)], s)
+    y = g.op("Softplus", [bx], s)
+    g.rename(y, g._name("softplus_inner"), len(g.nodes) - 1)  # not "<path>.Softplus", the layer output's name
+    y = g.nodes[-1].output[0]
+    if m.beta != 1.0:
+        y = g.op("Div", [y, g.const("beta", m.beta, np.float32)], s if m.threshold != 20.0 else out)
+    if m.threshold == 20.0:
+        return y
+    above = g.op("Greater", [bx, g.const("threshold", m.threshold, np.float32)], None)
+    return g.op("Where", [above, x, y], out)
+
+
+def _mish(g, m, x, s, out):
+    if g.opset >= 18:  # Mish appeared in opset 18
+        return g.op("Mish", [x], out)
+    return g.op("Mul", [x, g.op("Tanh", [g.op("Softplus", [x], s)], s)], out)
+
+
+def _prelu(g, m, x, s, out):  # the slopes (C,) as (C, 1, ...) to broadcast along dimension 1
+    w = g.param("weight")
+    if m.num_parameters != 1 and len(s) > 2:
+        w = g.op("Reshape", [w, g.const("slope_shape", [m.num_parameters] + [1] * (len(s) - 2))], None)
+    return g.op("PRelu", [x, w], out)
+
+
+def _log_softmax_layer(g, m, x, s, out):  # before opset 13, Transposes around a last-axis LogSoftmax
+    return _softmax_at(g, x, m.dim, s, out, "LogSoftmax")
+
+
+def _embedding(g, m, x, s, out):  # the weight's rows by int64 indices: the graph input, else x cast
+    if x != g.int_input:
+        x = g.op("Cast", [x], None, to=INT64)  # (no value_info: those say float)
+    return g.op("Gather", [g.param("weight"), x], out, axis=0)
 
 
 def _softmax(g, m, x, s, out):  # before opset 13, Transposes around a last-axis Softmax
@@ -780,6 +825,7 @@ EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
     nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
+    nn.BatchNorm1d: _batchnorm2d,                # BatchNormalization on (N, C) or (N, C, L), as on 4-D
     nn.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
     nn.ReLU: _pointwise("Relu"),
     nn.LeakyReLU: _pointwise("LeakyRelu", alpha="negative_slope"),
@@ -800,6 +846,12 @@ EMITTERS = {
     nn.Identity: _identity,                     # no node
     nn.Dropout: _identity,                      # no node (identity at inference)
     nn.Softmax: _softmax,                        # Softmax(axis=dim)
+    nn.LogSoftmax: _log_softmax_layer,           # LogSoftmax(axis=dim)
+    nn.ELU: _elu,                                # Elu(alpha)
+    nn.Softplus: _softplus,                      # Softplus; Mul/Div by beta where not 1, Where(threshold) where not 20
+    nn.Mish: _mish,                              # Mish (opset >= 18), else x * Tanh(Softplus(x))
+    nn.PReLU: _prelu,                            # PRelu (slopes reshaped to (C, 1, ...))
+    nn.Embedding: _embedding,                    # Gather(weight, indices, axis=0); first: an int64 graph input
     nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
     nn.Residual: _residual,                      # the body's nodes, the shortcut's (if any), Add
     nn.Concat: _concat,                          # each branch's nodes, Concat(axis=dim)
@@ -880,11 +932,11 @@ def _held(layer, path=""):
 
 
 # -- building ----------------------------------------------------------------------------
-def _value_info(name, shape):
+def _value_info(name, shape, elem_type=FLOAT):
     dims = [P.TensorShapeProto.Dimension(dim_param=d) if isinstance(d, str) else
             P.TensorShapeProto.Dimension(dim_value=d) if d is not None else P.TensorShapeProto.Dimension()
             for d in shape]
-    t = P.TypeProto.Tensor(elem_type=FLOAT, shape=P.TensorShapeProto(dim=dims))
+    t = P.TypeProto.Tensor(elem_type=elem_type, shape=P.TensorShapeProto(dim=dims))
     return P.ValueInfoProto(name=name, type=P.TypeProto(tensor_type=t))
 
 
@@ -893,6 +945,9 @@ def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset)
     shapes = _check(model, input_shape, input_name, output_name)
     g = _Graph("batch" if dynamic_batch else shapes[0][0], shapes[0][0], opset)
     sym = g.sym
+    first = next(iter(model.chain()), (None, None))[1]
+    if type(first) is nn.Embedding:  # the model's input is its indices: int64, as ONNX's Gather takes them
+        g.int_input = input_name
     x = g.chain(model, "", input_name, shapes[0])
     if x == input_name:  # nothing but dropped layers
         g.begin("output", None)
@@ -902,7 +957,8 @@ def _build(model, input_shape, dynamic_batch, input_name, output_name, *, opset)
     clash = {input_name, output_name} & {name for name, *_ in g.inits}
     if clash:
         raise ValueError(f"input_name/output_name {sorted(clash)} clash with initializer names")
-    graph = P.GraphProto(node=g.nodes, name="netcl", input=[_value_info(input_name, sym(shapes[0]))],
+    graph = P.GraphProto(node=g.nodes, name="netcl",
+                         input=[_value_info(input_name, sym(shapes[0]), INT64 if g.int_input else FLOAT)],
                          output=[_value_info(output_name, sym(shapes[-1]))],
                          value_info=[_value_info(n, s) for n, s in g.shapes.items()
                                      if s is not None and n not in (input_name, output_name)])

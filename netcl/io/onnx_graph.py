@@ -261,6 +261,18 @@ def _gather(m, node, ins):
     x, i = ins[0], ins[1]
     if _host(x) and _host(i):
         return [oi._gather(x, i, m.attrs(node))]
+    if isinstance(i, Tensor) and node.input[0] in m._g.consts:  # a constant table's rows at a tensor's indices
+        made = m._made.get(id(node))
+        if made is None:  # an Embedding (onnx_import's converter), held at its table's path
+            (layer,), y, _ = oi.CONVERTERS["Gather"](m._g, node, tuple(int(n) for n in i.shape))
+            w = node.input[0]
+            path = m._unique(".".join(_sanitize(p, "p") for p in w[:-len(".weight")].split(".")[:31])
+                             if w.endswith(".weight") else _sanitize(node.name, "Gather"))
+            layer.train(m.training)
+            parent, name = _parent(m, path)
+            setattr(parent, name, layer)
+            made = m._made[id(node)] = ([path], y)
+        return [m.get_submodule(made[0][0])(i)]
     if not isinstance(i, np.ndarray) or i.ndim > 0:
         raise NotImplementedError(f"node {node.name!r} (Gather): only one constant index of a tensor")
     axis = m.attrs(node).get("axis", 0) % x.ndim
@@ -410,7 +422,7 @@ OPS = {
     "Conv": _padded(0.0),             # Conv2d (padding on one side more, or SAME: a Pad in front)
     "MaxPool": _padded(-math.inf),    # MaxPool2d (likewise, padded by -inf)
     **{op: _layer_op for op in ("BatchNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
-                                "AveragePool", "GlobalAveragePool", "Softmax", "Dropout", "Resize", "Upsample",
+                                "AveragePool", "GlobalAveragePool", "Softmax", "Dropout", "Resize", "Upsample", "Mish",
                                 "ConvTranspose")},
     "Gemm": _gemm,                    # Linear; B transposed into netcl's (in, out) when transB=1
     "MatMul": _matmul,                # Linear where B is a constant matrix, else a matmul of two values
@@ -428,7 +440,8 @@ OPS = {
     "ReduceMin": _reduce(functions.amin),
     "LayerNormalization": _layer_norm,  # LayerNorm over the last axis
     "Concat": _concat, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
-    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Split": _split, "Slice": _slice, "Gather": _gather,
+    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Split": _split, "Slice": _slice,
+    "Gather": _gather,                # an index of a tensor, or an Embedding (rows of a constant table)
     "ConstantOfShape": _host_only(_constant_of_shape), "Equal": _host_only(lambda a, b, k: np.equal(a, b)),
     "Where": _host_only(lambda c, a, b, k: np.where(c, a, b)),
     "Mod": _host_only(lambda a, b, k: np.fmod(a, b) if k.get("fmod", 0) else np.mod(a, b)), "Range": _host_only(lambda a, b, d, k: np.arange(a, b, d)),

@@ -241,8 +241,9 @@ class _Graph:
 def _shape_of(value_info):
     """(dims with None for the symbolic batch, batch is symbolic)."""
     t = value_info.type.tensor_type
-    if not value_info.type.HasField("tensor_type") or t.elem_type != T.FLOAT:
-        raise NotImplementedError(f"graph input {value_info.name!r} must be a float32 tensor")
+    if not value_info.type.HasField("tensor_type") or t.elem_type not in (T.FLOAT, T.INT64, T.INT32):
+        raise NotImplementedError(f"graph input {value_info.name!r} must be a float32 tensor (or integer indices "
+                                  "of an Embedding)")
     dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
     if not dims or any(d is None for d in dims[1:]):
         raise NotImplementedError(f"graph input {value_info.name!r}: every dimension but the batch must be fixed, "
@@ -343,10 +344,12 @@ def _batchnorm(g, node, shape):
     k = g.attrs(node)
     if k.get("training_mode", 0) or k.get("spatial", 1) != 1 or any(g.used(v) for v in node.output[1:] if v):
         raise NotImplementedError(f"node {node.name!r} (BatchNormalization): only inference form (one output)")
-    if shape is None or len(shape) != 4:
-        raise NotImplementedError(f"node {node.name!r} (BatchNormalization): netcl has BatchNorm2d, input {shape}")
+    if shape is None or len(shape) not in (2, 3, 4):
+        raise NotImplementedError(f"node {node.name!r} (BatchNormalization): netcl has BatchNorm1d (2-D, 3-D input) "
+                                  f"and BatchNorm2d (4-D), input {shape}")
     scale, bias, mean, var = (g.const(node, i, what) for i, what in enumerate(("scale", "B", "mean", "var"), 1))
-    layer = _layer("BatchNorm2d", node, num_features=scale.size, eps=float(k.get("epsilon", 1e-5)))
+    layer = _layer("BatchNorm2d" if len(shape) == 4 else "BatchNorm1d", node, num_features=scale.size,
+                   eps=float(k.get("epsilon", 1e-5)))
     return [_with(layer, weight=scale, bias=bias, running_mean=mean, running_var=var)], node.output[0], [node]
 
 
@@ -423,6 +426,26 @@ def _softmax(g, node, shape):
     return [_layer("Softmax", node, dim=axis)], node.output[0], [node]
 
 
+def _log_softmax(g, node, shape):
+    axis = g.attrs(node).get("axis", 1 if g.opset < 13 else -1)
+    if g.opset < 13 and axis % len(shape) != len(shape) - 1:  # before 13: the flattened trailing dims together
+        raise NotImplementedError(f"node {node.name!r} (LogSoftmax-{g.opset}): axis={axis} of a {len(shape)}-D "
+                                  "input normalises several dimensions together")
+    return [_layer("LogSoftmax", node, dim=axis)], node.output[0], [node]
+
+
+def _prelu(g, node, shape):
+    slope = g.const(node, 1, "slope")
+    n = slope.size
+    channels = shape[1] if shape is not None and len(shape) > 1 else None
+    if n != 1 and (slope.ndim == 0 or n != channels or slope.shape[0] != n
+                   or (len(shape) > 2 and slope.ndim != len(shape) - 1)):
+        raise NotImplementedError(f"node {node.name!r} (PRelu): slope of shape {slope.shape} on input {shape} "
+                                  "(netcl's PReLU has one slope, or one per channel of dimension 1)")
+    layer = _layer("PReLU", node, num_parameters=n)
+    return [_with(layer, weight=slope.reshape(n))], node.output[0], [node]
+
+
 def _dropout(g, node, shape):
     if len(node.output) > 1 and g.used(node.output[1]):
         raise NotImplementedError(f"node {node.name!r} (Dropout): its mask output is used")
@@ -468,11 +491,30 @@ def _identity(g, node, shape):
     return [], node.output[0], [node]
 
 
+def _gather_rows(g, node, shape):
+    """Gather of a constant 2-D table's rows (axis 0) at the data input's indices -> Embedding."""
+    table = g.consts.get(node.input[0])
+    if table is None or table.ndim != 2 or g.attrs(node).get("axis", 0) != 0 or node.input[1] in g.consts:
+        raise NotImplementedError(f"node {node.name!r} (Gather): only rows (axis 0) of a constant 2-D table at the "
+                                  "data input's indices (an Embedding)")
+    layer = _layer("Embedding", node, num_embeddings=table.shape[0], embedding_dim=table.shape[1])
+    return [_with(layer, weight=table)], node.output[0], [node]
+
+
+def _cast_to_indices(g, node, shape):
+    """A Cast to integers that only Gathers read: nothing (Embedding takes whole float numbers as indices)."""
+    if g.attrs(node).get("to") not in (T.INT64, T.INT32) or \
+            any(n.op_type != "Gather" for n in g.consumers.get(node.output[0], [])):
+        raise NotImplementedError(f"node {node.name!r} (Cast): only to the indices of an Embedding (netcl computes "
+                                  "in float32)")
+    return [], node.output[0], [node]
+
+
 CONVERTERS = {
     "Gemm": _gemm,                           # Linear (transB=1: the weight transposed into (in, out))
     "MatMul": _matmul,                       # Linear, with the Add of a constant bias after it
     "Conv": _conv,                           # Conv2d (groups/dilation when netcl's Conv2d has them)
-    "BatchNormalization": _batchnorm,        # BatchNorm2d (inference form)
+    "BatchNormalization": _batchnorm,        # BatchNorm2d, or BatchNorm1d on 2-D/3-D input (inference form)
     "Relu": _direct("ReLU"),
     "LeakyRelu": _direct("LeakyReLU", alpha=("negative_slope", 0.01)),
     "Sigmoid": _direct("Sigmoid"),
@@ -484,8 +526,15 @@ CONVERTERS = {
     "Reshape": _reshape_node,                # Flatten, when it flattens (N, ...) to (N, -1)
     "Squeeze": _squeeze_node,                # Flatten, when it drops (N, C, 1, 1)'s unit dims
     "Softmax": _softmax,
+    "LogSoftmax": _log_softmax,
+    "Elu": _direct("ELU", alpha=("alpha", 1.0)),
+    "Softplus": _direct("Softplus"),         # (beta 1; netcl's beta != 1 is read back from the file's record)
+    "Mish": _direct("Mish"),
+    "PRelu": _prelu,                         # PReLU (one slope, or one per channel)
     "Dropout": _dropout,
     "Identity": _identity,                   # no layer
+    "Gather": _gather_rows,                  # Embedding (rows of a constant table at the input's indices)
+    "Cast": _cast_to_indices,                # no layer, before an Embedding's Gather
     "Resize": _resize,                       # Upsample (integer scale)
     "Upsample": _resize,
 }

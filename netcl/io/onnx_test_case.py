@@ -11,15 +11,17 @@ import os
 
 import numpy as np
 
+from netcl import nn
 from netcl.io.atomic import AtomicFile
 from netcl.io.onnx_export import export_onnx, onnx_pb2 as P
 from netcl.tensor import Tensor, _as_float32
 
 
-def tensor_proto(array, name):
-    """A float32 TensorProto (raw little-endian bytes) of `array`."""
-    a = np.ascontiguousarray(array, dtype="<f4")
-    return P.TensorProto(dims=a.shape, data_type=P.TensorProto.FLOAT, name=name, raw_data=a.tobytes())
+def tensor_proto(array, name, int64=False):
+    """A float32 (or, int64=True, int64) TensorProto (raw little-endian bytes) of `array`."""
+    a = np.ascontiguousarray(array, dtype="<i8" if int64 else "<f4")
+    return P.TensorProto(dims=a.shape, data_type=P.TensorProto.INT64 if int64 else P.TensorProto.FLOAT, name=name,
+                         raw_data=a.tobytes())
 
 
 def export_test_case(model, x, folder, **export_options):
@@ -45,8 +47,9 @@ def export_test_case(model, x, folder, **export_options):
     files = export_onnx(model, x.shape, os.path.join(folder, "model.onnx"), **export_options)
     y = model(Tensor.from_host(None, x)).to_host()
     names = (export_options.get("input_name", "input"), export_options.get("output_name", "output"))
-    for (array, name), file in zip(((x, names[0]), (y, names[1])), ("input_0.pb", "output_0.pb")):
+    indices = isinstance(next(iter(model.chain()), (None, None))[1], nn.Embedding)  # the graph input is int64
+    for (array, name, ints), file in zip(((x, names[0], indices), (y, names[1], False)), ("input_0.pb", "output_0.pb")):
         with AtomicFile(os.path.join(data, file), "write test case") as f:
-            f.write(tensor_proto(array, name).SerializeToString())
+            f.write(tensor_proto(array, name, ints).SerializeToString())
         files.append(os.path.join(data, file))
     return files

@@ -1,10 +1,12 @@
 """Activations (codes shared with every kernel family: netcl/act.py, kernels/act.h) and Softmax."""
 
+import math
+
 import numpy as np
 
-from netcl import ops
+from netcl import array_ops, ops
 from netcl.act import Act
-from netcl.nn.module import Module, as_float, as_int
+from netcl.nn.module import Module, as_float, as_int, constant, positive
 
 
 class _Activation(Module):
@@ -134,3 +136,153 @@ class Softmax(Module):
         outer, D, inner = self._split(dy.shape)
         dx = ops.new(dy, dy.shape)
         return ops.softmax_bwd(dy.queue, outer, D, inner, self._y, dy, dx, 1.0)
+
+
+class _Elementwise(Module):
+    # x: any shape -> same; a kernel of act_param.cl (forward `_kernel`_fwd, backward `_kernel`_bwd) with the
+    # layer's settings `_args()` before the tensors
+    _kernel = ""
+
+    def _args(self):
+        return ()
+
+    def forward(self, x):
+        q = self._on(x)
+        y = ops.new(q, x.shape)
+        if y.size:
+            ops.launch1d(q, "act_param", f"{self._kernel}_fwd", y.size, y.size, *self._args(), x, y)
+        self._saved = x
+        return y.mark_written()
+
+    def backward(self, dy):
+        x = self._saved
+        dx = ops.new(dy, dy.shape)
+        if dx.size:
+            ops.launch1d(dy.queue, "act_param", f"{self._kernel}_bwd", dx.size, dx.size, *self._args(), x, dy, dx)
+        return dx.mark_written()
+
+
+class ELU(_Elementwise):
+    """ELU(alpha=1.0): x where x > 0, else alpha * (exp(x) - 1), element by element."""
+    _kernel = "elu"
+
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.alpha = as_float("alpha", alpha)
+
+    def config(self):
+        return {"alpha": self.alpha}
+
+    def _args(self):
+        return (self.alpha,)
+
+
+class Softplus(_Elementwise):
+    """Softplus(beta=1.0, threshold=20.0): log(1 + exp(beta * x)) / beta, element by element; x itself where beta * x > threshold."""
+    _kernel = "softplus"
+
+    def __init__(self, beta=1.0, threshold=20.0):
+        super().__init__()
+        self.beta, self.threshold = as_float("beta", beta), as_float("threshold", threshold)
+        if self.beta == 0.0:
+            raise ValueError("Softplus needs beta != 0, got 0")
+
+    def config(self):
+        return {"beta": self.beta, "threshold": self.threshold}
+
+    def _args(self):
+        return (self.beta, self.threshold)
+
+
+class Mish(_Elementwise):
+    """x * tanh(softplus(x)), element by element."""
+    _kernel = "mish"
+
+
+class PReLU(Module):
+    # x: (N, C, ...) or any shape when num_parameters = 1 -> same; a learnt slope per channel (dimension 1)
+    """PReLU(num_parameters=1, init=0.25): x where x > 0, else weight[c] * x, with a learnt slope for every channel c (dimension 1) or one for all (num_parameters=1)."""
+
+    def __init__(self, num_parameters=1, init=0.25):
+        super().__init__()
+        self.num_parameters = positive("num_parameters", num_parameters)
+        self.init = as_float("init", init)
+        self.weight = constant(self.init, self.tensor_shapes(self.num_parameters)["weight"])
+
+    @classmethod
+    def tensor_shapes(cls, num_parameters=1, init=0.25):
+        return {"weight": (num_parameters,)}
+
+    def config(self):
+        return {"num_parameters": self.num_parameters, "init": self.init}
+
+    def output_shape(self, shape):
+        if self.num_parameters != 1 and (len(shape) < 2 or shape[1] != self.num_parameters):
+            raise ValueError(f"PReLU({self.num_parameters}) expects input (N, {self.num_parameters}, ...), "
+                             f"got {tuple(shape)}")
+        return tuple(shape)
+
+    def _geometry(self, shape):
+        """(outer, C, inner) of the slopes' channel in `shape` (C = 1: one slope for every element)."""
+        if self.num_parameters == 1:
+            return math.prod(shape), 1, 1
+        return shape[0], shape[1], math.prod(shape[2:])
+
+    def forward(self, x):
+        q = self._on(x)
+        self.output_shape(x.shape)
+        _, c, inner = self._geometry(x.shape)
+        y = ops.new(q, x.shape)
+        if y.size:
+            ops.launch1d(q, "act_param", "prelu_fwd", y.size, y.size, c, inner, x, self.weight, y)
+        self._saved = x
+        return y.mark_written()
+
+    def backward(self, dy):
+        x, q = self._saved, dy.queue
+        outer, c, inner = self._geometry(x.shape)
+        dx = ops.new(dy, dy.shape)
+        gw, acc = ops.grad_target(self.weight)
+        if dx.size:
+            ops.launch1d(q, "act_param", "prelu_bwd_dx", dx.size, dx.size, c, inner, x, self.weight, dy, dx)
+        ops.launch1d(q, "act_param", "prelu_bwd_dw", c, outer, c, inner, x, dy, gw, int(acc))
+        gw.mark_written()
+        return dx.mark_written()
+
+
+class LogSoftmax(Module):
+    """LogSoftmax(dim=1): x - log(sum(exp(x))) along dim, from the maximum (no overflow)."""
+    CALL_STATE = ("_y",)
+
+    # x: any shape -> same, along `dim`; tensor.cl's reductions and element-wise kernels
+    def __init__(self, dim=1):
+        super().__init__()
+        self.dim = as_int("dim", dim)
+
+    def config(self):
+        return {"dim": self.dim}
+
+    _split = Softmax._split
+
+    def output_shape(self, shape):
+        self._split(shape)
+        return tuple(shape)
+
+    def forward(self, x):
+        self._on(x)
+        outer, D, inner = self._split(x.shape)
+        x3 = x._view((outer, D, inner))
+        m = array_ops.reduce_dim("max", x3, outer, D, inner)[0]._view((outer, 1, inner))
+        shifted = array_ops.binary("sub", x3, m)
+        total = array_ops.reduce_dim("sum", array_ops.unary("exp", shifted), outer, D, inner)[0]
+        y = array_ops.binary("sub", shifted, array_ops.unary("log", total)._view((outer, 1, inner)))
+        self._y = y
+        return y._view(x.shape)
+
+    def backward(self, dy):  # dx = dy - softmax * sum(dy)
+        y = self._y
+        outer, D, inner = y.shape
+        dy3 = dy._view(y.shape)
+        total = array_ops.reduce_dim("sum", dy3, outer, D, inner)[0]._view((outer, 1, inner))
+        dx = array_ops.binary("sub", dy3, array_ops.binary("mul", array_ops.unary("exp", y), total))
+        return dx._view(dy.shape)

@@ -1,4 +1,4 @@
-"""BatchNorm2d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
+"""BatchNorm2d and BatchNorm1d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
 import math
 
 from netcl import ops
@@ -99,7 +99,7 @@ class BatchNorm2d(Module):
         code, slope = (Act.NONE, 0.0) if act is None else (Act(act.act), float(act.slope))
         options = _act_options(code)
         q = self._on(x)
-        self.output_shape(x.shape)
+        BatchNorm2d.output_shape(self, x.shape)  # (BatchNorm1d's (N, C, L, 1) views too)
         n, c, h, w = x.shape
         if self.training and n * h * w < 2:
             raise ValueError(f"BatchNorm2d in training needs more than one value per channel, got input {x.shape}")
@@ -409,3 +409,29 @@ class LayerNorm(Module):
         gw.mark_written()
         gb.mark_written()
         return dx.mark_written()
+
+
+class BatchNorm1d(BatchNorm2d):
+    # x: (N, C) or (N, C, L) -> same; BatchNorm2d's kernels on the view (N, C, L, 1), which is exact:
+    # they walk a channel's N * H * W values whatever H and W are
+    """BatchNorm1d(num_features, eps=1e-5, momentum=0.1): (N, C) or (N, C, L) normalised per channel with batch statistics in training (running statistics updated as PyTorch, unbiased variance) and the running ones in eval."""
+
+    def output_shape(self, shape):
+        if len(shape) not in (2, 3):
+            raise ValueError(f"BatchNorm1d expects a 2-D input (N, C) or a 3-D input (N, C, L), got shape {tuple(shape)}")
+        if shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm1d expects {self.num_features} channels, got shape {tuple(shape)}")
+        return tuple(shape)
+
+    @staticmethod
+    def _planes(shape):
+        return (shape[0], shape[1], shape[2] if len(shape) == 3 else 1, 1)
+
+    def forward(self, x):
+        self.output_shape(x.shape)
+        if self.training and x.size // self.num_features < 2:
+            raise ValueError(f"BatchNorm1d in training needs more than one value per channel, got input {x.shape}")
+        return super().forward(x._view(self._planes(x.shape)))._view(x.shape)
+
+    def backward(self, dy):
+        return super().backward(dy._view(self._planes(dy.shape)))._view(dy.shape)

@@ -13,7 +13,7 @@ from netcl.nn.conv import Conv2d
 from netcl.nn.module import LayerList, child_shape
 from netcl.nn.norm import BatchNorm2d, pools_in_norm
 from netcl.runtime import default_queue
-from netcl.tensor import Tensor, _as_float32
+from netcl.tensor import FLOAT32, Tensor, _as_float32
 
 # Training fuses a BatchNorm2d with the activation layer right after it in the same layer list:
 # the BatchNorm writes act(BatchNorm(x)) in its own pass, its backward differentiates through
@@ -124,7 +124,8 @@ class Sequential(LayerList):
                 x = layer(x)  # call recorded by autograd (this Sequential's backward could not follow it)
             return x
         self.output_shape(x.shape)  # a shape that does not fit: the same message, naming the layer, on both paths
-        if not self.training and self._fused is not None:
+        # int indices (an Embedding's) go layer by layer: the plan's buffers hold float32 (predict() hands floats)
+        if not self.training and self._fused is not None and x.dtype == FLOAT32:
             self._fused_input = x
             y = self._fused(x)
         else:

@@ -73,11 +73,13 @@ def _conv_transpose2d(m):
                   dilation=_pair("dilation", m.dilation), groups=m.groups, bias=m.bias is not None)
 
 
-def _batchnorm2d(m):
-    _require(m, affine=True, track_running_stats=True)
-    if m.momentum is None:
-        raise _Unsupported("momentum=None (a cumulative average; netcl keeps an exponential one)")
-    return _layer("BatchNorm2d", num_features=m.num_features, eps=m.eps, momentum=m.momentum)
+def _batchnorm(kind):
+    def convert(m):
+        _require(m, affine=True, track_running_stats=True)
+        if m.momentum is None:
+            raise _Unsupported("momentum=None (a cumulative average; netcl keeps an exponential one)")
+        return _layer(kind, num_features=m.num_features, eps=m.eps, momentum=m.momentum)
+    return convert
 
 
 def _layernorm(m):
@@ -118,6 +120,22 @@ def _attention(m):
     return _layer("MultiheadAttention", embed_dim=m.embed_dim, num_heads=m.num_heads)
 
 
+def _log_softmax(m):
+    if m.dim is None:
+        raise _Unsupported("dim=None (torch's implicit dimension; give dim explicitly)")
+    return _layer("LogSoftmax", dim=m.dim)
+
+
+def _prelu(m):
+    return _layer("PReLU", num_parameters=m.num_parameters, init=float(getattr(m, "init", 0.25)))
+
+
+def _embedding(m):
+    _require(m, max_norm=None, scale_grad_by_freq=False, sparse=False)
+    return _layer("Embedding", num_embeddings=m.num_embeddings, embedding_dim=m.embedding_dim,
+                  padding_idx=m.padding_idx)
+
+
 def _softmax(m):
     if m.dim is None:
         raise _Unsupported("dim=None (torch's implicit dimension; give dim explicitly)")
@@ -131,7 +149,8 @@ CONVERTERS = {
     "Linear": _linear,
     "Conv2d": _conv2d,
     "ConvTranspose2d": _conv_transpose2d,
-    "BatchNorm2d": _batchnorm2d,
+    "BatchNorm1d": _batchnorm("BatchNorm1d"),
+    "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),
@@ -147,6 +166,12 @@ CONVERTERS = {
     "Hardswish": _same("Hardswish"),
     "Hardsigmoid": _same("Hardsigmoid"),
     "Softmax": _softmax,
+    "Embedding": _embedding,
+    "LogSoftmax": _log_softmax,
+    "ELU": _same("ELU", "alpha"),
+    "Softplus": _same("Softplus", "beta", "threshold"),
+    "Mish": _same("Mish"),
+    "PReLU": _prelu,
     "MultiheadAttention": _attention,  # (self-attention, query, key and value one tensor: netcl.nn.torch_graph)
     "Flatten": _same("Flatten", "start_dim", "end_dim"),
     "Dropout": _same("Dropout", "p"),
