@@ -68,7 +68,7 @@ def modern_model():
 
 
 def tabular_model():
-    # x: (N, 6) -> (N, 3); issue 45's layers
+    # x: (N, 6) -> (N, 3); BatchNorm1d and the parameterised activations
     return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.PReLU(8, init=0.1), nn.ELU(0.5), nn.Softplus(2.0),
                          nn.Mish(), nn.Linear(8, 3), nn.LogSoftmax(1))
 

@@ -1,4 +1,4 @@
-"""Issue 45's layers (BatchNorm1d, ...): forward and backward against float64 PyTorch, training
+"""BatchNorm1d, Embedding, ELU, Softplus, Mish, PReLU and LogSoftmax: forward and backward against float64 PyTorch, training
 against PyTorch step for step, .netcl round trips, ONNX export checked by onnxruntime, the import
 back (from netcl's own files and from the bare graph) and from_torch, eval()/predict in a Sequential."""
 import numpy as np
