@@ -97,3 +97,58 @@ __kernel void adaptive_avgpool_bwd(const int NC, const int H, const int W, const
     }
     dx[idx] = acc;
 }
+
+// MaxPool1d / AvgPool1d on (N*C) rows of L (their own kernels: the 2-D ones take square windows).
+// Max: padded positions never win; the first maximum (a NaN as PyTorch) is the one backward routes to.
+__kernel void maxpool1d_fwd(const int NC, const int L, const int k, const int s, const int p, const int OL,
+                            __global const float *x, __global float *y, __global int *arg) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * OL) return;
+    const int o = idx % OL, nc = idx / OL;
+    __global const float *xr = x + (long)nc * L;
+    const int i0 = max(o * s - p, 0), i1 = min(o * s - p + k, L);
+    float best = xr[i0];
+    int bi = i0;
+    for (int i = i0 + 1; i < i1; i++) {
+        const float v = xr[i];
+        if (v > best || isnan(v)) { best = v; bi = i; }
+    }
+    y[idx] = best;
+    arg[idx] = bi;
+}
+
+__kernel void maxpool1d_bwd(const int NC, const int L, const int k, const int s, const int p, const int OL,
+                            __global const float *dy, __global const int *arg, __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * L) return;
+    const int i = idx % L, nc = idx / L;
+    // windows covering i: o*s - p <= i <= o*s - p + k - 1
+    const int o0 = max(0, (i + p - k + s) / s), o1 = min(OL - 1, (i + p) / s);
+    float acc = 0.0f;
+    for (int o = o0; o <= o1; o++)
+        if (arg[nc * OL + o] == i) acc += dy[nc * OL + o];
+    dx[idx] = acc;
+}
+
+// count_include_pad (PyTorch's default): always divide by k
+__kernel void avgpool1d_fwd(const int NC, const int L, const int k, const int s, const int p, const int OL,
+                            __global const float *x, __global float *y) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * OL) return;
+    const int o = idx % OL, nc = idx / OL;
+    __global const float *xr = x + (long)nc * L;
+    float acc = 0.0f;
+    for (int i = max(o * s - p, 0); i < min(o * s - p + k, L); i++) acc += xr[i];
+    y[idx] = acc / (float)k;
+}
+
+__kernel void avgpool1d_bwd(const int NC, const int L, const int k, const int s, const int p, const int OL,
+                            __global const float *dy, __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= NC * L) return;
+    const int i = idx % L, nc = idx / L;
+    const int o0 = max(0, (i + p - k + s) / s), o1 = min(OL - 1, (i + p) / s);
+    float acc = 0.0f;
+    for (int o = o0; o <= o1; o++) acc += dy[nc * OL + o];
+    dx[idx] = acc / (float)k;
+}

@@ -1,5 +1,5 @@
-"""MaxPool2d and AvgPool2d (square windows, symmetric padding; MaxPool2d's ceil_mode) and
-AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
+"""MaxPool2d and AvgPool2d (square windows, symmetric padding; MaxPool2d's ceil_mode), MaxPool1d and
+AvgPool1d, and AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
 from netcl import ops
 from netcl.nn.module import Module, as_int, check_rank, conv_out, positive
 from netcl.runtime import alloc
@@ -106,6 +106,83 @@ class AvgPool2d(_Pool2d):
         shape, g = self._saved
         dx = ops.new(dy, shape)
         ops.launch1d(dy.queue, "pool", "avgpool_bwd", dx.size, *g, dy, dx)
+        return dx.mark_written()
+
+
+def _single(name, v):
+    """An int or a 1-tuple of one (PyTorch's 1-D pools take both) as the int."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 1:
+            raise ValueError(f"{name} must be an int or a 1-tuple, got {v!r}")
+        v = v[0]
+    return v
+
+
+class _Pool1d(_Pool2d):
+    # x: (N, C, L) -> (N, C, L'); pool.cl's 1-D kernels over N*C rows
+    def __init__(self, kernel_size, stride=None, padding=0):
+        stride = None if stride is None else _single("stride", stride)
+        super().__init__(_single("kernel_size", kernel_size), stride, _single("padding", padding))
+
+    def output_shape(self, shape):
+        check_rank(type(self).__name__, shape, 3, "(N, C, L)")
+        n, c, length = shape
+        out = self._out(length)
+        if out < 1:
+            raise ValueError(f"{type(self).__name__} kernel {self.kernel_size} does not fit input length {length}")
+        return (n, c, out)
+
+    def _geometry(self, shape):
+        n, c, out = self.output_shape(shape)
+        return n * c, shape[2], self.kernel_size, self.stride, self.padding, out
+
+
+class MaxPool1d(_Pool1d):
+    # x: (N, C, L) -> (N, C, L'); padded positions never win, ties go to the first maximum
+    """MaxPool1d(kernel_size, stride=None, padding=0, ceil_mode=False): (N, C, L) window maxima as
+    torch.nn.MaxPool1d (padded positions never win; the gradient goes to the first maximum);
+    ceil_mode: PyTorch's ceil rule for the output length."""
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
+        super().__init__(kernel_size, stride, padding)
+        if not isinstance(ceil_mode, bool):
+            raise TypeError(f"ceil_mode must be a bool, got {type(ceil_mode).__name__}")
+        self.ceil_mode = ceil_mode
+
+    def config(self):
+        return dict(super().config(), **({"ceil_mode": True} if self.ceil_mode else {}))
+
+    def forward(self, x):
+        q = self._on(x)
+        g = self._geometry(x.shape)
+        y = ops.new(q, self.output_shape(x.shape))
+        arg = alloc(q, 4 * y.size)
+        ops.launch1d(q, "pool", "maxpool1d_fwd", y.size, *g, x, y, arg)
+        self._saved = (x.shape, g, arg)
+        return y.mark_written()
+
+    def backward(self, dy):
+        shape, g, arg = self._saved
+        dx = ops.new(dy, shape)
+        ops.launch1d(dy.queue, "pool", "maxpool1d_bwd", dx.size, *g, dy, arg, dx)
+        return dx.mark_written()
+
+
+class AvgPool1d(_Pool1d):
+    # x: (N, C, L) -> (N, C, L'); padding counts as zeros (count_include_pad=True)
+    """AvgPool1d(kernel_size, stride=None, padding=0): (N, C, L) window averages as torch.nn.AvgPool1d
+    with its defaults (padding counted, ceil_mode False)."""
+    def forward(self, x):
+        q = self._on(x)
+        g = self._geometry(x.shape)
+        y = ops.new(q, self.output_shape(x.shape))
+        ops.launch1d(q, "pool", "avgpool1d_fwd", y.size, *g, x, y)
+        self._saved = (x.shape, g)
+        return y.mark_written()
+
+    def backward(self, dy):
+        shape, g = self._saved
+        dx = ops.new(dy, shape)
+        ops.launch1d(dy.queue, "pool", "avgpool1d_bwd", dx.size, *g, dy, dx)
         return dx.mark_written()
 
 

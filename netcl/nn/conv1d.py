@@ -1,0 +1,120 @@
+"""Conv1d: PyTorch's 1-D convolution on (N, C, L) (kernels/conv1d.cl: one work-item per output
+element for the forward, the data gradient and the weight gradient; simple, not tuned)."""
+import math
+
+from netcl import ops
+from netcl.nn.conv import _check_groups
+from netcl.nn.module import MAX_INT, MAX_PADDING, Module, as_bool, as_int, check_rank, positive, uniform
+
+
+def _one(name, v, low=1):
+    """An int, or a 1-tuple of one (PyTorch's _single), as an int of at least `low`."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 1:
+            raise ValueError(f"{name} must be an int or a 1-tuple, got {v!r}")
+        v = v[0]
+    return as_int(name, v, low, MAX_PADDING if name == "padding" else MAX_INT)
+
+
+class Conv1d(Module):
+    """Conv1d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
+    (N, C, L) -> (N, K, L'), weight (K, C/groups, kernel_size), PyTorch's semantics; padding an int or
+    "same" (stride 1; an odd total puts the extra column on the right, as PyTorch) or "valid"."""
+
+    # x: (N, C, L) -> (N, K, L'); weight (K, C/groups, k)
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True):
+        super().__init__()
+        self.in_channels = positive("in_channels", in_channels)
+        self.out_channels = positive("out_channels", out_channels)
+        self.kernel_size = _one("kernel_size", kernel_size)
+        self.stride = _one("stride", stride)
+        self.dilation = _one("dilation", dilation)
+        if padding == "valid":
+            padding = 0
+        if isinstance(padding, str):
+            if padding != "same":
+                raise ValueError(f"padding must be an int, 'same' or 'valid', got {padding!r}")
+            if self.stride != 1:
+                raise ValueError("padding='same' needs stride 1 (as PyTorch)")
+        else:
+            padding = _one("padding", padding, 0)
+        self.padding = padding
+        self.groups = _check_groups(self.in_channels, self.out_channels, groups)
+        bias = as_bool("bias", bias)
+        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, groups=self.groups,
+                                    bias=bias)
+        bound = 1.0 / math.sqrt(self.in_channels // self.groups * self.kernel_size)  # PyTorch's default init
+        self.weight = uniform(bound, shapes["weight"])
+        self.bias = uniform(bound, shapes["bias"]) if bias else None
+        self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
+
+    @classmethod
+    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                      bias=True):
+        g = _check_groups(in_channels, out_channels, groups)
+        return {"weight": (out_channels, in_channels // g, kernel_size), **({"bias": (out_channels,)} if bias else {})}
+
+    def config(self):
+        return {"in_channels": self.in_channels, "out_channels": self.out_channels,
+                "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "dilation": self.dilation, "groups": self.groups, "bias": self.bias is not None}
+
+    def extra_repr(self):
+        """The constructor's arguments as they read in repr() (dilation and groups only when set)."""
+        return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
+                         if not (k in ("dilation", "groups") and v == 1))
+
+    def pads(self):
+        """(left, right) zero padding: padding="same" splits d*(k-1) with the extra column on the right."""
+        if self.padding == "same":
+            total = self.dilation * (self.kernel_size - 1)
+            return total // 2, total - total // 2
+        return self.padding, self.padding
+
+    def output_shape(self, shape):
+        check_rank("Conv1d", shape, 3, "(N, C, L)")
+        n, c, length = shape
+        if c != self.in_channels:
+            raise ValueError(f"Conv1d expects {self.in_channels} input channels, got shape {tuple(shape)}")
+        left, right = self.pads()
+        span = self.dilation * (self.kernel_size - 1) + 1
+        out = (length + left + right - span) // self.stride + 1
+        if out < 1:
+            raise ValueError(f"Conv1d kernel {self.kernel_size} (dilation {self.dilation}, padding {self.padding}) "
+                             f"does not fit input length {length}")
+        return (n, self.out_channels, out)
+
+    def _geometry(self, shape):
+        n, k, out = self.output_shape(shape)
+        return (n, self.in_channels, shape[2], k, out, self.kernel_size, self.stride, self.pads()[0], self.dilation,
+                self.groups)
+
+    def forward(self, x):
+        q = self._on(x)
+        g = self._geometry(x.shape)
+        y = ops.new(q, self.output_shape(x.shape))
+        b = self.bias if self.bias is not None else ops.dummy(q)
+        ops.launch1d(q, "conv1d", "conv1d_fwd", y.size, *g, int(self.bias is not None), x, self.weight, b, y)
+        self._saved = (x, g)
+        return y.mark_written()
+
+    def backward(self, dy):
+        x, g = self._saved
+        self.backward_params(dy)
+        dx = ops.new(dy, x.shape)
+        ops.launch1d(dy.queue, "conv1d", "conv1d_bwd_data", dx.size, *g, dy, self.weight, dx)
+        return dx.mark_written()
+
+    def backward_params(self, dy):
+        """The weight's and bias's gradients (added to .grad where they hold one); returns None."""
+        x, g = self._saved
+        q = dy.queue
+        gw, acc = ops.grad_target(self.weight)
+        ops.launch1d(q, "conv1d", "conv1d_bwd_weight", gw.size, *g, x, dy, gw, int(acc))
+        gw.mark_written()
+        if self.bias is not None:
+            gb, acc = ops.grad_target(self.bias)
+            n, _, _, k, out = g[:5]
+            ops.launch1d(q, "conv1d", "conv1d_bwd_bias", k, n, k, out, dy, gb, int(acc))
+            gb.mark_written()
