@@ -78,6 +78,13 @@ def embedding_model():
     return nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 5))
 
 
+def signal_model():
+    # x: (N, 3, 16) -> (N, 4); the 1-D layers: Conv1d (padding="same", groups, dilation), MaxPool1d, AvgPool1d
+    return nn.Sequential(nn.Conv1d(3, 6, 5, stride=2, padding=2), nn.BatchNorm1d(6), nn.ReLU(),
+                         nn.MaxPool1d(3, 1, 1), nn.Conv1d(6, 6, 4, padding="same", dilation=2, groups=3, bias=False),
+                         nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 4))
+
+
 def graph_model():
     # x: (N, 3, 8, 8) -> (N, 5); a traced graph (GraphModule, its ModuleDict containers) written by
     # hand, so that no device is needed: conv, relu, times a parameter of its own, plus a constant
@@ -112,7 +119,8 @@ def with_running_stats(model, rng):
 @pytest.mark.parametrize("build, shape", [(every_layer_cnn, (2, 3, 8, 8)), (attention_model, (2, 5, 6)),
                                           (transposed_conv_model, (2, 3, 5, 5)), (blocks_model, (2, 3, 8, 8)),
                                           (modern_model, (2, 3, 8, 8)), (graph_model, (2, 3, 8, 8)),
-                                          (tabular_model, (2, 6)), (embedding_model, (2, 3))])
+                                          (tabular_model, (2, 6)), (embedding_model, (2, 3)),
+                                          (signal_model, (2, 3, 16))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -136,7 +144,7 @@ def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
     """The round-trip models hold every registered layer; each class's tensor_shapes (what the
     loader checks files against) names exactly the tensors a layer of that config holds."""
     layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model,
-                              graph_model, tabular_model, embedding_model) for m in held(build())]
+                              graph_model, tabular_model, embedding_model, signal_model) for m in held(build())]
     assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
     for layer in layers:
         own = {k: t.shape for k, t, owner, _ in layer._owned_tensors() if owner is layer}  # not its children's

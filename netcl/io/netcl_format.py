@@ -693,7 +693,8 @@ def _config_problem(cls, config, lists=0):
     the constructor's parameters and values be JSON numbers, booleans or null; a short string only
     where the parameter's default is a string (a mode such as Upsample's or GELU's approximate,
     which the constructor checks against its fixed set); optimizers and schedulers: also lists of at
-    most `lists` numbers (True: 8; Adam's betas, a scheduler's value per group)."""
+    most `lists` numbers (True: 8; Adam's betas, a scheduler's value per group). A class's STR_ARGS
+    names parameters that take a mode string besides numbers (Conv1d's padding="same")."""
     if not isinstance(config, dict):
         return f"must be an object, got {type(config).__name__}"
     if hasattr(cls, "config_problem"):  # a config of structured values (a graph's nodes): its class checks it
@@ -712,7 +713,8 @@ def _config_problem(cls, config, lists=0):
         for x in vs:
             if not (x is None or isinstance(x, bool) or (isinstance(x, float) and math.isfinite(x))
                     or (isinstance(x, int) and abs(x) <= _MAX_INT)
-                    or (isinstance(x, str) and len(x) <= 32 and isinstance(sig.parameters[k].default, str))):
+                    or (isinstance(x, str) and len(x) <= 32 and (isinstance(sig.parameters[k].default, str)
+                                                                  or k in getattr(cls, "STR_ARGS", ())))):
                 return f"{k!r} = {v!r:.100}: expected a finite number, boolean or null"
     return None
 

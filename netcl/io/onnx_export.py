@@ -252,6 +252,15 @@ def _conv2d(g, m, x, s, out):
                 **extra)
 
 
+def _conv1d(g, m, x, s, out):  # the same Conv, 1-D attributes; padding="same" as its explicit (left, right)
+    left, right = m.pads()
+    w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
+    extra = {"dilations": [m.dilation]} if m.dilation != 1 else {}
+    if m.groups != 1:
+        extra["group"] = m.groups
+    return g.op("Conv", [x] + w, out, kernel_shape=[m.kernel_size], pads=[left, right], strides=[m.stride], **extra)
+
+
 def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, k, k) is ONNX's (C, M/group, kH, kW)
     k, p, op = m.kernel_size, m.padding, m.output_padding
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
@@ -271,6 +280,15 @@ def _pool(op_type, **extra):
         ceil = {"ceil_mode": 1} if m.ceil_mode else {}  # (MaxPool2d's; attributes at their defaults left out)
         return g.op(op_type, [x], out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
                     **extra, **ceil)
+    return emit
+
+
+def _pool1d(op_type, **extra):
+    def emit(g, m, x, s, out):
+        p = m.padding
+        ceil = {"ceil_mode": 1} if m.ceil_mode else {}
+        return g.op(op_type, [x], out, kernel_shape=[m.kernel_size], pads=[p, p], strides=[m.stride], **extra,
+                    **ceil)
     return emit
 
 
@@ -824,6 +842,7 @@ OP_EMITTERS = {
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
+    nn.Conv1d: _conv1d,                          # Conv, 1-D attributes (padding="same": explicit pads)
     nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
     nn.BatchNorm1d: _batchnorm2d,                # BatchNormalization on (N, C) or (N, C, L), as on 4-D
     nn.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
@@ -833,6 +852,8 @@ EMITTERS = {
     nn.Tanh: _pointwise("Tanh"),
     nn.MaxPool2d: _pool("MaxPool"),
     nn.AvgPool2d: _pool("AveragePool", count_include_pad=1),
+    nn.MaxPool1d: _pool1d("MaxPool"),
+    nn.AvgPool1d: _pool1d("AveragePool", count_include_pad=1),
     nn.Flatten: _flatten,                        # Flatten(axis=1) for (1, -1), else Reshape [0.., -1, dims]
     nn.Transpose: _transpose,                    # Transpose(perm)
     nn.AdaptiveAvgPool2d: _adaptive_avg_pool,    # GlobalAveragePool (size 1), AveragePool (uniform windows)

@@ -328,10 +328,43 @@ def _matmul(g, node, shape):
     return ([layer], add.output[0], [node, add]) if b is not None else ([layer], node.output[0], [node])
 
 
+def _one(node, name, values, default):
+    values = list(values) if values is not None else [default]
+    if len(values) != 1:
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): {name}={values} on a 1-D input")
+    return int(values[0])
+
+
+def _pads1d(node, k, kernel=None, dilation=1, stride=1):
+    """A 1-D node's padding: an int where both sides match, "same" where (left, right) is Conv1d's
+    padding="same" (kernel given: a Conv), else unsupported."""
+    if k.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={k['auto_pad']} (give explicit pads)")
+    left, right = (int(p) for p in (k.get("pads") or [0, 0]))
+    if left == right:
+        return left
+    total = dilation * (kernel - 1) if kernel is not None else -1
+    if stride == 1 and (left, right) == (total // 2, total - total // 2):
+        return "same"
+    raise NotImplementedError(f"node {node.name!r} ({node.op_type}): pads={[left, right]} (netcl pads both sides "
+                              "alike, or as Conv1d's padding='same')")
+
+
+def _conv1d(g, node, k, w, b):
+    size, groups = _one(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1), int(k.get("group", 1))
+    stride, dilation = _one(node, "strides", k.get("strides"), 1), _one(node, "dilations", k.get("dilations"), 1)
+    layer = _layer("Conv1d", node, in_channels=w.shape[1] * groups, out_channels=w.shape[0], kernel_size=size,
+                   stride=stride, padding=_pads1d(node, k, size, dilation, stride), dilation=dilation, groups=groups,
+                   bias=b is not None)
+    return [_with(layer, weight=w, **({"bias": _bias(node, b, w.shape[0])} if b is not None else {}))], node.output[0], [node]
+
+
 def _conv(g, node, shape):
     k, w, b = g.attrs(node), g.const(node, 1, "weight"), g.const(node, 2, "bias")
+    if w.ndim == 3:  # a 1-D convolution on (N, C, L)
+        return _conv1d(g, node, k, w, b)
     if w.ndim != 4:
-        raise NotImplementedError(f"node {node.name!r} (Conv): only 2-D convolutions (a 4-D weight)")
+        raise NotImplementedError(f"node {node.name!r} (Conv): only 1-D and 2-D convolutions (a 3-D or 4-D weight)")
     groups = int(k.get("group", 1))
     size = _square(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1)
     layer = _layer("Conv2d", node, in_channels=w.shape[1] * groups, out_channels=w.shape[0], kernel_size=size,
@@ -360,6 +393,8 @@ def _pool(kind):
         if (ceil and kind != "MaxPool2d") or k.get("storage_order", 0) or any(g.used(v) for v in node.output[1:] if v):
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): storage_order, indices and an "
                                       "AveragePool's ceil_mode are not supported")
+        if len(k.get("kernel_shape") or ()) == 1:  # on (N, C, L): MaxPool1d, AvgPool1d
+            return _pool1d(g, node, k, kind.replace("2d", "1d"), ceil)
         if _square(node, "dilations", k.get("dilations"), 1) != 1:
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
         size, pad = _square(node, "kernel_shape", k.get("kernel_shape"), None), _pads(node, k)
@@ -373,7 +408,22 @@ def _pool(kind):
     return convert
 
 
+def _pool1d(g, node, k, kind, ceil):
+    if _one(node, "dilations", k.get("dilations"), 1) != 1:
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
+    size, pad = _one(node, "kernel_shape", k.get("kernel_shape"), None), _pads1d(node, k)
+    if kind == "AvgPool1d" and pad and not k.get("count_include_pad", 0):
+        raise NotImplementedError(f"node {node.name!r} (AveragePool): count_include_pad=0 with padding "
+                                  "(netcl's AvgPool1d counts the padding, as PyTorch's default)")
+    extra = {"ceil_mode": True} if ceil else {}
+    layer = _layer(kind, node, kernel_size=size, stride=_one(node, "strides", k.get("strides"), 1), padding=pad,
+                   **extra)
+    return [layer], node.output[0], [node]
+
+
 def _global_avg_pool(g, node, shape):
+    if shape is not None and len(shape) == 3:  # (N, C, L)
+        return [_layer("AdaptiveAvgPool1d", node, output_size=1)], node.output[0], [node]
     if hasattr(nn, "AdaptiveAvgPool2d"):
         return [_layer("AdaptiveAvgPool2d", node, output_size=1)], node.output[0], [node]
     if shape is None or len(shape) != 4 or shape[2] != shape[3]:
@@ -513,15 +563,15 @@ def _cast_to_indices(g, node, shape):
 CONVERTERS = {
     "Gemm": _gemm,                           # Linear (transB=1: the weight transposed into (in, out))
     "MatMul": _matmul,                       # Linear, with the Add of a constant bias after it
-    "Conv": _conv,                           # Conv2d (groups/dilation when netcl's Conv2d has them)
+    "Conv": _conv,                           # Conv2d, or Conv1d on a 3-D weight (groups/dilation as the layer has them)
     "BatchNormalization": _batchnorm,        # BatchNorm2d, or BatchNorm1d on 2-D/3-D input (inference form)
     "Relu": _direct("ReLU"),
     "LeakyRelu": _direct("LeakyReLU", alpha=("negative_slope", 0.01)),
     "Sigmoid": _direct("Sigmoid"),
     "Tanh": _direct("Tanh"),
-    "MaxPool": _pool("MaxPool2d"),
-    "AveragePool": _pool("AvgPool2d"),
-    "GlobalAveragePool": _global_avg_pool,   # AdaptiveAvgPool2d(1), else AvgPool2d over the whole map
+    "MaxPool": _pool("MaxPool2d"),           # MaxPool2d, or MaxPool1d with a 1-D kernel_shape
+    "AveragePool": _pool("AvgPool2d"),       # AvgPool2d, or AvgPool1d with a 1-D kernel_shape
+    "GlobalAveragePool": _global_avg_pool,   # AdaptiveAvgPool2d(1) (AdaptiveAvgPool1d(1) on 3-D input)
     "Flatten": _flatten,                     # Flatten (axis 1)
     "Reshape": _reshape_node,                # Flatten, when it flattens (N, ...) to (N, -1)
     "Squeeze": _squeeze_node,                # Flatten, when it drops (N, C, 1, 1)'s unit dims

@@ -21,6 +21,8 @@ class Conv1d(Module):
     (N, C, L) -> (N, K, L'), weight (K, C/groups, kernel_size), PyTorch's semantics; padding an int or
     "same" (stride 1; an odd total puts the extra column on the right, as PyTorch) or "valid"."""
 
+    STR_ARGS = ("padding",)  # "same" (files hold it; the constructor checks the string)
+
     # x: (N, C, L) -> (N, K, L'); weight (K, C/groups, k)
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True):

@@ -65,6 +65,34 @@ def _conv2d(m):
                   bias=m.bias is not None)
 
 
+def _single(name, v):
+    """A torch 1-D attribute (a 1-tuple) as its int."""
+    return v[0] if isinstance(v, (tuple, list)) and len(v) == 1 else v
+
+
+def _conv1d(m):
+    _require(m, padding_mode="zeros")
+    padding = m.padding if isinstance(m.padding, str) else _single("padding", m.padding)  # ("same", "valid")
+    return _layer("Conv1d", in_channels=m.in_channels, out_channels=m.out_channels,
+                  kernel_size=_single("kernel_size", m.kernel_size), stride=_single("stride", m.stride),
+                  padding=padding, dilation=_single("dilation", m.dilation), groups=m.groups, bias=m.bias is not None)
+
+
+def _pool1d(kind):
+    def convert(m):
+        extra = {}
+        if kind == "MaxPool1d":
+            _require(m, return_indices=False)
+            if _single("dilation", m.dilation) != 1:
+                raise _Unsupported(f"dilation={m.dilation}")
+            extra = {"ceil_mode": True} if m.ceil_mode else {}
+        else:
+            _require(m, ceil_mode=False, count_include_pad=True)
+        return _layer(kind, kernel_size=_single("kernel_size", m.kernel_size), stride=_single("stride", m.stride),
+                      padding=_single("padding", m.padding), **extra)
+    return convert
+
+
 def _conv_transpose2d(m):
     _require(m, padding_mode="zeros")
     return _layer("ConvTranspose2d", in_channels=m.in_channels, out_channels=m.out_channels,
@@ -148,12 +176,15 @@ def _softmax(m):
 CONVERTERS = {
     "Linear": _linear,
     "Conv2d": _conv2d,
+    "Conv1d": _conv1d,
     "ConvTranspose2d": _conv_transpose2d,
     "BatchNorm1d": _batchnorm("BatchNorm1d"),
     "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),
+    "MaxPool1d": _pool1d("MaxPool1d"),
+    "AvgPool1d": _pool1d("AvgPool1d"),
     "AdaptiveAvgPool2d": _same("AdaptiveAvgPool2d", "output_size"),
     "AdaptiveAvgPool1d": _same("AdaptiveAvgPool1d", "output_size"),
     "ReLU": _same("ReLU"),
