@@ -312,3 +312,30 @@ def test_trainstep_replays_the_1d_layers(queue, rng):
     assert step.replays > 0 and step.eager_reason is None
     for k, v in b.state_dict().items():
         np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_1d_graph_with_uneven_pads_imports_as_onnxruntime_runs_it(queue, rng, ort, tmp_path):
+    """A residual 1-D graph written by hand (not a chain: netcl.io.onnx_graph): Conv with pads [0, 2] and
+    with auto_pad SAME_UPPER (a Pad in front of the Conv1d), MaxPool with pads [1, 0], AveragePool, Add."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1, b1, w2 = rand(rng, 4, 4, 3), rand(rng, 4), rand(rng, 4, 2, 4)
+    nodes = [helper.make_node("Conv", ["input", "w1", "b1"], ["a"], kernel_shape=[3], pads=[0, 2], name="conv_a"),
+             helper.make_node("Conv", ["a", "w2"], ["b"], kernel_shape=[4], auto_pad="SAME_UPPER", group=2,
+                              name="conv_b"),
+             helper.make_node("Relu", ["b"], ["c"], name="relu"),
+             helper.make_node("MaxPool", ["c"], ["d"], kernel_shape=[2], strides=[1], pads=[1, 0], name="pool"),
+             helper.make_node("AveragePool", ["a"], ["e"], kernel_shape=[3], strides=[1], pads=[1, 1],
+                              count_include_pad=1, name="avg"),
+             helper.make_node("Add", ["d", "e"], ["output"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 4, 10])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 4, 10])],
+                              [numpy_helper.from_array(v, k) for k, v in (("w1", w1), ("b1", b1), ("w2", w2))])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    x = rand(rng, 2, 4, 10)
+    model = import_onnx(path)
+    assert sum(isinstance(m, nn.Conv1d) for m in model.modules()) == 2
+    assert any(isinstance(m, nn.MaxPool1d) for m in model.modules())
+    np.testing.assert_allclose(model(netcl.tensor(x, queue=queue)).numpy(), run_ort(path, x), rtol=1e-5, atol=1e-5)
