@@ -339,3 +339,14 @@ def test_a_1d_graph_with_uneven_pads_imports_as_onnxruntime_runs_it(queue, rng, 
     assert sum(isinstance(m, nn.Conv1d) for m in model.modules()) == 2
     assert any(isinstance(m, nn.MaxPool1d) for m in model.modules())
     np.testing.assert_allclose(model(netcl.tensor(x, queue=queue)).numpy(), run_ort(path, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [lambda m: m.MaxPool1d(3, 2, 1), lambda m: m.AvgPool1d(2),
+                                  lambda m: m.MaxPool1d(2, ceil_mode=True)], ids=["max", "avg", "max_ceil"])
+def test_pool1d_nan_and_inf_propagate_like_torch(queue, rng, torch, make):
+    x = rand(rng, 2, 3, 11)
+    x[0, 0, [1, 4]] = np.nan
+    x[0, 1, 5], x[1, 2, [0, 7]] = np.inf, (-np.inf, np.nan)
+    got = make(nn)(Tensor.from_host(queue, x)).to_host()
+    want = make(torch.nn)(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(got, want)
