@@ -81,3 +81,51 @@ __kernel void conv1d_bwd_bias(const int N, const int K, const int OL, __global c
     }
     db[k] = accumulate ? db[k] + acc : acc;
 }
+
+// -- the GEMM route (groups below depthwise): columns, then ops.gemm per group ----------------------
+// cols (C*KS, N*OL): cols[c*KS + j, n*OL + o] = x[n, c, o*s - pad + j*d], zero outside the input
+__kernel void conv1d_im2col(const int N, const int C, const int L, const int OL, const int KS, const int s,
+                            const int pad, const int d, __global const float *x, __global float *cols) {
+    const int idx = get_global_id(0);
+    const int NO = N * OL;
+    if (idx >= C * KS * NO) return;
+    const int col = idx % NO, r = idx / NO;
+    const int o = col % OL, n = col / OL, j = r % KS, c = r / KS;
+    const int i = o * s - pad + j * d;
+    cols[idx] = (i >= 0 && i < L) ? x[((long)n * C + c) * L + i] : 0.0f;
+}
+
+// dx[n, c, i] = sum over the (j, o) that read it of dcols[c*KS + j, n*OL + o] (a gather: deterministic)
+__kernel void conv1d_col2im(const int N, const int C, const int L, const int OL, const int KS, const int s,
+                            const int pad, const int d, __global const float *dcols, __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= N * C * L) return;
+    const int i = idx % L, c = (idx / L) % C, n = idx / (L * C);
+    const long NO = (long)N * OL;
+    float acc = 0.0f;
+    for (int j = 0; j < KS; j++) {
+        const int t = i + pad - j * d;  // = o * s
+        if (t < 0 || t % s) continue;
+        const int o = t / s;
+        if (o < OL) acc += dcols[(c * KS + j) * NO + (long)n * OL + o];
+    }
+    dx[idx] = acc;
+}
+
+// y[n, k, o] = rows[k, n*OL + o] (+ b[k]): the GEMM's (K, N*OL) product in PyTorch's layout
+__kernel void conv1d_rows_out(const int N, const int K, const int OL, const int has_bias,
+                              __global const float *rows, __global const float *b, __global float *y) {
+    const int idx = get_global_id(0);
+    if (idx >= N * K * OL) return;
+    const int o = idx % OL, k = (idx / OL) % K, n = idx / (OL * K);
+    y[idx] = rows[((long)k * N + n) * OL + o] + (has_bias ? b[k] : 0.0f);
+}
+
+// rows[k, n*OL + o] = dy[n, k, o]
+__kernel void conv1d_rows_in(const int N, const int K, const int OL, __global const float *dy,
+                             __global float *rows) {
+    const int idx = get_global_id(0);
+    if (idx >= N * K * OL) return;
+    const int o = idx % OL, n = (idx / OL) % N, k = idx / (OL * N);
+    rows[idx] = dy[((long)n * K + k) * OL + o];
+}

@@ -1,5 +1,7 @@
-"""Conv1d: PyTorch's 1-D convolution on (N, C, L) (kernels/conv1d.cl: one work-item per output
-element for the forward, the data gradient and the weight gradient; simple, not tuned)."""
+"""Conv1d: PyTorch's 1-D convolution on (N, C, L) (kernels/conv1d.cl). Two routes: depthwise convs
+run direct kernels, a work-item per output element (forward, data and weight gradients); the rest
+im2col into (C*k, N*L') columns, ops.gemm per group (netcl's tuned GEMM kernels), and the data
+gradient gathered back from the columns' gradient (col2im, no atomics: deterministic)."""
 import math
 
 from netcl import ops
@@ -92,31 +94,76 @@ class Conv1d(Module):
         return (n, self.in_channels, shape[2], k, out, self.kernel_size, self.stride, self.pads()[0], self.dilation,
                 self.groups)
 
+    def _direct(self):
+        """Whether this conv runs conv1d.cl's direct kernels (depthwise: a few products per output, where
+        they beat columns and a GEMM) rather than im2col + ops.gemm per group + col2im (the rest)."""
+        return self.groups > 1 and self.groups == self.in_channels
+
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)
+        n, c, length, k, out, ks, s, pad, d, groups = g
         y = ops.new(q, self.output_shape(x.shape))
         b = self.bias if self.bias is not None else ops.dummy(q)
-        ops.launch1d(q, "conv1d", "conv1d_fwd", y.size, *g, int(self.bias is not None), x, self.weight, b, y)
-        self._saved = (x, g)
+        if self._direct():
+            ops.launch1d(q, "conv1d", "conv1d_fwd", y.size, *g, int(self.bias is not None), x, self.weight, b, y)
+            self._saved = (x, g, None)
+            return y.mark_written()
+        cols = ops.new(q, (c * ks, n * out))  # (C*k, N*L'): one GEMM per group makes (K, N*L')
+        ops.launch1d(q, "conv1d", "conv1d_im2col", cols.size, n, c, length, out, ks, s, pad, d, x, cols)
+        rows = ops.new(q, (k, n * out))
+        kg, ck, no = k // groups, c // groups * ks, n * out
+        for i in range(groups):
+            ops.gemm(kg, no, ck, self.weight, (ck, 1, 0), cols, (no, 1, 0), rows, (no, 1, 0),
+                     offsets=(i * kg * ck, i * ck * no, i * kg * no))
+        ops.launch1d(q, "conv1d", "conv1d_rows_out", y.size, n, k, out, int(self.bias is not None), rows, b, y)
+        self._saved = (x, g, cols)
         return y.mark_written()
 
     def backward(self, dy):
-        x, g = self._saved
-        self.backward_params(dy)
+        x, g, cols = self._saved
+        q = dy.queue
         dx = ops.new(dy, x.shape)
-        ops.launch1d(dy.queue, "conv1d", "conv1d_bwd_data", dx.size, *g, dy, self.weight, dx)
+        if cols is None:
+            self._param_grads(dy, None)
+            ops.launch1d(q, "conv1d", "conv1d_bwd_data", dx.size, *g, dy, self.weight, dx)
+            return dx.mark_written()
+        n, c, length, k, out, ks, s, pad, d, groups = g
+        rows = self._rows(dy)
+        self._param_grads(dy, rows)
+        dcols = ops.new(q, cols.shape)  # W_g^T @ dY_g, then gathered back onto the input
+        kg, ck, no = k // groups, c // groups * ks, n * out
+        for i in range(groups):
+            ops.gemm(ck, no, kg, self.weight, (1, ck, 0), rows, (no, 1, 0), dcols, (no, 1, 0),
+                     offsets=(i * kg * ck, i * kg * no, i * ck * no))
+        ops.launch1d(q, "conv1d", "conv1d_col2im", dx.size, n, c, length, out, ks, s, pad, d, dcols, dx)
         return dx.mark_written()
 
     def backward_params(self, dy):
         """The weight's and bias's gradients (added to .grad where they hold one); returns None."""
-        x, g = self._saved
+        self._param_grads(dy, None if self._saved[2] is None else self._rows(dy))
+
+    def _rows(self, dy):
+        """dy (N, K, L') as the GEMM route's (K, N*L') rows."""
+        n, k, out = dy.shape
+        rows = ops.new(dy, (k, n * out))
+        ops.launch1d(dy.queue, "conv1d", "conv1d_rows_in", rows.size, n, k, out, dy, rows)
+        return rows.mark_written()
+
+    def _param_grads(self, dy, rows):
+        x, g, cols = self._saved
         q = dy.queue
+        n, c, _, k, out, ks, _, _, _, groups = g
         gw, acc = ops.grad_target(self.weight)
-        ops.launch1d(q, "conv1d", "conv1d_bwd_weight", gw.size, *g, x, dy, gw, int(acc))
+        if cols is None:
+            ops.launch1d(q, "conv1d", "conv1d_bwd_weight", gw.size, *g, x, dy, gw, int(acc))
+        else:  # dW_g (K/G, C/G*k) (+)= dY_g (K/G, N*L') @ cols_g^T
+            kg, ck, no = k // groups, c // groups * ks, n * out
+            for i in range(groups):
+                ops.gemm(kg, ck, no, rows, (no, 1, 0), cols, (1, no, 0), gw, (ck, 1, 0), beta=1.0 if acc else 0.0,
+                         offsets=(i * kg * no, i * ck * no, i * kg * ck))
         gw.mark_written()
         if self.bias is not None:
             gb, acc = ops.grad_target(self.bias)
-            n, _, _, k, out = g[:5]
             ops.launch1d(q, "conv1d", "conv1d_bwd_bias", k, n, k, out, dy, gb, int(acc))
             gb.mark_written()
