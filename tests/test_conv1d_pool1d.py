@@ -68,6 +68,18 @@ def test_conv1d_vs_torch_over_a_grid(queue, rng, torch, k, groups):
     assert checked >= 40
 
 
+@pytest.mark.parametrize("args", [dict(kernel_size=3, stride=2, padding=1, dilation=2, groups=2),
+                                  dict(kernel_size=1), dict(kernel_size=5, padding=2, bias=False)], ids=str)
+def test_conv1d_routes_agree(queue, rng, torch, monkeypatch, args):
+    """The direct kernels (depthwise convs' route) and the GEMM route (the rest) give torch's numbers
+    for the same non-depthwise conv: each route forced in turn."""
+    for direct in (True, False):
+        monkeypatch.setattr(nn.Conv1d, "_direct", lambda self: direct)
+        layer = nn.Conv1d(4, 6, **args)
+        ref = copy_to_torch(torch, layer, torch.nn.Conv1d(4, 6, **args).double())
+        against_torch(torch, rng, layer, ref, (3, 4, 13), f"direct={direct} {args}")
+
+
 @pytest.mark.parametrize("k, dilation, length", [(3, 1, 7), (4, 1, 8), (4, 2, 9), (2, 3, 5), (1, 1, 4)])
 def test_conv1d_padding_same_and_valid_as_torch(queue, rng, torch, k, dilation, length):
     for padding in ("same", "valid"):
