@@ -362,3 +362,53 @@ def test_pool1d_nan_and_inf_propagate_like_torch(queue, rng, torch, make):
     got = make(nn)(Tensor.from_host(queue, x)).to_host()
     want = make(torch.nn)(torch.from_numpy(x)).numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def res_block(lib):
+    """A residual 1-D block as a Module subclass (not a Sequential) of `lib` (netcl.nn or torch.nn)."""
+    class ResBlock1d(lib.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn = lib.Conv1d(4, 4, 3, padding=1, bias=False), lib.BatchNorm1d(4)
+            self.conv2, self.pool = lib.Conv1d(4, 4, 4, padding="same", groups=2), lib.MaxPool1d(2)
+            self.head = lib.Linear(4 * 6, 3)
+
+        def forward(self, x):  # x: (N, 4, 12)
+            h = self.conv2(self.bn(self.conv1(x)).relu())
+            return self.head(self.pool(h + x).flatten(1))
+    return ResBlock1d()
+
+
+def test_a_module_of_1d_layers_traces_saves_exports_and_has_torch_gradients(queue, rng, torch, ort, tmp_path):
+    from netcl.io import load, save
+
+    netcl.manual_seed(3)
+    model = res_block(nn).to(queue)
+    ref = res_block(torch.nn).double()
+    ref.load_state_dict(torch_state(torch, model), strict=False)
+    x = rand(rng, 5, 4, 12)
+    xt = netcl.tensor(x, queue=queue, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        ry = ref(rx)
+    y = model(xt)
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-5, atol=1e-6, what="forward")
+    y.sum().backward()
+    ry.sum().backward()
+    assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-5, atol=1e-6, what="dx")
+    for k, p in model.named_parameters():
+        want = dict(ref.named_parameters())[k].grad.numpy()
+        assert_close(p.grad.numpy(), want.T if k == "head.weight" else want, 1e-5, atol=1e-6, what=f"d{k}")
+    model.eval()
+    with netcl.no_grad():
+        want = model(netcl.tensor(x, queue=queue)).numpy()
+        gm = netcl.trace(model, netcl.tensor(x, queue=queue))
+        np.testing.assert_allclose(gm(netcl.tensor(x, queue=queue)).numpy(), want, rtol=1e-5, atol=1e-6)
+    save(model, tmp_path / "m.netcl", example_input=x)
+    loaded = load(tmp_path / "m.netcl").to(queue)
+    with netcl.no_grad():
+        np.testing.assert_allclose(loaded(netcl.tensor(x, queue=queue)).numpy(), want, rtol=1e-5, atol=1e-6)
+    for opset in (13, 17):
+        export_onnx(model, (1, 4, 12), tmp_path / "m.onnx", dynamic_batch=True, opset=opset)
+        np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", x), want, rtol=1e-5, atol=1e-5)
