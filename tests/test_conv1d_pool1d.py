@@ -412,3 +412,37 @@ def test_a_module_of_1d_layers_traces_saves_exports_and_has_torch_gradients(queu
     for opset in (13, 17):
         export_onnx(model, (1, 4, 12), tmp_path / "m.onnx", dynamic_batch=True, opset=opset)
         np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_functional_1d_pools_as_torch_and_in_a_traced_graph(queue, rng, torch, ort, tmp_path):
+    import netcl.nn.functional as F
+
+    x = rand(rng, 2, 3, 11)
+    for name, args in (("max_pool1d", (3, 2, 1)), ("avg_pool1d", (2,)), ("max_pool1d", (2, None, 0, 1, True))):
+        xt, rx = netcl.tensor(x, queue=queue, requires_grad=True), torch.tensor(x, dtype=torch.float64,
+                                                                                 requires_grad=True)
+        y, ry = getattr(F, name)(xt, *args), getattr(torch.nn.functional, name)(rx, *args)
+        y.sum().backward()
+        ry.sum().backward()
+        assert_close(y.numpy(), ry.detach().numpy(), 1e-6, what=name)
+        assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-6, what=f"{name} dx")
+    with pytest.raises(NotImplementedError, match="count_include_pad"):
+        F.avg_pool1d(netcl.tensor(x), 3, padding=1, count_include_pad=False)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(3, 4, 3, padding=1)
+
+        def forward(self, x):  # (N, 3, 11) -> (N, 4, 2)
+            return F.avg_pool1d(F.max_pool1d(F.relu(self.conv(x)), 3, 2, 1), 3)
+
+    model = Net().to(queue).eval()
+    with netcl.no_grad():
+        want = model(netcl.tensor(x, queue=queue)).numpy()
+        gm = netcl.trace(model, netcl.tensor(x, queue=queue))
+        assert gm.lifted is not None and [type(m).__name__ for m in gm.lifted] == \
+            ["Conv1d", "ReLU", "MaxPool1d", "AvgPool1d"]
+        np.testing.assert_allclose(gm(netcl.tensor(x, queue=queue)).numpy(), want, rtol=1e-6, atol=1e-6)
+    export_onnx(model, x.shape, tmp_path / "m.onnx")
+    np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", x), want, rtol=1e-5, atol=1e-6)

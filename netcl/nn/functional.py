@@ -10,7 +10,7 @@ from netcl.nn.basic import Dropout
 from netcl.nn.norm import LayerNorm
 from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
                            SmoothL1Loss)
-from netcl.nn.pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from netcl.nn.pool import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d
 from netcl.nn.upsample import Upsample
 from netcl.tensor import Tensor
 
@@ -121,6 +121,10 @@ LAYER_OF = {
     "F.avg_pool2d": lambda kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True:
         AvgPool2d(kernel_size, stride, padding),
     "F.adaptive_avg_pool2d": lambda output_size: AdaptiveAvgPool2d(output_size),
+    "F.max_pool1d": lambda kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False:
+        MaxPool1d(kernel_size, stride, padding, ceil_mode),
+    "F.avg_pool1d": lambda kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True:
+        AvgPool1d(kernel_size, stride, padding),
     "F.interpolate": lambda scale_factor, mode: Upsample(scale_factor, mode),
 }
 
@@ -174,6 +178,22 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_in
     if ceil_mode or not count_include_pad:
         raise NotImplementedError("avg_pool2d: ceil_mode and count_include_pad=False are not supported")
     return AvgPool2d(kernel_size, stride, padding)(x)
+
+
+@traced("F.max_pool1d")
+def max_pool1d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max pooling of (N, C, L) (MaxPool1d's kernels; padded positions never win)."""
+    if dilation != 1 or return_indices:
+        raise NotImplementedError("max_pool1d: dilation and return_indices are not supported")
+    return MaxPool1d(kernel_size, stride, padding, ceil_mode)(x)
+
+
+@traced("F.avg_pool1d")
+def avg_pool1d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """Average pooling of (N, C, L) (AvgPool1d's kernels)."""
+    if ceil_mode or not count_include_pad:
+        raise NotImplementedError("avg_pool1d: ceil_mode and count_include_pad=False are not supported")
+    return AvgPool1d(kernel_size, stride, padding)(x)
 
 
 @traced("F.adaptive_avg_pool2d")
