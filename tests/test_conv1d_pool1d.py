@@ -121,6 +121,8 @@ def test_conv1d_arguments_are_checked(queue):
         nn.Conv1d(4, 6, 5).output_shape((2, 4, 3))
     assert nn.Conv1d(2, 2, (3,), stride=(2,), padding=(1,)).config()["kernel_size"] == 3
     assert nn.Conv1d(2, 4, 3).tensor_shapes(2, 4, 3, groups=2) == {"weight": (4, 1, 3), "bias": (4,)}
+    assert nn.Conv1d(4, 6, 3, padding=1, groups=2).macs((5, 4, 10)) == 5 * 6 * 10 * 2 * 3
+    assert nn.Sequential(nn.Conv1d(4, 6, 3), nn.MaxPool1d(2)).macs((1, 4, 10)) == 6 * 8 * 4 * 3
 
 
 # -- MaxPool1d, AvgPool1d ---------------------------------------------------------------------------

@@ -89,6 +89,11 @@ class Conv1d(Module):
                              f"does not fit input length {length}")
         return (n, self.out_channels, out)
 
+    def macs(self, shape):
+        """Multiply-accumulates of one forward on `shape`: every output's (C/groups) * k products."""
+        n, k, out = self.output_shape(shape)
+        return n * k * out * (self.in_channels // self.groups) * self.kernel_size
+
     def _geometry(self, shape):
         n, k, out = self.output_shape(shape)
         return (n, self.in_channels, shape[2], k, out, self.kernel_size, self.stride, self.pads()[0], self.dilation,
