@@ -70,9 +70,15 @@ def test_conv1d_vs_torch_over_a_grid(queue, rng, torch, k, groups):
 
 @pytest.mark.parametrize("args", [dict(kernel_size=3, stride=2, padding=1, dilation=2, groups=2),
                                   dict(kernel_size=1), dict(kernel_size=5, padding=2, bias=False)], ids=str)
-def test_conv1d_routes_agree(queue, rng, torch, monkeypatch, args):
+@pytest.mark.parametrize("config", ["native", "gpu"])
+def test_conv1d_routes_agree(queue, rng, torch, monkeypatch, args, config):
     """The direct kernels (depthwise convs' route) and the GEMM route (the rest) give torch's numbers
-    for the same non-depthwise conv: each route forced in turn."""
+    for the same non-depthwise conv: each route forced in turn, on this device's GEMM kernels and on
+    the GPU class's (gemm_tile, forced on whatever device runs the tests)."""
+    from netcl import ops
+
+    if config == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
     for direct in (True, False):
         monkeypatch.setattr(nn.Conv1d, "_direct", lambda self: direct)
         layer = nn.Conv1d(4, 6, **args)
