@@ -1,9 +1,10 @@
-"""BatchNorm2d and BatchNorm1d (batch statistics in training, running statistics in eval) and LayerNorm (kernels/norm.cl)."""
+"""BatchNorm2d and BatchNorm1d (batch statistics in training, running statistics in eval) and LayerNorm
+(kernels/norm.cl); GroupNorm (kernels/groupnorm.cl)."""
 import math
 
 from netcl import ops
 from netcl.act import Act
-from netcl.nn.module import Module, as_float, check_rank, constant, positive
+from netcl.nn.module import Module, as_bool, as_float, check_rank, constant, positive
 from netcl.nn.pool import MaxPool2d, _pool2_rows
 from netcl.runtime import alloc
 
@@ -435,3 +436,75 @@ class BatchNorm1d(BatchNorm2d):
 
     def backward(self, dy):
         return super().backward(dy._view(self._planes(dy.shape)))._view(dy.shape)
+
+
+class GroupNorm(Module):
+    # x: (N, C, *) -> same; each image's C/G channels of a group normalised together over them and every
+    # position (biased variance), then * weight[c] + bias[c]
+    """GroupNorm(num_groups, num_channels, eps=1e-5, affine=True): (N, C, *) normalised over each group of
+    C/num_groups channels and all positions (biased variance), then a per-channel weight and bias (when
+    affine), as torch.nn.GroupNorm. The same in training and eval (no running statistics)."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
+        super().__init__()
+        self.num_groups = positive("num_groups", num_groups)
+        self.num_channels = positive("num_channels", num_channels)
+        if self.num_channels % self.num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
+                             f"({num_groups})")
+        self.eps = as_float("eps", eps)
+        if not self.eps > 0.0:
+            raise ValueError(f"GroupNorm needs eps > 0, got {eps}")
+        self.affine = as_bool("affine", affine)
+        shapes = self.tensor_shapes(self.num_groups, self.num_channels, affine=self.affine)
+        self.weight = constant(1.0, shapes["weight"]) if self.affine else None
+        self.bias = constant(0.0, shapes["bias"]) if self.affine else None
+        self._params = {"weight": self.weight, "bias": self.bias} if self.affine else {}
+
+    @classmethod
+    def tensor_shapes(cls, num_groups, num_channels, eps=1e-5, affine=True):
+        return {"weight": (num_channels,), "bias": (num_channels,)} if affine else {}
+
+    def config(self):
+        return {"num_groups": self.num_groups, "num_channels": self.num_channels, "eps": self.eps,
+                "affine": self.affine}
+
+    def output_shape(self, shape):
+        if len(shape) < 2 or shape[1] != self.num_channels:
+            raise ValueError(f"GroupNorm expects input (N, {self.num_channels}, *), got shape {tuple(shape)}")
+        return tuple(shape)
+
+    def _sizes(self, shape):
+        """(rows N*G, values per row, positions S, G, channels per group)."""
+        s = math.prod(shape[2:])
+        cg = self.num_channels // self.num_groups
+        return shape[0] * self.num_groups, cg * s, s, self.num_groups, cg
+
+    def forward(self, x):
+        q = self._on(x)
+        self.output_shape(x.shape)
+        rows, d, s, g, cg = self._sizes(x.shape)
+        y, mean, rstd = ops.new(q, x.shape), ops.new(q, (max(rows, 1),)), ops.new(q, (max(rows, 1),))
+        w, b = (self.weight, self.bias) if self.affine else (ops.dummy(q), ops.dummy(q))
+        if x.size:
+            ops.launch1d(q, "groupnorm", "gn_fwd", rows, rows, d, s, g, cg, x, w, b, int(self.affine), self.eps, y,
+                         mean, rstd)
+        self._saved = (x, mean.mark_written(), rstd.mark_written())
+        return y.mark_written()
+
+    def backward(self, dy):
+        x, mean, rstd = self._saved
+        q = dy.queue
+        rows, d, s, g, cg = self._sizes(x.shape)
+        dx = ops.new(dy, dy.shape)
+        w = self.weight if self.affine else ops.dummy(q)
+        if dx.size:
+            ops.launch1d(q, "groupnorm", "gn_bwd_dx", rows, rows, d, s, g, cg, x, dy, w, int(self.affine), mean, rstd,
+                         dx)
+        if self.affine:
+            gw, gb, acc = _grad_pair(self.weight, self.bias)
+            ops.launch1d(q, "groupnorm", "gn_bwd_params", self.num_channels, x.shape[0], self.num_channels, s, g, cg,
+                         x, dy, mean, rstd, gw, gb, int(acc))
+            gw.mark_written()
+            gb.mark_written()
+        return dx.mark_written()
