@@ -85,6 +85,13 @@ def signal_model():
                          nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 4))
 
 
+def groupnorm_model():
+    # x: (N, 4, 6, 6) -> (N, 3); GroupNorm with and without its affine parameters, and on (N, C, L)
+    return nn.Sequential(nn.Conv2d(4, 6, 3), nn.GroupNorm(3, 6), nn.ReLU(), nn.GroupNorm(6, 6, affine=False),
+                         nn.Flatten(2), nn.GroupNorm(2, 6, eps=1e-3), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+                         nn.Linear(6, 3))
+
+
 def graph_model():
     # x: (N, 3, 8, 8) -> (N, 5); a traced graph (GraphModule, its ModuleDict containers) written by
     # hand, so that no device is needed: conv, relu, times a parameter of its own, plus a constant
@@ -120,7 +127,7 @@ def with_running_stats(model, rng):
                                           (transposed_conv_model, (2, 3, 5, 5)), (blocks_model, (2, 3, 8, 8)),
                                           (modern_model, (2, 3, 8, 8)), (graph_model, (2, 3, 8, 8)),
                                           (tabular_model, (2, 6)), (embedding_model, (2, 3)),
-                                          (signal_model, (2, 3, 16))])
+                                          (signal_model, (2, 3, 16)), (groupnorm_model, (2, 4, 6, 6))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -144,7 +151,8 @@ def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
     """The round-trip models hold every registered layer; each class's tensor_shapes (what the
     loader checks files against) names exactly the tensors a layer of that config holds."""
     layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model,
-                              graph_model, tabular_model, embedding_model, signal_model) for m in held(build())]
+                              graph_model, tabular_model, embedding_model, signal_model, groupnorm_model)
+              for m in held(build())]
     assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
     for layer in layers:
         own = {k: t.shape for k, t, owner, _ in layer._owned_tensors() if owner is layer}  # not its children's

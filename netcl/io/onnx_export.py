@@ -383,6 +383,31 @@ def _layernorm(g, m, x, s, out):
     return g.op("Add", [g.op("Mul", [g.op("Div", [d, std], s), w], s), b], out)
 
 
+def _groupnorm(g, m, x, s, out):
+    """GroupNormalization from opset 21 (per-channel scale and bias; opset 18's took one per group), else
+    its decomposition: x as (N, G, -1), (x - mean) / sqrt(var + eps) over the last axis, shaped back,
+    then * weight + bias, each (C, 1, ...) to broadcast over the positions."""
+    c, rank = m.num_channels, len(s)
+    if g.opset >= 21:
+        w, b = ((g.param("weight"), g.param("bias")) if m.affine else
+                (g.const("scale", np.ones(c), np.float32), g.const("bias", np.zeros(c), np.float32)))
+        return g.op("GroupNormalization", [x, w, b], out, epsilon=m.eps, num_groups=m.num_groups)
+    grouped = (s[0], m.num_groups, None)
+    row = (s[0], m.num_groups, 1)
+    x3 = g.op("Reshape", [x, g.const("grouped", [0, m.num_groups, -1])], grouped)
+    d = g.op("Sub", [x3, _axes_op(g, "ReduceMean", x3, [2], row, keepdims=1)], grouped)
+    var = _axes_op(g, "ReduceMean", g.op("Mul", [d, d], grouped), [2], row, keepdims=1)
+    std = g.op("Sqrt", [g.op("Add", [var, g.const("eps", m.eps, np.float32)], row)], row)
+    y = g.op("Reshape", [g.op("Div", [d, std], grouped), g.const("shape", [0] + list(s[1:]))],
+             out if not m.affine else s)
+    if not m.affine:
+        return y
+    per_channel = g.const("channel_shape", [c] + [1] * (rank - 2))
+    w = g.op("Reshape", [g.param("weight"), per_channel], (c,) + (1,) * (rank - 2))
+    b = g.op("Reshape", [g.param("bias"), per_channel], (c,) + (1,) * (rank - 2))
+    return g.op("Add", [g.op("Mul", [y, w], s), b], out)
+
+
 def _elu(g, m, x, s, out):
     return g.op("Elu", [x], out, alpha=m.alpha)
 
@@ -859,6 +884,7 @@ EMITTERS = {
     nn.AdaptiveAvgPool2d: _adaptive_avg_pool,    # GlobalAveragePool (size 1), AveragePool (uniform windows)
     nn.AdaptiveAvgPool1d: _adaptive_avg_pool,
     nn.LayerNorm: _layernorm,                    # LayerNormalization (opset >= 17), else its decomposition
+    nn.GroupNorm: _groupnorm,                    # GroupNormalization (opset >= 21), else its decomposition
     nn.GELU: _gelu,                              # Gelu (opset >= 20), else the Erf / Tanh formula
     nn.SiLU: _silu,                              # Mul(x, Sigmoid(x))
     nn.ReLU6: _relu6,                            # Clip(0, 6)

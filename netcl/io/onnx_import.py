@@ -386,6 +386,22 @@ def _batchnorm(g, node, shape):
     return [_with(layer, weight=scale, bias=bias, running_mean=mean, running_var=var)], node.output[0], [node]
 
 
+def _groupnorm(g, node, shape):
+    """GroupNorm; opset 18's per-group scale and bias (G values) repeated over each group's channels,
+    opset 21's per-channel ones (C values) as they are."""
+    k = g.attrs(node)
+    scale, bias = g.const(node, 1, "scale"), g.const(node, 2, "bias")
+    groups = int(k.get("num_groups", 0))
+    c = int(shape[1]) if shape is not None and len(shape) >= 2 and shape[1] is not None else scale.size
+    if groups < 1 or c % groups or scale.size not in (c, groups) or bias.size != scale.size:
+        raise NotImplementedError(f"node {node.name!r} (GroupNormalization): num_groups={groups}, scale of "
+                                  f"{scale.size} and bias of {bias.size} values for {c} channels")
+    if scale.size != c:  # one per group (opset 18)
+        scale, bias = np.repeat(scale.reshape(-1), c // groups), np.repeat(bias.reshape(-1), c // groups)
+    layer = _layer("GroupNorm", node, num_groups=groups, num_channels=c, eps=float(k.get("epsilon", 1e-5)))
+    return [_with(layer, weight=scale.reshape(-1), bias=bias.reshape(-1))], node.output[0], [node]
+
+
 def _pool(kind):
     def convert(g, node, shape):
         k = g.attrs(node)
@@ -565,6 +581,7 @@ CONVERTERS = {
     "MatMul": _matmul,                       # Linear, with the Add of a constant bias after it
     "Conv": _conv,                           # Conv2d, or Conv1d on a 3-D weight (groups/dilation as the layer has them)
     "BatchNormalization": _batchnorm,        # BatchNorm2d, or BatchNorm1d on 2-D/3-D input (inference form)
+    "GroupNormalization": _groupnorm,        # GroupNorm (opset 18's per-group scale and bias repeated per channel)
     "Relu": _direct("ReLU"),
     "LeakyRelu": _direct("LeakyReLU", alpha=("negative_slope", 0.01)),
     "Sigmoid": _direct("Sigmoid"),

@@ -120,6 +120,10 @@ def _layernorm(m):
     return _layer("LayerNorm", normalized_shape=shape[0], eps=m.eps)
 
 
+def _groupnorm(m):
+    return _layer("GroupNorm", num_groups=m.num_groups, num_channels=m.num_channels, eps=m.eps, affine=m.affine)
+
+
 def _pool(kind):
     def convert(m):
         extra = {}
@@ -181,6 +185,7 @@ CONVERTERS = {
     "BatchNorm1d": _batchnorm("BatchNorm1d"),
     "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
+    "GroupNorm": _groupnorm,
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),
     "MaxPool1d": _pool1d("MaxPool1d"),

@@ -1,0 +1,277 @@
+"""GroupNorm: forward and every gradient against float64 PyTorch (groups 1, 2 and C, affine on and off,
+2-D, 3-D and 4-D inputs, a batch of 1), a small conv net training against PyTorch step for step, .netcl
+round trips, ONNX export checked by onnxruntime (GroupNormalization at opset 21, its decomposition at
+13 and 17), the import back (netcl's record and the bare graph; opset 18's per-group scale too),
+from_torch, eval()/predict in a Sequential, TrainStep's replay."""
+import warnings
+
+import numpy as np
+import pytest
+from conftest import assert_close
+
+import netcl
+from netcl import Tensor, nn, optim
+from netcl.io import export_onnx, import_onnx
+from test_conv1d_pool1d import against_torch, copy_to_torch
+from test_embedding_bn1d_activations import check_eval_paths, check_save_load, rand, run_ort, strip_metadata
+
+
+@pytest.fixture
+def torch():
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+@pytest.fixture
+def ort():
+    return pytest.importorskip("onnxruntime")
+
+
+def with_weights(rng, layer):
+    """`layer` with random weight and bias (ones and zeros would hide a per-channel indexing slip)."""
+    sd = layer.state_dict()
+    return layer.load_state_dict({k: rand(rng, *v.shape) for k, v in sd.items()}) if sd else layer
+
+
+# -- forward and backward -------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(3, 6, 5, 7), (2, 6, 11), (1, 6, 4, 4), (1, 6, 9), (4, 6)], ids=str)
+@pytest.mark.parametrize("groups", [1, 2, 6])
+@pytest.mark.parametrize("affine", [True, False])
+def test_groupnorm_vs_torch(queue, rng, torch, shape, groups, affine):
+    layer = with_weights(rng, nn.GroupNorm(groups, 6, affine=affine))
+    ref = copy_to_torch(torch, layer, torch.nn.GroupNorm(groups, 6, affine=affine).double())
+    against_torch(torch, rng, layer, ref, shape, f"GroupNorm({groups}, 6, affine={affine}) on {shape}")
+
+
+def test_groupnorm_eps_and_large_rows_vs_torch(queue, rng, torch):
+    """A row of 8 * 40 * 40 values (statistics summed in one work-item) and a large eps, offset inputs."""
+    layer = with_weights(rng, nn.GroupNorm(2, 16, eps=0.1))
+    ref = copy_to_torch(torch, layer, torch.nn.GroupNorm(2, 16, eps=0.1).double())
+    x = rand(rng, 2, 16, 40, 40) * 3.0 + 5.0
+    want = ref(torch.tensor(x, dtype=torch.float64)).detach().numpy()
+    assert_close(layer(netcl.tensor(x, queue=queue)).numpy(), want, 1e-4, atol=1e-5, what="forward")
+
+
+def test_groupnorm_gradients_accumulate_and_are_deterministic(queue, rng):
+    layer = with_weights(rng, nn.GroupNorm(2, 4))
+    x, dy = rand(rng, 3, 4, 5, 5), rand(rng, 3, 4, 5, 5)
+    grads = []
+    for _ in range(2):
+        xt = netcl.tensor(x, requires_grad=True, queue=queue)
+        layer(xt).backward(netcl.tensor(dy, queue=queue))
+        grads.append((xt.grad.numpy(), layer.weight.grad.numpy().copy(), layer.bias.grad.numpy().copy()))
+    np.testing.assert_array_equal(grads[0][0], grads[1][0])  # the same bits, run after run
+    np.testing.assert_allclose(grads[1][1], 2 * grads[0][1], rtol=1e-6)  # accumulated into .grad
+    np.testing.assert_allclose(grads[1][2], 2 * grads[0][2], rtol=1e-6)
+
+
+def test_groupnorm_arguments_are_checked(queue):
+    with pytest.raises(ValueError, match="divisible"):
+        nn.GroupNorm(4, 6)
+    with pytest.raises(ValueError, match="eps"):
+        nn.GroupNorm(2, 6, eps=0.0)
+    with pytest.raises(TypeError, match="affine"):
+        nn.GroupNorm(2, 6, affine=1)
+    with pytest.raises(ValueError, match="num_groups"):
+        nn.GroupNorm(0, 6)
+    with pytest.raises(ValueError, match=r"\(N, 6, \*\)"):
+        nn.GroupNorm(2, 6)(netcl.tensor(np.zeros((2, 4, 3), np.float32), queue=queue))
+    with pytest.raises(ValueError, match=r"\(N, 6, \*\)"):
+        nn.GroupNorm(2, 6)(netcl.tensor(np.zeros((6,), np.float32), queue=queue))
+    assert nn.GroupNorm(2, 6, affine=False).state_dict() == {}
+    assert set(nn.GroupNorm(2, 6).state_dict()) == {"weight", "bias"}
+
+
+# -- a small conv net -------------------------------------------------------------------------------
+def gn_net(t):
+    """(N, 3, 12, 12) -> (N, 4) logits, in netcl's or torch's layers (same names)."""
+    return t.Sequential(t.Conv2d(3, 8, 3, padding=1), t.GroupNorm(2, 8), t.ReLU(), t.MaxPool2d(2),
+                        t.Conv2d(8, 8, 3, padding=1, bias=False), t.GroupNorm(8, 8, affine=False), t.ReLU(),
+                        t.Conv2d(8, 12, 3), t.GroupNorm(1, 12), t.ReLU(), t.AdaptiveAvgPool2d(1), t.Flatten(),
+                        t.Linear(12, 4))
+
+
+def torch_state(torch, model):
+    """netcl's state dict in torch's layouts (Linear's weight transposed)."""
+    return {k: torch.tensor(v.T if v.ndim == 2 else v, dtype=torch.float64) for k, v in model.state_dict().items()}
+
+
+GN_TYPES = ["Conv2d", "GroupNorm", "ReLU", "MaxPool2d", "Conv2d", "GroupNorm", "ReLU", "Conv2d", "GroupNorm", "ReLU",
+            "AdaptiveAvgPool2d", "Flatten", "Linear"]
+
+
+def test_groupnorm_net_trains_as_torch_step_for_step(queue, rng, torch):
+    netcl.manual_seed(3)
+    model = gn_net(nn)
+    ref = gn_net(torch.nn).double()
+    ref.load_state_dict(torch_state(torch, model))
+    x = rand(rng, 32, 3, 12, 12)
+    y = (x[:, 0, :6].mean((1, 2)) > 0).astype(np.int64) + 2 * (x[:, 2, :, 6:].mean((1, 2)) > 0).astype(np.int64)
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    model.train()
+    losses = []
+    for step in range(40):
+        i = (step * 8) % 32
+        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + 8], queue=queue)), y[i:i + 8])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + 8], dtype=torch.float64)),
+                                                     torch.tensor(y[i:i + 8]))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
+    ref_sd = ref.state_dict()
+    for k, v in model.state_dict().items():
+        want = ref_sd[k].numpy()
+        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
+
+
+def test_trainstep_replays_groupnorm(queue, rng):
+    """TrainStep records a step of GroupNorm and replays it: the losses and weights of the layer calls."""
+    from conftest import loop_step
+    from netcl.trainstep import TrainStep
+
+    def make():
+        netcl.manual_seed(5)
+        return gn_net(nn).to(queue).train()
+
+    a, b = make(), make()
+    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.05, momentum=0.9))
+    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
+    for i in range(5):
+        x, y = Tensor.from_host(queue, rand(rng, 8, 3, 12, 12)), rng.integers(0, 4, 8)
+        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
+        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
+    assert step.replays > 0 and step.eager_reason is None
+    for k, v in b.state_dict().items():
+        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+# -- files, ONNX, eval ------------------------------------------------------------------------------
+@pytest.mark.parametrize("opset", [13, 17, 21])
+def test_groupnorm_net_saves_exports_and_imports(queue, rng, torch, ort, tmp_path, opset):
+    netcl.manual_seed(2)
+    model = with_weights(rng, gn_net(nn)).eval()
+    x = rand(rng, 3, 3, 12, 12)
+    check_eval_paths(queue, model, x)
+    check_save_load(queue, model, x, tmp_path)
+    want = model(Tensor.from_host(queue, x)).to_host()
+    path = tmp_path / "m.onnx"
+    export_onnx(model, x.shape, path, opset=opset, dynamic_batch=True)
+    np.testing.assert_allclose(run_ort(path, x), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run_ort(path, x[:1]), want[:1], rtol=1e-5, atol=1e-5)
+    back = import_onnx(path)  # netcl's record of the layers
+    assert repr(back) == repr(model)
+    np.testing.assert_array_equal(back(Tensor.from_host(queue, x)).to_host(), want)
+    strip_metadata(path, tmp_path / "bare.onnx")  # the nodes alone
+    bare = import_onnx(tmp_path / "bare.onnx")
+    if opset >= 21:  # GroupNormalization nodes come back as the layers; before, the decomposition is replayed
+        assert [type(m).__name__ for _, m in bare.chain()] == GN_TYPES
+    np.testing.assert_allclose(bare(Tensor.from_host(queue, x)).to_host(), want, rtol=1e-5, atol=1e-5)
+    ref = gn_net(torch.nn).double().eval()  # and the torch model with the same weights gives the same
+    ref.load_state_dict(torch_state(torch, model))
+    np.testing.assert_allclose(want, ref(torch.tensor(x, dtype=torch.float64)).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def ops(path):
+    from netcl.io.onnx_export import onnx_pb2 as P
+    return [n.op_type for n in P.ModelProto.FromString(open(path, "rb").read()).graph.node]
+
+
+@pytest.mark.parametrize("opset", [13, 17, 18, 21])
+@pytest.mark.parametrize("layer", [nn.GroupNorm(2, 4), nn.GroupNorm(4, 4, affine=False), nn.GroupNorm(1, 4, 1e-3)],
+                         ids=repr)
+def test_groupnorm_on_3d_input_exports_at_each_opset(queue, rng, ort, tmp_path, opset, layer):
+    """(N, C, L) and the opset's form: GroupNormalization from 21 (ones and zeros where affine=False), the
+    decomposition before (opset 18's GroupNormalization takes a scale per group, not per channel)."""
+    model = nn.Sequential(with_weights(rng, layer)).eval()
+    x = rand(rng, 2, 4, 7)
+    want = model(Tensor.from_host(queue, x)).to_host()
+    path = tmp_path / "m.onnx"
+    export_onnx(model, x.shape, path, opset=opset)
+    assert ("GroupNormalization" in ops(path)) == (opset >= 21)
+    np.testing.assert_allclose(run_ort(path, x), want, rtol=1e-5, atol=1e-6)
+    strip_metadata(path, tmp_path / "bare.onnx")
+    bare = import_onnx(tmp_path / "bare.onnx")
+    np.testing.assert_allclose(bare(Tensor.from_host(queue, x)).to_host(), want, rtol=1e-5, atol=1e-6)
+    if opset >= 21:
+        assert type(bare[0]) is nn.GroupNorm and bare[0].num_groups == layer.num_groups
+
+
+def test_opset18_group_normalization_imports_with_its_per_group_scale(queue, rng, ort, tmp_path):
+    """A hand-written opset-18 GroupNormalization (scale and bias one per group) imports as a GroupNorm
+    whose per-channel weight repeats each group's value, and agrees with onnxruntime."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    scale, bias = rand(rng, 3), rand(rng, 3)
+    node = helper.make_node("GroupNormalization", ["input", "scale", "bias"], ["output"], num_groups=3, epsilon=1e-4)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 6, 5])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, 6, 5])],
+                              [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(bias, "bias")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    path, x = tmp_path / "g18.onnx", rand(rng, 2, 6, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (onnx warns that opset 18's form is deprecated)
+        onnx.save(m, str(path))
+        want = run_ort(path, x)
+    model = import_onnx(path)
+    assert type(model[0]) is nn.GroupNorm and (model[0].num_groups, model[0].num_channels) == (3, 6)
+    assert model[0].eps == pytest.approx(1e-4) and model[0].affine  # (the file holds eps as a float32)
+    np.testing.assert_array_equal(model[0].weight.numpy(), np.repeat(scale, 2))
+    np.testing.assert_allclose(model(netcl.tensor(x, queue=queue)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_groupnorm_from_torch(queue, rng, torch):
+    t = torch.nn
+    ref = t.Sequential(t.Conv2d(3, 6, 3), t.GroupNorm(3, 6, eps=1e-4), t.ReLU(), t.GroupNorm(6, 6, affine=False),
+                       t.Flatten(2), t.GroupNorm(2, 6)).eval()
+    with torch.no_grad():
+        ref[1].weight.normal_()
+        ref[1].bias.normal_()
+    model = nn.from_torch(ref)
+    assert type(model[1]) is nn.GroupNorm and model[1].config() == {"num_groups": 3, "num_channels": 6, "eps": 1e-4,
+                                                                    "affine": True}
+    assert model[3].config()["affine"] is False
+    x = rand(rng, 2, 3, 7, 7)
+    np.testing.assert_allclose(model.eval().predict(x, queue), ref(torch.tensor(x)).detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_module_with_groupnorm_traces_and_exports(queue, rng, torch, ort, tmp_path):
+    """A Module subclass (a residual block with GroupNorm): torch's gradients through autograd, traced,
+    exported at opsets 17 and 21."""
+    def block(lib):
+        class Block(lib.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = lib.Conv2d(4, 4, 3, padding=1)
+                self.norm = lib.GroupNorm(2, 4)
+
+            def forward(self, x):
+                return x + self.norm(self.conv(x)).relu()
+        return Block()
+
+    model, ref = block(nn), block(torch.nn).double()
+    ref.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in model.state_dict().items()})
+    x = rand(rng, 2, 4, 6, 6)
+    xt = netcl.tensor(x, requires_grad=True, queue=queue)
+    y = model(xt)
+    rx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ry = ref(rx)
+    dy = rand(rng, *y.shape)
+    y.backward(netcl.tensor(dy, queue=queue))
+    ry.backward(torch.tensor(dy, dtype=torch.float64))
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-5, atol=1e-6, what="forward")
+    assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-5, atol=1e-6, what="dx")
+    for (k, p), (_, rp) in zip(model.named_parameters(), ref.named_parameters()):
+        assert_close(p.grad.numpy(), rp.grad.numpy(), 1e-5, atol=1e-5, what=k)
+    model.eval()
+    for opset in (17, 21):
+        export_onnx(model, x.shape, tmp_path / "m.onnx", opset=opset)
+        np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", x), y.numpy(), rtol=1e-5, atol=1e-5)
