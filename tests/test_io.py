@@ -86,8 +86,10 @@ def signal_model():
 
 
 def groupnorm_model():
-    # x: (N, 4, 6, 6) -> (N, 3); GroupNorm with and without its affine parameters, and on (N, C, L)
+    # x: (N, 4, 6, 6) -> (N, 3); GroupNorm with and without its affine parameters, and on (N, C, L);
+    # InstanceNorm2d likewise
     return nn.Sequential(nn.Conv2d(4, 6, 3), nn.GroupNorm(3, 6), nn.ReLU(), nn.GroupNorm(6, 6, affine=False),
+                         nn.InstanceNorm2d(6, affine=True), nn.InstanceNorm2d(6, eps=1e-3),
                          nn.Flatten(2), nn.GroupNorm(2, 6, eps=1e-3), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
                          nn.Linear(6, 3))
 

@@ -50,6 +50,7 @@ LAYER_MODELS = {
     nn.Hardsigmoid: (lambda: nn.Sequential(nn.Hardsigmoid()), (6,)),
     nn.LayerNorm: (lambda: nn.Sequential(nn.LayerNorm(6)), (4, 6)),
     nn.GroupNorm: (lambda: nn.Sequential(nn.GroupNorm(2, 4), nn.GroupNorm(4, 4, affine=False)), (4, 5, 3)),
+    nn.InstanceNorm2d: (lambda: nn.Sequential(nn.InstanceNorm2d(3, affine=True), nn.InstanceNorm2d(3)), (3, 5, 4)),
     nn.Transpose: (lambda: nn.Sequential(nn.Transpose(1, 2)), (3, 4)),
     nn.AdaptiveAvgPool2d: (lambda: nn.Sequential(nn.AdaptiveAvgPool2d(2)), (3, 6, 4)),
     nn.AdaptiveAvgPool1d: (lambda: nn.Sequential(nn.AdaptiveAvgPool1d(1)), (3, 6)),

@@ -408,6 +408,13 @@ def _groupnorm(g, m, x, s, out):
     return g.op("Add", [g.op("Mul", [y, w], s), b], out)
 
 
+def _instancenorm2d(g, m, x, s, out):
+    c = m.num_channels
+    w, b = ((g.param("weight"), g.param("bias")) if m.affine else
+            (g.const("scale", np.ones(c), np.float32), g.const("bias", np.zeros(c), np.float32)))
+    return g.op("InstanceNormalization", [x, w, b], out, epsilon=m.eps)
+
+
 def _elu(g, m, x, s, out):
     return g.op("Elu", [x], out, alpha=m.alpha)
 
@@ -885,6 +892,7 @@ EMITTERS = {
     nn.AdaptiveAvgPool1d: _adaptive_avg_pool,
     nn.LayerNorm: _layernorm,                    # LayerNormalization (opset >= 17), else its decomposition
     nn.GroupNorm: _groupnorm,                    # GroupNormalization (opset >= 21), else its decomposition
+    nn.InstanceNorm2d: _instancenorm2d,          # InstanceNormalization (scale ones, bias zeros when not affine)
     nn.GELU: _gelu,                              # Gelu (opset >= 20), else the Erf / Tanh formula
     nn.SiLU: _silu,                              # Mul(x, Sigmoid(x))
     nn.ReLU6: _relu6,                            # Clip(0, 6)

@@ -402,6 +402,19 @@ def _groupnorm(g, node, shape):
     return [_with(layer, weight=scale.reshape(-1), bias=bias.reshape(-1))], node.output[0], [node]
 
 
+def _instancenorm(g, node, shape):
+    """InstanceNorm2d on (N, C, H, W); on other ranks the same normalisation as GroupNorm(C, C) (torch.onnx
+    writes GroupNorm before opset 18 as an InstanceNormalization of x reshaped to (N, G, -1))."""
+    scale, bias = g.const(node, 1, "scale"), g.const(node, 2, "B")
+    c, eps = scale.size, float(g.attrs(node).get("epsilon", 1e-5))
+    if bias.size != c or (shape is not None and (len(shape) < 3 or shape[1] not in (None, c))):
+        raise NotImplementedError(f"node {node.name!r} (InstanceNormalization): scale of {scale.size} and bias of "
+                                  f"{bias.size} values on input {shape}")
+    layer = (_layer("InstanceNorm2d", node, num_features=c, eps=eps, affine=True) if shape is not None and
+             len(shape) == 4 else _layer("GroupNorm", node, num_groups=c, num_channels=c, eps=eps))
+    return [_with(layer, weight=scale.reshape(-1), bias=bias.reshape(-1))], node.output[0], [node]
+
+
 def _pool(kind):
     def convert(g, node, shape):
         k = g.attrs(node)
@@ -582,6 +595,7 @@ CONVERTERS = {
     "Conv": _conv,                           # Conv2d, or Conv1d on a 3-D weight (groups/dilation as the layer has them)
     "BatchNormalization": _batchnorm,        # BatchNorm2d, or BatchNorm1d on 2-D/3-D input (inference form)
     "GroupNormalization": _groupnorm,        # GroupNorm (opset 18's per-group scale and bias repeated per channel)
+    "InstanceNormalization": _instancenorm,  # InstanceNorm2d (affine) on 4-D input, GroupNorm(C, C) on others
     "Relu": _direct("ReLU"),
     "LeakyRelu": _direct("LeakyReLU", alpha=("negative_slope", 0.01)),
     "Sigmoid": _direct("Sigmoid"),

@@ -1,5 +1,5 @@
 """BatchNorm2d and BatchNorm1d (batch statistics in training, running statistics in eval) and LayerNorm
-(kernels/norm.cl); GroupNorm (kernels/groupnorm.cl)."""
+(kernels/norm.cl); GroupNorm and InstanceNorm2d (kernels/groupnorm.cl)."""
 import math
 
 from netcl import ops
@@ -456,7 +456,7 @@ class GroupNorm(Module):
         if not self.eps > 0.0:
             raise ValueError(f"GroupNorm needs eps > 0, got {eps}")
         self.affine = as_bool("affine", affine)
-        shapes = self.tensor_shapes(self.num_groups, self.num_channels, affine=self.affine)
+        shapes = GroupNorm.tensor_shapes(self.num_groups, self.num_channels, affine=self.affine)  # (not a subclass's)
         self.weight = constant(1.0, shapes["weight"]) if self.affine else None
         self.bias = constant(0.0, shapes["bias"]) if self.affine else None
         self._params = {"weight": self.weight, "bias": self.bias} if self.affine else {}
@@ -508,3 +508,33 @@ class GroupNorm(Module):
             gw.mark_written()
             gb.mark_written()
         return dx.mark_written()
+
+
+class InstanceNorm2d(GroupNorm):
+    # x: (N, C, H, W) -> same; each image's channel normalised over its positions: GroupNorm with C groups
+    """InstanceNorm2d(num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False): (N, C, H, W)
+    normalised per image and channel over the positions (biased variance), then a per-channel weight and bias
+    when affine, as torch.nn.InstanceNorm2d; GroupNorm's kernels with one channel per group. Batch statistics
+    in eval too: track_running_stats=True (running statistics) is not supported, and momentum is unused."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False):
+        if as_bool("track_running_stats", track_running_stats):
+            raise ValueError("InstanceNorm2d: track_running_stats=True is not supported (netcl's InstanceNorm2d "
+                             "keeps no running statistics: it normalises with each image's own, in eval too)")
+        as_float("momentum", momentum)
+        num_features = positive("num_features", num_features)
+        super().__init__(num_features, num_features, eps, affine)
+        self.num_features = num_features
+
+    @classmethod
+    def tensor_shapes(cls, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False):
+        return {"weight": (num_features,), "bias": (num_features,)} if affine else {}
+
+    def config(self):
+        return {"num_features": self.num_features, "eps": self.eps, "affine": self.affine}
+
+    def output_shape(self, shape):
+        check_rank("InstanceNorm2d", shape, 4, "(N, C, H, W)")
+        if shape[1] != self.num_features:
+            raise ValueError(f"InstanceNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
+        return tuple(shape)

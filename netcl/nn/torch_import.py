@@ -124,6 +124,11 @@ def _groupnorm(m):
     return _layer("GroupNorm", num_groups=m.num_groups, num_channels=m.num_channels, eps=m.eps, affine=m.affine)
 
 
+def _instancenorm2d(m):
+    _require(m, track_running_stats=False)
+    return _layer("InstanceNorm2d", num_features=m.num_features, eps=m.eps, affine=m.affine)
+
+
 def _pool(kind):
     def convert(m):
         extra = {}
@@ -186,6 +191,7 @@ CONVERTERS = {
     "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
     "GroupNorm": _groupnorm,
+    "InstanceNorm2d": _instancenorm2d,
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),
     "MaxPool1d": _pool1d("MaxPool1d"),
