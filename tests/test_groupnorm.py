@@ -56,13 +56,29 @@ def test_groupnorm_vs_torch(queue, rng, torch, shape, groups, affine):
     against_torch(torch, rng, layer, ref, shape, f"GroupNorm({groups}, 6, affine={affine}) on {shape}")
 
 
-def test_groupnorm_eps_and_large_rows_vs_torch(queue, rng, torch):
-    """A row of 8 * 40 * 40 values (statistics summed in one work-item) and a large eps, offset inputs."""
+@pytest.mark.parametrize("config", ["native", "gpu"])
+def test_groupnorm_both_device_classes_vs_torch(queue, rng, torch, monkeypatch, config):
+    """This device's kernels and the GPU class's (a work-group per row and per channel, forced on whatever
+    device runs the tests), on small rows and on rows of 8 * 40 * 40 offset values with a large eps."""
+    from netcl import ops
+
+    if config == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    for groups, affine, shape in [(2, True, (3, 6, 5, 7)), (6, False, (1, 6, 9)), (1, True, (2, 6, 3, 1))]:
+        layer = with_weights(rng, nn.GroupNorm(groups, 6, affine=affine))
+        ref = copy_to_torch(torch, layer, torch.nn.GroupNorm(groups, 6, affine=affine).double())
+        against_torch(torch, rng, layer, ref, shape, f"{config}: GroupNorm({groups}, 6, affine={affine}) on {shape}")
     layer = with_weights(rng, nn.GroupNorm(2, 16, eps=0.1))
     ref = copy_to_torch(torch, layer, torch.nn.GroupNorm(2, 16, eps=0.1).double())
-    x = rand(rng, 2, 16, 40, 40) * 3.0 + 5.0
-    want = ref(torch.tensor(x, dtype=torch.float64)).detach().numpy()
-    assert_close(layer(netcl.tensor(x, queue=queue)).numpy(), want, 1e-4, atol=1e-5, what="forward")
+    x, dy = rand(rng, 2, 16, 40, 40) * 3.0 + 5.0, rand(rng, 2, 16, 40, 40)
+    xt, rx = netcl.tensor(x, requires_grad=True, queue=queue), torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    y, ry = layer(xt), ref(rx)
+    y.backward(netcl.tensor(dy, queue=queue))
+    ry.backward(torch.tensor(dy, dtype=torch.float64))
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-4, atol=1e-5, what=f"{config}: large rows forward")
+    assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-4, atol=1e-5, what=f"{config}: large rows dx")
+    assert_close(layer.weight.grad.numpy(), ref.weight.grad.numpy(), 1e-4, atol=1e-4, what=f"{config}: dweight")
+    assert_close(layer.bias.grad.numpy(), ref.bias.grad.numpy(), 1e-4, atol=1e-4, what=f"{config}: dbias")
 
 
 def test_groupnorm_gradients_accumulate_and_are_deterministic(queue, rng):

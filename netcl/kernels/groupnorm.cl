@@ -100,3 +100,86 @@ __kernel void gn_bwd_params(const int N, const int C, const int S, const int G, 
     dw[c] = acc ? dw[c] + sw : sw;
     db[c] = acc ? db[c] + sb : sb;
 }
+
+// -- GPUs: a work-group of RED work-items per row (per channel for the parameters' gradients), a
+// work-item's strided partial sums added by a fixed tree (gn_group_sum): deterministic too.
+#define RED 64
+
+float gn_group_sum(__local float *part, float v) {
+    const int t = get_local_id(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    part[t] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = RED / 2; w > 0; w >>= 1) {
+        if (t < w) part[t] += part[t + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return part[0];
+}
+
+__kernel __attribute__((reqd_work_group_size(RED, 1, 1)))
+void gn_fwd_wg(const int R, const int D, const int S, const int G, const int Cg, __global const float *x,
+               __global const float *w, __global const float *b, const int affine, const float eps,
+               __global float *y, __global float *mean, __global float *rstd) {
+    __local float part[RED];
+    const int r = get_group_id(0), t = get_local_id(0);
+    __global const float *xr = x + (long)r * D;
+    float s = 0.0f;
+    for (int d = t; d < D; d += RED) s += xr[d];
+    const float mu = gn_group_sum(part, s) / (float)D;
+    float v = 0.0f;
+    for (int d = t; d < D; d += RED) v += (xr[d] - mu) * (xr[d] - mu);
+    const float inv = rsqrt(gn_group_sum(part, v) / (float)D + eps);
+    const int c0 = (r % G) * Cg;
+    for (int d = t; d < D; d += RED) {
+        const int c = c0 + d / S;
+        y[(long)r * D + d] = affine ? (xr[d] - mu) * (inv * w[c]) + b[c] : (xr[d] - mu) * inv;
+    }
+    if (t == 0) {
+        mean[r] = mu;
+        rstd[r] = inv;
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(RED, 1, 1)))
+void gn_bwd_dx_wg(const int R, const int D, const int S, const int G, const int Cg, __global const float *x,
+                  __global const float *dy, __global const float *w, const int affine,
+                  __global const float *mean, __global const float *rstd, __global float *dx) {
+    __local float part[RED];
+    const int r = get_group_id(0), t = get_local_id(0);
+    const long base = (long)r * D;
+    const float mu = mean[r], inv = rstd[r];
+    const int c0 = (r % G) * Cg;
+    float sa = 0.0f, sb = 0.0f;
+    for (int d = t; d < D; d += RED) {
+        const float g = affine ? dy[base + d] * w[c0 + d / S] : dy[base + d];
+        sa += g;
+        sb += g * (x[base + d] - mu);
+    }
+    const float a = gn_group_sum(part, sa) / (float)D, bm = gn_group_sum(part, sb) * inv / (float)D;
+    for (int d = t; d < D; d += RED) {
+        const float g = affine ? dy[base + d] * w[c0 + d / S] : dy[base + d];
+        dx[base + d] = inv * ((g - a) - (x[base + d] - mu) * inv * bm);
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(RED, 1, 1)))
+void gn_bwd_params_wg(const int N, const int C, const int S, const int G, const int Cg,
+                      __global const float *x, __global const float *dy, __global const float *mean,
+                      __global const float *rstd, __global float *dw, __global float *db, const int acc) {
+    __local float part[RED];
+    const int c = get_group_id(0), t = get_local_id(0);
+    float sw = 0.0f, sb = 0.0f;
+    for (int j = t; j < N * S; j += RED) {  // (n, s) of the channel's N * S values
+        const int n = j / S, s = j - n * S, r = n * G + c / Cg;
+        const long o = ((long)n * C + c) * S + s;
+        sw += dy[o] * (x[o] - mean[r]) * rstd[r];
+        sb += dy[o];
+    }
+    sw = gn_group_sum(part, sw);
+    sb = gn_group_sum(part, sb);
+    if (t == 0) {
+        dw[c] = acc ? dw[c] + sw : sw;
+        db[c] = acc ? db[c] + sb : sb;
+    }
+}

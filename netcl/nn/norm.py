@@ -486,9 +486,12 @@ class GroupNorm(Module):
         rows, d, s, g, cg = self._sizes(x.shape)
         y, mean, rstd = ops.new(q, x.shape), ops.new(q, (max(rows, 1),)), ops.new(q, (max(rows, 1),))
         w, b = (self.weight, self.bias) if self.affine else (ops.dummy(q), ops.dummy(q))
-        if x.size:
+        if x.size and ops.is_cpu(q):  # a work-item per row; GPUs a work-group per row
             ops.launch1d(q, "groupnorm", "gn_fwd", rows, rows, d, s, g, cg, x, w, b, int(self.affine), self.eps, y,
                          mean, rstd)
+        elif x.size:
+            ops.launch(q, "groupnorm", "gn_fwd_wg", (rows * 64,), (64,), rows, d, s, g, cg, x, w, b,
+                       int(self.affine), self.eps, y, mean, rstd)
         self._saved = (x, mean.mark_written(), rstd.mark_written())
         return y.mark_written()
 
@@ -498,13 +501,21 @@ class GroupNorm(Module):
         rows, d, s, g, cg = self._sizes(x.shape)
         dx = ops.new(dy, dy.shape)
         w = self.weight if self.affine else ops.dummy(q)
-        if dx.size:
+        cpu, c = ops.is_cpu(q), self.num_channels
+        if dx.size and cpu:
             ops.launch1d(q, "groupnorm", "gn_bwd_dx", rows, rows, d, s, g, cg, x, dy, w, int(self.affine), mean, rstd,
                          dx)
+        elif dx.size:
+            ops.launch(q, "groupnorm", "gn_bwd_dx_wg", (rows * 64,), (64,), rows, d, s, g, cg, x, dy, w,
+                       int(self.affine), mean, rstd, dx)
         if self.affine:
             gw, gb, acc = _grad_pair(self.weight, self.bias)
-            ops.launch1d(q, "groupnorm", "gn_bwd_params", self.num_channels, x.shape[0], self.num_channels, s, g, cg,
-                         x, dy, mean, rstd, gw, gb, int(acc))
+            if cpu:
+                ops.launch1d(q, "groupnorm", "gn_bwd_params", c, x.shape[0], c, s, g, cg, x, dy, mean, rstd, gw, gb,
+                             int(acc))
+            else:
+                ops.launch(q, "groupnorm", "gn_bwd_params_wg", (c * 64,), (64,), x.shape[0], c, s, g, cg, x, dy, mean,
+                           rstd, gw, gb, int(acc))
             gw.mark_written()
             gb.mark_written()
         return dx.mark_written()
