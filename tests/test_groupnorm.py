@@ -428,3 +428,45 @@ def test_instancenorm2d_from_torch(queue, rng, torch):
     np.testing.assert_allclose(model.eval().predict(x, queue), want, rtol=1e-4, atol=1e-5)
     with pytest.raises(Exception, match="track_running_stats"):
         nn.from_torch(t.Sequential(t.InstanceNorm2d(4, track_running_stats=True)))
+
+
+def test_functional_group_norm_from_torch_fx_traces_and_exports(queue, rng, torch, ort, tmp_path):
+    """F.group_norm (PyTorch's signature, GroupNorm's kernels): a torch module that calls it converts
+    through torch.fx with torch's gradients, traces, and exports (opsets 17 and 21) as onnxruntime runs it."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.w = torch.nn.Parameter(torch.randn(4))
+            self.b = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            y = torch.nn.functional.group_norm(self.conv(x), 2, self.w, self.b, 1e-3)
+            return torch.nn.functional.group_norm(y.relu(), 4)
+
+    torch.manual_seed(3)
+    ref = Net().double()
+    model = nn.from_torch(ref)
+    x = rand(rng, 2, 3, 6, 6)
+    xt = netcl.tensor(x, requires_grad=True, queue=queue)
+    y = model(xt)
+    rx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ry = ref(rx)
+    dy = rand(rng, *y.shape)
+    y.backward(netcl.tensor(dy, queue=queue))
+    ry.backward(torch.tensor(dy, dtype=torch.float64))
+    assert_close(y.numpy(), ry.detach().numpy(), 1e-5, atol=1e-5, what="forward")
+    assert_close(xt.grad.numpy(), rx.grad.numpy(), 1e-5, atol=1e-5, what="dx")
+    grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
+    for k, p in ref.named_parameters():
+        got = grads[k]
+        assert_close(got, p.grad.numpy().reshape(got.shape), 1e-4, atol=1e-5, what=k)
+    model.eval()
+    with netcl.no_grad():
+        graph = netcl.trace(model, netcl.tensor(x, queue=queue))
+        np.testing.assert_allclose(graph(netcl.tensor(x, queue=queue)).numpy(), y.numpy(), rtol=1e-6, atol=1e-6)
+    for opset in (17, 21):
+        export_onnx(model, x.shape, tmp_path / "m.onnx", opset=opset)
+        np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", x), ry.detach().numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="divisible"):
+        nn.functional.group_norm(netcl.tensor(x, queue=queue), 2)

@@ -839,6 +839,14 @@ def _layer_norm_fn(g, outs, x, normalized_shape, weight=None, bias=None, eps=1e-
     return _layer_at(g, layer, g.path, x, outs[0])
 
 
+def _group_norm_fn(g, outs, x, num_groups, weight=None, bias=None, eps=1e-5):
+    layer = nn.GroupNorm(num_groups, x.shape[1], eps, affine=weight is not None or bias is not None)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            layer._params[name] = t.tensor
+    return _layer_at(g, layer, g.path, x, outs[0])
+
+
 def _not_in_inference(what):
     def emit(g, outs, *args, **kwargs):
         raise NotImplementedError(f"cannot export {g.path}: {what} is not part of an inference graph")
@@ -865,6 +873,7 @@ OP_EMITTERS = {
     "randn": _not_in_inference("drawing random numbers"),
     "F.log_softmax": _log_softmax, "F.dropout": _identity_op, "F.linear": _linear_fn,
     "F.layer_norm": _layer_norm_fn,
+    "F.group_norm": _group_norm_fn,
     **{f"F.{loss}": _not_in_inference("a loss") for loss in (
         "nll_loss", "cross_entropy", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits")},

@@ -7,7 +7,7 @@ from netcl.act import Act
 from netcl.autograd import Node, attach, needs_record, traced
 from netcl.nn.activation import GELU, Hardsigmoid, Hardswish, LeakyReLU, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh, layer_of
 from netcl.nn.basic import Dropout
-from netcl.nn.norm import LayerNorm
+from netcl.nn.norm import GroupNorm, LayerNorm
 from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
                            SmoothL1Loss)
 from netcl.nn.pool import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d
@@ -235,6 +235,29 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
             raise NotImplementedError("layer_norm takes weight and bias that are leaf tensors (parameters)")
         if t.shape != (layer.normalized_shape,):
             raise ValueError(f"layer_norm: {name} of shape {t.shape}, expected ({layer.normalized_shape},)")
+        layer._params[name] = t
+        object.__setattr__(layer, name, t)
+    return layer(x)
+
+
+@traced("F.group_norm")
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """GroupNorm's normalisation of (N, C, *) over num_groups groups of channels (netcl's GroupNorm);
+    weight and bias: leaf tensors (parameters) of C values, or None (both None: no affine)."""
+    x = functions._tensor(x)
+    if x.ndim < 2:
+        raise ValueError(f"group_norm expects input (N, C, *), got shape {x.shape}")
+    layer = GroupNorm(num_groups, x.shape[1], eps, affine=weight is not None or bias is not None)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if not layer.affine:
+            break
+        if t is None:
+            getattr(layer, name).requires_grad = False  # the identity half of the affine: nothing to learn
+            continue
+        if not isinstance(t, Tensor) or not t.is_leaf:
+            raise NotImplementedError("group_norm takes weight and bias that are leaf tensors (parameters)")
+        if t.shape != (x.shape[1],):
+            raise ValueError(f"group_norm: {name} of shape {t.shape}, expected ({x.shape[1]},)")
         layer._params[name] = t
         object.__setattr__(layer, name, t)
     return layer(x)
