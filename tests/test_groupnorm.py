@@ -341,6 +341,11 @@ def test_instancenorm2d_arguments_are_checked(queue):
         nn.InstanceNorm2d(4)(netcl.tensor(np.zeros((2, 4, 5), np.float32), queue=queue))
     with pytest.raises(ValueError, match="4 channels"):
         nn.InstanceNorm2d(4)(netcl.tensor(np.zeros((2, 3, 5, 5), np.float32), queue=queue))
+    with pytest.raises(ValueError, match="more than one position"):
+        nn.InstanceNorm2d(4)(netcl.tensor(np.zeros((2, 4, 1, 1), np.float32), queue=queue))
+    assert nn.InstanceNorm2d(4).eval()(netcl.tensor(np.ones((2, 4, 1, 1), np.float32), queue=queue)).numpy().max() == 0
+    with pytest.raises(ValueError, match="InstanceNorm2d needs eps > 0"):
+        nn.InstanceNorm2d(4, eps=-1.0)
     layer = nn.InstanceNorm2d(4, eps=1e-3, momentum=0.5)
     assert layer.state_dict() == {} and layer.config() == {"num_features": 4, "eps": 1e-3, "affine": False}
     assert set(nn.InstanceNorm2d(4, affine=True).state_dict()) == {"weight", "bias"}

@@ -450,11 +450,11 @@ class GroupNorm(Module):
         self.num_groups = positive("num_groups", num_groups)
         self.num_channels = positive("num_channels", num_channels)
         if self.num_channels % self.num_groups:
-            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups "
+            raise ValueError(f"{type(self).__name__}: num_channels ({num_channels}) must be divisible by num_groups "
                              f"({num_groups})")
         self.eps = as_float("eps", eps)
         if not self.eps > 0.0:
-            raise ValueError(f"GroupNorm needs eps > 0, got {eps}")
+            raise ValueError(f"{type(self).__name__} needs eps > 0, got {eps}")
         self.affine = as_bool("affine", affine)
         shapes = GroupNorm.tensor_shapes(self.num_groups, self.num_channels, affine=self.affine)  # (not a subclass's)
         self.weight = constant(1.0, shapes["weight"]) if self.affine else None
@@ -549,3 +549,12 @@ class InstanceNorm2d(GroupNorm):
         if shape[1] != self.num_features:
             raise ValueError(f"InstanceNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
         return tuple(shape)
+
+    def forward(self, x):
+        if self.training and x.ndim == 4 and x.shape[2] * x.shape[3] == 1:  # (torch refuses it too)
+            raise ValueError(f"InstanceNorm2d in training needs more than one position per channel, got input "
+                             f"{tuple(x.shape)}")
+        return super().forward(x)
+
+    def backward(self, dy):
+        return super().backward(dy)
