@@ -127,6 +127,44 @@ def loop_step(model, loss_fn, opt, x, target):
     return pending
 
 
+def torch_state(torch, model):
+    """netcl's state dict in torch's layouts, float64 (every 2-D tensor taken for a Linear's weight:
+    transposed)."""
+    return {k: torch.tensor(v.T if v.ndim == 2 else v, dtype=torch.float64) for k, v in model.state_dict().items()}
+
+
+def train_beside_torch(torch, queue, model, ref, x, y, steps, batch, lr, momentum=0.9):
+    """Train netcl's `model` and the float64 torch `ref` (holding the same weights) with SGD on
+    cross-entropy, over batches of `batch` rows of x and y in turn; each step's loss must agree within
+    1e-4 relative, and every state-dict entry at the end (a shape that differs compared transposed).
+    Returns netcl's losses."""
+    import netcl
+    from netcl import nn, optim
+
+    opt = optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=momentum)
+    model.train()
+    losses = []
+    for step in range(steps):
+        i = (step * batch) % len(x)
+        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + batch], queue=queue)), y[i:i + batch])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + batch], dtype=torch.float64)),
+                                                     torch.tensor(y[i:i + batch]))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    ref_sd = ref.state_dict()
+    for k, v in model.state_dict().items():
+        want = ref_sd[k].numpy()
+        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
+    return losses
+
+
 def use_cpu_class(queue, monkeypatch, cls):
     """Run the CPU kernels with the register blocks of device class `cls` (the tuning table's
     conv_train rows): "native" leaves the device's own, "other" takes AVX2's on an AVX-512 device and

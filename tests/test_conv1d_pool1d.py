@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, torch_state, train_beside_torch
 
 import netcl
 from netcl import Tensor, nn, optim
@@ -177,10 +177,6 @@ def kws(torch_nn):
                         t.AdaptiveAvgPool1d(1), t.Flatten(), t.Linear(24, 5))
 
 
-def torch_state(torch, model):
-    """netcl's state dict in torch's layouts (Linear's weight transposed)."""
-    return {k: torch.tensor(v.T if v.ndim == 2 else v, dtype=torch.float64) for k, v in model.state_dict().items()}
-
 
 def test_keyword_spotting_model_trains_as_torch_step_for_step(queue, rng, torch):
     netcl.manual_seed(7)
@@ -189,28 +185,8 @@ def test_keyword_spotting_model_trains_as_torch_step_for_step(queue, rng, torch)
     ref.load_state_dict(torch_state(torch, model), strict=False)
     x = rand(rng, 64, 8, 40)
     y = (x[:, :2, :10].mean((1, 2)) > 0).astype(np.int64) + 2 * (x[:, 3, 20:].mean(1) > 0).astype(np.int64)
-    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    model.train()
-    losses = []
-    for step in range(32):
-        i = (step * 16) % 64
-        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + 16], queue=queue)), y[i:i + 16])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + 16], dtype=torch.float64)),
-                                                     torch.tensor(y[i:i + 16]))
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        losses.append(loss.item())
-        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    losses = train_beside_torch(torch, queue, model, ref, x, y, steps=32, batch=16, lr=0.1)
     assert np.mean(losses[-4:]) < 0.7 * np.mean(losses[:4])
-    ref_sd = ref.state_dict()
-    for k, v in model.state_dict().items():
-        want = ref_sd[k].numpy()
-        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
 
 
 def trained_looking_kws(rng):

@@ -3,7 +3,7 @@ against PyTorch step for step, .netcl round trips, ONNX export checked by onnxru
 back (from netcl's own files and from the bare graph) and from_torch, eval()/predict in a Sequential."""
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, train_beside_torch
 
 import netcl
 from netcl import Tensor, nn, optim
@@ -137,28 +137,8 @@ def test_tabular_mlp_trains_as_torch_step_for_step(queue, rng, torch):
                          for k, v in model.state_dict().items()}, strict=False)
     x = rand(rng, 64, 6)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
-    opt, ref_opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(ref.parameters(), lr=0.1,
-                                                                                    momentum=0.9)
-    model.train()
-    losses = []
-    for step in range(25):
-        i = (step * 16) % 64
-        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + 16], queue=queue)), y[i:i + 16])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + 16], dtype=torch.float64)),
-                                                     torch.tensor(y[i:i + 16]))
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        losses.append(loss.item())
-        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    losses = train_beside_torch(torch, queue, model, ref, x, y, steps=25, batch=16, lr=0.1)
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5])
-    ref_sd = ref.state_dict()
-    for k, v in model.state_dict().items():
-        want = ref_sd[k].numpy()
-        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
 
 
 def test_batchnorm1d_saves_exports_imports_and_runs_fused(queue, rng, torch, ort, tmp_path):

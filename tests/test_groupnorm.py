@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, torch_state, train_beside_torch
 
 import netcl
 from netcl import Tensor, nn, optim
@@ -120,10 +120,6 @@ def gn_net(t):
                         t.Linear(12, 4))
 
 
-def torch_state(torch, model):
-    """netcl's state dict in torch's layouts (Linear's weight transposed)."""
-    return {k: torch.tensor(v.T if v.ndim == 2 else v, dtype=torch.float64) for k, v in model.state_dict().items()}
-
 
 GN_TYPES = ["Conv2d", "GroupNorm", "ReLU", "MaxPool2d", "Conv2d", "GroupNorm", "ReLU", "Conv2d", "GroupNorm", "ReLU",
             "AdaptiveAvgPool2d", "Flatten", "Linear"]
@@ -136,28 +132,8 @@ def test_groupnorm_net_trains_as_torch_step_for_step(queue, rng, torch):
     ref.load_state_dict(torch_state(torch, model))
     x = rand(rng, 32, 3, 12, 12)
     y = (x[:, 0, :6].mean((1, 2)) > 0).astype(np.int64) + 2 * (x[:, 2, :, 6:].mean((1, 2)) > 0).astype(np.int64)
-    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    model.train()
-    losses = []
-    for step in range(40):
-        i = (step * 8) % 32
-        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + 8], queue=queue)), y[i:i + 8])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + 8], dtype=torch.float64)),
-                                                     torch.tensor(y[i:i + 8]))
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        losses.append(loss.item())
-        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    losses = train_beside_torch(torch, queue, model, ref, x, y, steps=40, batch=8, lr=0.1)
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
-    ref_sd = ref.state_dict()
-    for k, v in model.state_dict().items():
-        want = ref_sd[k].numpy()
-        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
 
 
 def test_trainstep_replays_groupnorm(queue, rng):
@@ -367,28 +343,8 @@ def test_instancenorm_net_trains_as_torch_step_for_step(queue, rng, torch):
     ref.load_state_dict(torch_state(torch, model))
     x = rand(rng, 32, 3, 10, 10)
     y = (x[:, 0, :5].mean((1, 2)) > 0).astype(np.int64) + 2 * (x[:, 2, :, 5:].mean((1, 2)) > 0).astype(np.int64)
-    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
-    model.train()
-    losses = []
-    for step in range(40):
-        i = (step * 8) % 32
-        loss = nn.functional.cross_entropy(model(netcl.tensor(x[i:i + 8], queue=queue)), y[i:i + 8])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[i:i + 8], dtype=torch.float64)),
-                                                     torch.tensor(y[i:i + 8]))
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        losses.append(loss.item())
-        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    losses = train_beside_torch(torch, queue, model, ref, x, y, steps=40, batch=8, lr=0.05)
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])
-    ref_sd = ref.state_dict()
-    for k, v in model.state_dict().items():
-        want = ref_sd[k].numpy()
-        assert_close(v, want.T if v.shape != want.shape else want, 1e-4, atol=1e-5, what=k)
 
 
 @pytest.mark.parametrize("opset", [13, 17, 21])
