@@ -102,20 +102,9 @@ __kernel void gn_bwd_params(const int N, const int C, const int S, const int G, 
 }
 
 // -- GPUs: a work-group of RED work-items per row (per channel for the parameters' gradients), a
-// work-item's strided partial sums added by a fixed tree (gn_group_sum): deterministic too.
+// work-item's strided partial sums added by a fixed tree (group_sum): deterministic too.
 #define RED 64
-
-float gn_group_sum(__local float *part, float v) {
-    const int t = get_local_id(0);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    part[t] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = RED / 2; w > 0; w >>= 1) {
-        if (t < w) part[t] += part[t + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return part[0];
-}
+#include "group_sum.h"
 
 __kernel __attribute__((reqd_work_group_size(RED, 1, 1)))
 void gn_fwd_wg(const int R, const int D, const int S, const int G, const int Cg, __global const float *x,
@@ -126,10 +115,10 @@ void gn_fwd_wg(const int R, const int D, const int S, const int G, const int Cg,
     __global const float *xr = x + (long)r * D;
     float s = 0.0f;
     for (int d = t; d < D; d += RED) s += xr[d];
-    const float mu = gn_group_sum(part, s) / (float)D;
+    const float mu = group_sum(part, s) / (float)D;
     float v = 0.0f;
     for (int d = t; d < D; d += RED) v += (xr[d] - mu) * (xr[d] - mu);
-    const float inv = rsqrt(gn_group_sum(part, v) / (float)D + eps);
+    const float inv = rsqrt(group_sum(part, v) / (float)D + eps);
     const int c0 = (r % G) * Cg;
     for (int d = t; d < D; d += RED) {
         const int c = c0 + d / S;
@@ -156,7 +145,7 @@ void gn_bwd_dx_wg(const int R, const int D, const int S, const int G, const int 
         sa += g;
         sb += g * (x[base + d] - mu);
     }
-    const float a = gn_group_sum(part, sa) / (float)D, bm = gn_group_sum(part, sb) * inv / (float)D;
+    const float a = group_sum(part, sa) / (float)D, bm = group_sum(part, sb) * inv / (float)D;
     for (int d = t; d < D; d += RED) {
         const float g = affine ? dy[base + d] * w[c0 + d / S] : dy[base + d];
         dx[base + d] = inv * ((g - a) - (x[base + d] - mu) * inv * bm);
@@ -176,8 +165,8 @@ void gn_bwd_params_wg(const int N, const int C, const int S, const int G, const 
         sw += dy[o] * (x[o] - mean[r]) * rstd[r];
         sb += dy[o];
     }
-    sw = gn_group_sum(part, sw);
-    sb = gn_group_sum(part, sb);
+    sw = group_sum(part, sw);
+    sb = group_sum(part, sb);
     if (t == 0) {
         dw[c] = acc ? dw[c] + sw : sw;
         db[c] = acc ? db[c] + sb : sb;

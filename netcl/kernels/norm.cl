@@ -10,18 +10,7 @@
 #include "bn_act.h"
 #include "softmax.h"
 #define RED 64
-
-float group_sum(__local float *part, float v) {
-    const int t = get_local_id(0);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    part[t] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = RED / 2; w > 0; w >>= 1) {
-        if (t < w) part[t] += part[t + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return part[0];
-}
+#include "group_sum.h"
 
 // Offset in (N, C, HW) of value j of channel c; *hw is its position in the row.
 inline int bn_offset(const int j, const int c, const int C, const int HW, int *hw) {
