@@ -94,18 +94,20 @@ class MaxPool2d(_Pool2d):
 class AvgPool2d(_Pool2d):
     # x: (N, C, H, W) -> (N, C, H', W'); padding counts as zeros (count_include_pad=True)
     """AvgPool2d(kernel_size, stride=None, padding=0): (N, C, H, W) window averages (padding counted, as PyTorch's default)."""
+    _KERNELS = ("avgpool_fwd", "avgpool_bwd")  # pool.cl's, over _geometry()'s arguments
+
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)
         y = ops.new(q, self.output_shape(x.shape))
-        ops.launch1d(q, "pool", "avgpool_fwd", y.size, *g, x, y)
+        ops.launch1d(q, "pool", self._KERNELS[0], y.size, *g, x, y)
         self._saved = (x.shape, g)
         return y.mark_written()
 
     def backward(self, dy):
         shape, g = self._saved
         dx = ops.new(dy, shape)
-        ops.launch1d(dy.queue, "pool", "avgpool_bwd", dx.size, *g, dy, dx)
+        ops.launch1d(dy.queue, "pool", self._KERNELS[1], dx.size, *g, dy, dx)
         return dx.mark_written()
 
 
@@ -171,19 +173,8 @@ class AvgPool1d(_Pool1d):
     # x: (N, C, L) -> (N, C, L'); padding counts as zeros (count_include_pad=True)
     """AvgPool1d(kernel_size, stride=None, padding=0): (N, C, L) window averages as torch.nn.AvgPool1d
     with its defaults (padding counted, ceil_mode False)."""
-    def forward(self, x):
-        q = self._on(x)
-        g = self._geometry(x.shape)
-        y = ops.new(q, self.output_shape(x.shape))
-        ops.launch1d(q, "pool", "avgpool1d_fwd", y.size, *g, x, y)
-        self._saved = (x.shape, g)
-        return y.mark_written()
-
-    def backward(self, dy):
-        shape, g = self._saved
-        dx = ops.new(dy, shape)
-        ops.launch1d(dy.queue, "pool", "avgpool1d_bwd", dx.size, *g, dy, dx)
-        return dx.mark_written()
+    _KERNELS = ("avgpool1d_fwd", "avgpool1d_bwd")
+    forward, backward = AvgPool2d.forward, AvgPool2d.backward
 
 
 class _AdaptiveAvgPool(Module):
