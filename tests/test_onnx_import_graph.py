@@ -413,6 +413,34 @@ def test_gelu_written_the_other_way(queue, rng, tmp_path):
     close(run(queue, gm, x), want)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_opset_20_gelu_node(queue, rng, tmp_path, approximate):
+    """Opset 20's Gelu node (torch.onnx writes it from opset 20 on): a GELU layer with its
+    approximation, in a graph (a residual) and in a chain."""
+    class Net(tnn.Module):
+        def __init__(self, residual):
+            super().__init__()
+            self.a, self.b = tnn.Linear(6, 6), tnn.Linear(6, 3)
+            self.gelu, self.residual = tnn.GELU(approximate=approximate), residual
+
+        def forward(self, x):
+            h = self.gelu(self.a(x))
+            return self.b(h + x if self.residual else h)
+
+    x = rng.standard_normal((4, 6)).astype(np.float32) * 2
+    for residual in (True, False):
+        torch.manual_seed(0)
+        tm = Net(residual).eval()
+        path = export(tm, (2, 6), tmp_path / f"gelu{residual}.onnx", 20, False)
+        model = import_onnx(path)
+        gelus = [m for m in model.modules() if isinstance(m, nn.GELU)]
+        assert len(gelus) == 1 and gelus[0].approximate == approximate
+        with torch.no_grad():
+            want = tm.double()(torch.from_numpy(x).double()).numpy()
+        close(onnxruntime(path, x), want)
+        close(run(queue, model, x), want)
+
+
 def test_a_batch_off_the_first_dimension_is_fixed(queue, rng, tmp_path):
     """torch's MultiheadAttention reshapes to (L, N * heads, d): the graph keeps the traced batch and
     refuses another one where it comes in."""

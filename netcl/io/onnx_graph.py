@@ -422,7 +422,7 @@ OPS = {
     "Conv": _padded(0.0),             # Conv2d or Conv1d (padding on one side more, or SAME: a Pad in front)
     "MaxPool": _padded(-math.inf),    # MaxPool2d or MaxPool1d (likewise, padded by -inf)
     **{op: _layer_op for op in ("BatchNormalization", "GroupNormalization", "InstanceNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
-                                "AveragePool", "GlobalAveragePool", "Softmax", "Dropout", "Resize", "Upsample", "Mish",
+                                "Gelu", "AveragePool", "GlobalAveragePool", "Softmax", "Dropout", "Resize", "Upsample", "Mish",
                                 "ConvTranspose")},
     "Gemm": _gemm,                    # Linear; B transposed into netcl's (in, out) when transB=1
     "MatMul": _matmul,                # Linear where B is a constant matrix, else a matmul of two values

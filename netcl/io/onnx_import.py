@@ -600,6 +600,7 @@ CONVERTERS = {
     "LeakyRelu": _direct("LeakyReLU", alpha=("negative_slope", 0.01)),
     "Sigmoid": _direct("Sigmoid"),
     "Tanh": _direct("Tanh"),
+    "Gelu": _direct("GELU", approximate=("approximate", "none")),  # opset 20's node (before it: Erf's pattern)
     "MaxPool": _pool("MaxPool2d"),           # MaxPool2d, or MaxPool1d with a 1-D kernel_shape
     "AveragePool": _pool("AvgPool2d"),       # AvgPool2d, or AvgPool1d with a 1-D kernel_shape
     "GlobalAveragePool": _global_avg_pool,   # AdaptiveAvgPool2d(1) (AdaptiveAvgPool1d(1) on 3-D input)
