@@ -1,0 +1,244 @@
+"""LSTM and GRU: outputs, final states and every gradient against float64 PyTorch (layers, directions,
+batch_first, initial states, bias); models trained beside torch step for step; state dicts both ways,
+.netcl files, TrainStep, eval()/predict; ONNX export checked by onnxruntime, imports back, from_torch."""
+import numpy as np
+import pytest
+from conftest import assert_close
+
+import netcl
+from netcl import nn, optim
+
+
+@pytest.fixture
+def torch():
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+@pytest.fixture
+def ort():
+    return pytest.importorskip("onnxruntime")
+
+
+def host(t):
+    return t.detach().numpy() if hasattr(t, "detach") else t.numpy()
+
+
+def pair(torch, queue, rng, kind, **kw):
+    """A netcl layer and a float64 torch one holding the same (torch's) weights."""
+    ref = getattr(torch.nn, kind)(**kw).double()
+    for p in ref.parameters():  # (larger than torch's default, so that every gate saturates somewhere)
+        p.data = torch.tensor(rng.uniform(-0.6, 0.6, p.shape))
+    layer = getattr(nn, kind)(**kw)
+    layer.load_state_dict(ref.state_dict())
+    return layer, ref
+
+
+def states(out):
+    """(h_n, c_n) of a call's result, c_n None for a GRU's."""
+    return (out[1][0], out[1][1]) if isinstance(out[1], tuple) else (out[1], None)
+
+
+CASES = [  # num_layers, bidirectional, batch_first, initial states, bias
+    (1, False, False, False, True),
+    (1, False, True, True, True),
+    (2, False, False, True, False),
+    (1, True, False, False, True),
+    (2, True, True, True, True),
+    (2, True, False, False, False),
+]
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("layers,bidirectional,batch_first,init,bias", CASES)
+def test_rnn_vs_torch(queue, rng, torch, record_error, kind, layers, bidirectional, batch_first, init, bias):
+    T, B, I, H = 5, 3, 4, 6
+    D = 2 if bidirectional else 1
+    layer, ref = pair(torch, queue, rng, kind, input_size=I, hidden_size=H, num_layers=layers, bias=bias,
+                      batch_first=batch_first, bidirectional=bidirectional)
+    x = rng.standard_normal((B, T, I) if batch_first else (T, B, I))
+    xn = netcl.tensor(x.astype(np.float32), queue=queue, requires_grad=True)
+    xt = torch.tensor(x, requires_grad=True)
+    hx, hxt, leaves = None, None, []
+    if init:
+        h0, c0 = rng.standard_normal((2, layers * D, B, H))
+        leaves = [(netcl.tensor(a.astype(np.float32), queue=queue, requires_grad=True),
+                   torch.tensor(a, requires_grad=True)) for a in ((h0, c0) if kind == "LSTM" else (h0,))]
+        hx = tuple(n for n, _ in leaves) if kind == "LSTM" else leaves[0][0]
+        hxt = tuple(t for _, t in leaves) if kind == "LSTM" else leaves[0][1]
+    out, out_t = layer(xn, hx), ref(xt, hxt)
+    got = [out[0], *(s for s in states(out) if s is not None)]
+    want = [out_t[0], *(s for s in states(out_t) if s is not None)]
+    assert out[0].shape == (B, T, D * H) if batch_first else (T, B, D * H)
+    fwd = max(assert_close(host(g), host(w), 1e-5, 1e-6, what="forward") for g, w in zip(got, want))
+    # a weighted sum of every output, so that each one's gradient is checked
+    weights = [rng.standard_normal(g.shape) for g in got]
+    loss = sum((g * netcl.tensor(w.astype(np.float32), queue=queue)).sum() for g, w in zip(got, weights))
+    loss_t = sum((g * torch.tensor(w)).sum() for g, w in zip(want, weights))
+    loss.backward()
+    loss_t.backward()
+    bwd = assert_close(host(xn.grad), host(xt.grad), 1e-5, 1e-6, what="dx")
+    ref_params = dict(ref.named_parameters())
+    assert [k for k, _ in layer.named_parameters()] == list(ref_params)
+    for k, p in layer.named_parameters():
+        bwd = max(bwd, assert_close(host(p.grad), host(ref_params[k].grad), 1e-5, 1e-6, what=k))
+    for n, t in leaves:
+        bwd = max(bwd, assert_close(host(n.grad), host(t.grad), 1e-5, 1e-6, what="initial state"))
+    record_error(fwd, bwd)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_rnn_unbatched_and_one_step(queue, rng, torch, kind):
+    """Unbatched input (L, H_in) and states (layers * D, H), and a sequence of one step, as torch."""
+    layer, ref = pair(torch, queue, rng, kind, input_size=3, hidden_size=4, num_layers=2, bidirectional=True)
+    for shape in ((6, 3), (1, 2, 3)):
+        x = rng.standard_normal(shape)
+        out, out_t = layer(netcl.tensor(x.astype(np.float32), queue=queue)), ref(torch.tensor(x))
+        assert_close(out[0].numpy(), host(out_t[0]), 1e-5, 1e-6)
+        assert_close(states(out)[0].numpy(), host(states(out_t)[0]), 1e-5, 1e-6)
+
+
+def test_rnn_only_outputs_used_and_frozen_weights(queue, rng, torch):
+    """A loss of h_n alone (no gradient reaches the output sequence) and a layer whose weights are
+    frozen: the input's gradient still agrees with torch."""
+    layer, ref = pair(torch, queue, rng, "LSTM", input_size=3, hidden_size=5, num_layers=2)
+    layer.requires_grad_(False)
+    ref.requires_grad_(False)
+    x = rng.standard_normal((4, 2, 3))
+    xn, xt = netcl.tensor(x.astype(np.float32), queue=queue, requires_grad=True), torch.tensor(x, requires_grad=True)
+    layer(xn)[1][0].sum().backward()
+    ref(xt)[1][0].sum().backward()
+    assert_close(xn.grad.numpy(), host(xt.grad), 1e-5, 1e-6)
+    assert all(p.grad is None for p in layer.parameters())
+
+
+def test_rnn_dropout_between_layers(queue, rng, torch):
+    """dropout acts between layers in training only: eval agrees with torch; in training the outputs
+    differ from eval's and the gradient of the second layer's input is masked (h_n of the first layer
+    is untouched by it)."""
+    layer, ref = pair(torch, queue, rng, "GRU", input_size=3, hidden_size=8, num_layers=2, dropout=0.5)
+    x = rng.standard_normal((5, 4, 3))
+    layer.eval()
+    ref.eval()
+    want = host(ref(torch.tensor(x))[0])
+    assert_close(layer(netcl.tensor(x.astype(np.float32), queue=queue))[0].numpy(), want, 1e-5, 1e-6)
+    layer.train()
+    out, hn = layer(netcl.tensor(x.astype(np.float32), queue=queue))
+    assert np.abs(out.numpy() - want).max() > 1e-2
+    assert_close(hn.numpy()[0], host(ref(torch.tensor(x))[1])[0], 1e-5, 1e-6)  # the first layer's: no dropout
+
+
+def test_rnn_arguments_are_checked(queue):
+    with pytest.raises(NotImplementedError, match="proj_size"):
+        nn.LSTM(3, 4, proj_size=2)
+    with pytest.raises(TypeError):
+        nn.GRU(3, 4, proj_size=2)
+    with pytest.raises(ValueError, match="input_size"):
+        nn.LSTM(0, 4)
+    with pytest.raises(TypeError, match="bidirectional"):
+        nn.GRU(3, 4, bidirectional=1)
+    with pytest.raises(ValueError, match="dropout"):
+        nn.LSTM(3, 4, dropout=1.5)
+    lstm = nn.LSTM(3, 4, num_layers=2)
+    x = netcl.tensor(np.zeros((5, 2, 3), np.float32), queue=queue)
+    with pytest.raises(ValueError, match=r"expected input of shape \(L, N, 3\)"):
+        lstm(netcl.tensor(np.zeros((5, 2, 4), np.float32), queue=queue))
+    with pytest.raises(ValueError, match=r"h_0\) of shape \(2, 2, 4\)"):
+        lstm(x, (netcl.tensor(np.zeros((1, 2, 4), np.float32)), netcl.tensor(np.zeros((2, 2, 4), np.float32))))
+    with pytest.raises(TypeError, match=r"tuple \(h_0, c_0\)"):
+        lstm(x, netcl.tensor(np.zeros((2, 2, 4), np.float32)))
+    with pytest.raises(TypeError, match="GRU: hx must be a tensor"):
+        nn.GRU(3, 4)(x, (None, None))
+
+
+# -- models ---------------------------------------------------------------------------------------
+class SeqClassifier(nn.Module):
+    # idx: (N, L) -> (N, classes); the last step of the recurrent layer's output through a Linear
+    def __init__(self, kind, vocab=10, emb=6, hidden=8, classes=3, bidirectional=False):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, emb)
+        self.rnn = getattr(nn, kind)(emb, hidden, batch_first=True, bidirectional=bidirectional)
+        self.fc = nn.Linear(hidden * (2 if bidirectional else 1), classes)
+
+    def forward(self, x):
+        out, _ = self.rnn(self.emb(x))
+        return self.fc(out[:, -1])
+
+
+def torch_classifier(torch, kind, vocab=10, emb=6, hidden=8, classes=3, bidirectional=False):
+    class Ref(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, emb)
+            self.rnn = getattr(torch.nn, kind)(emb, hidden, batch_first=True, bidirectional=bidirectional)
+            self.fc = torch.nn.Linear(hidden * (2 if bidirectional else 1), classes)
+
+        def forward(self, x):
+            out, _ = self.rnn(self.emb(x))
+            return self.fc(out[:, -1])
+    return Ref().double()
+
+
+def to_torch_state(torch, model):
+    """netcl's state dict in torch's layouts: Linear weights transposed, the recurrent layers' as they are."""
+    linears = {p for p, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return {k: torch.tensor(v.T if k.rpartition(".")[0] in linears and k.endswith("weight") else v,
+                            dtype=torch.float64) for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind,bidirectional", [("LSTM", False), ("GRU", True)])
+def test_classifier_trains_as_torch_step_for_step(queue, rng, torch, kind, bidirectional):
+    netcl.manual_seed(3)
+    model = SeqClassifier(kind, bidirectional=bidirectional)
+    ref = torch_classifier(torch, kind, bidirectional=bidirectional)
+    ref.load_state_dict(to_torch_state(torch, model))
+    idx = rng.integers(0, 10, (48, 7))
+    y = (idx[:, -1] % 3).astype(np.int64)  # the last token decides: learnable from the last step
+    opt, ref_opt = optim.Adam(model.parameters(), lr=0.03), torch.optim.Adam(ref.parameters(), lr=0.03)
+    losses = []
+    for step in range(25):
+        i = (step * 16) % 48
+        loss = nn.functional.cross_entropy(model(netcl.tensor(idx[i:i + 16], queue=queue)), y[i:i + 16])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(idx[i:i + 16])), torch.tensor(y[i:i + 16]))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        assert abs(loss.item() - ref_loss.item()) < 1e-4 * max(1.0, abs(ref_loss.item())), step
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    want = to_torch_state(torch, model)
+    for k, v in ref.state_dict().items():
+        assert_close(want[k].numpy(), v.numpy(), 1e-4, 1e-5, what=k)
+
+
+def test_classifier_trains_with_trainstep(queue, rng, torch):
+    """TrainStep (recorded, compared, then replayed) gives the losses of the plain loop."""
+    from netcl.trainstep import TrainStep
+
+    idx = rng.integers(0, 10, (32, 6))
+    y = (idx[:, -1] % 3).astype(np.int64)
+    losses = []
+    for use_step in (False, True):
+        netcl.manual_seed(4)
+        model = SeqClassifier("LSTM")
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = TrainStep(model, nn.CrossEntropyLoss(), opt) if use_step else None
+        run = []
+        for s in range(6):
+            i = (s * 16) % 32
+            xb = netcl.tensor(idx[i:i + 16], queue=queue)
+            if step is not None:
+                run.append(float(step(xb, y[i:i + 16])))
+            else:
+                loss = nn.functional.cross_entropy(model(xb), y[i:i + 16])
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                run.append(loss.item())
+        losses.append(run)
+    assert step.replays > 0 and step.eager_reason is None
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
