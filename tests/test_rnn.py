@@ -242,3 +242,56 @@ def test_classifier_trains_with_trainstep(queue, rng, torch):
         losses.append(run)
     assert step.replays > 0 and step.eager_reason is None
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_state_dict_both_ways(queue, rng, torch, kind):
+    """A torch module's state dict loads as it is (torch tensors or numpy arrays: the layouts are torch's),
+    and netcl's loads into torch; each side then computes the other's outputs. hidden_size == input_size
+    makes W_hh and W_ih's gate blocks square: a transposed block would load without a shape error."""
+    ref = getattr(torch.nn, kind)(5, 5, num_layers=2, bidirectional=True).double()
+    layer = getattr(nn, kind)(5, 5, num_layers=2, bidirectional=True)
+    assert list(layer.state_dict()) == list(ref.state_dict())
+    assert all(v.shape == tuple(ref.state_dict()[k].shape) for k, v in layer.state_dict().items())
+    x = rng.standard_normal((4, 2, 5))
+    layer.load_state_dict(ref.state_dict())
+    assert_close(layer(netcl.tensor(x.astype(np.float32), queue=queue))[0].numpy(), host(ref(torch.tensor(x))[0]),
+                 1e-5, 1e-6)
+    layer.load_state_dict({k: v.numpy().astype(np.float32) for k, v in ref.state_dict().items()})
+    assert_close(layer(netcl.tensor(x.astype(np.float32), queue=queue))[0].numpy(), host(ref(torch.tensor(x))[0]),
+                 1e-5, 1e-6)
+    fresh = getattr(nn, kind)(5, 5, num_layers=2, bidirectional=True)
+    ref.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in fresh.state_dict().items()})
+    assert_close(fresh(netcl.tensor(x.astype(np.float32), queue=queue))[0].numpy(), host(ref(torch.tensor(x))[0]),
+                 1e-5, 1e-6)
+
+
+class LastState(nn.Module):
+    # x: (L, N, 3) -> (N, 2); the top layer's h_n and c_n (torch's idiom h_n[-1]) through a Linear
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(3, 5, num_layers=2, dropout=0.2)
+        self.fc = nn.Linear(5, 2)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.fc(h[-1] + c[-1])
+
+
+@pytest.mark.parametrize("build,shape", [(lambda: SeqClassifier("LSTM", bidirectional=True), (3, 6)),
+                                         (lambda: SeqClassifier("GRU"), (3, 6)), (LastState, (6, 3, 3))])
+def test_models_save_load_and_predict(queue, rng, tmp_path, build, shape):
+    """eval() and predict() give the layer calls' outputs; a .netcl file (the traced graph) gives them back."""
+    from netcl.io import load, save
+
+    model = build().eval()
+    x = rng.integers(0, 10, shape) if len(shape) == 2 else rng.standard_normal(shape).astype(np.float32)
+    want = model(netcl.tensor(x, queue=queue)).numpy()
+    np.testing.assert_allclose(model.predict(x, queue), want, rtol=1e-6, atol=1e-6)
+    save(model, tmp_path / "m.netcl")
+    back = load(tmp_path / "m.netcl").eval()
+    np.testing.assert_array_equal(back.predict(x, queue), want)
+    assert back.state_dict().keys() == model.state_dict().keys()
+    back.train()  # the loaded graph trains: its recurrent layer's call records on the tape
+    back(netcl.tensor(x, queue=queue)).sum().backward()
+    assert all(p.grad is not None for p in back.parameters())

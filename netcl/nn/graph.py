@@ -15,7 +15,8 @@ A node is a small JSON object (what a .netcl header stores):
 
 and carries "out": the shapes of the values it makes, the batch dimension written "N". Arguments
 are JSON: numbers, booleans, null, short strings, lists, and the forms {"v": i} (node i's value;
-"k": its k-th element for an operation returning a pair), {"tuple": [...]}, {"slice": [a, b, c]},
+"k": its k-th element for an operation returning a pair, nested tuples counted flat: LSTM's
+(output, (h_n, c_n)) as 0, 1, 2), {"tuple": [...]}, {"slice": [a, b, c]},
 {"ellipsis": 1}, {"dtype": "float32"} and {"batch": 1} (the input's batch size: a reshape's target
 keeps the batch free). A graph is specialised to the traced input's shape but for its batch.
 
@@ -114,7 +115,7 @@ class Tracer:
         i = len(self.nodes)
         if len(self.nodes) >= MAX_NODES:
             raise TraceError(f"the graph passes {MAX_NODES} nodes")
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = flat(out) if isinstance(out, tuple) else (out,)
         shapes = []
         for k, t in enumerate(outs):
             if isinstance(t, Tensor):
@@ -349,7 +350,7 @@ class GraphModule(Module):
                     v = self._layer(i, node)(*args, **kwargs)
                 else:
                     v = autograd.TRACEABLE[op](*args, **kwargs)
-            env.append(v)
+            env.append(flat(v) if isinstance(v, tuple) else v)
         raise AssertionError("a checked graph ends with its output")
 
     def _arg(self, a, env, x):
@@ -424,6 +425,11 @@ class GraphModule(Module):
     def __repr__(self):
         lines = [f"  %{i} = {_show_node(n)}" for i, n in enumerate(self.graph)]
         return "GraphModule(\n" + "\n".join(lines) + "\n)"
+
+
+def flat(out):
+    """A result holding tuples (LSTM's (output, (h_n, c_n))) as one flat tuple: what a node's "k" indexes."""
+    return tuple(v for item in out for v in (flat(item) if isinstance(item, tuple) else (item,)))
 
 
 def decode(a, value, batch, mode):
@@ -602,7 +608,7 @@ def _arg_problem(a, i, depth):
     if isinstance(a, dict):
         if "v" in a:
             ok = set(a) <= {"v", "k"} and type(a["v"]) is int and 0 <= a["v"] < i and \
-                (a.get("k", 0) in (0, 1) and type(a.get("k", 0)) is int)
+                (a.get("k", 0) in (0, 1, 2) and type(a.get("k", 0)) is int)  # (LSTM's three)
             return None if ok else f"{a!r:.60} refers to no earlier value"
         if set(a) == {"tuple"}:
             return _arg_problem(a["tuple"], i, depth + 1) if isinstance(a["tuple"], list) else "a malformed tuple"

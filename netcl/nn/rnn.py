@@ -54,7 +54,7 @@ class _RNNBase(Module):
 
     @classmethod
     def tensor_shapes(cls, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                      bidirectional=False):
+                      bidirectional=False, proj_size=0):
         out, gh = {}, cls.GATES * hidden_size
         for layer in range(num_layers):
             for sfx in ("", "_reverse")[:2 if bidirectional else 1]:
