@@ -295,3 +295,49 @@ def test_models_save_load_and_predict(queue, rng, tmp_path, build, shape):
     back.train()  # the loaded graph trains: its recurrent layer's call records on the tape
     back(netcl.tensor(x, queue=queue)).sum().backward()
     assert all(p.grad is not None for p in back.parameters())
+
+
+class WithInitialState(nn.Module):
+    # x: (L, 3, 4) -> (L, 3, 10); a bidirectional GRU started from a learned state (a parameter)
+    def __init__(self):
+        super().__init__()
+        self.h0 = nn.Parameter(np.random.default_rng(7).uniform(-1, 1, (4, 3, 5)).astype(np.float32))
+        self.rnn = nn.GRU(4, 5, num_layers=2, bidirectional=True)
+
+    def forward(self, x):
+        return self.rnn(x, self.h0)[0]
+
+
+def run_ort(ort, path, x):
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inp = s.get_inputs()[0]
+    return s.run(None, {inp.name: x.astype(np.int64 if "int" in inp.type else np.float32)})[0]
+
+
+EXPORTS = [(lambda: SeqClassifier("LSTM", bidirectional=True), (3, 6), ["LSTM"]),
+           (lambda: SeqClassifier("GRU"), (3, 6), ["GRU"]),
+           (LastState, (6, 3, 3), ["LSTM", "LSTM"]),
+           (WithInitialState, (5, 3, 4), ["GRU", "GRU"])]
+
+
+@pytest.mark.parametrize("opset", [13, 17, 21])
+@pytest.mark.parametrize("build,shape,rnn_nodes", EXPORTS)
+def test_onnx_export_runs_in_onnxruntime(queue, rng, ort, tmp_path, opset, build, shape, rnn_nodes):
+    """An ONNX LSTM/GRU node per layer, its weights in ONNX's gate order, agreeing with netcl in
+    onnxruntime; onnx.checker accepts the file."""
+    onnx = pytest.importorskip("onnx")
+    from netcl.io import export_onnx
+
+    model = build().eval()
+    x = rng.integers(0, 10, shape) if len(shape) == 2 else rng.standard_normal(shape).astype(np.float32)
+    want = model.predict(x, queue)
+    path = tmp_path / "m.onnx"
+    export_onnx(model, shape, path, opset=opset, dynamic_batch=True)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)
+    nodes = [n for n in proto.graph.node if n.op_type in ("LSTM", "GRU")]
+    assert [n.op_type for n in nodes] == rnn_nodes
+    for n in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs.get("linear_before_reset", 1) == 1
+    assert_close(run_ort(ort, path, x), want, 1e-5, 1e-5)
