@@ -70,7 +70,8 @@ class Tracer:
         self.owned = {}  # id(tensor) -> its state_dict key (parameters and buffers)
         for key, t in root.named_tensors():
             self.owned.setdefault(id(t), key)
-        self.nodes, self.values, self.batched = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}, [True]
+        # batched: (node, k) -> whether that value has the batch first (k None for a node's one value)
+        self.nodes, self.values, self.batched = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}, {(0, None): True}
         self.keep, self.consts, self.fixed = [x], {}, {}
         self.values[id(x)] = (0, None)
         self.shapes = []  # tensors whose first dimension this trace tagged, with their own shapes
@@ -123,7 +124,7 @@ class Tracer:
                 self.values[id(t)] = (i, None if not isinstance(out, tuple) else k)
                 self.keep.append(t)
                 shapes.append(self._shape(t.shape, b))
-                self.batched.append(b)
+                self.batched[self.values[id(t)]] = b
                 if b:
                     self._tag(t)
         node["out"] = shapes
@@ -170,7 +171,7 @@ class Tracer:
     def _inputs_batched(self, args):
         """Whether an operation on these (encoded) arguments makes a batched value: one of them is,
         or names the batch size."""
-        return any(self.batched[i] for i in _refs(args)) or _names_batch(args)
+        return any(self.batched.get(ref, False) for ref in _ref_pairs(args)) or _names_batch(args)
 
     # -- what Module.__call__ and autograd.traced report ---------------------------------------
     def op(self, name, args, kwargs, out):
