@@ -475,21 +475,28 @@ def _embedding(g, m, x, s, out):  # the weight's rows by int64 indices: the grap
 ONNX_GATES = {"LSTM": (0, 3, 1, 2), "GRU": (1, 0, 2)}
 
 
-def rnn_onnx_weights(m, layer):
-    """ONNX's W (D, G*H, in), R (D, G*H, H) and B (D, 2*G*H: W's bias, then R's; None without bias) of
-    layer `layer` of LSTM/GRU m: torch's (and netcl's) gate blocks reordered, directions stacked."""
-    H, order = m.hidden_size, ONNX_GATES[type(m).__name__]
+def rnn_onnx_weights(g, m, layer):
+    """ONNX's W (D, G*H, in), R (D, G*H, H) and B (D, 2*G*H: W's bias, then R's; "" without bias) of layer
+    `layer` of LSTM/GRU m, made in the graph from the parameters (initializers named as in the state dict,
+    so that a file netcl wrote reads back as its layers): each one's gate blocks reordered by a Gather of
+    rows, the directions concatenated and reshaped."""
+    H, D, G = m.hidden_size, m.num_directions, m.GATES * m.hidden_size
+    sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(D)]
+    rows = g.const("gate_rows", np.concatenate([np.arange(k * H, (k + 1) * H) for k in ONNX_GATES[type(m).__name__]]))
 
-    def blocks(a):
-        return np.concatenate([a[k * H:(k + 1) * H] for k in order])
-    W, R, B = [], [], []
-    for d in range(m.num_directions):
-        w_ih, w_hh, b_ih, b_hh = m._weights(layer, d)
-        W.append(blocks(w_ih.to_host()))
-        R.append(blocks(w_hh.to_host()))
-        if m.bias:
-            B.append(np.concatenate([blocks(b_ih.to_host()), blocks(b_hh.to_host())]))
-    return np.stack(W), np.stack(R), (np.stack(B) if m.bias else None)
+    def reordered(name, shape):
+        return g.op("Gather", [g.param(name), rows], shape, axis=0)
+
+    def stacked(parts, shape, dims):
+        v = g.op("Concat", parts, (D * shape[0],) + shape[1:], axis=0) if D > 1 else parts[0]
+        return g.op("Reshape", [v, g.const("onnx_shape", dims)], (D,) + tuple(dims[1:]) if -1 not in dims else None)
+    W = stacked([reordered(f"weight_ih_{x}", (G, None)) for x in sfx], (G, None), [D, G, -1])
+    R = stacked([reordered(f"weight_hh_{x}", (G, H)) for x in sfx], (G, H), [D, G, H])
+    if not m.bias:
+        return W, R, ""
+    B = stacked([g.op("Concat", [reordered(f"bias_ih_{x}", (G,)), reordered(f"bias_hh_{x}", (G,))], (2 * G,), axis=0)
+                 for x in sfx], (2 * G,), [D, 2 * G])
+    return W, R, B
 
 
 def rnn_outputs(g, m, x, s, h0=None, c0=None):
@@ -510,9 +517,7 @@ def rnn_outputs(g, m, x, s, h0=None, c0=None):
                   for v in states]
     hs, cs = [], []
     for layer in range(L):
-        W, R, B = rnn_onnx_weights(m, layer)
-        inputs = [x, g.const(f"W_l{layer}", W, np.float32), g.const(f"R_l{layer}", R, np.float32),
-                  g.const(f"B_l{layer}", B, np.float32) if B is not None else "", ""]
+        inputs = [x, *rnn_onnx_weights(g, m, layer), ""]
         for v in states:
             rows = None if v is None else g.const(f"rows_l{layer}", list(range(layer * D, (layer + 1) * D)))
             inputs.append("" if v is None else g.op("Gather", [v, rows], (D, N, H), axis=0))
