@@ -341,3 +341,95 @@ def test_onnx_export_runs_in_onnxruntime(queue, rng, ort, tmp_path, opset, build
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         assert attrs.get("linear_before_reset", 1) == 1
     assert_close(run_ort(ort, path, x), want, 1e-5, 1e-5)
+
+
+class SeqRegressor(nn.Module):
+    # x: (N, L, 3) -> (N, 2); a batch-first two-layer LSTM's last step through a Linear
+    def __init__(self, kind="LSTM"):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(3, 6, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out[:, -1])
+
+
+@pytest.mark.parametrize("opset", [13, 17, 21])
+@pytest.mark.parametrize("build,shape", [(SeqRegressor, (2, 5, 3)), (lambda: SeqRegressor("GRU"), (2, 5, 3)),
+                                         (LastState, (2, 3, 3)), (WithInitialState, (2, 3, 4))])
+def test_onnx_import_of_netcl_exports(queue, rng, ort, tmp_path, opset, build, shape):
+    """import_onnx reads netcl's LSTM/GRU nodes back into nn.LSTM / nn.GRU layers (the graph importer).
+    The graphs move the batch off the first dimension (ONNX's recurrent nodes run time-major), so the
+    imported graph keeps the example batch of 2 (onnx_graph's rule for such graphs)."""
+    from netcl.io import export_onnx, import_onnx
+
+    model = build().eval()
+    x = rng.standard_normal(shape).astype(np.float32)
+    want = model.predict(x, queue)
+    export_onnx(model, shape, tmp_path / "m.onnx", opset=opset, dynamic_batch=True)
+    back = import_onnx(tmp_path / "m.onnx")
+    assert sum(isinstance(m, (nn.LSTM, nn.GRU)) for m in back.modules()) == len(
+        [m for m in model.modules() if isinstance(m, (nn.LSTM, nn.GRU))]) * model.rnn.num_layers
+    assert_close(back.eval().predict(x, queue), want, 1e-5, 1e-6)
+
+
+class TorchSeq:
+    """torch's counterpart of SeqRegressor, with layers, directions and batch_first of choice."""
+
+    @staticmethod
+    def build(torch, kind, bidirectional, layers, batch_first):
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = getattr(torch.nn, kind)(3, 5, num_layers=layers, bidirectional=bidirectional,
+                                                   batch_first=batch_first)
+                self.fc = torch.nn.Linear(5 * (2 if bidirectional else 1), 2)
+
+            def forward(self, x):
+                out, _ = self.rnn(x)
+                return self.fc(out[:, -1] if batch_first else out[-1])
+        return Net().eval()
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("bidirectional,layers,batch_first", [(False, 1, True), (True, 2, False)])
+def test_onnx_import_of_torch_exports(queue, rng, torch, tmp_path, opset, kind, bidirectional, layers, batch_first):
+    """torch.onnx.export's LSTM/GRU graphs (its Squeeze/Transpose/Reshape of Y, its own weight layout)
+    import as netcl LSTM/GRU layers that compute torch's outputs."""
+    import warnings
+
+    from netcl.io import import_onnx
+
+    ref = TorchSeq.build(torch, kind, bidirectional, layers, batch_first)
+    x = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ref, (torch.tensor(x),), str(tmp_path / "t.onnx"), opset_version=opset, dynamo=False,
+                          input_names=["input"])
+    back = import_onnx(tmp_path / "t.onnx")
+    assert sum(isinstance(m, getattr(nn, kind)) for m in back.modules()) == layers
+    assert_close(back.eval().predict(x, queue), host(ref(torch.tensor(x))), 1e-5, 1e-6)
+
+
+def test_onnx_import_refuses_what_torch_layers_lack(tmp_path):
+    """A GRU with linear_before_reset=0 (r applied before W_hn) and an LSTM with peepholes' clip are
+    refused by name."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from netcl.io import import_onnx
+
+    H, I = 2, 3
+    for kind, attrs, gates in (("GRU", {"linear_before_reset": 0}, 3), ("LSTM", {"clip": 1.0}, 4),
+                               ("LSTM", {"direction": "reverse"}, 4)):
+        w = helper.make_tensor("W", TensorProto.FLOAT, (1, gates * H, I), np.zeros(gates * H * I))
+        r = helper.make_tensor("R", TensorProto.FLOAT, (1, gates * H, H), np.zeros(gates * H * H))
+        node = helper.make_node(kind, ["input", "W", "R"], ["Y"], hidden_size=H, **attrs)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, (4, 1, I))],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, (4, 1, 1, H))],
+                                  initializer=[w, r])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+        with pytest.raises(NotImplementedError, match=list(attrs)[0] if kind == "GRU" else list(attrs)[0]):
+            import_onnx(tmp_path / "m.onnx")

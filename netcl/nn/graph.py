@@ -112,7 +112,7 @@ class Tracer:
         i, k = v
         return {"v": i} if k is None else {"v": i, "k": k}
 
-    def _add(self, node, out, batched):
+    def _add(self, node, out, batched, which=None):
         i = len(self.nodes)
         if len(self.nodes) >= MAX_NODES:
             raise TraceError(f"the graph passes {MAX_NODES} nodes")
@@ -120,7 +120,7 @@ class Tracer:
         shapes = []
         for k, t in enumerate(outs):
             if isinstance(t, Tensor):
-                b = batched and len(t.shape) > 0 and t.shape[0] == self.batch
+                b = batched and (which is None or which[k]) and len(t.shape) > 0 and t.shape[0] == self.batch
                 self.values[id(t)] = (i, None if not isinstance(out, tuple) else k)
                 self.keep.append(t)
                 shapes.append(self._shape(t.shape, b))
@@ -210,7 +210,9 @@ class Tracer:
         node["args"] = self.encode(list(args))
         if kwargs:
             node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
-        self._add(node, out, self._inputs_batched(node["args"]))
+        # (a layer of several values says which have the input's first dimension first: LSTM's output
+        # does, its h_n and c_n (layers, N, H) never do, whatever their sizes)
+        self._add(node, out, self._inputs_batched(node["args"]), getattr(module, "BATCHED_OUTPUTS", None))
         return out
 
     def refuse(self, what):

@@ -30,6 +30,7 @@ class _Ctx:
 class _RNNBase(Module):
     GATES = 0  # 4 (LSTM) or 3 (GRU)
     CALL_STATE = ()  # a call's state lives in its autograd node (RNNCall), not on the layer
+    BATCHED_OUTPUTS = (True, False, False)  # (for netcl.trace) output has the input's first dimension; h_n, c_n not
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, proj_size=0):
