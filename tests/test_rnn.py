@@ -433,3 +433,40 @@ def test_onnx_import_refuses_what_torch_layers_lack(tmp_path):
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
         with pytest.raises(NotImplementedError, match=list(attrs)[0] if kind == "GRU" else list(attrs)[0]):
             import_onnx(tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_from_torch(queue, rng, torch, kind):
+    """nn.from_torch of a torch module holding an LSTM/GRU (torch.fx: the layer's call, the tuple's
+    element, the last step's index) computes torch's outputs and gradients; a bare layer converts too."""
+    ref = TorchSeq.build(torch, kind, True, 2, True).double()
+    model = nn.from_torch(ref)
+    assert type(dict(model.named_modules())["rnn"]) is getattr(nn, kind)
+    x = rng.standard_normal((3, 4, 3))
+    assert_close(model.eval().predict(x.astype(np.float32), queue), host(ref(torch.tensor(x))), 1e-5, 1e-6)
+    model.train()
+    model(netcl.tensor(x.astype(np.float32), queue=queue)).sum().backward()
+    ref(torch.tensor(x)).sum().backward()
+    for k, p in model.named_parameters():
+        assert_close(p.grad.numpy(), host(dict(ref.named_parameters())[k].grad).T if k == "fc.weight" else
+                     host(dict(ref.named_parameters())[k].grad), 1e-5, 1e-6, what=k)
+    bare = nn.from_torch(getattr(torch.nn, kind)(3, 4, batch_first=True))
+    assert type(bare[0]) is getattr(nn, kind) and bare[0].batch_first
+
+
+def test_from_torch_reads_h_n_and_refuses_projections(queue, rng, torch):
+    class Ref(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.LSTM(3, 5, num_layers=2)
+            self.fc = torch.nn.Linear(5, 2)
+
+        def forward(self, x):
+            out, (h, c) = self.rnn(x)
+            return self.fc(h[-1] + c[-1])
+    ref = Ref().double().eval()
+    x = rng.standard_normal((6, 3, 3))
+    assert_close(nn.from_torch(ref).eval().predict(x.astype(np.float32), queue), host(ref(torch.tensor(x))),
+                 1e-5, 1e-6)
+    with pytest.raises(NotImplementedError, match="proj_size=2"):
+        nn.from_torch(torch.nn.LSTM(3, 4, proj_size=2))
