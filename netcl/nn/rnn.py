@@ -1,9 +1,10 @@
 """LSTM and GRU, as torch.nn.LSTM and torch.nn.GRU (kernels/rnn.cl).
 
 Per layer and direction the input projections of every time step are one GEMM, x @ W_ih^T + b_ih;
-the recurrence is then one launch per time step (rnn.cl: W_hh's product, the gates, the state
-update). The backward walks the steps in reverse, a launch each, and ends in GEMMs over all the
-steps: the weights' gradients, the biases' sums, the input's gradient. Work runs time-major,
+each time step is then a GEMM of the recurrent product (h_{t-1} @ W_hh^T, netcl's tuned GEMM) and one
+launch of rnn.cl (the gates and the state update). The backward walks the steps in reverse, likewise
+(dg_{t+1} @ W_hh, then the gates' gradients), and ends in GEMMs over all the steps: the weights'
+gradients, the biases' sums, the input's gradient. Work runs time-major,
 (T, B, features); batch_first input and output are transposed at the edges.
 
 Parameters keep PyTorch's names, shapes and layouts (weight_ih_l{k}[_reverse] (G*H, in),
@@ -183,16 +184,17 @@ class _RNNBase(Module):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, d)
                 gx = ops.matmul(inp.reshape(T * B, inp.shape[2]), w_ih, trans_b=True, bias=b_ih,
                                 bias_mode=1 if b_ih is not None else 0)
-                wt = ops.new(q, (H, G))
-                array_ops.copy_strided(w_hh, (H, G), (1, H), 0, wt, (G, 1), 0)
                 hp, sv = ops.new(q, (T, B, H)), ops.new(q, (T, B, 4 * H))
                 cs = ops.new(q, (T, B, H)) if lstm else None
+                gh = ops.new(q, (B, G))
                 bh = b_hh if b_hh is not None else ops.dummy(q)
                 s0 = (layer * D + d) * B * H  # this layer and direction's rows of h_0, c_0, h_n, c_n
                 for s in range(T):
                     t, prev = _step(s, d, T)
                     h, h_off, hs = (h0, s0, H) if s == 0 else (y, prev * B * D * H + d * H, D * H)
-                    common = (B, H, int(b_hh is not None), gx, t * B * G, wt, bh, h, h_off, hs)
+                    # gh = h_{t-1} @ W_hh^T: W_hh (G, H) read as (H, G) by its strides
+                    ops.gemm(B, G, H, h, (hs, 1, 0), w_hh, (1, H, 0), gh, (G, 1, 0), offsets=(h_off, 0, 0))
+                    common = (B, H, int(b_hh is not None), gx, t * B * G, gh, bh, h, h_off, hs)
                     if lstm:
                         cp, cp_off = (c0, s0) if s == 0 else (cs, prev * B * H)
                         ops.launch1d(q, "rnn", "lstm_fwd", B * H, *common, cp, cp_off, y, t * B * D * H + d * H,
@@ -241,16 +243,18 @@ class _RNNBase(Module):
                     array_ops.copy_strided(dcn, (B, H), (H, 1), s0, carry, (H, 1), 0)
                 dgi = ops.new(q, (T, B, G))
                 dgh = dgi if lstm else ops.new(q, (T, B, G))
+                dhr = ops.new(q, (B, H))
                 for s in reversed(range(T)):
                     t, prev = _step(s, d, T)
-                    nxt = _step(s + 1, d, T)[0] if s + 1 < T else 0
-                    common = (B, H, int(s + 1 < T), dy, t * B * D * H + d * H, D * H, w_hh, dhn, s0)
+                    if s + 1 < T:  # dh_t from the step after: dg_{t+1} @ W_hh
+                        nxt = _step(s + 1, d, T)[0]
+                        ops.gemm(B, H, G, dgh, (G, 1, 0), w_hh, (H, 1, 0), dhr, (H, 1, 0), offsets=(nxt * B * G, 0, 0))
+                    common = (B, H, int(s + 1 < T), dy, t * B * D * H + d * H, D * H, dhr, dhn, s0)
                     if lstm:
                         cp, cp_off = (ctx.c0, s0) if s == 0 else (cs, prev * B * H)
-                        ops.launch1d(q, "rnn", "lstm_bwd", B * H, *common, cs, cp, cp_off, sv, dgi, nxt * B * G,
-                                     carry, t)
+                        ops.launch1d(q, "rnn", "lstm_bwd", B * H, *common, cs, cp, cp_off, sv, dgi, carry, t)
                     else:
-                        ops.launch1d(q, "rnn", "gru_bwd", B * H, *common, hp, sv, dgi, dgh, nxt * B * G, carry, t)
+                        ops.launch1d(q, "rnn", "gru_bwd", B * H, *common, hp, sv, dgi, dgh, carry, t)
                 first = _step(0, d, T)[0]
                 # dh_0 = dg(first step) @ W_hh (+ GRU's direct share z * dh, left in carry)
                 if lstm:
