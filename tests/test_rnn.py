@@ -89,6 +89,28 @@ def test_rnn_vs_torch(queue, rng, torch, record_error, kind, layers, bidirection
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("config,size", [("gpu", (5, 9)), ("native", (40, 72))])
+def test_rnn_gemm_routes(queue, rng, torch, monkeypatch, kind, config, size):
+    """The GPU class's GEMM (gemm_tile) for the projections and the recurrent products, forced on the
+    test device, and larger layers (the CPU GEMM's other routes): outputs and gradients as torch's."""
+    from netcl import ops
+
+    if config == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    layer, ref = pair(torch, queue, rng, kind, input_size=size[0], hidden_size=size[1], num_layers=2,
+                      bidirectional=True, batch_first=True)
+    x = rng.standard_normal((3, 6, size[0])) * 0.5
+    xn, xt = netcl.tensor(x.astype(np.float32), queue=queue, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, out_t = layer(xn), ref(xt)
+    assert_close(out[0].numpy(), host(out_t[0]), 1e-5, 1e-6)
+    (out[0].sum() + states(out)[0].sum()).backward()
+    (out_t[0].sum() + states(out_t)[0].sum()).backward()
+    assert_close(xn.grad.numpy(), host(xt.grad), 1e-5, 1e-6)
+    for k, p in dict(ref.named_parameters()).items():
+        assert_close(dict(layer.named_parameters())[k].grad.numpy(), host(p.grad), 1e-5, 1e-6, what=k)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_rnn_unbatched_and_one_step(queue, rng, torch, kind):
     """Unbatched input (L, H_in) and states (layers * D, H), and a sequence of one step, as torch."""
     layer, ref = pair(torch, queue, rng, kind, input_size=3, hidden_size=4, num_layers=2, bidirectional=True)
