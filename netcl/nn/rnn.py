@@ -334,6 +334,7 @@ class RNNCall(autograd.Node):
 
     @property
     def name(self):
+        """The node's name in messages and reprs."""
         return f"{type(self.layer).__name__} (a layer call)"
 
     def backward(self, dy, dhn, dcn=None):
