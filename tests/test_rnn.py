@@ -89,10 +89,12 @@ def test_rnn_vs_torch(queue, rng, torch, record_error, kind, layers, bidirection
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
-@pytest.mark.parametrize("config,size", [("gpu", (5, 9)), ("native", (40, 72))])
-def test_rnn_gemm_routes(queue, rng, torch, monkeypatch, kind, config, size):
-    """The GPU class's GEMM (gemm_tile) for the projections and the recurrent products, forced on the
-    test device, and larger layers (the CPU GEMM's other routes): outputs and gradients as torch's."""
+@pytest.mark.parametrize("config,size", [("gpu", (5, 9)), ("gpu", (4, 16)), ("native", (40, 72)), ("native", (6, 20)),
+                                         ("native", (8, 32))])
+def test_rnn_gemm_routes_and_vector_widths(queue, rng, torch, monkeypatch, kind, config, size):
+    """The GPU class (gemm_tile, rnn.cl a hidden unit per work-item) forced on the test device, and on
+    CPUs layers whose hidden size takes rnn.cl's vectors of 8, 4 and 16 (as the device's lanes allow)
+    and the CPU GEMM's routes for larger layers: outputs and gradients as torch's."""
     from netcl import ops
 
     if config == "gpu":
@@ -170,6 +172,8 @@ def test_rnn_arguments_are_checked(queue):
         lstm(x, (netcl.tensor(np.zeros((1, 2, 4), np.float32)), netcl.tensor(np.zeros((2, 2, 4), np.float32))))
     with pytest.raises(TypeError, match=r"tuple \(h_0, c_0\)"):
         lstm(x, netcl.tensor(np.zeros((2, 2, 4), np.float32)))
+    with pytest.raises(ValueError, match="at least one step"):
+        lstm(netcl.tensor(np.zeros((0, 2, 3), np.float32), queue=queue))
     with pytest.raises(TypeError, match="GRU: hx must be a tensor"):
         nn.GRU(3, 4)(x, (None, None))
 

@@ -162,8 +162,12 @@ class _RNNBase(Module):
         c0 = self._check_state(c0, "hx[1] (c_0)", state_shape, q)
         unbatched = x.ndim == 2
         T, B = (x.shape[0], 1) if unbatched else ((x.shape[1], x.shape[0]) if self.batch_first else x.shape[:2])
+        if T == 0 or B == 0:
+            raise ValueError(f"{type(self).__name__}: expected a sequence of at least one step and a batch of at least "
+                             f"one, got input of shape {x.shape}")
         H, D, G, L = self.hidden_size, self.num_directions, self.GATES * self.hidden_size, self.num_layers
         lstm = self.GATES == 4
+        vw, items = _lanes(q, H, B)
         inp = _time_major(x, T, B, self.batch_first and not unbatched)
         h0 = h0 if h0 is not None else Tensor.zeros(q, (L * D, B, H))
         if lstm:
@@ -197,10 +201,11 @@ class _RNNBase(Module):
                     common = (B, H, int(b_hh is not None), gx, t * B * G, gh, bh, h, h_off, hs)
                     if lstm:
                         cp, cp_off = (c0, s0) if s == 0 else (cs, prev * B * H)
-                        ops.launch1d(q, "rnn", "lstm_fwd", B * H, *common, cp, cp_off, y, t * B * D * H + d * H,
-                                     D * H, hp, cs, sv, t)
+                        ops.launch1d(q, "rnn", "lstm_fwd", items, *common, cp, cp_off, y, t * B * D * H + d * H,
+                                     D * H, hp, cs, sv, t, options=vw)
                     else:
-                        ops.launch1d(q, "rnn", "gru_fwd", B * H, *common, y, t * B * D * H + d * H, D * H, hp, sv, t)
+                        ops.launch1d(q, "rnn", "gru_fwd", items, *common, y, t * B * D * H + d * H, D * H, hp, sv, t,
+                                     options=vw)
                 last = _step(T - 1, d, T)[0]
                 array_ops.copy_strided(y, (B, H), (D * H, 1), last * B * D * H + d * H, hn, (H, 1), s0)
                 if lstm:
@@ -223,6 +228,7 @@ class _RNNBase(Module):
             self.num_layers
         lstm = self.GATES == 4
         q = ctx.h0.queue
+        vw, items = _lanes(q, H, B)
         bf = self.batch_first and not ctx.unbatched
         dy = _time_major(dy, T, B, bf) if dy is not None else Tensor.zeros(q, (T, B, D * H))
         dhn = dhn.reshape(L * D, B, H) if dhn is not None else Tensor.zeros(q, (L * D, B, H))
@@ -252,9 +258,10 @@ class _RNNBase(Module):
                     common = (B, H, int(s + 1 < T), dy, t * B * D * H + d * H, D * H, dhr, dhn, s0)
                     if lstm:
                         cp, cp_off = (ctx.c0, s0) if s == 0 else (cs, prev * B * H)
-                        ops.launch1d(q, "rnn", "lstm_bwd", B * H, *common, cs, cp, cp_off, sv, dgi, carry, t)
+                        ops.launch1d(q, "rnn", "lstm_bwd", items, *common, cs, cp, cp_off, sv, dgi, carry, t,
+                                     options=vw)
                     else:
-                        ops.launch1d(q, "rnn", "gru_bwd", B * H, *common, hp, sv, dgi, dgh, carry, t)
+                        ops.launch1d(q, "rnn", "gru_bwd", items, *common, hp, sv, dgi, dgh, carry, t, options=vw)
                 first = _step(0, d, T)[0]
                 # dh_0 = dg(first step) @ W_hh (+ GRU's direct share z * dh, left in carry)
                 if lstm:
@@ -287,6 +294,15 @@ class _RNNBase(Module):
         if ctx.unbatched:
             dh0, dc0 = dh0.reshape(L * D, H), (dc0.reshape(L * D, H) if lstm else None)
         return dx, dh0, dc0
+
+
+def _lanes(q, H, B):
+    """rnn.cl's build options (the hidden units a work-item takes, VW) and its work-items per step: on
+    CPUs the widest of 16, 8, 4 that divides H and the device's lanes, on GPUs 1."""
+    vw = 1
+    if ops.config_class(q) != "gpu":
+        vw = next((w for w in (16, 8, 4) if H % w == 0 and w <= ops.float_lanes(q)), 1)
+    return (f"-DVW={vw}",), B * H // vw
 
 
 def _step(s, d, T):
@@ -330,7 +346,7 @@ class RNNCall(autograd.Node):
             y, hn, cn, self.ctx = layer._run(x, h0, c0, keep=True)
         self.n_out = 3 if cn is not None else 2
         self.outputs = (y, hn, cn) if cn is not None else (y, hn)
-        self.save(*layer.parameters())
+        self.save(x, *(t for t in (h0, c0) if t is not None), *layer.parameters())
 
     @property
     def name(self):
@@ -338,7 +354,7 @@ class RNNCall(autograd.Node):
         return f"{type(self.layer).__name__} (a layer call)"
 
     def backward(self, dy, dhn, dcn=None):
-        self.saved_tensors()  # the parameters as the forward saw them
+        self.saved_tensors()  # the inputs and the parameters as the forward saw them
         dx, dh0, dc0 = self.layer._grad(self.ctx, dy, dhn, dcn, self.inputs[0] is not None)
         return dx, dh0, dc0
 
