@@ -496,3 +496,31 @@ def test_from_torch_reads_h_n_and_refuses_projections(queue, rng, torch):
                  1e-5, 1e-6)
     with pytest.raises(NotImplementedError, match="proj_size=2"):
         nn.from_torch(torch.nn.LSTM(3, 4, proj_size=2))
+
+
+class FinalStates(nn.Module):
+    # x: (N, L, 3) -> (N, 2); a batch-first bidirectional GRU's last layer's two final states, joined
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(3, 4, num_layers=2, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        out, h = self.rnn(x)
+        return self.fc(netcl.cat([h[-1], h[-2]], 1))
+
+
+def test_graph_reading_h_n_keeps_the_batch_free(queue, rng, ort, tmp_path):
+    """h_n (layers * D, N, H) holds the batch second: a traced graph (a .netcl file, an ONNX export with
+    a symbolic batch) that reads it runs at any batch."""
+    from netcl.io import export_onnx, load, save
+
+    model = FinalStates().eval()
+    save(model, tmp_path / "m.netcl", example_input=np.zeros((3, 6, 3), np.float32))
+    back = load(tmp_path / "m.netcl").eval()
+    export_onnx(model, (2, 6, 3), tmp_path / "m.onnx", dynamic_batch=True, opset=17)
+    for n in (1, 5):
+        x = rng.standard_normal((n, 6, 3)).astype(np.float32)
+        want = model.predict(x, queue)
+        np.testing.assert_array_equal(back.predict(x, queue), want)
+        assert_close(run_ort(ort, tmp_path / "m.onnx", x), want, 1e-5, 1e-6)

@@ -88,8 +88,8 @@ class Tracer:
         for t, shape in self.shapes:
             t.shape = tuple(int(n) for n in shape)
 
-    def _shape(self, shape, batched):
-        return ["N" if (k == 0 and batched) else int(n) for k, n in enumerate(shape)]
+    def _shape(self, shape, batched, dim=0):
+        return ["N" if (k == dim and batched) else int(n) for k, n in enumerate(shape)]
 
     # -- values --------------------------------------------------------------------------
     def ref(self, t):
@@ -112,7 +112,7 @@ class Tracer:
         i, k = v
         return {"v": i} if k is None else {"v": i, "k": k}
 
-    def _add(self, node, out, batched, which=None):
+    def _add(self, node, out, batched, dims=None):
         i = len(self.nodes)
         if len(self.nodes) >= MAX_NODES:
             raise TraceError(f"the graph passes {MAX_NODES} nodes")
@@ -120,12 +120,13 @@ class Tracer:
         shapes = []
         for k, t in enumerate(outs):
             if isinstance(t, Tensor):
-                b = batched and (which is None or which[k]) and len(t.shape) > 0 and t.shape[0] == self.batch
+                d = 0 if dims is None else dims[k]  # where the batch sits in this value, if anywhere
+                b = batched and d is not None and len(t.shape) > d and t.shape[d] == self.batch
                 self.values[id(t)] = (i, None if not isinstance(out, tuple) else k)
                 self.keep.append(t)
-                shapes.append(self._shape(t.shape, b))
+                shapes.append(self._shape(t.shape, b, d))
                 self.batched[self.values[id(t)]] = b
-                if b:
+                if b and d == 0:
                     self._tag(t)
         node["out"] = shapes
         self.nodes.append(node)
@@ -210,9 +211,10 @@ class Tracer:
         node["args"] = self.encode(list(args))
         if kwargs:
             node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
-        # (a layer of several values says which have the input's first dimension first: LSTM's output
-        # does, its h_n and c_n (layers, N, H) never do, whatever their sizes)
-        self._add(node, out, self._inputs_batched(node["args"]), getattr(module, "BATCHED_OUTPUTS", None))
+        # (a layer of several values says where each holds its input's first dimension: LSTM's h_n and
+        # c_n (layers, N, H) hold it second, or not at all, whatever their sizes)
+        dims = module.traced_batch_dims(args[0]) if hasattr(module, "traced_batch_dims") else None
+        self._add(node, out, self._inputs_batched(node["args"]), dims)
         return out
 
     def refuse(self, what):

@@ -31,7 +31,6 @@ class _Ctx:
 class _RNNBase(Module):
     GATES = 0  # 4 (LSTM) or 3 (GRU)
     CALL_STATE = ()  # a call's state lives in its autograd node (RNNCall), not on the layer
-    BATCHED_OUTPUTS = (True, False, False)  # (for netcl.trace) output has the input's first dimension; h_n, c_n not
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, proj_size=0):
@@ -49,6 +48,12 @@ class _RNNBase(Module):
         bound = 1.0 / math.sqrt(self.hidden_size)  # torch's initialisation: U(-1/sqrt(H), 1/sqrt(H)) for all
         for key, shape in self.tensor_shapes(**self.config()).items():
             setattr(self, key, uniform(bound, shape))
+
+    def traced_batch_dims(self, x):
+        """(for netcl.trace) where output, h_n and c_n hold x's first dimension: the output first; h_n and
+        c_n second when that dimension is the batch (batch_first), else nowhere (it is the time)."""
+        batch = 1 if self.batch_first and x.ndim == 3 else None
+        return (0, batch, batch)
 
     @property
     def num_directions(self):
