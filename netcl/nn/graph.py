@@ -70,8 +70,9 @@ class Tracer:
         self.owned = {}  # id(tensor) -> its state_dict key (parameters and buffers)
         for key, t in root.named_tensors():
             self.owned.setdefault(id(t), key)
-        # batched: (node, k) -> whether that value has the batch first (k None for a node's one value)
-        self.nodes, self.values, self.batched = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}, {(0, None): True}
+        # batched: (node, k) -> whether that value holds the batch (k None for a node's one value)
+        self.nodes, self.values = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}
+        self.batched = {(0, None): True}
         self.keep, self.consts, self.fixed = [x], {}, {}
         self.values[id(x)] = (0, None)
         self.shapes = []  # tensors whose first dimension this trace tagged, with their own shapes

@@ -13,8 +13,6 @@ for GRU (r, z, n)), so a torch state dict loads as it is.
 """
 import math
 
-import numpy as np
-
 from netcl import array_ops, autograd, ops
 from netcl.nn.basic import _seed
 from netcl.nn.module import Module, as_bool, as_float, positive, uniform
