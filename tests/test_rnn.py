@@ -524,3 +524,61 @@ def test_graph_reading_h_n_keeps_the_batch_free(queue, rng, ort, tmp_path):
         want = model.predict(x, queue)
         np.testing.assert_array_equal(back.predict(x, queue), want)
         assert_close(run_ort(ort, tmp_path / "m.onnx", x), want, 1e-5, 1e-6)
+
+
+class TwoCalls(nn.Module):
+    # x: (N, L, 3) -> (N, 2); one LSTM (dropout between its layers) called on two halves of the features
+    def __init__(self, dropout=0.0):
+        super().__init__()
+        self.rnn = nn.LSTM(3, 4, num_layers=2, batch_first=True, dropout=dropout)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        a, _ = self.rnn(x)
+        b, _ = self.rnn(x * 0.5)
+        return self.fc(netcl.cat([a[:, -1], b[:, 0]], 1))
+
+
+def test_a_layer_called_twice_has_both_calls_gradients(queue, rng, torch):
+    model = TwoCalls()
+    rnn = torch.nn.LSTM(3, 4, num_layers=2, batch_first=True).double()
+    rnn.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in model.rnn.state_dict().items()})
+    fc = torch.nn.Linear(8, 2).double()
+    fc.load_state_dict({"weight": torch.tensor(model.fc.weight.numpy().T, dtype=torch.float64),
+                        "bias": torch.tensor(model.fc.bias.numpy(), dtype=torch.float64)})
+    x = rng.standard_normal((3, 5, 3))
+    model(netcl.tensor(x.astype(np.float32), queue=queue)).sum().backward()
+    xt = torch.tensor(x)
+    fc(torch.cat([rnn(xt)[0][:, -1], rnn(xt * 0.5)[0][:, 0]], 1)).sum().backward()
+    for k, p in rnn.named_parameters():
+        assert_close(dict(model.rnn.named_parameters())[k].grad.numpy(), host(p.grad), 1e-5, 1e-6, what=k)
+
+
+def test_trainstep_replays_dropout_between_layers(queue, rng):
+    """A step with dropout between the layers replays (each replay draws its masks' seeds as a layer
+    call does): the losses of TrainStep and of the plain loop agree from the same seed."""
+    from netcl.trainstep import TrainStep
+
+    x, y = rng.standard_normal((16, 5, 3)).astype(np.float32), rng.integers(0, 2, 16)
+    losses = []
+    for use_step, dropout in ((False, 0.3), (True, 0.3), (False, 0.0)):
+        netcl.manual_seed(9)
+        model = TwoCalls(dropout=dropout)
+        opt = optim.SGD(model.parameters(), lr=0.1)
+        step = TrainStep(model, nn.CrossEntropyLoss(), opt) if use_step else None
+        run = []
+        for _ in range(6):
+            xb = netcl.tensor(x, queue=queue)
+            if step is not None:
+                run.append(float(step(xb, y)))
+            else:
+                loss = nn.functional.cross_entropy(model(xb), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                run.append(loss.item())
+        losses.append(run)
+        if step is not None:
+            assert step.replays > 0 and step.eager_reason is None
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    assert np.abs(np.array(losses[2]) - losses[0]).max() > 1e-3  # (the dropout acted)
