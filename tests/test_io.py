@@ -113,6 +113,20 @@ def graph_model():
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), graph)
 
 
+def rnn_model():
+    # x: (N, 5, 3) -> (N, 3); LSTM and GRU in a traced graph written by hand: a bidirectional two-layer
+    # LSTM's output sequence (its first of three values) into a GRU without bias, the last step out
+    nodes = [{"op": "input", "out": [["N", 5, 4]]},
+             {"op": "call", "target": "lstm", "args": [{"v": 0}], "out": [["N", 5, 12], [4, 2, 6], [4, 2, 6]]},
+             {"op": "call", "target": "gru", "args": [{"v": 1, "k": 0}], "out": [["N", 5, 3], [1, 2, 3]]},
+             {"op": "getitem", "args": [{"v": 2, "k": 0}, {"tuple": [{"slice": [None, None, None]}, -1]}],
+              "out": [["N", 3]]},
+             {"op": "output", "args": [{"v": 3}], "out": [["N", 3]]}]
+    graph = nn.GraphModule(nodes, {"lstm": nn.LSTM(4, 6, num_layers=2, batch_first=True, bidirectional=True),
+                                   "gru": nn.GRU(12, 3, batch_first=True, bias=False)}, {}, {})
+    return nn.Sequential(nn.Linear(3, 4), graph)
+
+
 def with_running_stats(model, rng):
     sd = model.state_dict()
     for k in sd:
@@ -129,7 +143,8 @@ def with_running_stats(model, rng):
                                           (transposed_conv_model, (2, 3, 5, 5)), (blocks_model, (2, 3, 8, 8)),
                                           (modern_model, (2, 3, 8, 8)), (graph_model, (2, 3, 8, 8)),
                                           (tabular_model, (2, 6)), (embedding_model, (2, 3)),
-                                          (signal_model, (2, 3, 16)), (groupnorm_model, (2, 4, 6, 6))])
+                                          (signal_model, (2, 3, 16)), (groupnorm_model, (2, 4, 6, 6)),
+                                          (rnn_model, (2, 5, 3))])
 def test_round_trip_is_bit_exact(queue, rng, tmp_path, build, shape):
     model = with_running_stats(build(), rng)
     path = tmp_path / "m.netcl"
@@ -153,7 +168,7 @@ def test_every_layer_type_is_covered_and_its_tensor_shapes_known():
     """The round-trip models hold every registered layer; each class's tensor_shapes (what the
     loader checks files against) names exactly the tensors a layer of that config holds."""
     layers = [m for build in (every_layer_cnn, attention_model, transposed_conv_model, blocks_model, modern_model,
-                              graph_model, tabular_model, embedding_model, signal_model, groupnorm_model)
+                              graph_model, tabular_model, embedding_model, signal_model, groupnorm_model, rnn_model)
               for m in held(build())]
     assert {type(layer).__name__ for layer in layers} == set(nn.LAYERS)
     for layer in layers:

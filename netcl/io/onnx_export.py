@@ -149,6 +149,18 @@ class _Graph:
             self.shapes[out] = shape
         return out
 
+    def op_outputs(self, op_type, inputs, shapes, **attrs):
+        """A node of several outputs (LSTM's Y, Y_h, Y_c), shapes one per output; their names."""
+        outs = [self._name(f"{op_type}_{k}") for k in range(len(shapes))]
+        node = P.NodeProto(input=inputs, output=outs, name=outs[0], op_type=op_type,
+                           doc_string=f"netcl layer {self.path}: {self.layer!r}")
+        node.attribute.extend(_attribute(k, v) for k, v in sorted(attrs.items()))
+        self.nodes.append(node)
+        for out, shape in zip(outs, shapes):
+            if shape is not None:
+                self.shapes[out] = shape
+        return outs
+
     def chain(self, layer, path, x, shape):
         """Emit the layers `layer` applies in order (itself, or a Sequential's chain) at state_dict
         path `path` on value `x` of `shape`; returns the output value, named "<path>.<type>"."""
@@ -459,6 +471,81 @@ def _embedding(g, m, x, s, out):  # the weight's rows by int64 indices: the grap
     return g.op("Gather", [g.param("weight"), x], out, axis=0)
 
 
+# torch's gate blocks in ONNX's order: LSTM's i, o, f, c of torch's i, f, g, o; GRU's z, r, h of r, z, n
+ONNX_GATES = {"LSTM": (0, 3, 1, 2), "GRU": (1, 0, 2)}
+
+
+def rnn_onnx_weights(g, m, layer):
+    """ONNX's W (D, G*H, in), R (D, G*H, H) and B (D, 2*G*H: W's bias, then R's; "" without bias) of layer
+    `layer` of LSTM/GRU m, made in the graph from the parameters (initializers named as in the state dict,
+    so that a file netcl wrote reads back as its layers): each one's gate blocks reordered by a Gather of
+    rows, the directions concatenated and reshaped."""
+    H, D, G = m.hidden_size, m.num_directions, m.GATES * m.hidden_size
+    sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(D)]
+    rows = g.const("gate_rows", np.concatenate([np.arange(k * H, (k + 1) * H) for k in ONNX_GATES[type(m).__name__]]))
+
+    def reordered(name, shape):
+        return g.op("Gather", [g.param(name), rows], shape, axis=0)
+
+    def stacked(parts, shape, dims):
+        v = g.op("Concat", parts, (D * shape[0],) + shape[1:], axis=0) if D > 1 else parts[0]
+        return g.op("Reshape", [v, g.const("onnx_shape", dims)], (D,) + tuple(dims[1:]) if -1 not in dims else None)
+    W = stacked([reordered(f"weight_ih_{x}", (G, None)) for x in sfx], (G, None), [D, G, -1])
+    R = stacked([reordered(f"weight_hh_{x}", (G, H)) for x in sfx], (G, H), [D, G, H])
+    if not m.bias:
+        return W, R, ""
+    B = stacked([g.op("Concat", [reordered(f"bias_ih_{x}", (G,)), reordered(f"bias_hh_{x}", (G,))], (2 * G,), axis=0)
+                 for x in sfx], (2 * G,), [D, 2 * G])
+    return W, R, B
+
+
+def rnn_outputs(g, m, x, s, h0=None, c0=None):
+    """LSTM/GRU m on value x of shape s as one ONNX LSTM/GRU node per layer; (output, h_n, c_n) names
+    (c_n None for GRU). ONNX runs time-major, Y (L, D, N, H): a Transpose and Reshape make it (L, N, D*H)
+    for the next layer and the output; batch_first input and output are transposed; the initial states
+    (layers * D, N, H) are cut per layer by Gather. Dropout between layers is a training matter: none."""
+    H, D, L, kind = m.hidden_size, m.num_directions, m.num_layers, type(m).__name__
+    unbatched, bf = len(s) == 2, m.batch_first and len(s) == 3
+    if unbatched:  # (T, in) -> (T, 1, in)
+        x = g.op("Reshape", [x, g.const("batched", [0, 1, -1])], (s[0], 1, s[1]))
+    elif bf:
+        x = g.op("Transpose", [x], (s[1], s[0], s[2]), perm=[1, 0, 2])
+    T, N = (s[0], 1) if unbatched else ((s[1], s[0]) if bf else (s[0], s[1]))
+    states = [h0] + ([c0] if kind == "LSTM" else [])
+    if unbatched:
+        states = [v if v is None else g.op("Reshape", [v, g.const("batched", [0, 1, -1])], (L * D, 1, H))
+                  for v in states]
+    hs, cs = [], []
+    for layer in range(L):
+        inputs = [x, *rnn_onnx_weights(g, m, layer), ""]
+        for v in states:
+            rows = None if v is None else g.const(f"rows_l{layer}", list(range(layer * D, (layer + 1) * D)))
+            inputs.append("" if v is None else g.op("Gather", [v, rows], (D, N, H), axis=0))
+        while inputs[-1] == "":
+            inputs.pop()
+        extra = {"linear_before_reset": 1} if kind == "GRU" else {}  # torch's n: r * (W_hn h + b_hn)
+        outs = g.op_outputs(kind, inputs, [(T, D, N, H), (D, N, H)] + ([(D, N, H)] if kind == "LSTM" else []),
+                            direction="bidirectional" if D == 2 else "forward", hidden_size=H, **extra)
+        y = g.op("Transpose", [outs[0]], (T, N, D, H), perm=[0, 2, 1, 3])
+        x = g.op("Reshape", [y, g.const("merged", [0, 0, -1])], (T, N, D * H))
+        hs.append(outs[1])
+        if kind == "LSTM":
+            cs.append(outs[2])
+    hn = g.op("Concat", hs, (L * D, N, H), axis=0) if L > 1 else hs[0]
+    cn = (g.op("Concat", cs, (L * D, N, H), axis=0) if L > 1 else cs[0]) if cs else None
+    if unbatched:
+        x = g.op("Reshape", [x, g.const("unbatched", [0, -1])], (T, D * H))
+        hn, cn = (v if v is None else g.op("Reshape", [v, g.const("unbatched", [0, -1])], (L * D, H))
+                  for v in (hn, cn))
+    elif bf:
+        x = g.op("Transpose", [x], (N, T, D * H), perm=[1, 0, 2])
+    return x, hn, cn
+
+
+def _rnn(g, m, x, s, out):  # the output sequence alone (a graph's call of the layer takes all three)
+    return rnn_outputs(g, m, x, s)[0]
+
+
 def _softmax(g, m, x, s, out):  # before opset 13, Transposes around a last-axis Softmax
     return _softmax_at(g, x, m.dim, s, out)
 
@@ -576,7 +663,10 @@ def _graph_module(g, gm, x, s, out):
             path = base + (node["target"] if op == "call" else f"{node['type']}_{i}")
             calls[path] = calls.get(path, -1) + 1
             path += f"_{calls[path]}" if calls[path] else ""  # a layer called again: its values named apart
-            y = _layer_at(g, layer, path, args[0], shape_of(node))
+            if isinstance(layer, (nn.LSTM, nn.GRU)):  # (output, (h_n, c_n)) or (output, h_n): its values flat
+                y, ints = _rnn_call(g, layer, path, args), (False,) * len(node["out"])
+            else:
+                y = _layer_at(g, layer, path, args[0], shape_of(node))
         else:
             emit = OP_EMITTERS.get(op)
             if emit is None:
@@ -592,6 +682,17 @@ def _graph_module(g, gm, x, s, out):
         else:
             env.append(_V(y, shape_of(node), int32=op not in ("call", "layer") and ints is True))
     raise AssertionError("a checked graph ends with its output")
+
+
+def _rnn_call(g, layer, path, args):
+    """A graph's call of an LSTM or GRU, initial states included: the names of its flat outputs."""
+    outer = g.path, g.layer, getattr(g, "_count", {})
+    hx = args[1] if len(args) > 1 else None
+    h0, c0 = (hx if isinstance(hx, tuple) else (hx, None)) if hx is not None else (None, None)
+    g.begin(path, layer)
+    y, hn, cn = rnn_outputs(g, layer, args[0].name, args[0].shape, h0 and h0.name, c0 and c0.name)
+    g.path, g.layer, g._count = outer
+    return (y, hn, cn) if cn is not None else (y, hn)
 
 
 _BATCH = object()  # a reshape or expand target's batch size
@@ -916,6 +1017,8 @@ EMITTERS = {
     nn.Mish: _mish,                              # Mish (opset >= 18), else x * Tanh(Softplus(x))
     nn.PReLU: _prelu,                            # PRelu (slopes reshaped to (C, 1, ...))
     nn.Embedding: _embedding,                    # Gather(weight, indices, axis=0); first: an int64 graph input
+    nn.LSTM: _rnn,                               # an LSTM node per layer (gates reordered i, o, f, c), Transposes
+    nn.GRU: _rnn,                                # a GRU node per layer (z, r, h; linear_before_reset=1), likewise
     nn.MultiheadAttention: _multihead_attention,  # Gemm, Reshape, Transpose, Gather, MatMul, Softmax
     nn.Residual: _residual,                      # the body's nodes, the shortcut's (if any), Add
     nn.Concat: _concat,                          # each branch's nodes, Concat(axis=dim)

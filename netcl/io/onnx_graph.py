@@ -26,6 +26,7 @@ import re
 import numpy as np
 
 from netcl import autograd, functions
+from netcl.io import onnx_export as ox
 from netcl.io import onnx_import as oi
 from netcl.io.onnx_export import onnx_pb2 as P
 from netcl.io.netcl_format import _scratch_rng
@@ -415,6 +416,71 @@ def _constant_of_shape(shape, k):
     return np.full([int(n) for n in shape.ravel()], value[0], value.dtype)
 
 
+_RNN_DEFAULTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+
+
+def _rnn_layer(m, node, ins):
+    """An ONNX LSTM or GRU node's netcl layer: ONNX's W, R, B (constants) with the gate blocks put back in
+    torch's order (ONNX_GATES' inverse), directions split into the _reverse parameters. Settings torch's
+    layers cannot express are refused by name."""
+    kind, k = node.op_type, m.attrs(node)
+    W, R = ins[1], ins[2]
+    B = ins[3] if len(ins) > 3 else None
+    where = f"node {node.name!r} ({kind})"
+    if not all(isinstance(v, np.ndarray) for v in (W, R)) or (B is not None and not isinstance(B, np.ndarray)):
+        raise NotImplementedError(f"{where}: its weights W, R and B must be constants")
+    refused = [name for name, bad in (
+        ("sequence_lens", len(ins) > 4 and ins[4] is not None),
+        ("direction=reverse", k.get("direction", "forward") not in ("forward", "bidirectional")),
+        ("clip", "clip" in k), ("input_forget=1", k.get("input_forget", 0) != 0), ("layout=1", k.get("layout", 0)),
+        ("activations other than " + "/".join(_RNN_DEFAULTS[kind]),
+         k.get("activations") not in (None, _RNN_DEFAULTS[kind] * (2 if k.get("direction") == "bidirectional" else 1))),
+        ("linear_before_reset=0 (torch's GRU applies r after W_hn h + b_hn: linear_before_reset=1)",
+         kind == "GRU" and k.get("linear_before_reset", 0) != 1),
+        ("initial_h without initial_c", kind == "LSTM" and (len(ins) > 5 and ins[5] is not None) != (
+            len(ins) > 6 and ins[6] is not None)),
+        ("peepholes (input P)", len(ins) > 7 and ins[7] is not None))
+        if bad]
+    if refused:
+        raise NotImplementedError(f"{where}: netcl's {kind} (torch's) has no {', '.join(refused)}")
+    D, GH, fan_in = W.shape
+    H = int(k.get("hidden_size") or R.shape[-1])
+    order = ox.ONNX_GATES[kind]  # ONNX's block j is torch's block order[j]
+
+    def torch_rows(a):
+        return np.concatenate([a[order.index(b) * H:(order.index(b) + 1) * H] for b in range(len(order))])
+    layer = oi._layer(kind, node, input_size=int(fan_in), hidden_size=H, bias=B is not None, bidirectional=D == 2)
+    arrays = {}
+    for d in range(D):
+        sfx = "l0" + ("_reverse" if d else "")
+        arrays[f"weight_ih_{sfx}"], arrays[f"weight_hh_{sfx}"] = torch_rows(W[d]), torch_rows(R[d])
+        if B is not None:
+            arrays[f"bias_ih_{sfx}"], arrays[f"bias_hh_{sfx}"] = torch_rows(B[d][:GH]), torch_rows(B[d][GH:])
+    return oi._with(layer, **arrays)
+
+
+def _rnn(m, node, ins):
+    """LSTM/GRU (one layer, forward or bidirectional) on X (L, N, in): netcl's layer, whose output
+    (L, N, D*H) becomes ONNX's Y (L, D, N, H); Y_h and Y_c as they are."""
+    x = ins[0]
+    if not isinstance(x, Tensor):
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): its data input is a constant")
+    made = m._made.get(id(node))
+    if made is None:
+        layer = _rnn_layer(m, node, ins)
+        path = m._unique(_sanitize(node.name, node.op_type))
+        layer.train(m.training)
+        parent, name = _parent(m, path)
+        setattr(parent, name, layer)
+        made = m._made[id(node)] = ([path], None)
+    layer = m.get_submodule(made[0][0])
+    states = [None if i >= len(ins) or ins[i] is None else m.operand(node, i, ins[i], x, tensor=True) for i in (5, 6)]
+    y, hx = layer(x, tuple(states) if node.op_type == "LSTM" and states[0] is not None else states[0])
+    D, H = layer.num_directions, layer.hidden_size
+    Y = functions.permute(functions.reshape(y, *m.batch_first([y.shape[0], -1, D, H], y)), 0, 2, 1, 3)
+    return [Y, *(hx if isinstance(hx, tuple) else (hx,))]
+
+
 _MAKERS = {"LayerNormalization": _make_layer_norm, "ConvTranspose": _make_conv_transpose}
 
 # ONNX op -> handler (see the module docstring)
@@ -445,6 +511,7 @@ OPS = {
     "ConstantOfShape": _host_only(_constant_of_shape), "Equal": _host_only(lambda a, b, k: np.equal(a, b)),
     "Where": _host_only(lambda c, a, b, k: np.where(c, a, b)),
     "Mod": _host_only(lambda a, b, k: np.fmod(a, b) if k.get("fmod", 0) else np.mod(a, b)), "Range": _host_only(lambda a, b, d, k: np.arange(a, b, d)),
+    "LSTM": _rnn, "GRU": _rnn,        # nn.LSTM / nn.GRU of one layer; Y made (L, D, N, H) from the layer's output
     "Shape": _shape, "Expand": _expand, "Cast": _cast, "Identity": _identity, "Pad": _pad,
 }
 

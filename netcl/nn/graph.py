@@ -15,7 +15,8 @@ A node is a small JSON object (what a .netcl header stores):
 
 and carries "out": the shapes of the values it makes, the batch dimension written "N". Arguments
 are JSON: numbers, booleans, null, short strings, lists, and the forms {"v": i} (node i's value;
-"k": its k-th element for an operation returning a pair), {"tuple": [...]}, {"slice": [a, b, c]},
+"k": its k-th element for an operation returning a pair, nested tuples counted flat: LSTM's
+(output, (h_n, c_n)) as 0, 1, 2), {"tuple": [...]}, {"slice": [a, b, c]},
 {"ellipsis": 1}, {"dtype": "float32"} and {"batch": 1} (the input's batch size: a reshape's target
 keeps the batch free). A graph is specialised to the traced input's shape but for its batch.
 
@@ -69,7 +70,9 @@ class Tracer:
         self.owned = {}  # id(tensor) -> its state_dict key (parameters and buffers)
         for key, t in root.named_tensors():
             self.owned.setdefault(id(t), key)
-        self.nodes, self.values, self.batched = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}, [True]
+        # batched: (node, k) -> whether that value holds the batch (k None for a node's one value)
+        self.nodes, self.values = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}
+        self.batched = {(0, None): True}
         self.keep, self.consts, self.fixed = [x], {}, {}
         self.values[id(x)] = (0, None)
         self.shapes = []  # tensors whose first dimension this trace tagged, with their own shapes
@@ -86,8 +89,8 @@ class Tracer:
         for t, shape in self.shapes:
             t.shape = tuple(int(n) for n in shape)
 
-    def _shape(self, shape, batched):
-        return ["N" if (k == 0 and batched) else int(n) for k, n in enumerate(shape)]
+    def _shape(self, shape, batched, dim=0):
+        return ["N" if (k == dim and batched) else int(n) for k, n in enumerate(shape)]
 
     # -- values --------------------------------------------------------------------------
     def ref(self, t):
@@ -110,20 +113,21 @@ class Tracer:
         i, k = v
         return {"v": i} if k is None else {"v": i, "k": k}
 
-    def _add(self, node, out, batched):
+    def _add(self, node, out, batched, dims=None):
         i = len(self.nodes)
         if len(self.nodes) >= MAX_NODES:
             raise TraceError(f"the graph passes {MAX_NODES} nodes")
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = flat(out) if isinstance(out, tuple) else (out,)
         shapes = []
         for k, t in enumerate(outs):
             if isinstance(t, Tensor):
-                b = batched and len(t.shape) > 0 and t.shape[0] == self.batch
+                d = 0 if dims is None else dims[k]  # where the batch sits in this value, if anywhere
+                b = batched and d is not None and len(t.shape) > d and t.shape[d] == self.batch
                 self.values[id(t)] = (i, None if not isinstance(out, tuple) else k)
                 self.keep.append(t)
-                shapes.append(self._shape(t.shape, b))
-                self.batched.append(b)
-                if b:
+                shapes.append(self._shape(t.shape, b, d))
+                self.batched[self.values[id(t)]] = b
+                if b and d == 0:
                     self._tag(t)
         node["out"] = shapes
         self.nodes.append(node)
@@ -169,7 +173,7 @@ class Tracer:
     def _inputs_batched(self, args):
         """Whether an operation on these (encoded) arguments makes a batched value: one of them is,
         or names the batch size."""
-        return any(self.batched[i] for i in _refs(args)) or _names_batch(args)
+        return any(self.batched.get(ref, False) for ref in _ref_pairs(args)) or _names_batch(args)
 
     # -- what Module.__call__ and autograd.traced report ---------------------------------------
     def op(self, name, args, kwargs, out):
@@ -208,7 +212,10 @@ class Tracer:
         node["args"] = self.encode(list(args))
         if kwargs:
             node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
-        self._add(node, out, self._inputs_batched(node["args"]))
+        # (a layer of several values says where each holds its input's first dimension: LSTM's h_n and
+        # c_n (layers, N, H) hold it second, or not at all, whatever their sizes)
+        dims = module.traced_batch_dims(args[0]) if hasattr(module, "traced_batch_dims") else None
+        self._add(node, out, self._inputs_batched(node["args"]), dims)
         return out
 
     def refuse(self, what):
@@ -349,7 +356,7 @@ class GraphModule(Module):
                     v = self._layer(i, node)(*args, **kwargs)
                 else:
                     v = autograd.TRACEABLE[op](*args, **kwargs)
-            env.append(v)
+            env.append(flat(v) if isinstance(v, tuple) else v)
         raise AssertionError("a checked graph ends with its output")
 
     def _arg(self, a, env, x):
@@ -424,6 +431,11 @@ class GraphModule(Module):
     def __repr__(self):
         lines = [f"  %{i} = {_show_node(n)}" for i, n in enumerate(self.graph)]
         return "GraphModule(\n" + "\n".join(lines) + "\n)"
+
+
+def flat(out):
+    """A result holding tuples (LSTM's (output, (h_n, c_n))) as one flat tuple: what a node's "k" indexes."""
+    return tuple(v for item in out for v in (flat(item) if isinstance(item, tuple) else (item,)))
 
 
 def decode(a, value, batch, mode):
@@ -602,7 +614,7 @@ def _arg_problem(a, i, depth):
     if isinstance(a, dict):
         if "v" in a:
             ok = set(a) <= {"v", "k"} and type(a["v"]) is int and 0 <= a["v"] < i and \
-                (a.get("k", 0) in (0, 1) and type(a.get("k", 0)) is int)
+                (a.get("k", 0) in (0, 1, 2) and type(a.get("k", 0)) is int)  # (LSTM's three)
             return None if ok else f"{a!r:.60} refers to no earlier value"
         if set(a) == {"tuple"}:
             return _arg_problem(a["tuple"], i, depth + 1) if isinstance(a["tuple"], list) else "a malformed tuple"

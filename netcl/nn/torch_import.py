@@ -179,6 +179,16 @@ def _softmax(m):
     return _layer("Softmax", dim=m.dim)
 
 
+def _rnn(kind):
+    def convert(m):
+        if getattr(m, "proj_size", 0):
+            raise _Unsupported(f"proj_size={m.proj_size} (netcl's LSTM has no projection)")
+        return _layer(kind, input_size=m.input_size, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                      bias=m.bias, batch_first=m.batch_first, dropout=float(m.dropout),
+                      bidirectional=m.bidirectional)
+    return convert
+
+
 # torch class name -> converter (the netcl class has the same name); entries whose netcl class does
 # not exist yet are left out of supported(), so a layer added to netcl.nn under its API name is
 # supported here by the entry already written for it
@@ -214,6 +224,8 @@ CONVERTERS = {
     "Softplus": _same("Softplus", "beta", "threshold"),
     "Mish": _same("Mish"),
     "PReLU": _prelu,
+    "LSTM": _rnn("LSTM"),  # (weights in torch's layout and gate order: the same as netcl's)
+    "GRU": _rnn("GRU"),
     "MultiheadAttention": _attention,  # (self-attention, query, key and value one tensor: netcl.nn.torch_graph)
     "Flatten": _same("Flatten", "start_dim", "end_dim"),
     "Dropout": _same("Dropout", "p"),
