@@ -91,7 +91,7 @@ def winot_layout(spec):
     it does not apply: not 3x3 stride 1 padding 1, a depthwise conv or a pool after it, an input
     stored without its border (the kernel reads without bounds checks), output sizes that the
     vectors do not tile, fewer than 8 input or output channels (the transforms cost more than the
-    multiplies they save: resnet8's 3-channel stem in training, batch 64, 0.35 -> 0.45 ms), more
+    multiplies they save: tuning.json's note on conv_winot's 8 channels), more
     than WINOT_MAX_C input channels (a work-item keeps 1 KiB of transformed inputs per channel in
     private memory, on the thread's stack: 8192 channels overflowed 8 MiB)."""
     if (spec.ks, spec.stride, spec.pad, spec.dil) != (3, 1, 1, 1) or spec.mult or spec.pool or spec.ipb < 1:
@@ -110,9 +110,8 @@ def winot_layout(spec):
 
 # conv_winot.cl's output channels per block (KV): its accumulators are KV float16, so on devices
 # with 16-wide vectors (AVX-512's 32 registers) 16 (8 for at most 8 channels); on 8-wide ones
-# (AVX2's 16 registers, each float16 two of them) 4, 8 accumulators: with KV 16 they spilled, and
-# the 16 -> 16 channel convolution of resnet8's first stage (32x32, batch 64) took 0.72x of KV 16's
-# time in a loop (AVX2 code on Zen 4; whole steps against the direct kernels: README, Training steps)
+# (AVX2's 16 registers, each float16 two of them) 4: 8 registers of accumulators, where KV 16's
+# spill (tuning.json's note on conv_winot's KV)
 WINOT_TRAIN_LANES = 8  # the narrowest float vectors conv_winot.cl trains on where not forced
 
 

@@ -18,8 +18,8 @@ _LOCAL = 64  # fixed 1-D work-group size: PoCL recompiles for every new local si
 def _args(args):
     """Kernel arguments: a Tensor's buffer; numbers go as they are (runtime.kernels declares each
     kernel's scalar types from its signature, and pyopencl converts to them). Exact type tests
-    first: this runs for every argument of every launch (host-bound GPU training steps: ~1.6 us a
-    launch less than isinstance per argument)."""
+    first: this runs for every argument of every launch, and they cost less than isinstance (a
+    GPU training step is bound by the host's time per launch)."""
     out = []
     for a in args:
         t = type(a)

@@ -39,13 +39,14 @@ def _as_float32(x):
 
 
 # PoCL's CPU devices return from a non-blocking write of host memory only once every command
-# queued before it has run (a write behind a 25 ms kernel returned after 25 ms): a training step's
-# labels, uploaded after the forward was queued, held the host until the forward was done, and
-# the device then waited for the loss kernels. Up to _STAGED bytes go to a PoCL CPU device through
-# a staging buffer on host memory of netcl's (USE_HOST_PTR, which PoCL's CPU drivers read in place;
-# written on the host only once its last copy has run) and a device-side copy, queued at once. At
-# most _SLOTS staging buffers per context: a training loop's uploads find theirs done (no
-# allocation per step); with all of them busy an upload writes as before.
+# queued before it has run (a write behind a long kernel returns when the kernel is done): a
+# training step's labels, uploaded after the forward is queued, would hold the host until the
+# forward is done, and the device would then wait for the loss kernels. Up to _STAGED bytes go
+# to a PoCL CPU device through a staging buffer on host memory of netcl's (USE_HOST_PTR, which
+# PoCL's CPU drivers read in place; written on the host only once its last copy has run) and a
+# device-side copy, queued at once. At most _SLOTS staging buffers per context: a training loop's
+# uploads find theirs done (no allocation per step); with all of them busy an upload is a plain
+# write.
 _STAGED, _SLOTS = 1 << 20, 4
 _stages = {}  # context pointer -> (the context, kept alive with its buffers: its pointer is not reused,
 #                                  [[host array, buffer, event of its last copy or None], ...] or None)

@@ -13,8 +13,8 @@ TrainStep runs the first call eagerly, records the device commands of the second
 (runtime.Recorder: launches, fills, device copies), and when the two recordings agree command by
 command (the same kernels, sizes and scalar arguments; buffers that correspond one to one) it
 replays the third from then on: each launch a kernel object of its own with its arguments already
-set, so a replay is one clEnqueueNDRangeKernel per launch (5-12 us of host time on the 2-core PoCL
-machine, where an eager step spends about 30). The replay keeps its
+set, so a replay is one clEnqueueNDRangeKernel per launch (a few microseconds of host time). The
+replay keeps its
 intermediate buffers for itself (no other tensor can be given them), sharing them within the step
 where the layer calls' pool did (_share_buffers).
 
@@ -64,8 +64,7 @@ _TRIES = 3  # recordings of a shape that may disagree before it stays eager
 _SHAPES = 4  # input shapes kept recorded at once (the oldest dropped first)
 _SCALARS = (bool, int, float, str, type(None))
 # Most rows x inputs of a classifier's head run as one kernel (_head): it runs on one core, and
-# past this its six launches on both cores were as fast (PoCL, Zen 5: 128 x 512 72 us fused against
-# 86, 256 x 512 154 against 143)
+# past this its six launches on both cores are as fast (tuning.json's note on _HEAD_MAX)
 _HEAD_MAX = 1 << 16
 
 
@@ -242,8 +241,8 @@ def _head(model, loss_fn, x):
     """(the model's layers before the last, its last) where the step runs the last, a Linear of at
     most 16 outputs on (N, in) rows, and the cross-entropy as one kernel (CrossEntropyLoss.
     enqueue_linear; a CPU device, N * in <= _HEAD_MAX, training fusions on: sequential.TRAIN_FUSE);
-    else None. Six launches of a few microseconds' arithmetic each become one: on the 2-core PoCL
-    machine the head of resnet8 at batch 64 took 15 us against 35, the CNN's at batch 8 9 against 30."""
+    else None. Six launches of a few microseconds' arithmetic each become one
+    (tuning.json's note on _HEAD_MAX)."""
     if not (sequential.TRAIN_FUSE and type(loss_fn) is CrossEntropyLoss and loss_fn.plain
             and type(model) is nn.Sequential and len(model) >= 2 and type(model.layers[-1]) is nn.Linear and model.layers[-1].out_features <= 16
             and ops.is_cpu(x.queue)):

@@ -7,7 +7,10 @@ netcl reads them; tools/ab_kernels.py measures a change and writes it (write_val
 Device classes are ops.config_class's: "cpu16" (16-wide float vectors: AVX-512 on PoCL), "cpu"
 (other CPUs), "gpu". A class without a row of its own in a group takes the group's "*" row, then
 (a CPU class) the "cpu" row. The rows are read once per process; values() hands out the same dict
-each time (tests change a value for a while with monkeypatch.setitem)."""
+each time (tests change a value for a while with monkeypatch.setitem). The table's "notes", which
+no code reads, hold the measurements behind choices fixed in the code rather than in a row (a
+define, a constant, a way of writing the kernels), each cited from its comment as "tuning.json's
+note on <its "on">"."""
 import json
 import os
 from contextlib import contextmanager

@@ -4,6 +4,7 @@ while (tools/ab_kernels.py's side B) and written by that tool."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -65,3 +66,31 @@ def test_ab_kernels_takes_a_setting_it_can_check():
                          ("conv_train.NOPE=1", "no 'NOPE'")):
         with pytest.raises(ValueError, match=message):
             ab.parse_setting(bad, "cpu16")
+
+
+def test_every_note_says_what_was_measured_and_every_citation_finds_what_it_cites():
+    """A choice fixed in the code keeps its measurement in the table's notes; a comment cites a note
+    as "tuning.json's note on <on>)" and a row's value as "tuning.json's <group>, <key>"."""
+    with open(tuning.PATH) as f:
+        table = json.load(f)
+    notes = {n["on"]: n for n in table["notes"]}
+    for n in table["notes"]:
+        assert set(n) == {"on", "where", "class", "value", "measured", "why", "command"}, n["on"]
+        assert set(n["measured"]) == {"cpu", "driver", "commit"} and n["why"] and n["command"], n["on"]
+    keys = {}
+    for r in table["rows"]:
+        keys.setdefault(r["group"], set()).update(r["values"])
+    root = os.path.join(os.path.dirname(tuning.__file__))
+    cited, bad = set(), []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith((".py", ".cl", ".h")) and "_gen" not in folder:
+                text = open(os.path.join(folder, name)).read()
+                cited.update(re.findall(r"tuning\.json's note on ([^)\n]+)\)", text))
+                for group, key in re.findall(r"tuning\.json's (\w+)(?: rows?)?(?:, (\w+\*?))?", text):
+                    if group != "note" and (group not in keys or key and not any(
+                            k == key or key.endswith("*") and k.startswith(key[:-1]) for k in keys[group])):
+                        bad.append(f"{name}: tuning.json's {group}, {key}")
+    assert cited == set(notes), f"cited without a note: {sorted(cited - set(notes))}; " \
+                                f"notes nothing cites: {sorted(set(notes) - cited)}"
+    assert not bad, f"citations of rows or values the table lacks: {bad}"

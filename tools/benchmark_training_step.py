@@ -34,8 +34,8 @@ two contexts, idle in turn).
 --ab 'NAME=VALUE ...' pairs netcl against itself the same way, side B with those environment
 variables set (a kernel choice, a PoCL setting): B / A per pair, where whole runs on a noisy machine
 decide nothing about a few percent. Both modes take half their pairs with the processes started in
-one order and half in the other: of two identical netcl processes, the one started second took
-2-4% shorter steps.
+one order and half in the other: of two identical netcl processes, the one started second takes
+shorter steps (a few percent in A/A runs).
 
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
 driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
@@ -456,8 +456,8 @@ def interleave(args):
         for batch in args.batches:
             times, infos = {label: [] for label in labels}, {}
             # two halves, the processes started in one order and then the other: of two identical
-            # netcl processes the one started second took 2-4% shorter steps (A/A runs), a bias
-            # the halves cancel
+            # netcl processes the one started second takes shorter steps (A/A runs), a bias the
+            # halves cancel
             for half, order in enumerate((sides, sides[::-1])):
                 steps = args.steps // 2 if half == 0 else args.steps - args.steps // 2
                 _pairs(model, batch, order, steps, args, times, infos)

@@ -82,7 +82,7 @@ def median_time(fn, repeats, *, warmup=0, min_seconds=0.0, max_repeats=50):
 class PerBlock:
     """A runtime for interleaved_medians that exists only during its own blocks: make() returns
     (the callable to time, a function that closes it). For onnxruntime's CPU sessions, whose idle
-    workers keep spinning after a run: on 2 cores they took a core from netcl's kernels timed next."""
+    workers keep spinning after a run: on 2 cores they take a core from netcl's kernels timed next."""
 
     def __init__(self, make):
         self.make = make

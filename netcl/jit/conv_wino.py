@@ -40,7 +40,7 @@ def wino_tile(spec, config, n, direct_vw=0, native_vw=8):
 def wino_block(k, c, wm, config):
     """(TB, RV, TT, KBN): TB tiles x RV float8 channel vectors per register block (TB * RV
     accumulators), TT tiles per work-item, KBN channel blocks."""
-    tb, rv = 3, (4 if k % 32 == 0 else 2)  # measured on a 2-core AVX2 PoCL
+    tb, rv = 3, (4 if k % 32 == 0 else 2)  # chosen on a 2-core AVX2 PoCL (docs/performance.md)
     # transformed weights past L2 size: more tiles per work-item, so fewer passes stream them
     nsub = 6 if (wm + 2) ** 2 * c * k * 4 > (2 << 20) else 2
     while nsub > 1 and (wm + 2) ** 2 * c * tb * nsub * 4 > (1 << 20):  # private inputs stay <= 1 MB

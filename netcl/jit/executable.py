@@ -203,7 +203,7 @@ class Executable:
         if not self.staged:
             self._staging()
         # the driver's own upload from the caller's pageable array: faster than copying into a pinned
-        # buffer first on NVIDIA, and than mapping a pinned input buffer on PoCL, at every size measured
+        # buffer first on NVIDIA, and than mapping a pinned input buffer on PoCL (docs/performance.md)
         cl.enqueue_copy(q, self.dev_in.buf, x, is_blocking=True)
         return self._finish(self.run(self.dev_in))
 
@@ -215,7 +215,7 @@ class Executable:
             # on CPU devices the calling thread first polls for the read, yielding its core to
             # PoCL's workers between polls, instead of sleeping in a blocking read: waking a sleeping
             # thread costs more than a small model's forward. Past _POLL_S it sleeps: polling longer
-            # took time from the workers (docs/performance.md).
+            # takes time from the workers (docs/performance.md).
             done = cl.enqueue_copy(self.q, self.host_out, y.buf, is_blocking=False)
             self.q.flush()
             complete, until = cl.command_execution_status.COMPLETE, time.perf_counter() + _POLL_S

@@ -2,7 +2,7 @@
 // (-DACT_KIND=<netcl.act.Act code>), so act.h's selection folds to one formula; each work-item
 // runs a chunk of `chunk` elements in float16 vectors (a scalar tail at the end of the tensor).
 // act.h's generic kernels (pointwise.cl) take the activation as an argument: its chain of
-// branches per element kept PoCL from vectorising them (10-15x slower on AVX-512).
+// branches per element keeps PoCL from vectorising them.
 #include "act.h"
 
 #ifndef ACT_KIND

@@ -18,8 +18,8 @@ __kernel void merge_heads(const int N, const int L, const int H, const int d, __
 }
 
 // The CPU variants (ops.launch_rows): a run of `rows` head rows (n, h, l) per work-item, each a
-// copy of d contiguous floats (one element per work-item took PoCL about 70 ns an element in its
-// index arithmetic: vit_tiny's split and merge 2.2 ms a step at batch 8)
+// copy of d contiguous floats (one element per work-item costs PoCL about 70 ns an element in
+// its index arithmetic)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void split_heads_cpu(const int N, const int L, const int H, const int d, __global const float *src, const int RW,
                      const int off, __global float *dst, const int total, const int rows) {

@@ -190,8 +190,8 @@ __kernel void dw_backward_weight(const int N, const int C, const int H, const in
 }
 
 // dw_backward_weight on CPUs: a work-item per weight, the output rows' terms in 16 lanes (one
-// per row r % 16) where the GPU kernel's work-group of 64 with a barrier per weight cost PoCL
-// about 2 us each (mobilenetv2_tiny's step at batch 8: 4.4 -> 3.2-3.7 ms of these kernels, profiled)
+// per row r % 16), where the GPU kernel's work-group of 64 with a barrier per weight costs PoCL
+// about 2 us each
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void dw_backward_weight_cpu(const int N, const int C, const int H, const int W, const int M, const int k,
                             const int s, const int p, const int d, const int OH, const int OW,

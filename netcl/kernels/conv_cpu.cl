@@ -83,8 +83,8 @@ void conv_cpu(__global const float *restrict x, __global const float *restrict w
         __global const float *wc = wk + c * (KS * KS * RM);
 #if IPB >= PAD
         // the input carries its border: tap by tap, each weight broadcast once for the RR rows
-        // (row-major order reused broadcasts across rows and LLVM spilled them: stride 2 at 16 ->
-        // 32 channels 29 -> 19 us, stride 1 3-6% faster, the same sums in the same order)
+        // (in row-major order, broadcasts reused across rows are what LLVM spills; the sums are the
+        // same in the same order)
 #pragma unroll
         for (int kh = 0; kh < KS; kh++) {
 #pragma unroll

@@ -118,12 +118,9 @@
 // vector reads 2 T + 2 rows of each of C planes: C x (2 T + 2) short streams that the hardware's
 // prefetchers do not follow. winot_plain's planes have a border of 1 (IPB 1, W even), so a row
 // starts at an even float and its first, its last and (T 1) its 17th reach every cache line it
-// spans. Without the prefetches (tools/ab_kernels.py --step, per launch in the replayed step):
-// resnet8 at batch 64, the 16-channel launches 1.00-1.10x as long on AVX-512 and 1.10-1.15x in
-// AVX2 code, the 32- and 64-channel ones 0.99-1.09x, the step 1.006-1.03x; detector26's eight at
-// batch 8 0.98-1.06x, the step 1.003x. winot_wgrad's transforms (below) prefetch a plane ahead
-// under the same switch. The results are the same bit for bit. 0: none (the fused inference
-// path: not measured with them).
+// spans. winot_wgrad's transforms (below) prefetch a plane ahead under the same switch. The
+// results are the same bit for bit (what the prefetches buy: tuning.json's note on WINOT_PREFETCH).
+// 0: none (the fused inference path, for which they are unmeasured).
 #ifndef WINOT_PREFETCH
 #define WINOT_PREFETCH 0
 #endif
@@ -213,8 +210,7 @@ void conv_winot(__global const float *restrict x, __global const float *restrict
 // g = w[k][c] (flip 0: that convolution's weights (K, C, 3, 3)), or w[c][k] turned by 180 degrees
 // (flip 1: the data gradient of a convolution with weights (C, K, 3, 3)). Work-item (kb, c): the
 // KV output channels of block kb in the lanes of a float16 (KV 8: float8), so that its 16 stores
-// are whole vectors (a work-item per (k, c) stored 16 scalars 4 KiB apart: 0.10-0.15 ms for 64 x
-// 64 channels, 0.02 now).
+// are whole vectors (a work-item per (k, c) would store 16 scalars 4 KiB apart).
 // (Vectors through pointers to vec_cpu.h's unaligned types: vloadN and vstoreN are calls on PyPI's
 // PoCL 3.0.)
 #if KV == 16
@@ -267,8 +263,8 @@ void winot_weights(__global const float *restrict w, __global float *restrict u,
 // 32 inputs are loaded once for its 4 column offsets (the even and odd lanes of two vector pairs)
 // and B^T's rows are combined on the loaded vectors before the lanes are picked, so that x costs
 // 16 loads, 16 shuffles and 32 adds a channel and vector, dy 4 loads and 4 shuffles (a work-item
-// per transformed row, each loading its input rows for itself, cost about twice and four times
-// that: 0.47 -> 0.25 ms of transforms at resnet8's first stage, batch 64). Then for each point
+// per transformed row, each loading its input rows for itself, would cost about twice and four
+// times that). Then for each point
 // and 4 x 4 block of (k, c) it accumulates 16 float16 over the chunk (8-wide vectors: blocks of
 // their own, below), adds their lanes (tree16: 15 two-vector steps, lane q = the total of
 // accumulator q) and adds them to its sums, part[w][p][k / 4][c / 4][4 (k % 4) + c % 4].
@@ -321,15 +317,10 @@ inline void wgrad_transform(__global const float *x, __global const float *dy, c
                             const int dplane, const int dws, const int nt, const int g, const int i, __local float16 *xs,
                             __local float16 *ds) {
     // a channel (or dy plane) at a time, its TV vectors in order, so that each plane's rows stream
-    // through in turn: with the vectors outer, every channel's few rows for each, the loads stalled
-    // (perf, AVX2 code: about half the transforms' samples on them; resnet8's step 1.06x slower, paired).
-    // Even so, at each vector's first new row a load missed (perf: the transforms were 45% of the
-    // 16-channel launches' samples in AVX2 code, a third of those on loads), so with WINOT_PREFETCH
-    // each vector's rows of the next plane are prefetched: a chunk's work a plane ahead of their
-    // use. Without them (tools/ab_kernels.py --step, per launch in the replayed step, AVX-512 and
-    // AVX2 code alike): resnet8 at batch 64, the 16-channel launches 1.11-1.27x as long, the
-    // 32-channel 1.11-1.19x, the 64-channel 1.01-1.06x, the step 1.02x; detector26's at batch 8
-    // 1.02-1.24x, the step 1.015-1.025x. A ROWS 1 work-item prefetches all 2 T + 2 rows, its
+    // through in turn (with the vectors outer, every channel's few rows for each, the loads stall).
+    // Even so, at each vector's first new row a load misses, so with WINOT_PREFETCH each vector's
+    // rows of the next plane are prefetched: a chunk's work a plane ahead of their use
+    // (tuning.json's note on WINOT_PREFETCH). A ROWS 1 work-item prefetches all 2 T + 2 rows, its
     // siblings' too (resnet8's 64-channel launches are ROWS 1).
     const int nv = MIN(TV, nt - g * TV);  // the chunk's tile vectors, zeros after them
     for (int c = 0; c < C; c++)
@@ -422,15 +413,10 @@ inline void wgrad_sums(__local const float16 *xs, __local const float16 *ds,
 // float8 accumulators, each taking a float16's low half and then its high half (per tile vector
 // the 2 inputs' low halves and one dy half at a time in registers: 15 of 16), the blocks of 6
 // outer so that their dy rows stay in L1 while the inputs stream past (K % 6 left: a block of 4
-// or 2). The chains are what this buys: with 8 accumulators (4 x 2, two passes per 4 x 4 block,
-// before) each took 2 dependent multiply-adds a vector, 8 chains of 4-cycle latency feeding 2
-// pipes, no slack; 12 leave a third of it. Per launch in the replayed step (tools/ab_kernels.py
-// --step, AVX2 code), the 8-accumulator passes took 1.07-1.15x as long (resnet8 at batch 64 and
-// detector26 at batch 8; the steps 1.022-1.028x), 1.03-1.20x (unet_tiny at batch 8, its 8-channel
-// layers too; the step 1.035x); with the blocks of 2 outer instead, their dy rows read again for
-// each, this took 0.95-1.04x theirs, and with blocks of 4 in place of a last 6 and 2 0.95-1.04x
-// this. The sums are those of the 8-accumulator passes bit for bit (each total's lanes added as
-// tree8 adds them).
+// or 2). The chains are what this buys: with 8 accumulators (4 x 2, two passes per 4 x 4 block)
+// each would take 2 dependent multiply-adds a vector, 8 chains of 4-cycle latency feeding 2
+// pipes, no slack; 12 leave a third of it (tuning.json's note on winot_wgrad's blocks of 6). The
+// sums are those of 4 x 2 passes bit for bit (each total's lanes added as tree8 adds them).
 
 // the totals of 8 accumulators, lane q that of a[q]: each step adds two vectors' halves of
 // their groups of lanes (8 -> 4 -> 2 -> 1 partial sums per accumulator)
@@ -454,7 +440,7 @@ inline float8 tree8(float8 a[8]) {
 
 // point p's sums of output channels k0 .. k0 + kn - 1 (kn 6, 4 or 2) and input channels c0, c0 + 1
 // over the chunk, into their lanes of out (added where `add`). Always inlined, so that kn is a
-// constant at each call and its loops unroll (called, it tested kn every vector: 1.4-1.8x as long)
+// constant at each call and its loops unroll (called, it would test kn every vector)
 inline __attribute__((always_inline)) void wgrad_block(__local const float16 *xs,
                                                        __local const float16 *ds,
                                                        __global float *out, const int add, const int p,

@@ -205,7 +205,7 @@ void wgrad_cpu(const int N, const int OC, const int C, const int OH, const int O
 
 // out[i] (+)= sum over the chunks of part[chunk][i], in order: the weight gradient's chunks, and
 // the bias gradient from per-image sums (N, OC) (chunks = N). Work-item v takes i = 16 v .. 16 v +
-// 15 as a float16 (one work-item per i in work-groups of 64 ran scalar: ~60 us for 147K values)
+// 15 as a float16 (one work-item per i in work-groups of 64 runs scalar)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void sum_chunks_cpu(const int size, const int chunks, __global const float *part, __global float *out,
                     const int accumulate) {
@@ -231,7 +231,7 @@ void sum_chunks_cpu(const int size, const int chunks, __global const float *part
 // (inp = dy, w (CI, CO, KS, KS)): wgt = w[co * SCO + ci * SCI + (KS-1-j) * KS + KS-1-l].
 // Work-item (y, z): rows RR*y.. of image z / CB, channels RM * (z % CB).. (past CO: the last
 // one's weights, not stored), every 16 columns of them in turn (a work-group per 16 columns
-// cost more in PoCL's dispatch than its ~1 us of arithmetic); weights are broadcast from memory.
+// costs more in PoCL's dispatch than its arithmetic); weights are broadcast from memory.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(512)))
 void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int HP, const int WP, const int CB,
               const int SCO, const int SCI, __global const float *inp, __global const float *w,
@@ -298,8 +298,8 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
         // stats (OW a multiple of 16, OH of RR): a BatchNorm2d's batch-statistics parts, the RR x 16
         // outputs of a channel a part, part-major (bn_stats_finish_cpu's ps = CO, as corrc_cpu's):
         // st[2 (p CO + co)], p = (n (OH / RR) + y0 / RR) (OW / 16) + x0 / 16 of P; the RM channels'
-        // lane sums at once (hsum16x8: per channel hsum16's additions; with a channel's 4 of them
-        // and its parts P apart, they took 30% of the stem conv of resnet8)
+        // lane sums at once (hsum16x8: per channel hsum16's additions; a channel's 4 of them at a
+        // time, its parts P apart, would be a large share of a stem conv's time)
         if (stats) {
             float16 s16[8], d16[8], q16[8];
             float bm[RM];
@@ -346,7 +346,7 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
 // stored), z = block * N + n (ceil(CO / CW) blocks): the work-items that run together share
 // their block's weights (all of them would not stay in L2). STRIDE (the stride argument as a
 // constant) and a pointer per input row: the inputs' offsets fold into the loads (with the
-// stride an argument and j * WP in each offset, the code kept 36 of them on the stack).
+// stride an argument and j * WP in each offset, the code keeps 36 of them on the stack).
 #ifndef CW
 #define CW 32
 #endif
@@ -385,7 +385,7 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
                     wk += KS * COP;
                     continue;
                 }
-                __global const float *row = src + j * WP;  // its offsets then constants (36 of them went to the stack)
+                __global const float *row = src + j * WP;  // its offsets then constants (else 36 of them go to the stack)
 #pragma unroll
                 for (int l = 0; l < KS; l++, wk += COP) {
                     const CWV w0 = *(__global const UCWV *)wk, w1 = *(__global const UCWV *)(wk + CW / 2);
@@ -413,8 +413,8 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
         *(UCWV *)v[i] = tot[i][0];
         *(UCWV *)(v[i] + CW / 2) = tot[i][1];
     }
-#if TC == 8  // a channel's 8 (AVX2: 4) positions as one vector (scalar stores cost ~40% of a 16-channel
-            // stride-2 conv on AVX-512, ~14% of the samples in AVX2 code)
+#if TC == 8  // a channel's 8 (AVX2: 4) positions as one vector (scalar stores would be a large share of
+            // a 16-channel stride-2 conv)
     if (x0 + TC <= OW) {
         for (int m = 0; m < lanes; m++)
             *(__global ufloat8 *)(dst + m * OH * OW) =
@@ -433,8 +433,7 @@ void corrc_cpu(const int CI, const int CO, const int COP, const int OH, const in
     // stats (OW a multiple of TC): a BatchNorm2d's batch-statistics parts, the TC outputs of each
     // channel a part, summed lane by lane (the lanes are the channels): st[2 (p CO + co)], p = n OH
     // XT + t, a part's channels together (bn_stats_finish_cpu's ps = CO; with a channel's parts
-    // together, as pw2_fwd_cpu's, a work-item's 32 stores went 16 KiB apart, into one L1 set, and
-    // a 16 -> 32 channel stride-2 conv at 32x32 took twice as long with them as without)
+    // together, as pw2_fwd_cpu's, a work-item's 32 stores would go 16 KiB apart, into one L1 set)
     if (stats) {
         float sl[CW], ql[CW];
 #pragma unroll
@@ -573,7 +572,7 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
             for (; x + 8 <= OW; x += 8) *(__global ufloat8 *)(dst + x) = *(__global const ufloat8 *)(src + x);
         } else if (S == 2) {
             // the even lanes of two loads, the second ending at the last element used (2x + 30,
-            // 2x + 14): a row holds no more (a load at 2x + 16 read one float past it)
+            // 2x + 14): a row holds no more (a load at 2x + 16 would read one float past it)
             for (; x + 16 <= OW; x += 16) {
                 const float16 a = *(__global const ufloat16 *)(src + 2 * x), b = *(__global const ufloat16 *)(src + 2 * x + 15);
                 *(__global ufloat16 *)(dst + x) = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23,
@@ -592,14 +591,15 @@ void im2col_cpu(const int C, const int HP, const int WP, const int OH, const int
 // channel (Conv2d's "channels" mode, WC * KS * KS <= 27: a network's first layer on planes
 // of rows of 4, 8 or 16 outputs) straight from dy (N, OC, OH, OW) and the forward's padded x (xp: N, WC, HP,
 // WP; HP >= OH + KS - 1, WP >= OW + KS - 1), where im2col_cpu, dy_rows_cpu, a GEMM and
-// sum_chunks_cpu ran four launches. Work-item (ob, chunk): blocks of WRO output channels ob *
+// sum_chunks_cpu take four launches. Work-item (ob, chunk): blocks of WRO output channels ob *
 // WRO.., then every get_global_size(0)-th block after it (the last block repeats the last
 // channel, not stored), over the images [chunk * imgs, ...): WRO * (WC * KS * KS + 1)
 // accumulators of WV lanes (the last for the bias), WRO + WC * KS * KS vector loads per WRO * WC
 // * KS * KS multiply-adds. PAIR (rows of WH = WV / 2, an even OH): a vector holds two output rows,
 // dy's adjacent and x's two half rows joined, each half row of x loaded once for two taps; else
-// a row is one vector (OW = WV; with a scalar tail, rows of 9-15 ran slower than im2col and a
-// GEMM, so Conv2d does not send them here). The accumulators join running totals every `run` output rows (about 32 vectors a lane: no lane adds
+// a row is one vector (OW = WV; with a scalar tail, rows of 9-15 are slower than im2col and a
+// GEMM, so Conv2d does not send them here: tuning.json's conv_cutoffs, narrow_widths). The
+// accumulators join running totals every `run` output rows (about 32 vectors a lane: no lane adds
 // a long sequential run). chunks == 1: gw (OC, WC*KS*KS) and, has_bias, gb (OC) written, or
 // added to where acc_w / acc_b; else the chunk's sums go to part[chunk][OC * WC*KS*KS] and
 // partb[chunk][OC] for sum_chunks_cpu.
@@ -750,7 +750,7 @@ void col2im_cpu(const int NCH, const int rows, const int C, const int H, const i
 // inputs the even elements of one input row (OW a multiple of 16: EVEN_LOAD) or of two (OW = 8,
 // PW2_ROWS 2: rows 2y and 2y + 2). Forward, weight gradient and data gradient (added into a
 // tensor, or written with the zeros of the odd positions): no im2col columns, no GEMM operands,
-// no col2im (those took 1.6 ms of resnet8's step at batch 64 for 8 M multiply-adds). Work-item v
+// no col2im (whose copies, not the multiply-adds, would be most of the time). Work-item v
 // of the N * OH * OW / 16 vectors.
 #ifndef PW2_ROWS
 #define PW2_ROWS 1
@@ -933,7 +933,7 @@ void pw2_dgrad_cpu(const int C, const int CO, const int OH, const int OW, __glob
 // plane in the lanes of a float16, as the pw2 kernels (one row, OW a multiple of 16; two rows for
 // OW = 8, PW2_ROWS 2), and the same shifted one column (the lanes past a row's end zero): no
 // multiply-add meets an inserted zero and dy needs no zero border (a corrt_cpu with channels in
-// the lanes stored its outputs lane by lane, 2 apart, and read a padded copy of dy). Work-item
+// the lanes would store its outputs lane by lane, 2 apart, and read a padded copy of dy). Work-item
 // (v, z): vector v of the N * OH * OW / 16, z = input channel block of CT2_RM; 4 accumulators
 // per channel (dx rows 2y and 2y + 1, even and odd columns), each FLUSH output channels' sums
 // joining a running total; stores of 16 interleaved columns.
@@ -1013,8 +1013,8 @@ void corrt2_cpu(const int C, const int CO, const int OH, const int OW, __global 
 // no GEMM operand copy of dy. Work-item (c, block of WG2_O output channels, chunk g) takes the taps
 // of one kernel row j at a time: WG2_O x 3 accumulators, the three tap vectors of an input row
 // serving WG2_O dy vectors: float16 and 8 channels, 24 of AVX-512's 32 registers (AVX2 runs
-// wgrad2o_cpu: in float8 x 4 this kernel's shuffles took 7 uops per 12 multiply-adds). All 9 taps
-// of 2 channels at once ran 1.07-1.17x slower on AVX-512 (paired, resnet8's and wider shapes). The
+// wgrad2o_cpu: in float8 x 4 this kernel's shuffles take 7 uops per 12 multiply-adds). All 9 taps
+// of 2 channels at once are slower on AVX-512 (tuning.json's conv_train rows, WG2_VW). The
 // chunks are short enough that no lane adds a long run (_image_chunks).
 #define WG2_VW 16
 #define WG2_O 8
@@ -1067,8 +1067,8 @@ void wgrad2_cpu(const int N, const int C, const int CO, const int OH, const int 
 // zero past CO), wgrad2o_cpu's operand, and sums[n * CO + o] = the sum of plane (n, o) (the bias
 // gradient's per-image sums, flushed every 64 values a lane). Work-item: image n, in 8 x 8 blocks
 // transposed in registers (P a multiple of 8). One image a work-item: the 8 channels of a block
-// fill a part of each row's cache lines, which another core's work-item wrote the rest of when
-// blocks of channels were work-items (1.5-2x as long).
+// fill a part of each row's cache lines, whose rest another core's work-item would write if
+// blocks of channels were work-items.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void dy_t8_cpu(const int CO, const int COP, const int P, __global const float *dy, __global float *dyt,
                __global float *sums) {
@@ -1254,7 +1254,7 @@ void corrt2p_cpu(const int C, const int CO, const int OH, const int OW, __global
 // so that whole vectors of DWV outputs need no bounds checks; its KS * KS weights broadcast from
 // registers, the taps added in conv.cl's dw_forward order (kh, kw), the bias after. `planes`
 // planes per work-item. Stride 2 loads a tap's inputs as the even elements of two vectors
-// (EVEN_LOAD). (dw_forward's one work-item per row, a bounds test per tap, ran 0.8 GFLOP/s here.)
+// (EVEN_LOAD). (conv.cl's dw_forward, a work-item per row, tests bounds at every tap.)
 #ifndef DWV
 #define DWV 16
 #endif

@@ -54,7 +54,7 @@ void gemm_cpu(const int M, const int N, const int K,
     const bool split = chunks > 1;
     // A panel narrower than NR (N = 10: a classifier's head) is loaded as whole vectors too, rows
     // k below k_wide reading past their nl columns into the next rows of B: those lanes feed
-    // accumulators no store reads. (Packed column by column, 10 columns cost 2x the 32-wide GEMM.)
+    // accumulators no store reads. (Packed column by column, 10 columns cost more than 32.)
     const int k_wide = nl == NR ? K : sbn == 1 && sbk >= nl ? K - (NR - nl + sbk - 1) / sbk : 0;
     int kc = k_lo;
     do {  // at least once: with K == 0 the epilogue still writes beta * C + bias
@@ -277,9 +277,9 @@ void gemm_cpu_dot(const int M, const int N, const int K,
 // VW 8 (AVX2's 16 registers): 16 x 5 blocks; the work-item first transposes its 16 rows of A over
 // the whole K into private memory (2 float8 a k), then per k loads those 2 vectors and 5 floats
 // of B for 10 multiply-adds: 10 accumulators, 2 operands and a broadcast, 13 registers (with 6
-// columns LLVM kept the row pointers of B in vector registers and spilled). 8 x 8 blocks
-// transposing in the loop needed 8 columns, 8 accumulators and the broadcast: 17, and spilled
-// (32 x 144 x 128: 16-19 us a launch against 12.8-15 now, kernel events). Its sums take their K
+// columns LLVM keeps the row pointers of B in vector registers and spills). 8 x 8 blocks
+// transposing in the loop need 8 columns, 8 accumulators and the broadcast: 17, and spill
+// (tuning.json's gemm_cpu_cutoffs, nt_blocks). Its sums take their K
 // products one by one (sums of K terms, K at most NT_KMAX); its whole blocks of a plain product
 // are stored row by row, 5 floats each.
 // VW 16: a plain product's whole 16 x 16 block is transposed back and stored as 16 row vectors.
@@ -421,8 +421,8 @@ void gemm_cpu_nt(const int M, const int N, const int K,
 // or bias), rows of C of a few vectors: a work-item owns a block of rows of one batch entry; per VW
 // columns it holds B's TK vectors in registers and writes each row of C once, TK broadcast
 // multiply-adds a vector.
-// gemm_cpu's panel packing and 8-row tiles cost more than these sums (512 x 16 x 5 over 8 images:
-// 7.9 us against 4.1, profiled, PoCL, Zen 5), the stores of C being most of the work.
+// gemm_cpu's panel packing and 8-row tiles cost more than these sums (tuning.json's
+// gemm_cpu_cutoffs, thin_*), the stores of C being most of the work.
 #ifdef TK
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) __attribute__((min_vector_width(8 * 4 * VW)))
 void gemm_cpu_thin(const int M, const int N,
@@ -451,7 +451,7 @@ void gemm_cpu_thin(const int M, const int N,
         }
         int m = m_lo;
         if (sam == 1 && nl == VW) {  // A contiguous along m (W^T): VW rows' k-th values in one load, then
-            // broadcast from its lanes (per-row scalar loads kept their k offsets on the stack: 8.2 -> 5.5 us)
+            // broadcast from its lanes (per-row scalar loads keep their k offsets on the stack)
             for (; m + VW <= m_hi; m += VW) {
                 VEC av[TK];
 #pragma unroll

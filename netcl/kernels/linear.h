@@ -23,7 +23,7 @@ __attribute__((always_inline)) inline void ln_stats(__global const float *x, con
         float v = 0.0f;
         for (int k = 0; k < IN_F; k++) {
             const float d = x[xo[rr] + k] - m;
-            v += d * d;  // fused with -cl-mad-enable (linear_cpu.cl; fma() was a call there)
+            v += d * d;  // fused with -cl-mad-enable (linear_cpu.cl; fma() is a call there: vec_cpu.h)
         }
         mean[rr] = m;
         rstd[rr] = 1.0f / sqrt(v / IN_F + LN_EPS);

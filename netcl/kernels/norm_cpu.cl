@@ -182,8 +182,7 @@ inline float sum16(float *a) {
 // The parts' terms of the variance, q + n (s / n - m)^2 = q + (s - n m)^2 / n for a part of n values,
 // its sum s and squared deviations q: in a channel's parts together (ps 1) as float16 of 8 (s, q)
 // pairs, two of them a step (16 running sums, as the scalar loop's), the parts of plen values, and
-// the short last one, if any, on its own (a per-part division and strided scalar loads took
-// 0.3 ms of resnet8's step at batch 64 on AVX-512, 0.9 on AVX2).
+// the short last one, if any, on its own (no per-part division, no strided scalar loads).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global const float *part, const int cs,
                          const int ps, __global float *mean, __global float *var, __global float *run_mean,
@@ -227,9 +226,9 @@ void bn_stats_finish_cpu(const int M, const int parts, const int plen, __global 
 // bn_stats_finish_cpu for parts whose channels lie together (part[p][c] = (s, q), C a multiple of
 // 16: corrc_cpu's and corr_cpu's), every part of plen values (M = parts * plen): work-item g takes
 // channels 16 g .. 16 g + 15 in the lanes, each part's 16 pairs two contiguous vector loads (a
-// work-item per channel read them as scalars 2 C floats apart, every line of the parts once per
-// channel: ~0.3 ms of resnet8's step at batch 64 in AVX2 code, where corrc_cpu's 4-position tiles
-// give 4096 parts). Each sum adds FINISH_RUN parts, then joins a running total (the scalar
+// work-item per channel would read them as scalars 2 C floats apart, every line of the parts once
+// per channel, and corrc_cpu's 4-position tiles give thousands of parts). Each sum adds
+// FINISH_RUN parts, then joins a running total (the scalar
 // kernel's 16 strided sums, alike in rounding).
 #define FINISH_RUN 64
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -277,8 +276,8 @@ void bn_stats_finish_pm_cpu(const int M, const int C, const int parts, const int
 // norm.cl's bn_bwd_finish for CPUs (the pooled backward's sums, between its two passes): channel
 // c's dbeta = sum(dz) and dgamma = sum(dz * xhat) from its parts (C, parts, 2), in 16 lanes as
 // bn_stats_finish_cpu adds, into the parameter gradients (added to where acc) and sums[c] = (db,
-// dg). One work-item per channel: the GPU kernel's work-groups of 64 and their barriers took
-// 30-40 us a launch on PoCL where this takes a few.
+// dg). One work-item per channel: the GPU kernel's work-groups of 64 and their barriers cost
+// PoCL tens of microseconds a launch where this takes a few.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_bwd_finish_cpu(const int parts, __global const float *part, __global const float *var, const float eps,
                        __global float *dgamma, __global float *dbeta, const int acc, __global float *sums) {
@@ -415,7 +414,7 @@ void bn_bwd_apply_cpu(const int total, const int chunk, const int C, const int H
 // as ROW(T, o, w) (a T of them, from input offset w: float16, 8 and 4 while they fit, then
 // scalars) and a zero right border; a plane without border (HP = H, WP = W) as one run. Rows
 // narrower than 16 (8x8 planes) stay vectors: a scalar activation gradient (relu's g where s > 0)
-// became a branch on the sign there, mispredicted at random: 6-14x slower passes at 3x3 to 8x8.
+// becomes a branch on the sign there, mispredicted at random.
 inline void zero_span(__global float *d, const int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16) *(__global ufloat16 *)(d + i) = 0.0f;
@@ -486,9 +485,8 @@ void bn_bwd_apply_pad_cpu(const int NC, const int planes, const int C, const int
 // beyond it, into planes (N, C, HP, WP) at row top, column left (HP = H, WP = W, top = left = 0:
 // dx as it is). A launch and a read of x and dy less than bn_bwd_part_cpu + bn_bwd_apply(_pad)_cpu.
 // The first pass prefetches the next image's plane line by line: a plane is one 4 KiB page or
-// less at 32x32 and below, and the hardware's stream prefetchers stop at page boundaries (resnet8's
-// batch-64 step 0.97-0.99x in three paired runs, AVX-512 and AVX2 code; the layer alone 0.945x at
-// 32x32, 0.99x at 16x16 and 8x8; two planes ahead on the small planes: 1.00x).
+// less at 32x32 and below, and the hardware's stream prefetchers stop at page boundaries
+// (tuning.json's note on bn_bwd_channel_cpu's prefetch).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, const int HP, const int WP,
                         const int top, const int left, __global const float *x, __global const float *dy,
@@ -532,7 +530,7 @@ void bn_bwd_channel_cpu(const int N, const int C, const int H, const int W, cons
 // argmax, and gives each input element g = dp of its window where the argmax points there, else
 // 0 (maxpool2_bwd_cpu's rule; rows and columns no window covers get 0), without storing g.
 // POOL_G: gt, gb = the g of input rows top and top + 1, columns 2 * ow .. 2 * ow + 15, of 8
-// windows (a macro: a function's vector out-parameters went through memory)
+// windows (a macro: a function's vector out-parameters go through memory)
 #define POOL_G(dp, ar, top, W, ow, gt, gb)                                                        \
     do {                                                                                        \
         const float8 gv_ = *(__global const ufloat8 *)((dp) + (ow));                            \
@@ -796,8 +794,8 @@ void bn_pool_bwd_wgrad_cpu(const int N, const int C, const int H, __global const
 #endif
 
 // LayerNorm over rows of D for CPUs: norm.cl's ln_* kernels run a work-group of 64 per row (or
-// column) with barriers between their sums, which PoCL dispatched at about 1.7 us a row (a
-// (8, 64, 32) input's forward took 875 us). Here a work-item takes `rows` rows, each row's sums in
+// column) with barriers between their sums, which PoCL dispatches at about 1.7 us a row. Here a
+// work-item takes `rows` rows, each row's sums in
 // 16 lanes (sum16; norm.cl splits them 64 ways), the same formulas as norm.cl.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void ln_fwd_cpu(const int M, const int D, const int rows, __global const float *x, __global const float *gamma,

@@ -23,8 +23,7 @@ __kernel void sgd_step(const int off, const int n, __global float *p, __global c
 }
 
 // The CPU variants (PoCL): work-item t updates the chunk [t * chunk, (t + 1) * chunk) of the n
-// values, the same arithmetic per element. A work-group per 64 values cost PoCL a dispatch each:
-// resnet8's 78K parameters took sgd_step 76-85 us a step.
+// values, the same arithmetic per element. A work-group per 64 values costs PoCL a dispatch each.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void sgd_step_cpu(const int off, const int n, __global float *p, __global const float *grad,
                   __global float *buf, const float lr, const float momentum, const float dampening,

@@ -164,8 +164,7 @@ void maxpool2_bwd_cpu(const int NCOH, const int rows, const int H, const int W, 
 
 // Global average pooling's forward for CPUs: y[p] = the mean of plane p, its values added in
 // order as pool.cl's adaptive_avgpool_fwd adds them (the same result), `planes` planes per
-// work-item (a work-group per 64 planes cost PoCL a dispatch each: resnet8's pool at batch 8 took
-// 16-22 us).
+// work-item (a work-group per 64 planes costs PoCL a dispatch each).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void global_avgpool_fwd_cpu(const int NC, const int planes, const int HW, __global const float *x,
                             __global float *y) {

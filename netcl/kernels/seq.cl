@@ -32,7 +32,7 @@ __kernel void layernorm(const int rows, __global const float *restrict x, __glob
 // side (head h at columns h*HD of each); out (N, L, E) gets softmax(q k^T * SCALE) v, head h at
 // columns h*HD. One work-item per (sample, head, QB queries), one pass over the keys in blocks of
 // 16 with a running maximum (online softmax: each block's scores once, the sums so far rescaled
-// when the maximum grows; 15% faster on PoCL than two passes), no L x L scores stored. On CPUs QB
+// when the maximum grows, where two passes would compute them twice), no L x L scores stored. On CPUs QB
 // is 16, the queries one float16 (the dots and exponentials of 16 queries in one vector, each key
 // element broadcast: PoCL vectorises nothing else); on GPUs 1. A NaN score is skipped by fmax and
 // comes out through its exponential. Defines: L E HD SCALE QB

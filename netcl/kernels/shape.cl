@@ -15,7 +15,7 @@ __kernel void transpose(const int n, const int D0, const int B, const int D1, co
 }
 
 // On CPUs (ops.launch_rows): a run of `rows` output rows (a, i1, b) per work-item, each D0 * C
-// values, the index arithmetic once a row (once an element, PoCL took about 70 ns an element)
+// values, the index arithmetic once a row (once an element, it costs PoCL about 70 ns an element)
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void transpose_cpu(const int n, const int D0, const int B, const int D1, const int C, __global const float *x,
                    __global float *y, const int total, const int rows) {

@@ -7,10 +7,8 @@
 // (Debian's PoCL 3.1 inlines them): each call costs a call and, worse, sends the vector registers
 // around it through the stack. So CPU kernels write a * b + c (contracted to one FMA: OpenCL's
 // FP_CONTRACT is on by default; the same bits as fma on FMA hardware), dereference vector pointers
-// and use these integer MIN and MAX (arguments without side effects). Measured on a Zen 3 with
-// PyPI's PoCL 3.0 (tools/ab_kernels.py --step resnet8:64, the builtins as side B): winot_wgrad's
-// 8-wide sums with fma and vload8 took 7.7-9.4x as long, pw2_wgrad_cpu with fma 1.8-2.1x, and
-// with min and max (fma gone) wgrad2_cpu 1.3-1.6x, pw2_wgrad_cpu 1.8-2.0x, corrc_cpu 1.2x.
+// and use these integer MIN and MAX (arguments without side effects; what the builtins cost:
+// tuning.json's note on PoCL's builtins).
 #ifndef NETCL_VEC_CPU_H
 #define NETCL_VEC_CPU_H
 
@@ -20,8 +18,8 @@
 // PREFETCH(p): the cache line of global float pointer p, ahead of its use: OpenCL C's prefetch(),
 // which PoCL 3 compiles to nothing (no instruction in its kernel binaries), so under PoCL (its own
 // predefined POCL_DEVICE_ADDRESS_BITS, a Clang front end) Clang's __builtin_prefetch, whose
-// prefetch instructions norm_cpu.cl and conv_winot.cl measured worth having. Nowhere else: it is
-// no OpenCL C, and Oclgrind, say, aborts on it.
+// prefetch instructions pay in norm_cpu.cl and conv_winot.cl (their comments cite what they buy).
+// Nowhere else: it is no OpenCL C, and Oclgrind, say, aborts on it.
 #if defined(POCL_DEVICE_ADDRESS_BITS) && defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch(p)
 #else

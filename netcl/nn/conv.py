@@ -64,9 +64,8 @@ class _Saved:
 def _im2col(q, n, c, h, w, k, s, p, d, oh, ow, x, cols):
     """cols (c*k*k, n*oh*ow) from x (n, c, h, w): on GPUs one work-item per element of cols
     (coalesced); on CPUs, undilated, x copied into zero-bordered planes and im2col_cpu's rows of
-    vectors from them (conv.cl's im2col, one bounds-checked value at a time, took 1.1-1.3 ms for
-    detector26's 256 -> 512 channels at batch 8 where these take about a fifth), else one
-    work-item per row of cols."""
+    vectors from them (conv.cl's im2col copies one bounds-checked value at a time, several times
+    slower on CPUs), else one work-item per row of cols."""
     args = (n, c, h, w, k, s, p, d, oh, ow, x, cols)
     if ops.config_class(q) == "gpu":
         ops.launch(q, "conv", "im2col_gpu", (cols.size,), (_GPU_LOCAL,), *args)
@@ -202,7 +201,7 @@ def _corrt_cpu(q, dy, w, dx, stride, padding):
     n, c, h, w_ = dx.shape
     _, oc, oh, ow = dy.shape
     # up to 16 channels: one float16 of them per work-item and twice the positions (two would
-    # leave half their lanes zero: resnet8's 16-channel stride-2 gradient ran at ~80 GFLOP/s)
+    # leave half their lanes zero)
     cv = 1 if c <= 16 else 2
     k, s, tc, cop = math.isqrt(w.size // (oc * c)), stride, _blocks(q)["TC"] * (3 - cv), -(-c // (16 * cv)) * 16 * cv
     options, border = _cpu_options(k) + (f"-DTC={tc}", f"-DCV={cv}"), -(-(k - 1) // s)

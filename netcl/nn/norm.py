@@ -384,7 +384,7 @@ class LayerNorm(Module):
         d = self.normalized_shape
         m = x.size // d
         y, mean, rstd = ops.new(q, x.shape), ops.new(q, (m,)), ops.new(q, (m,))
-        if ops.is_cpu(q):  # rows per work-item (norm_cpu.cl): a work-group per row cost PoCL ~1.7 us a row
+        if ops.is_cpu(q):  # rows per work-item (norm_cpu.cl): a work-group per row costs PoCL ~1.7 us a row
             rows, items = ops.cpu_rows(m, d)
             ops.launch(q, "norm_cpu", "ln_fwd_cpu", (items,), (1,), m, d, rows, x, self.weight, self.bias, self.eps,
                        y, mean, rstd)

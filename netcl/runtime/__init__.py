@@ -159,7 +159,7 @@ def float_lanes(device):
 def device_lanes(device):
     """What the device can do: its preferred float vector width where that is a width netcl's CPU
     kernels have (4, 8, 16: PoCL's 16 on AVX-512, 8 on AVX2), else its native one (Intel's CPU
-    runtime prefers 1 and is native 16 on AVX-512: its 8-lane kernels ran resnet8 about 2x slower),
+    runtime prefers 1 and is native 16 on AVX-512, where netcl's 16-lane kernels are the fast ones),
     else, for a CPU, the host's instruction set (host_lanes)."""
     for width in (device.preferred_vector_width_float, device.native_vector_width_float):
         if width in _LANES:

@@ -84,8 +84,8 @@ def _hint(log):
 # The work-group function a PoCL binary also holds, specialised (PoCL's cache-folder name: local size,
 # global offset zero, grid of 32-bit sizes) for the launches of netcl's CPU kernels: a work-item a
 # work-group. PoCL compiles a generic one into every binary; launches run a specialised one, which
-# ran netcl's kernels 5-10% faster (the digits CNN's step: 0.92x of the generic's, paired), and
-# compile it at first use unless the binary holds it.
+# is faster (tuning.json's note on POCL_SPECIALISE), and compile it at first use unless the binary
+# holds it.
 POCL_SPECIALISE = "1-1-1-goffs0-smallgrid"
 
 

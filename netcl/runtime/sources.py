@@ -1,8 +1,8 @@
 """A kernel file's entry points as programs of their own: the source one kernel needs (the file with
 every other kernel cut out, line numbers kept) and the -D options that can change it.
 
-PoCL's build time grows with every kernel a program holds (convtrain_cpu.cl's 24 took 1.5-2 s to
-build where one of them took 0.2-0.4), so runtime.kernels builds each kernel a launch asks for as
+PoCL's build time grows with every kernel a program holds (a file of two dozen kernels takes
+several times as long as one of them), so runtime.kernels builds each kernel a launch asks for as
 its own program, with only the -D options its text, or a definition it reaches, names (a define
 another kernel of the file reads builds nothing anew). Which definitions a kernel reaches is read
 from the file without a preprocessor: a macro, function, type or constant named in the kernel, in
