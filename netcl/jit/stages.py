@@ -294,6 +294,8 @@ class LayerStage(Stage):
 
 
 def _fusable_conv(conv):
+    if conv.general:  # the column route (geometry unlike along height and width, or "same"): a LayerStage
+        return False
     if conv.groups == 1:
         return conv.dilation == 1  # the dense families' geometry
     return conv.groups == conv.in_channels  # depthwise (any channel multiplier, stride, dilation)
