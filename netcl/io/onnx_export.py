@@ -21,7 +21,7 @@ from netcl.io.atomic import AtomicFile, file_path
 from netcl.io.netcl_format import _recordable, architecture
 from netcl.nn import graph
 from netcl.nn.functional import LAYER_OF
-from netcl.nn.module import ShapeError
+from netcl.nn.module import ShapeError, pair
 from netcl.tensor import Tensor
 from netcl.version import __version__
 
@@ -240,16 +240,15 @@ def _linear(g, m, x, s, out):
     return g.op("Add", [y, w[1]], out) if m.bias is not None else y
 
 
-def _conv2d(g, m, x, s, out):
-    k, p = m.kernel_size, m.padding
+def _conv2d(g, m, x, s, out):  # pairs as (height, width); padding="same" as its explicit pads
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
     extra = {}  # only where they differ from ONNX's defaults, so older models export to the same bytes
     if m.dilation != 1:
-        extra["dilations"] = [m.dilation, m.dilation]
+        extra["dilations"] = list(pair(m.dilation))
     if m.groups != 1:
         extra["group"] = m.groups
-    return g.op("Conv", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
-                **extra)
+    return g.op("Conv", [x] + w, out, kernel_shape=list(pair(m.kernel_size)), pads=list(m.pads()),
+                strides=list(pair(m.stride)), **extra)
 
 
 def _conv1d(g, m, x, s, out):  # the same Conv, 1-D attributes; padding="same" as its explicit (left, right)

@@ -30,6 +30,7 @@ from netcl.errors import FormatError
 from netcl.io import onnx_export as ox
 from netcl.io.netcl_format import _build_layer, _scratch_rng
 from netcl.io.onnx_export import onnx_pb2 as P
+from netcl.nn.conv import same_pads
 
 T = P.TensorProto
 _MAX_NDIM = 8
@@ -283,6 +284,30 @@ def _square(node, name, values, default):
     return int(values[0])
 
 
+def _two(node, name, values, default):
+    """A 2-D node's (height, width) attribute as Conv2d takes it: an int where both match, else the pair."""
+    values = list(values) if values is not None else [default, default]
+    if len(values) != 2:
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): {name}={values} (expected 2 values)")
+    return int(values[0]) if values[0] == values[1] else (int(values[0]), int(values[1]))
+
+
+def _pads2d(node, k, kernel=None, dilation=1, stride=1):
+    """A 2-D node's pads [top, left, bottom, right]: an int or (height, width) pair where each axis
+    pads both sides alike, "same" where they are Conv2d's padding="same" (kernel given: a Conv);
+    other one-sided pads PyTorch's layers cannot express are refused (import_onnx_graph puts a Pad
+    in front of such a node instead)."""
+    if k.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={k['auto_pad']} (give explicit pads)")
+    top, left, bottom, right = (int(p) for p in (k.get("pads") or [0, 0, 0, 0]))
+    if (top, left) == (bottom, right):
+        return top if top == left else (top, left)
+    if kernel is not None and stride == 1 and (top, left, bottom, right) == same_pads(kernel, dilation):
+        return "same"
+    raise NotImplementedError(f"node {node.name!r} ({node.op_type}): pads={[top, left, bottom, right]} (netcl pads "
+                              "top and bottom alike and left and right alike, or as Conv2d's padding='same')")
+
+
 def _pads(node, k):
     if k.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={k['auto_pad']} (give explicit pads)")
@@ -366,10 +391,11 @@ def _conv(g, node, shape):
     if w.ndim != 4:
         raise NotImplementedError(f"node {node.name!r} (Conv): only 1-D and 2-D convolutions (a 3-D or 4-D weight)")
     groups = int(k.get("group", 1))
-    size = _square(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1)
+    size = _two(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1)
+    stride, dilation = _two(node, "strides", k.get("strides"), 1), _two(node, "dilations", k.get("dilations"), 1)
     layer = _layer("Conv2d", node, in_channels=w.shape[1] * groups, out_channels=w.shape[0], kernel_size=size,
-                   stride=_square(node, "strides", k.get("strides"), 1), padding=_pads(node, k),
-                   dilation=_square(node, "dilations", k.get("dilations"), 1), groups=groups, bias=b is not None)
+                   stride=stride, padding=_pads2d(node, k, size, dilation, stride), dilation=dilation, groups=groups,
+                   bias=b is not None)
     return [_with(layer, weight=w, **({"bias": _bias(node, b, w.shape[0])} if b is not None else {}))], node.output[0], [node]
 
 

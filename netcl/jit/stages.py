@@ -391,7 +391,7 @@ class _Planner:
             elif isinstance(lay, Transpose):
                 v = self.emit(TransposeStage(lay), v)
                 i += 1
-            elif isinstance(lay, (MaxPool2d, Upsample)):
+            elif isinstance(lay, Upsample) or (isinstance(lay, MaxPool2d) and not lay.general):
                 v = self.emit(ResampleStage(lay), v)
                 i += 1
             elif _is_residual(lay):

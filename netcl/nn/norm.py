@@ -137,7 +137,7 @@ class BatchNorm2d(Module):
             assert pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
             g = pool._geometry(x.shape)
             items, rows = _pool2_rows(q, g)
-            nc, _, _, _, _, _, oh, ow = g
+            nc, oh, ow = g[0], g[-2], g[-1]
             y = ops.new(q, pool.output_shape(x.shape))
             arg = alloc(q, 4 * y.size)
             ops.launch(q, "pool_cpu", "bn_maxpool2_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, mean, var,

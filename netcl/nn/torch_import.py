@@ -57,12 +57,12 @@ def _linear(m):
     return _layer("Linear", in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None)
 
 
-def _conv2d(m):
+def _conv2d(m):  # pairs as they are (Conv2d keeps a square one as an int), "same" and "valid" too
     _require(m, padding_mode="zeros")
     return _layer("Conv2d", in_channels=m.in_channels, out_channels=m.out_channels,
-                  kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                  padding=_pair("padding", m.padding), dilation=_pair("dilation", m.dilation), groups=m.groups,
-                  bias=m.bias is not None)
+                  kernel_size=tuple(m.kernel_size), stride=tuple(m.stride),
+                  padding=m.padding if isinstance(m.padding, str) else tuple(m.padding),
+                  dilation=tuple(m.dilation), groups=m.groups, bias=m.bias is not None)
 
 
 def _single(name, v):
