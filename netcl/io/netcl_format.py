@@ -707,7 +707,8 @@ those that take a (height, width) pair of numbers as well (Conv2d's kernel_size,
     for k, v in config.items():
         if k not in names:
             return f"key {k!r:.100} is not an argument of {cls.__name__} (expected some of {names})"
-        if isinstance(v, list) and (len(v) <= longest or (len(v) == 2 and k in getattr(cls, "PAIR_ARGS", ()))):
+        if isinstance(v, list) and len(v) <= longest or (isinstance(v, (list, tuple)) and len(v) == 2
+                                                         and k in getattr(cls, "PAIR_ARGS", ())):
             vs = v
         else:
             vs = [v]

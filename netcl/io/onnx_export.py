@@ -275,10 +275,10 @@ def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
 
 def _pool(op_type, **extra):
     def emit(g, m, x, s, out):
-        k, p = m.kernel_size, m.padding
+        (ph, pw) = pair(m.padding)
         ceil = {"ceil_mode": 1} if m.ceil_mode else {}  # (MaxPool2d's; attributes at their defaults left out)
-        return g.op(op_type, [x], out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
-                    **extra, **ceil)
+        return g.op(op_type, [x], out, kernel_shape=list(pair(m.kernel_size)), pads=[ph, pw, ph, pw],
+                    strides=list(pair(m.stride)), **extra, **ceil)
     return emit
 
 

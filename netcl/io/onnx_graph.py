@@ -379,8 +379,7 @@ def _pad_plan(m, node, shape, kernel):
     """(pads before, pads after, the node to convert): the node itself where netcl pads it."""
     k = m.attrs(node)
     auto, pads, n = k.get("auto_pad", "NOTSET"), k.get("pads"), len(shape) - 2
-    if auto in ("NOTSET", "VALID") and (not pads or len(set(pads)) == 1
-                                         or (node.op_type == "Conv" and n == 2 and pads[:n] == pads[n:])):
+    if auto in ("NOTSET", "VALID") and (not pads or list(pads[:n]) == list(pads[n:])):  # each axis's sides alike
         return [0] * len(shape), [0] * len(shape), node
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         strides, dil = k.get("strides") or [1] * n, k.get("dilations") or [1] * n

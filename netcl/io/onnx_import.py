@@ -450,14 +450,14 @@ def _pool(kind):
                                       "AveragePool's ceil_mode are not supported")
         if len(k.get("kernel_shape") or ()) == 1:  # on (N, C, L): MaxPool1d, AvgPool1d
             return _pool1d(g, node, k, kind.replace("2d", "1d"), ceil)
-        if _square(node, "dilations", k.get("dilations"), 1) != 1:
+        if _two(node, "dilations", k.get("dilations"), 1) != 1:
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
-        size, pad = _square(node, "kernel_shape", k.get("kernel_shape"), None), _pads(node, k)
+        size, pad = _two(node, "kernel_shape", k.get("kernel_shape"), None), _pads2d(node, k)
         if kind == "AvgPool2d" and pad and not k.get("count_include_pad", 0):
             raise NotImplementedError(f"node {node.name!r} (AveragePool): count_include_pad=0 with padding "
                                       "(netcl's AvgPool2d counts the padding, as PyTorch's default)")
         extra = {"ceil_mode": True} if ceil else {}
-        layer = _layer(kind, node, kernel_size=size, stride=_square(node, "strides", k.get("strides"), 1), padding=pad,
+        layer = _layer(kind, node, kernel_size=size, stride=_two(node, "strides", k.get("strides"), 1), padding=pad,
                        **extra)
         return [layer], node.output[0], [node]
     return convert

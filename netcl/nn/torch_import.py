@@ -134,13 +134,14 @@ def _pool(kind):
         extra = {}
         if kind == "MaxPool2d":
             _require(m, return_indices=False)
-            if _pair("dilation", m.dilation) != 1:
+            if m.dilation not in (1, (1, 1)):
                 raise _Unsupported(f"dilation={m.dilation}")
             extra = {"ceil_mode": True} if m.ceil_mode else {}
         else:
             _require(m, ceil_mode=False, count_include_pad=True, divisor_override=None)
-        return _layer(kind, kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                      padding=_pair("padding", m.padding), **extra)
+        as_is = lambda v: tuple(v) if isinstance(v, (tuple, list)) else v  # noqa: E731  (pairs as pairs)
+        return _layer(kind, kernel_size=as_is(m.kernel_size), stride=as_is(m.stride), padding=as_is(m.padding),
+                      **extra)
     return convert
 
 
