@@ -98,7 +98,7 @@ class ConvStage(Stage):
         conv = self.conv
         _, c, h, w = shape
         _, k, oh, ow = conv.output_shape(shape)
-        return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.padding,
+        return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.pads()[0],
                         oh=oh, ow=ow, pool=self.pool is not None, ipb=self.in_border, opb=self.out_border,
                         act=self.act, slope=self.slope, kt=kt, koff=koff, res=self.res is not None,
                         rpb=self.res_border, act2=self.act2, slope2=self.slope2, dil=conv.dilation,
@@ -449,7 +449,7 @@ def _readers_writers(stages, nvalues, output):
     for st in stages:
         if isinstance(st, ConcatStage):
             continue
-        readers[st.src].append(("conv", st.conv.padding) if isinstance(st, ConvStage) else "other")
+        readers[st.src].append(("conv", st.conv.pads()[0]) if isinstance(st, ConvStage) else "other")
         if st.res is not None:
             readers[st.res].append("res" if isinstance(st, ConvStage) else "other")
         writers[st.dst].append("conv" if isinstance(st, ConvStage) else "other")

@@ -351,10 +351,11 @@ class Conv2d(Module):
     @property
     def general(self):
         """Whether this conv runs the column route (conv_cols): its geometry differs between height
-        and width, or it pads "same"; the square, symmetric ones train by conv_route's routes and
-        fuse in predict()'s conv stages."""
-        return self.padding == "same" or any(isinstance(v, tuple) for v in
-                                             (self.kernel_size, self.stride, self.padding, self.dilation))
+        and width, or padding="same" pads one side more (an even kernel). The square, symmetric
+        ones ("same" of an odd kernel among them: its int padding) train by conv_route's routes
+        and fuse in predict()'s conv stages."""
+        return len(set(self.pads())) > 1 or any(isinstance(v, tuple) for v in
+                                                (self.kernel_size, self.stride, self.dilation))
 
     def pads(self):
         """(top, left, bottom, right) zero padding (ONNX's order)."""
@@ -374,7 +375,7 @@ class Conv2d(Module):
             oh, ow = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
         else:
             span = self.dilation * (self.kernel_size - 1) + 1
-            oh, ow = (conv_out(v, span, self.stride, self.padding) for v in (h, w))
+            oh, ow = (conv_out(v, span, self.stride, self.pads()[0]) for v in (h, w))
         if oh < 1 or ow < 1:
             raise ValueError(f"Conv2d kernel {self.kernel_size} (dilation {self.dilation}, padding {self.padding}) "
                              f"does not fit input {h}x{w}")
@@ -394,7 +395,7 @@ class Conv2d(Module):
         return conv_cols.Cols(n, c, h, w, k, oh, ow, kh, kw, sh, sw, top, left, dh, dw, self.groups)
 
     def _geometry(self):
-        return self.kernel_size, self.stride, self.padding, self.dilation
+        return self.kernel_size, self.stride, self.pads()[0], self.dilation
 
     def _depthwise(self):
         return self.groups > 1 and self.groups == self.in_channels
@@ -402,7 +403,7 @@ class Conv2d(Module):
     def spec(self, shape):
         """This conv at input `shape` as conv_route's ConvSpec."""
         n, c, h, w = shape
-        return ConvSpec(n, c, h, w, self.out_channels, self.kernel_size, self.stride, self.padding, self.dilation,
+        return ConvSpec(n, c, h, w, self.out_channels, self.kernel_size, self.stride, self.pads()[0], self.dilation,
                         self.groups)
 
     def route(self, q, shape):
