@@ -260,12 +260,23 @@ def _conv1d(g, m, x, s, out):  # the same Conv, 1-D attributes; padding="same" a
     return g.op("Conv", [x] + w, out, kernel_shape=[m.kernel_size], pads=[left, right], strides=[m.stride], **extra)
 
 
-def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, k, k) is ONNX's (C, M/group, kH, kW)
-    k, p, op = m.kernel_size, m.padding, m.output_padding
+def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, kH, kW) is ONNX's (C, M/group, kH, kW)
+    (ph, pw), op = pair(m.padding), pair(m.output_padding)
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
-    extra = {"output_padding": [op, op]} if op else {}
-    return g.op("ConvTranspose", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p],
-                strides=[m.stride, m.stride], **extra)
+    extra = {"output_padding": list(op)} if any(op) else {}
+    return g.op("ConvTranspose", [x] + w, out, kernel_shape=list(pair(m.kernel_size)), pads=[ph, pw, ph, pw],
+                strides=list(pair(m.stride)), **extra)
+
+
+def _conv_transpose1d(g, m, x, s, out):  # weight (in, out/groups, k) is ONNX's (C, M/group, k)
+    w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
+    extra = {"output_padding": [m.output_padding]} if m.output_padding else {}
+    if m.dilation != 1:
+        extra["dilations"] = [m.dilation]
+    if m.groups != 1:
+        extra["group"] = m.groups
+    return g.op("ConvTranspose", [x] + w, out, kernel_shape=[m.kernel_size], pads=[m.padding, m.padding],
+                strides=[m.stride], **extra)
 
 
 def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
@@ -882,6 +893,7 @@ OP_EMITTERS = {
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
+    nn.ConvTranspose1d: _conv_transpose1d,       # ConvTranspose, 1-D attributes (group, dilations when set)
     nn.Conv1d: _conv1d,                          # Conv, 1-D attributes (padding="same": explicit pads)
     nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
     nn.BatchNorm1d: _batchnorm2d,                # BatchNormalization on (N, C) or (N, C, L), as on 4-D

@@ -2,6 +2,8 @@
 // kernel, stride, padding or dilation differ between height and width, or padding="same"): im2col
 // into (C*KH*KW, N*OH*OW) columns, a GEMM per group (ops.gemm), the product back into (N, K, OH, OW),
 // and the data gradient gathered back from the columns' gradient (col2im: no atomics, deterministic).
+// A transposed convolution is the data gradient of the convolution it transposes: its forward is
+// the GEMM and col2im, its input gradient im2col and the GEMM.
 // Conv1d is the case H = KH = sh = dh = 1, ph = 0. ph and pw are the top and left padding; the
 // caller sizes OH and OW, so padding="same"'s extra bottom row and right column need nothing here.
 
@@ -20,14 +22,16 @@ __kernel void cols_im2col(const int N, const int C, const int H, const int W, co
 }
 
 // dx[n, c, iy, ix] = sum over the taps (a, b) and outputs (oy, ox) that read it of dcols (a gather)
+// (+ b[c]: a transposed convolution's bias, its forward being this gather)
 __kernel void cols_col2im(const int N, const int C, const int H, const int W, const int OH, const int OW,
                           const int KH, const int KW, const int sh, const int sw, const int ph, const int pw,
-                          const int dh, const int dw, __global const float *dcols, __global float *dx) {
+                          const int dh, const int dw, __global const float *dcols, const int has_bias,
+                          __global const float *b, __global float *dx) {
     const int idx = get_global_id(0);
     if (idx >= N * C * H * W) return;
     const int ix = idx % W, iy = (idx / W) % H, c = (idx / (W * H)) % C, n = idx / (W * H * C);
     const long P = (long)OH * OW, NP = (long)N * P;
-    float acc = 0.0f;
+    float acc = has_bias ? b[c] : 0.0f;
     for (int a = 0; a < KH; a++) {
         const int ty = iy + ph - a * dh;  // = oy * sh
         if (ty < 0 || ty % sh) continue;

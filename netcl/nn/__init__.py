@@ -8,7 +8,7 @@ from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
-from netcl.nn.conv1d import Conv1d
+from netcl.nn.conv1d import Conv1d, ConvTranspose1d
 from netcl.nn.embedding import Embedding
 from netcl.nn.linear import Linear
 from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
@@ -27,7 +27,7 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
                                         Concat, ModuleList, ModuleDict, GraphModule, Upsample,
                                         BatchNorm1d, Embedding, ELU, Softplus, Mish, PReLU, LogSoftmax,
-                                        Conv1d, MaxPool1d, AvgPool1d, GroupNorm, InstanceNorm2d)})
+                                        Conv1d, MaxPool1d, AvgPool1d, GroupNorm, InstanceNorm2d, ConvTranspose1d)})
 
 from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
@@ -37,4 +37,4 @@ __all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "tr
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
            "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch",
            "BatchNorm1d", "Embedding", "ELU", "Softplus", "Mish", "PReLU", "LogSoftmax",
-           "Conv1d", "MaxPool1d", "AvgPool1d", "GroupNorm", "InstanceNorm2d"]
+           "Conv1d", "MaxPool1d", "AvgPool1d", "GroupNorm", "InstanceNorm2d", "ConvTranspose1d"]

@@ -968,21 +968,24 @@ class Conv2d(Module):
 
 
 class ConvTranspose2d(Module):
-    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, k, k)
-    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True): the gradient of a convolution as a layer; weight (C, K, k, k), PyTorch's semantics."""
+    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, kH, kW)
+    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True): the gradient of a convolution as a layer; weight (C, K, kH, kW), PyTorch's semantics; kernel_size, stride, padding and output_padding each an int or a (height, width) pair."""
+    PAIR_ARGS = ("kernel_size", "stride", "padding", "output_padding")  # files hold a pair as a list of two
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True):
         super().__init__()
         self.in_channels = positive("in_channels", in_channels)
         self.out_channels = positive("out_channels", out_channels)
-        self.kernel_size = positive("kernel_size", kernel_size)
-        self.stride = positive("stride", stride)
-        self.padding = as_int("padding", padding, 0, MAX_PADDING)
-        self.output_padding = as_int("output_padding", output_padding, 0, MAX_PADDING)
+        self.kernel_size = int_or_pair("kernel_size", kernel_size, 1)
+        self.stride = int_or_pair("stride", stride, 1)
+        self.padding = int_or_pair("padding", padding, 0, MAX_PADDING)
+        self.output_padding = int_or_pair("output_padding", output_padding, 0, MAX_PADDING)
         bias = as_bool("bias", bias)
-        if self.output_padding >= self.stride:
+        if any(op >= s for op, s in zip(pair(self.output_padding), pair(self.stride))):
             raise ValueError(f"output_padding ({self.output_padding}) must be smaller than stride ({self.stride})")
         shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, bias=bias)
-        bound = 1.0 / math.sqrt(self.out_channels * self.kernel_size ** 2)  # PyTorch's fan-in of (C, K, k, k)
+        kh, kw = pair(self.kernel_size)
+        bound = 1.0 / math.sqrt(self.out_channels * kh * kw)  # PyTorch's fan-in of (C, K, kH, kW)
         self.weight = uniform(bound, shapes["weight"])
         self.bias = uniform(bound, shapes["bias"]) if bias else None
         self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
@@ -990,8 +993,8 @@ class ConvTranspose2d(Module):
     @classmethod
     def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
                       bias=True):
-        k = kernel_size
-        return {"weight": (in_channels, out_channels, k, k), **({"bias": (out_channels,)} if bias else {})}
+        kh, kw = pair(int_or_pair("kernel_size", kernel_size, 1))
+        return {"weight": (in_channels, out_channels, kh, kw), **({"bias": (out_channels,)} if bias else {})}
 
     def config(self):
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
@@ -1003,18 +1006,33 @@ class ConvTranspose2d(Module):
         n, c, h, w = shape
         if c != self.in_channels:
             raise ValueError(f"ConvTranspose2d expects {self.in_channels} input channels, got shape {tuple(shape)}")
-        oh, ow = ((v - 1) * self.stride - 2 * self.padding + self.kernel_size + self.output_padding for v in (h, w))
+        oh, ow = ((v - 1) * s - 2 * p + k + op for v, k, s, p, op in
+                  zip((h, w), *(pair(a) for a in (self.kernel_size, self.stride, self.padding, self.output_padding))))
         if oh < 1 or ow < 1:
             raise ValueError(f"ConvTranspose2d with padding {self.padding} leaves no output for input {h}x{w}")
         return (n, self.out_channels, oh, ow)
 
-    def macs(self, shape):  # each input element meets K x k x k weights
+    def macs(self, shape):  # each input element meets K x kH x kW weights
         self.output_shape(shape)
-        return int(np.prod(shape)) * self.out_channels * self.kernel_size ** 2
+        kh, kw = pair(self.kernel_size)
+        return int(np.prod(shape)) * self.out_channels * kh * kw
+
+    @property
+    def general(self):
+        """Whether kernel, stride or padding differ between height and width: then the column route
+        (conv_cols' transposed forward and backward), else the square one below."""
+        return any(isinstance(v, tuple) for v in (self.kernel_size, self.stride, self.padding, self.output_padding))
 
     def forward(self, x):
         # the data gradient of a Conv2d(K -> C) with this weight: dcols = W^T x, then col2im (+ bias)
         q = self._on(x)
+        if self.general:
+            out_shape = self.output_shape(x.shape)
+            g = conv_cols.transposed(x.shape, out_shape, pair(self.kernel_size), pair(self.stride),
+                                     pair(self.padding), (1, 1), 1)
+            y, rows = conv_cols.transposed_forward(q, x, self.weight, self.bias, g, out_shape)
+            self._saved = (x.shape, g, rows)
+            return y
         _, oc, oh, ow = self.output_shape(x.shape)
         n, c, h, w = x.shape
         k, s, p = self.kernel_size, self.stride, self.padding
@@ -1028,6 +1046,12 @@ class ConvTranspose2d(Module):
 
     def backward(self, dy):
         # dx = Conv2d(K -> C) forward of dy: im2col + GEMM; dW = x (C, N*P) @ cols^T
+        if isinstance(self._saved, tuple):  # the column route's
+            shape, g, rows = self._saved
+            dx = conv_cols.transposed_backward(dy.queue, dy, rows, self.weight, g, shape)
+            if self.bias is not None:
+                _channel_sum(dy, self.bias)
+            return dx
         x = self._saved
         n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape

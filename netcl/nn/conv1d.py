@@ -158,3 +158,91 @@ class Conv1d(Module):
             gb, acc = ops.grad_target(self.bias)
             ops.launch1d(q, "conv1d", "conv1d_bwd_bias", k, n, k, out, dy, gb, int(acc))
             gb.mark_written()
+
+
+class ConvTranspose1d(Module):
+    """ConvTranspose1d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True, dilation=1):
+    (N, C, L) -> (N, K, (L-1)*stride - 2*padding + dilation*(kernel_size-1) + output_padding + 1), weight
+    (C, K/groups, kernel_size), PyTorch's semantics: the data gradient of a Conv1d(K -> C) as a layer
+    (netcl.nn.conv_cols' transposed route: the GEMM and col2im forward, im2col and the GEMM backward)."""
+
+    # x: (N, C, L) -> (N, K, L'); weight (C, K/groups, k)
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1):
+        super().__init__()
+        self.in_channels = positive("in_channels", in_channels)
+        self.out_channels = positive("out_channels", out_channels)
+        self.kernel_size = _one("kernel_size", kernel_size)
+        self.stride = _one("stride", stride)
+        self.padding = _one("padding", padding, 0)
+        self.output_padding = _one("output_padding", output_padding, 0)
+        self.groups = _check_groups(self.in_channels, self.out_channels, groups)
+        self.dilation = _one("dilation", dilation)
+        if self.output_padding >= max(self.stride, self.dilation):
+            raise ValueError(f"output_padding ({self.output_padding}) must be smaller than either stride "
+                             f"({self.stride}) or dilation ({self.dilation}), as PyTorch")
+        bias = as_bool("bias", bias)
+        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, groups=self.groups,
+                                    bias=bias)
+        bound = 1.0 / math.sqrt(self.out_channels // self.groups * self.kernel_size)  # PyTorch's fan-in of weight
+        self.weight = uniform(bound, shapes["weight"])
+        self.bias = uniform(bound, shapes["bias"]) if bias else None
+        self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
+
+    @classmethod
+    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                      bias=True, dilation=1):
+        g = _check_groups(in_channels, out_channels, groups)
+        return {"weight": (in_channels, out_channels // g, kernel_size), **({"bias": (out_channels,)} if bias else {})}
+
+    def config(self):
+        return {"in_channels": self.in_channels, "out_channels": self.out_channels,
+                "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
+                "output_padding": self.output_padding, "groups": self.groups, "bias": self.bias is not None,
+                "dilation": self.dilation}
+
+    def extra_repr(self):
+        """The constructor's arguments as they read in repr() (output_padding, groups and dilation only when set)."""
+        return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
+                         if not (k in ("output_padding", "groups", "dilation") and v == (0 if k == "output_padding"
+                                                                                          else 1)))
+
+    def output_shape(self, shape):
+        check_rank("ConvTranspose1d", shape, 3, "(N, C, L)")
+        n, c, length = shape
+        if c != self.in_channels:
+            raise ValueError(f"ConvTranspose1d expects {self.in_channels} input channels, got shape {tuple(shape)}")
+        out = ((length - 1) * self.stride - 2 * self.padding + self.dilation * (self.kernel_size - 1)
+               + self.output_padding + 1)
+        if out < 1:
+            raise ValueError(f"ConvTranspose1d with padding {self.padding} leaves no output for input length {length}")
+        return (n, self.out_channels, out)
+
+    def macs(self, shape):
+        """Multiply-accumulates of one forward on `shape`: every input meets K/groups * k weights."""
+        self.output_shape(shape)
+        return shape[0] * shape[1] * shape[2] * self.out_channels // self.groups * self.kernel_size
+
+    def _cols(self, shape):
+        """The transposed column route's geometry at input `shape` (height 1)."""
+        n, c, length = shape
+        return conv_cols.transposed((n, c, 1, length), (n, self.out_channels, 1, self.output_shape(shape)[2]),
+                                    (1, self.kernel_size), (1, self.stride), (0, self.padding), (1, self.dilation),
+                                    self.groups)
+
+    def forward(self, x):
+        q = self._on(x)
+        g = self._cols(x.shape)
+        y, rows = conv_cols.transposed_forward(q, x, self.weight, self.bias, g, self.output_shape(x.shape))
+        self._saved = (x.shape, g, rows)
+        return y
+
+    def backward(self, dy):
+        shape, g, rows = self._saved
+        dx = conv_cols.transposed_backward(dy.queue, dy, rows, self.weight, g, shape)
+        if self.bias is not None:
+            n, k, out = dy.shape
+            gb, acc = ops.grad_target(self.bias)
+            ops.launch1d(dy.queue, "conv1d", "conv1d_bwd_bias", k, n, k, out, dy, gb, int(acc))
+            gb.mark_written()
+        return dx

@@ -75,13 +75,38 @@ def weight_grad(rows, cols, weight, g):
     gw.mark_written()
 
 
-def data_grad(q, rows, weight, g, x_shape):
-    """dx of x_shape: dcols = W_g^T dY_g per group, gathered back onto the input (col2im)."""
+def data_grad(q, rows, weight, g, x_shape, bias=None):
+    """dx of x_shape: dcols = W_g^T dY_g per group, gathered back onto the input (col2im), + bias per
+    channel where given (a transposed convolution's forward)."""
     kg, ck, no = g.gemm_sizes()
     dcols = ops.new(q, (g.c * g.kh * g.kw, no))
     for i in range(g.groups):
         ops.gemm(ck, no, kg, weight, (1, ck, 0), rows, (no, 1, 0), dcols, (no, 1, 0),
                  offsets=(i * kg * ck, i * kg * no, i * ck * no))
     dx = ops.new(q, x_shape)
-    ops.launch1d(q, "conv_cols", "cols_col2im", dx.size, *g.args(), dcols.mark_written(), dx)
+    has_bias = bias is not None
+    ops.launch1d(q, "conv_cols", "cols_col2im", dx.size, *g.args(), dcols.mark_written(), int(has_bias),
+                 bias if has_bias else ops.dummy(q), dx)
     return dx.mark_written()
+
+
+def transposed(x_shape, out_shape, kernel, stride, pad, dilation, groups):
+    """The Cols of the convolution whose data gradient is the transposed convolution of input
+    x_shape (N, C, H, W) to out_shape (N, K, OH, OW): that convolution reads (N, K, OH, OW) and
+    writes (N, C, H, W), and the transposed one's weight (C, K/groups, kh, kw) is its weight."""
+    (n, c, h, w), (_, k, oh, ow) = x_shape, out_shape
+    return Cols(n, k, oh, ow, c, h, w, *kernel, *stride, *pad, *dilation, groups)
+
+
+def transposed_forward(q, x, weight, bias, g, out_shape):
+    """(y of out_shape, x's GEMM rows for the weight gradient): the GEMM and col2im (+ bias)."""
+    rows = rows_of(x, g)
+    return data_grad(q, rows, weight, g, out_shape, bias), rows
+
+
+def transposed_backward(q, dy, rows, weight, g, x_shape):
+    """dx of x_shape, the convolution's forward of dy (im2col and the GEMM), and weight.grad (+)=
+    from x's rows and dy's columns."""
+    dx, cols = forward(q, dy, weight, None, g, x_shape)
+    weight_grad(rows, cols, weight, g)
+    return dx

@@ -297,7 +297,7 @@ class BatchNorm2d(Module):
             raise RuntimeError("BatchNorm2d.backward(pool=...) needs the forward that ran that pool")
         options = _act_options(code)
         n, c, h, w = x.shape
-        nc, _, _, _, _, _, oh, ow = g
+        nc, oh, ow = g[0], g[-2], g[-1]
         q = dp.queue
         fused = conv.pool_wgrad(q, x.shape) if conv is not None else None
         gw, gb, acc = _grad_pair(self.weight, self.bias)

@@ -14,9 +14,7 @@ class _Pool2d(Module):
         self.stride = self.kernel_size if stride is None else int_or_pair("stride", stride, 1)
         self.padding = int_or_pair("padding", padding, 0)
         for p, k in zip(pair(self.padding), pair(self.kernel_size)):
-            if p > k // 2:  # as PyTorch's pools
-                raise ValueError(f"padding should be at most half of kernel size, got padding={self.padding!r} "
-                                 f"and kernel_size={self.kernel_size!r}")
+            as_int("padding", p, 0, k // 2)  # at most half the window, as PyTorch's pools
 
     @property
     def general(self):

@@ -96,9 +96,17 @@ def _pool1d(kind):
 def _conv_transpose2d(m):
     _require(m, padding_mode="zeros")
     return _layer("ConvTranspose2d", in_channels=m.in_channels, out_channels=m.out_channels,
-                  kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                  padding=_pair("padding", m.padding), output_padding=_pair("output_padding", m.output_padding),
-                  dilation=_pair("dilation", m.dilation), groups=m.groups, bias=m.bias is not None)
+                  kernel_size=tuple(m.kernel_size), stride=tuple(m.stride), padding=tuple(m.padding),
+                  output_padding=tuple(m.output_padding), dilation=_pair("dilation", m.dilation), groups=m.groups,
+                  bias=m.bias is not None)
+
+
+def _conv_transpose1d(m):
+    _require(m, padding_mode="zeros")
+    return _layer("ConvTranspose1d", in_channels=m.in_channels, out_channels=m.out_channels,
+                  kernel_size=_single("kernel_size", m.kernel_size), stride=_single("stride", m.stride),
+                  padding=_single("padding", m.padding), output_padding=_single("output_padding", m.output_padding),
+                  groups=m.groups, bias=m.bias is not None, dilation=_single("dilation", m.dilation))
 
 
 def _batchnorm(kind):
@@ -188,6 +196,7 @@ CONVERTERS = {
     "Conv2d": _conv2d,
     "Conv1d": _conv1d,
     "ConvTranspose2d": _conv_transpose2d,
+    "ConvTranspose1d": _conv_transpose1d,
     "BatchNorm1d": _batchnorm("BatchNorm1d"),
     "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
