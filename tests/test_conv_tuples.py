@@ -337,3 +337,115 @@ def test_trainstep_replays_the_2d_keyword_spotter(queue, rng):
     assert step.replays > 0 and step.eager_reason is None
     for k, v in b.state_dict().items():
         np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+# -- ConvTranspose2d pairs, ConvTranspose1d ----------------------------------------------------------
+@pytest.mark.parametrize("args", [dict(kernel_size=(2, 3), stride=(2, 1), padding=(0, 1)),
+                                  dict(kernel_size=(3, 1), stride=(1, 2), padding=(1, 0), output_padding=(0, 1)),
+                                  dict(kernel_size=(1, 4), stride=(3, 2), output_padding=(2, 0), bias=False),
+                                  dict(kernel_size=(4, 4), stride=(2, 2), padding=(1, 1))], ids=str)
+def test_conv_transpose2d_pairs_vs_torch(queue, rng, torch, args):
+    layer = nn.ConvTranspose2d(4, 6, **args)
+    assert layer.weight.shape == (4, 6) + (tuple(args["kernel_size"]))  # (in, out, kH, kW), torch's layout
+    ref = copy_to_torch(torch, layer, torch.nn.ConvTranspose2d(4, 6, **args).double())
+    against_torch(torch, rng, layer, ref, (2, 4, 5, 7), str(args))
+    assert layer.general is (args["kernel_size"] != (4, 4))  # a square pair keeps the square route
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=3), dict(kernel_size=4, stride=2, padding=1),
+                                  dict(kernel_size=3, stride=3, padding=1, output_padding=2, groups=2, dilation=2),
+                                  dict(kernel_size=2, dilation=3, output_padding=2, groups=2, bias=False),
+                                  dict(kernel_size=(5,), stride=(2,), padding=(2,), output_padding=(1,))], ids=str)
+@pytest.mark.parametrize("config", ["native", "gpu"])
+def test_conv_transpose1d_vs_torch(queue, rng, torch, monkeypatch, args, config):
+    from netcl import ops
+
+    if config == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    layer = nn.ConvTranspose1d(4, 6, **args)
+    assert layer.weight.shape == (4, 6 // args.get("groups", 1), layer.kernel_size)  # (in, out/groups, k)
+    ref = copy_to_torch(torch, layer, torch.nn.ConvTranspose1d(4, 6, **args).double())
+    against_torch(torch, rng, layer, ref, (3, 4, 9), str(args))
+
+
+def test_conv_transpose_arguments_are_checked(queue):
+    with pytest.raises(ValueError, match="smaller than stride"):
+        nn.ConvTranspose2d(2, 2, 3, stride=(2, 1), output_padding=(1, 1))
+    with pytest.raises(ValueError, match="smaller than either stride"):
+        nn.ConvTranspose1d(2, 2, 3, stride=2, output_padding=2)
+    with pytest.raises(ValueError, match="divisible"):
+        nn.ConvTranspose1d(4, 6, 3, groups=4)
+    with pytest.raises(ValueError, match="3-D input"):
+        nn.ConvTranspose1d(4, 6, 3).output_shape((2, 4, 5, 5))
+    with pytest.raises(ValueError, match="no output"):
+        nn.ConvTranspose1d(4, 6, 1, padding=2).output_shape((2, 4, 3))
+    assert nn.ConvTranspose2d(2, 4, (3, 3), (2, 2), (1, 1), (1, 1)).config() == \
+        nn.ConvTranspose2d(2, 4, 3, 2, 1, 1).config()
+    layer = nn.ConvTranspose1d(4, 6, 3, stride=2, groups=2)
+    assert layer.tensor_shapes(**layer.config()) == {"weight": (4, 3, 3), "bias": (6,)}
+    assert layer.output_shape((5, 4, 10)) == (5, 6, 21) and layer.macs((5, 4, 10)) == 5 * 4 * 10 * 3 * 3
+    assert repr(layer) == "ConvTranspose1d(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=0, " \
+                          "groups=2, bias=True)"
+
+
+def upsampler(t):
+    """(N, 4, 6) -> (N, 3) through a grouped, dilated ConvTranspose1d, in netcl's or torch's layers."""
+    return t.Sequential(t.Conv1d(4, 8, 3, padding=1), t.ReLU(),
+                        t.ConvTranspose1d(8, 4, 4, stride=2, padding=1, groups=2), t.ReLU(),
+                        t.ConvTranspose1d(4, 2, 3, dilation=2, output_padding=1, stride=2), t.Flatten(),
+                        t.Linear(2 * 28, 3))
+
+
+def decoder2d(t):
+    """(N, 2, 4, 5) -> (N, 3) through non-square ConvTranspose2d layers."""
+    return t.Sequential(t.ConvTranspose2d(2, 4, (2, 3), stride=(2, 1), padding=(0, 1)), t.ReLU(),
+                        t.ConvTranspose2d(4, 2, (1, 2), stride=(1, 2), output_padding=(0, 1)), t.Flatten(),
+                        t.Linear(2 * 8 * 11, 3))
+
+
+@pytest.mark.parametrize("build, shape", [(upsampler, (4, 6)), (decoder2d, (2, 4, 5))], ids=["1d", "2d"])
+def test_transposed_models_train_save_export_and_import(queue, rng, torch, ort, tmp_path, build, shape):
+    onnx = pytest.importorskip("onnx")
+    netcl.manual_seed(5)
+    model = build(nn)
+    ref = build(torch.nn).double()
+    ref.load_state_dict(torch_state(torch, model), strict=True)
+    x = rand(rng, 32, *shape)
+    y = (x.reshape(32, -1)[:, :5].sum(1) > 0).astype(np.int64) + (x.reshape(32, -1)[:, -5:].sum(1) > 0)
+    train_beside_torch(torch, queue, model, ref, x, y, 8, 8, 0.05)
+    xs = x[:3]
+    check_eval_paths(queue, model, xs)
+    check_save_load(queue, model, xs, tmp_path)
+    want = model(Tensor.from_host(queue, xs)).to_host()
+    for opset in (13, 17):
+        export_onnx(model, xs.shape, tmp_path / "m.onnx", opset=opset, dynamic_batch=True)
+        onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")), full_check=True)
+        np.testing.assert_allclose(run_ort(tmp_path / "m.onnx", xs), want, rtol=1e-5, atol=1e-5)
+    assert repr(import_onnx(tmp_path / "m.onnx")) == repr(model)
+    strip_metadata(tmp_path / "m.onnx", tmp_path / "bare.onnx")
+    bare = import_onnx(tmp_path / "bare.onnx")  # (the graph's ConvTranspose nodes: a GraphModule of the layers)
+    kinds = [type(m).__name__ for m in model.modules() if "Transpose" in type(m).__name__]
+    assert [type(m).__name__ for m in bare.modules() if "Transpose" in type(m).__name__] == kinds
+    np.testing.assert_allclose(bare(Tensor.from_host(queue, xs)).to_host(), want, rtol=1e-6, atol=1e-6)
+    back = nn.from_torch(build(torch.nn).eval())
+    assert repr(back) == repr(model)
+
+
+def test_trainstep_replays_the_transposed_convs(queue, rng):
+    from netcl.trainstep import TrainStep
+
+    def make():
+        netcl.manual_seed(6)
+        return upsampler(nn).to(queue).train()
+
+    a, b = make(), make()
+    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.05, momentum=0.9))
+    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
+    for i in range(4):
+        x = Tensor.from_host(queue, rand(rng, 8, 4, 6))
+        y = rng.integers(0, 3, 8)
+        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
+        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
+    assert step.replays > 0 and step.eager_reason is None
+    for k, v in b.state_dict().items():
+        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
