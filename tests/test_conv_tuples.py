@@ -2,7 +2,8 @@
 every gradient against float64 PyTorch over a grid of non-square, asymmetric settings (the column
 route, netcl.nn.conv_cols), a 2-D keyword-spotting model on (N, 1, F, T) trained beside torch step
 for step, eval()/predict, TrainStep, .netcl files, ONNX export (onnx.checker, onnxruntime at opsets
-13 and 17) and import back, from_torch; and the square, symmetric convs keeping their routes."""
+13 and 17) and import back, from_torch; and the square, symmetric convs keeping their routes.
+ConvTranspose2d's pairs, ConvTranspose1d and InstanceNorm1d likewise."""
 import itertools
 import warnings
 
@@ -389,9 +390,11 @@ def test_conv_transpose_arguments_are_checked(queue):
 
 
 def upsampler(t):
-    """(N, 4, 6) -> (N, 3) through a grouped, dilated ConvTranspose1d, in netcl's or torch's layers."""
+    """(N, 4, 6) -> (N, 3) through grouped, dilated ConvTranspose1d layers and an InstanceNorm1d, in
+    netcl's or torch's layers."""
     return t.Sequential(t.Conv1d(4, 8, 3, padding=1), t.ReLU(),
-                        t.ConvTranspose1d(8, 4, 4, stride=2, padding=1, groups=2), t.ReLU(),
+                        t.ConvTranspose1d(8, 4, 4, stride=2, padding=1, groups=2), t.InstanceNorm1d(4, affine=True),
+                        t.ReLU(),
                         t.ConvTranspose1d(4, 2, 3, dilation=2, output_padding=1, stride=2), t.Flatten(),
                         t.Linear(2 * 28, 3))
 
@@ -424,8 +427,8 @@ def test_transposed_models_train_save_export_and_import(queue, rng, torch, ort, 
     assert repr(import_onnx(tmp_path / "m.onnx")) == repr(model)
     strip_metadata(tmp_path / "m.onnx", tmp_path / "bare.onnx")
     bare = import_onnx(tmp_path / "bare.onnx")  # (the graph's ConvTranspose nodes: a GraphModule of the layers)
-    kinds = [type(m).__name__ for m in model.modules() if "Transpose" in type(m).__name__]
-    assert [type(m).__name__ for m in bare.modules() if "Transpose" in type(m).__name__] == kinds
+    kinds = [type(m).__name__ for m in model.modules() if "ConvTranspose" in type(m).__name__]
+    assert [type(m).__name__ for m in bare.modules() if "ConvTranspose" in type(m).__name__] == kinds
     np.testing.assert_allclose(bare(Tensor.from_host(queue, xs)).to_host(), want, rtol=1e-6, atol=1e-6)
     back = nn.from_torch(build(torch.nn).eval())
     assert repr(back) == repr(model)
@@ -449,3 +452,19 @@ def test_trainstep_replays_the_transposed_convs(queue, rng):
     assert step.replays > 0 and step.eager_reason is None
     for k, v in b.state_dict().items():
         np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+# -- InstanceNorm1d ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("affine", [True, False])
+def test_instancenorm1d_vs_torch(queue, rng, torch, affine):
+    layer = nn.InstanceNorm1d(5, eps=1e-3, affine=affine)
+    if affine:
+        layer.load_state_dict({"weight": rng.uniform(0.5, 1.5, 5).astype(np.float32), "bias": rand(rng, 5)})
+    ref = copy_to_torch(torch, layer, torch.nn.InstanceNorm1d(5, eps=1e-3, affine=affine).double())
+    against_torch(torch, rng, layer, ref, (3, 5, 11), f"affine={affine}")
+    with pytest.raises(ValueError, match="3-D input"):
+        layer.output_shape((3, 5, 4, 4))
+    with pytest.raises(ValueError, match="more than one position"):
+        layer(netcl.tensor(rand(rng, 3, 5, 1)))
+    with pytest.raises(ValueError, match="InstanceNorm1d: track_running_stats=True"):
+        nn.InstanceNorm1d(5, track_running_stats=True)

@@ -912,7 +912,8 @@ EMITTERS = {
     nn.AdaptiveAvgPool1d: _adaptive_avg_pool,
     nn.LayerNorm: _layernorm,                    # LayerNormalization (opset >= 17), else its decomposition
     nn.GroupNorm: _groupnorm,                    # GroupNormalization (opset >= 21), else its decomposition
-    nn.InstanceNorm2d: _instancenorm2d,          # InstanceNormalization (scale ones, bias zeros when not affine)
+    nn.InstanceNorm2d: _instancenorm2d,
+    nn.InstanceNorm1d: _instancenorm2d,          # the same node on (N, C, L)          # InstanceNormalization (scale ones, bias zeros when not affine)
     nn.GELU: _gelu,                              # Gelu (opset >= 20), else the Erf / Tanh formula
     nn.SiLU: _silu,                              # Mul(x, Sigmoid(x))
     nn.ReLU6: _relu6,                            # Clip(0, 6)

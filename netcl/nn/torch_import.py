@@ -132,9 +132,11 @@ def _groupnorm(m):
     return _layer("GroupNorm", num_groups=m.num_groups, num_channels=m.num_channels, eps=m.eps, affine=m.affine)
 
 
-def _instancenorm2d(m):
-    _require(m, track_running_stats=False)
-    return _layer("InstanceNorm2d", num_features=m.num_features, eps=m.eps, affine=m.affine)
+def _instancenorm(kind):
+    def convert(m):
+        _require(m, track_running_stats=False)
+        return _layer(kind, num_features=m.num_features, eps=m.eps, affine=m.affine)
+    return convert
 
 
 def _pool(kind):
@@ -201,7 +203,8 @@ CONVERTERS = {
     "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
     "GroupNorm": _groupnorm,
-    "InstanceNorm2d": _instancenorm2d,
+    "InstanceNorm2d": _instancenorm("InstanceNorm2d"),
+    "InstanceNorm1d": _instancenorm("InstanceNorm1d"),
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),
     "MaxPool1d": _pool1d("MaxPool1d"),
