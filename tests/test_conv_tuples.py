@@ -54,7 +54,8 @@ def test_conv2d_pairs_vs_torch_over_a_grid(queue, rng, torch, kernel, groups):
     assert checked == 52
 
 
-@pytest.mark.parametrize("k, dilation", [(3, 1), (5, 2), (2, 1), (4, 1), (3, 2), ((2, 3), 1), ((4, 1), (1, 3))], ids=str)
+@pytest.mark.parametrize("k, dilation", [(3, 1), (5, 2), (2, 1), (4, 1), (3, 2), ((2, 3), 1), ((4, 1), (1, 3))],
+                         ids=str)
 def test_conv2d_padding_same_as_torch_odd_and_even_kernels(queue, rng, torch, k, dilation):
     """"same" pads the extra row and column of an even kernel at the bottom and right (as PyTorch);
     an odd square kernel's "same" is its int padding and keeps the square routes."""
@@ -131,8 +132,8 @@ def test_square_convs_keep_their_routes_and_fusions(queue):
                 assert not m.general, (name, m)
     shape = (8, 16, 12, 12)
     for k, d in ((3, 1), (5, 1), (3, 2), (1, 1)):
-        same, explicit = nn.Conv2d(16, 16, k, padding="same", dilation=d), nn.Conv2d(16, 16, k, padding=d * (k - 1) // 2,
-                                                                                    dilation=d)
+        same = nn.Conv2d(16, 16, k, padding="same", dilation=d)
+        explicit = nn.Conv2d(16, 16, k, padding=d * (k - 1) // 2, dilation=d)
         assert same.spec(shape) == explicit.spec(shape)
         assert str(same.route(queue, shape)) == str(explicit.route(queue, shape))
     stages, _ = plan_stages([nn.Conv2d(3, 8, 3, padding="same"), nn.ReLU(), nn.Conv2d(8, 8, (1, 3), padding=(0, 1)),
@@ -255,7 +256,8 @@ def test_2d_keyword_spotting_model_exports_and_imports(queue, rng, torch, ort, t
 
 @pytest.mark.parametrize("layer", [nn.Conv2d(3, 4, (2, 4), padding="same"), nn.Conv2d(3, 4, (3, 1), padding=(1, 0)),
                                    nn.Conv2d(3, 6, (1, 2), stride=(1, 2), dilation=(2, 1), groups=3),
-                                   nn.MaxPool2d((3, 2), (1, 2), (1, 0), ceil_mode=True), nn.AvgPool2d((2, 4), 2, (1, 2))],
+                                   nn.MaxPool2d((3, 2), (1, 2), (1, 0), ceil_mode=True),
+                                   nn.AvgPool2d((2, 4), 2, (1, 2))],
                          ids=repr)
 def test_single_2d_pair_layers_export_and_import_back(queue, rng, ort, tmp_path, layer):
     model = nn.Sequential(layer).eval()

@@ -277,13 +277,6 @@ def _with(layer, **arrays):
     return layer
 
 
-def _square(node, name, values, default):
-    values = list(values) if values is not None else [default, default]
-    if len(values) != 2 or values[0] != values[1]:
-        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): {name}={values} (netcl takes square 2-D values)")
-    return int(values[0])
-
-
 def _two(node, name, values, default):
     """A 2-D node's (height, width) attribute as Conv2d takes it: an int where both match, else the pair."""
     values = list(values) if values is not None else [default, default]
@@ -295,8 +288,8 @@ def _two(node, name, values, default):
 def _pads2d(node, k, kernel=None, dilation=1, stride=1):
     """A 2-D node's pads [top, left, bottom, right]: an int or (height, width) pair where each axis
     pads both sides alike, "same" where they are Conv2d's padding="same" (kernel given: a Conv);
-    other one-sided pads PyTorch's layers cannot express are refused (import_onnx_graph puts a Pad
-    in front of such a node instead)."""
+    other one-sided pads PyTorch's layers cannot express are refused here (import_onnx's graph
+    path, onnx_graph, then puts a Pad in front of such a node)."""
     if k.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={k['auto_pad']} (give explicit pads)")
     top, left, bottom, right = (int(p) for p in (k.get("pads") or [0, 0, 0, 0]))
@@ -306,15 +299,6 @@ def _pads2d(node, k, kernel=None, dilation=1, stride=1):
         return "same"
     raise NotImplementedError(f"node {node.name!r} ({node.op_type}): pads={[top, left, bottom, right]} (netcl pads "
                               "top and bottom alike and left and right alike, or as Conv2d's padding='same')")
-
-
-def _pads(node, k):
-    if k.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={k['auto_pad']} (give explicit pads)")
-    pads = k.get("pads") or [0, 0, 0, 0]
-    if len(set(pads)) != 1:
-        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): pads={pads} (netcl pads all sides alike)")
-    return int(pads[0])
 
 
 def _bias(node, b, n):

@@ -32,7 +32,7 @@ from netcl.nn.conv_route import FAMILY as _FAMILY
 from netcl.nn.conv_route import (ROWS1, ConvRoute, ConvSpec, DeviceClass, bordered_extent, conv_route, cpu_options,
                                  narrow_launch, oc16_launch)
 from netcl.nn import conv_cols
-from netcl.nn.module import (MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, int_or_pair, pair, positive,
+from netcl.nn.module import (MAX_PADDING, Module, as_bool, check_rank, conv_out, int_or_pair, pair, positive,
                              uniform)
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
