@@ -2,8 +2,8 @@
 
 A Conv2d whose kernel, stride, padding and dilation are the same along height and width (ints, or
 pairs of equal values) trains by the routes below. One that differs between them (a (1, 5) kernel,
-stride (2, 1), ...) or pads "same" runs the column route of netcl.nn.conv_cols (im2col, GEMM per
-group, col2im), on every device.
+stride (2, 1), ...) or whose padding="same" pads one side more (an even kernel) runs the column
+route of netcl.nn.conv_cols (im2col, GEMM per group, col2im), on every device.
 
 Which kernels a Conv2d trains with, forward, weight gradient and data gradient together, is one
 decision: netcl.nn.conv_route's conv_route(spec, device class), made at forward time (Conv2d.route)
@@ -310,7 +310,7 @@ class Conv2d(Module):
     STR_ARGS = ("padding",)  # "same" (files hold it; the constructor checks the string)
     PAIR_ARGS = ("kernel_size", "stride", "padding", "dilation")  # files hold a pair as a list of two
 
-    # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, k, k)
+    # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, kH, kW)
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True):
         super().__init__()
@@ -459,8 +459,9 @@ class Conv2d(Module):
         out_shape = self.output_shape(x.shape)  # checks the rank first
         self._out_stats = None
         if self.general:
-            y, cols = conv_cols.forward(q, x, self.weight, self.bias, self._cols(x.shape), out_shape)
-            self._saved = _SavedCols(self._cols(x.shape), cols)
+            g = self._cols(x.shape)
+            y, cols = conv_cols.forward(q, x, self.weight, self.bias, g, out_shape)
+            self._saved = _SavedCols(g, cols)
             return y
         r = self.route(q, x.shape)
         if r.planes is not None:  # x with its zero border, then the direct kernels
