@@ -54,8 +54,9 @@ def _pool2_rows(q, g):
     """(work-items, output rows per work-item) of pool_cpu.cl's 2x2 kernels, or None where they do
     not apply (not a CPU, or another window than 2x2, stride 2, no padding)."""
     nc, h, w, kh, kw, sh, sw, ph, pw, oh, ow = g
-    if (kh, kw, sh, sw, ph, pw) != (2, 2, 2, 2, 0, 0) or 2 * oh > h or 2 * ow > w or not ops.is_cpu(q):  # (ceil_mode's last window
-        return None  # past the input: the generic kernel's bounds checks)
+    if ((kh, kw, sh, sw, ph, pw) != (2, 2, 2, 2, 0, 0) or 2 * oh > h or 2 * ow > w  # (ceil_mode's last window
+            or not ops.is_cpu(q)):  # past the input: the generic kernel's bounds checks)
+        return None
     rows, items = ops.cpu_rows(nc * oh, ow)
     return items, rows
 
