@@ -47,6 +47,58 @@ __kernel void cols_col2im(const int N, const int C, const int H, const int W, co
     dx[idx] = acc;
 }
 
+// CPU-class variants: a work-item per row of OW columns (im2col) or of W inputs (col2im), so that
+// the index divisions come once a row, not once a value (per value they cost more than the copy).
+// cols_im2col_rows: row (c, a, b) of cols at image n, output row oy
+__kernel void cols_im2col_rows(const int N, const int C, const int H, const int W, const int OH, const int OW,
+                               const int KH, const int KW, const int sh, const int sw, const int ph, const int pw,
+                               const int dh, const int dw, __global const float *x, __global float *cols) {
+    const int idx = get_global_id(0);
+    if (idx >= C * KH * KW * N * OH) return;
+    const int oy = idx % OH, n = (idx / OH) % N, r = idx / (OH * N);
+    const int b = r % KW, a = (r / KW) % KH, c = r / (KW * KH);
+    const int iy = oy * sh - ph + a * dh, x0 = b * dw - pw;
+    __global float *out = cols + (long)r * N * OH * OW + ((long)n * OH + oy) * OW;
+    if (iy < 0 || iy >= H) {
+        for (int ox = 0; ox < OW; ox++) out[ox] = 0.0f;
+        return;
+    }
+    __global const float *xr = x + (((long)n * C + c) * H + iy) * W;
+    for (int ox = 0; ox < OW; ox++) {
+        const int ix = ox * sw + x0;
+        out[ox] = (ix >= 0 && ix < W) ? xr[ix] : 0.0f;
+    }
+}
+
+// cols_col2im_rows: dx's row (n, c, iy), its sums in cols_col2im's order (taps a, then b)
+__kernel void cols_col2im_rows(const int N, const int C, const int H, const int W, const int OH, const int OW,
+                               const int KH, const int KW, const int sh, const int sw, const int ph, const int pw,
+                               const int dh, const int dw, __global const float *dcols, const int has_bias,
+                               __global const float *b, __global float *dx) {
+    const int idx = get_global_id(0);
+    if (idx >= N * C * H) return;
+    const int iy = idx % H, c = (idx / H) % C, n = idx / (H * C);
+    const long P = (long)OH * OW, NP = (long)N * P;
+    __global float *out = dx + (long)idx * W;
+    const float b0 = has_bias ? b[c] : 0.0f;
+    for (int ix = 0; ix < W; ix++) out[ix] = b0;
+    for (int a = 0; a < KH; a++) {
+        const int ty = iy + ph - a * dh;  // = oy * sh
+        if (ty < 0 || ty % sh) continue;
+        const int oy = ty / sh;
+        if (oy >= OH) continue;
+        for (int k = 0; k < KW; k++) {  // output ox reads input ox*sw + k*dw - pw: each ix from one ox
+            __global const float *row = dcols + ((long)(c * KH + a) * KW + k) * NP + n * P + (long)oy * OW;
+            const int x0 = k * dw - pw;
+            for (int ox = max(0, (-x0 + sw - 1) / sw); ox < OW; ox++) {
+                const int ix = ox * sw + x0;
+                if (ix >= W) break;
+                out[ix] += row[ox];
+            }
+        }
+    }
+}
+
 // y[n, k, p] = rows[k, n*P + p] (+ b[k]): the GEMM's (K, N*P) product in PyTorch's layout
 __kernel void cols_rows_out(const int N, const int K, const int P, const int has_bias,
                             __global const float *rows, __global const float *b, __global float *y) {

@@ -45,7 +45,10 @@ def forward(q, x, weight, bias, g, out_shape):
     """(y of out_shape, the columns the gradients read): y = W cols per group (+ bias)."""
     kg, ck, no = g.gemm_sizes()
     cols = ops.new(q, (g.c * g.kh * g.kw, no))
-    ops.launch1d(q, "conv_cols", "cols_im2col", cols.size, *g.args(), x, cols)
+    if ops.config_class(q) == "gpu":  # a work-item per value: neighbours write neighbouring values
+        ops.launch1d(q, "conv_cols", "cols_im2col", cols.size, *g.args(), x, cols)
+    else:  # a work-item per row of values
+        ops.launch1d(q, "conv_cols", "cols_im2col_rows", cols.size // g.ow, *g.args(), x, cols)
     cols.mark_written()
     rows = ops.new(q, (g.k, no))
     for i in range(g.groups):
@@ -84,9 +87,9 @@ def data_grad(q, rows, weight, g, x_shape, bias=None):
         ops.gemm(ck, no, kg, weight, (1, ck, 0), rows, (no, 1, 0), dcols, (no, 1, 0),
                  offsets=(i * kg * ck, i * kg * no, i * ck * no))
     dx = ops.new(q, x_shape)
-    has_bias = bias is not None
-    ops.launch1d(q, "conv_cols", "cols_col2im", dx.size, *g.args(), dcols.mark_written(), int(has_bias),
-                 bias if has_bias else ops.dummy(q), dx)
+    has_bias, gpu = bias is not None, ops.config_class(q) == "gpu"
+    ops.launch1d(q, "conv_cols", "cols_col2im" if gpu else "cols_col2im_rows", dx.size // (1 if gpu else g.w),
+                 *g.args(), dcols.mark_written(), int(has_bias), bias if has_bias else ops.dummy(q), dx)
     return dx.mark_written()
 
 
