@@ -100,7 +100,7 @@ __kernel void adaptive_avgpool_bwd(const int NC, const int H, const int W, const
     dx[idx] = acc;
 }
 
-// MaxPool1d / AvgPool1d on (N*C) rows of L (their own kernels: the 2-D ones take square windows).
+// MaxPool1d / AvgPool1d on (N*C) rows of L (their own kernels: one window loop, no second axis).
 // Max: padded positions never win; the first maximum (a NaN as PyTorch) is the one backward routes to.
 __kernel void maxpool1d_fwd(const int NC, const int L, const int k, const int s, const int p, const int OL,
                             __global const float *x, __global float *y, __global int *arg) {

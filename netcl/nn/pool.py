@@ -195,7 +195,7 @@ class _AdaptiveAvgPool(Module):
 
     def __init__(self, output_size):
         super().__init__()
-        self.output_size = positive("output_size", output_size)  # square only, like the other pools
+        self.output_size = positive("output_size", output_size)  # square only (an int; the window pools take pairs)
 
     def config(self):
         return {"output_size": self.output_size}
