@@ -37,8 +37,12 @@ def attention_model():
 
 
 def transposed_conv_model():
-    # x: (N, 3, 5, 5) -> (N, 2, 10, 10); grouped and dilated convolutions: tests/test_conv_family.py
+    # x: (N, 3, 5, 5) -> (N, 2, 10, 10); grouped and dilated convolutions: tests/test_conv_family.py;
+    # (height, width) pairs and padding="same" (files hold the pairs as lists): tests/test_conv_tuples.py
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(4, 4, (2, 3), padding="same", dilation=(1, 2)), nn.MaxPool2d((3, 1), (1, 1), (1, 0)),
+                         nn.ConvTranspose2d(4, 4, (1, 3), stride=(1, 2), padding=(0, 1), output_padding=(0, 1)),
+                         nn.AvgPool2d((1, 2)),
                          nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1))
 
 
@@ -79,10 +83,13 @@ def embedding_model():
 
 
 def signal_model():
-    # x: (N, 3, 16) -> (N, 4); the 1-D layers: Conv1d (padding="same", groups, dilation), MaxPool1d, AvgPool1d
+    # x: (N, 3, 16) -> (N, 4); the 1-D layers: Conv1d (padding="same", groups, dilation), MaxPool1d, AvgPool1d,
+    # ConvTranspose1d, InstanceNorm1d
     return nn.Sequential(nn.Conv1d(3, 6, 5, stride=2, padding=2), nn.BatchNorm1d(6), nn.ReLU(),
                          nn.MaxPool1d(3, 1, 1), nn.Conv1d(6, 6, 4, padding="same", dilation=2, groups=3, bias=False),
-                         nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(6, 4))
+                         nn.ConvTranspose1d(6, 6, 3, stride=2, padding=1, groups=2, dilation=2),
+                         nn.InstanceNorm1d(6, affine=True), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+                         nn.Linear(6, 4))
 
 
 def groupnorm_model():

@@ -694,7 +694,8 @@ def _config_problem(cls, config, lists=0):
     where the parameter's default is a string (a mode such as Upsample's or GELU's approximate,
     which the constructor checks against its fixed set); optimizers and schedulers: also lists of at
     most `lists` numbers (True: 8; Adam's betas, a scheduler's value per group). A class's STR_ARGS
-    names parameters that take a mode string besides numbers (Conv1d's padding="same")."""
+    names parameters that take a mode string besides numbers (Conv1d's padding="same"), its PAIR_ARGS
+those that take a (height, width) pair of numbers as well (Conv2d's kernel_size, ...)."""
     if not isinstance(config, dict):
         return f"must be an object, got {type(config).__name__}"
     if hasattr(cls, "config_problem"):  # a config of structured values (a graph's nodes): its class checks it
@@ -706,7 +707,8 @@ def _config_problem(cls, config, lists=0):
     for k, v in config.items():
         if k not in names:
             return f"key {k!r:.100} is not an argument of {cls.__name__} (expected some of {names})"
-        if isinstance(v, list) and len(v) <= longest:
+        if isinstance(v, list) and len(v) <= longest or (isinstance(v, (list, tuple)) and len(v) == 2
+                                                         and k in getattr(cls, "PAIR_ARGS", ())):
             vs = v
         else:
             vs = [v]

@@ -21,7 +21,7 @@ from netcl.io.atomic import AtomicFile, file_path
 from netcl.io.netcl_format import _recordable, architecture
 from netcl.nn import graph
 from netcl.nn.functional import LAYER_OF
-from netcl.nn.module import ShapeError
+from netcl.nn.module import ShapeError, pair
 from netcl.tensor import Tensor
 from netcl.version import __version__
 
@@ -252,16 +252,15 @@ def _linear(g, m, x, s, out):
     return g.op("Add", [y, w[1]], out) if m.bias is not None else y
 
 
-def _conv2d(g, m, x, s, out):
-    k, p = m.kernel_size, m.padding
+def _conv2d(g, m, x, s, out):  # pairs as (height, width); padding="same" as its explicit pads
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
     extra = {}  # only where they differ from ONNX's defaults, so older models export to the same bytes
     if m.dilation != 1:
-        extra["dilations"] = [m.dilation, m.dilation]
+        extra["dilations"] = list(pair(m.dilation))
     if m.groups != 1:
         extra["group"] = m.groups
-    return g.op("Conv", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
-                **extra)
+    return g.op("Conv", [x] + w, out, kernel_shape=list(pair(m.kernel_size)), pads=list(m.pads()),
+                strides=list(pair(m.stride)), **extra)
 
 
 def _conv1d(g, m, x, s, out):  # the same Conv, 1-D attributes; padding="same" as its explicit (left, right)
@@ -273,12 +272,23 @@ def _conv1d(g, m, x, s, out):  # the same Conv, 1-D attributes; padding="same" a
     return g.op("Conv", [x] + w, out, kernel_shape=[m.kernel_size], pads=[left, right], strides=[m.stride], **extra)
 
 
-def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, k, k) is ONNX's (C, M/group, kH, kW)
-    k, p, op = m.kernel_size, m.padding, m.output_padding
+def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, kH, kW) is ONNX's (C, M/group, kH, kW)
+    (ph, pw), op = pair(m.padding), pair(m.output_padding)
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
-    extra = {"output_padding": [op, op]} if op else {}
-    return g.op("ConvTranspose", [x] + w, out, kernel_shape=[k, k], pads=[p, p, p, p],
-                strides=[m.stride, m.stride], **extra)
+    extra = {"output_padding": list(op)} if any(op) else {}
+    return g.op("ConvTranspose", [x] + w, out, kernel_shape=list(pair(m.kernel_size)), pads=[ph, pw, ph, pw],
+                strides=list(pair(m.stride)), **extra)
+
+
+def _conv_transpose1d(g, m, x, s, out):  # weight (in, out/groups, k) is ONNX's (C, M/group, k)
+    w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
+    extra = {"output_padding": [m.output_padding]} if m.output_padding else {}
+    if m.dilation != 1:
+        extra["dilations"] = [m.dilation]
+    if m.groups != 1:
+        extra["group"] = m.groups
+    return g.op("ConvTranspose", [x] + w, out, kernel_shape=[m.kernel_size], pads=[m.padding, m.padding],
+                strides=[m.stride], **extra)
 
 
 def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
@@ -288,10 +298,10 @@ def _batchnorm2d(g, m, x, s, out):  # inference form: the running statistics
 
 def _pool(op_type, **extra):
     def emit(g, m, x, s, out):
-        k, p = m.kernel_size, m.padding
+        (ph, pw) = pair(m.padding)
         ceil = {"ceil_mode": 1} if m.ceil_mode else {}  # (MaxPool2d's; attributes at their defaults left out)
-        return g.op(op_type, [x], out, kernel_shape=[k, k], pads=[p, p, p, p], strides=[m.stride, m.stride],
-                    **extra, **ceil)
+        return g.op(op_type, [x], out, kernel_shape=list(pair(m.kernel_size)), pads=[ph, pw, ph, pw],
+                    strides=list(pair(m.stride)), **extra, **ceil)
     return emit
 
 
@@ -984,6 +994,7 @@ OP_EMITTERS = {
 EMITTERS = {
     nn.Linear: _linear,                          # Gemm (transB=0) for 2-D input, else MatMul + Add
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
+    nn.ConvTranspose1d: _conv_transpose1d,       # ConvTranspose, 1-D attributes (group, dilations when set)
     nn.Conv1d: _conv1d,                          # Conv, 1-D attributes (padding="same": explicit pads)
     nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
     nn.BatchNorm1d: _batchnorm2d,                # BatchNormalization on (N, C) or (N, C, L), as on 4-D
@@ -1002,7 +1013,8 @@ EMITTERS = {
     nn.AdaptiveAvgPool1d: _adaptive_avg_pool,
     nn.LayerNorm: _layernorm,                    # LayerNormalization (opset >= 17), else its decomposition
     nn.GroupNorm: _groupnorm,                    # GroupNormalization (opset >= 21), else its decomposition
-    nn.InstanceNorm2d: _instancenorm2d,          # InstanceNormalization (scale ones, bias zeros when not affine)
+    nn.InstanceNorm2d: _instancenorm2d,
+    nn.InstanceNorm1d: _instancenorm2d,          # the same node on (N, C, L)          # InstanceNormalization (scale ones, bias zeros when not affine)
     nn.GELU: _gelu,                              # Gelu (opset >= 20), else the Erf / Tanh formula
     nn.SiLU: _silu,                              # Mul(x, Sigmoid(x))
     nn.ReLU6: _relu6,                            # Clip(0, 6)

@@ -325,17 +325,28 @@ def _make_layer_norm(g, node, shape):
 
 
 def _make_conv_transpose(g, node, shape):
+    """ConvTranspose2d (pairs as it takes them; one group, no dilation) or, on a 3-D weight,
+    ConvTranspose1d (groups and dilation too)."""
     k, w, b = g.attrs(node), g.const(node, 1, "weight"), g.const(node, 2, "bias")
-    if w.ndim != 4 or k.get("group", 1) != 1 or oi._square(node, "dilations", k.get("dilations"), 1) != 1 \
-            or k.get("output_shape"):
-        raise NotImplementedError(f"node {node.name!r} (ConvTranspose): only 2-D, one group, no dilation, no "
-                                  "output_shape")
-    pad = k.get("output_padding") or [0, 0]
-    layer = oi._layer("ConvTranspose2d", node, in_channels=w.shape[0], out_channels=w.shape[1],
-                      kernel_size=oi._square(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1),
-                      stride=oi._square(node, "strides", k.get("strides"), 1), padding=oi._pads(node, k),
-                      output_padding=oi._square(node, "output_padding", pad, 0), bias=b is not None)
-    return [oi._with(layer, weight=w, **({"bias": oi._bias(node, b, w.shape[1])} if b is not None else {}))], \
+    groups = int(k.get("group", 1))
+    if w.ndim == 3 and not k.get("output_shape"):
+        pad = k.get("output_padding") or [0]
+        layer = oi._layer("ConvTranspose1d", node, in_channels=w.shape[0], out_channels=w.shape[1] * groups,
+                          kernel_size=oi._one(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1),
+                          stride=oi._one(node, "strides", k.get("strides"), 1), padding=oi._pads1d(node, k),
+                          output_padding=oi._one(node, "output_padding", pad, 0), groups=groups,
+                          dilation=oi._one(node, "dilations", k.get("dilations"), 1), bias=b is not None)
+    elif w.ndim == 4 and groups == 1 and oi._two(node, "dilations", k.get("dilations"), 1) == 1 \
+            and not k.get("output_shape"):
+        pad = k.get("output_padding") or [0, 0]
+        layer = oi._layer("ConvTranspose2d", node, in_channels=w.shape[0], out_channels=w.shape[1],
+                          kernel_size=oi._two(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1),
+                          stride=oi._two(node, "strides", k.get("strides"), 1), padding=oi._pads2d(node, k),
+                          output_padding=oi._two(node, "output_padding", pad, 0), bias=b is not None)
+    else:
+        raise NotImplementedError(f"node {node.name!r} (ConvTranspose): only 1-D, or 2-D of one group and no "
+                                  "dilation; no output_shape")
+    return [oi._with(layer, weight=w, **({"bias": oi._bias(node, b, layer.out_channels)} if b is not None else {}))], \
         node.output[0], [node]
 
 
@@ -380,7 +391,7 @@ def _pad_plan(m, node, shape, kernel):
     """(pads before, pads after, the node to convert): the node itself where netcl pads it."""
     k = m.attrs(node)
     auto, pads, n = k.get("auto_pad", "NOTSET"), k.get("pads"), len(shape) - 2
-    if auto in ("NOTSET", "VALID") and (not pads or len(set(pads)) == 1):
+    if auto in ("NOTSET", "VALID") and (not pads or list(pads[:n]) == list(pads[n:])):  # each axis's sides alike
         return [0] * len(shape), [0] * len(shape), node
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         strides, dil = k.get("strides") or [1] * n, k.get("dilations") or [1] * n

@@ -30,6 +30,7 @@ from netcl.errors import FormatError
 from netcl.io import onnx_export as ox
 from netcl.io.netcl_format import _build_layer, _scratch_rng
 from netcl.io.onnx_export import onnx_pb2 as P
+from netcl.nn.conv import same_pads
 
 T = P.TensorProto
 _MAX_NDIM = 8
@@ -276,20 +277,28 @@ def _with(layer, **arrays):
     return layer
 
 
-def _square(node, name, values, default):
+def _two(node, name, values, default):
+    """A 2-D node's (height, width) attribute as Conv2d takes it: an int where both match, else the pair."""
     values = list(values) if values is not None else [default, default]
-    if len(values) != 2 or values[0] != values[1]:
-        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): {name}={values} (netcl takes square 2-D values)")
-    return int(values[0])
+    if len(values) != 2:
+        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): {name}={values} (expected 2 values)")
+    return int(values[0]) if values[0] == values[1] else (int(values[0]), int(values[1]))
 
 
-def _pads(node, k):
+def _pads2d(node, k, kernel=None, dilation=1, stride=1):
+    """A 2-D node's pads [top, left, bottom, right]: an int or (height, width) pair where each axis
+    pads both sides alike, "same" where they are Conv2d's padding="same" (kernel given: a Conv);
+    other one-sided pads PyTorch's layers cannot express are refused here (import_onnx's graph
+    path, onnx_graph, then puts a Pad in front of such a node)."""
     if k.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise NotImplementedError(f"node {node.name!r} ({node.op_type}): auto_pad={k['auto_pad']} (give explicit pads)")
-    pads = k.get("pads") or [0, 0, 0, 0]
-    if len(set(pads)) != 1:
-        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): pads={pads} (netcl pads all sides alike)")
-    return int(pads[0])
+    top, left, bottom, right = (int(p) for p in (k.get("pads") or [0, 0, 0, 0]))
+    if (top, left) == (bottom, right):
+        return top if top == left else (top, left)
+    if kernel is not None and stride == 1 and (top, left, bottom, right) == same_pads(kernel, dilation):
+        return "same"
+    raise NotImplementedError(f"node {node.name!r} ({node.op_type}): pads={[top, left, bottom, right]} (netcl pads "
+                              "top and bottom alike and left and right alike, or as Conv2d's padding='same')")
 
 
 def _bias(node, b, n):
@@ -366,10 +375,11 @@ def _conv(g, node, shape):
     if w.ndim != 4:
         raise NotImplementedError(f"node {node.name!r} (Conv): only 1-D and 2-D convolutions (a 3-D or 4-D weight)")
     groups = int(k.get("group", 1))
-    size = _square(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1)
+    size = _two(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1)
+    stride, dilation = _two(node, "strides", k.get("strides"), 1), _two(node, "dilations", k.get("dilations"), 1)
     layer = _layer("Conv2d", node, in_channels=w.shape[1] * groups, out_channels=w.shape[0], kernel_size=size,
-                   stride=_square(node, "strides", k.get("strides"), 1), padding=_pads(node, k),
-                   dilation=_square(node, "dilations", k.get("dilations"), 1), groups=groups, bias=b is not None)
+                   stride=stride, padding=_pads2d(node, k, size, dilation, stride), dilation=dilation, groups=groups,
+                   bias=b is not None)
     return [_with(layer, weight=w, **({"bias": _bias(node, b, w.shape[0])} if b is not None else {}))], node.output[0], [node]
 
 
@@ -424,14 +434,14 @@ def _pool(kind):
                                       "AveragePool's ceil_mode are not supported")
         if len(k.get("kernel_shape") or ()) == 1:  # on (N, C, L): MaxPool1d, AvgPool1d
             return _pool1d(g, node, k, kind.replace("2d", "1d"), ceil)
-        if _square(node, "dilations", k.get("dilations"), 1) != 1:
+        if _two(node, "dilations", k.get("dilations"), 1) != 1:
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
-        size, pad = _square(node, "kernel_shape", k.get("kernel_shape"), None), _pads(node, k)
+        size, pad = _two(node, "kernel_shape", k.get("kernel_shape"), None), _pads2d(node, k)
         if kind == "AvgPool2d" and pad and not k.get("count_include_pad", 0):
             raise NotImplementedError(f"node {node.name!r} (AveragePool): count_include_pad=0 with padding "
                                       "(netcl's AvgPool2d counts the padding, as PyTorch's default)")
         extra = {"ceil_mode": True} if ceil else {}
-        layer = _layer(kind, node, kernel_size=size, stride=_square(node, "strides", k.get("strides"), 1), padding=pad,
+        layer = _layer(kind, node, kernel_size=size, stride=_two(node, "strides", k.get("strides"), 1), padding=pad,
                        **extra)
         return [layer], node.output[0], [node]
     return convert

@@ -98,7 +98,7 @@ class ConvStage(Stage):
         conv = self.conv
         _, c, h, w = shape
         _, k, oh, ow = conv.output_shape(shape)
-        return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.padding,
+        return ConvSpec(c=c, h=h, w=w, k=k, ks=conv.kernel_size, stride=conv.stride, pad=conv.pads()[0],
                         oh=oh, ow=ow, pool=self.pool is not None, ipb=self.in_border, opb=self.out_border,
                         act=self.act, slope=self.slope, kt=kt, koff=koff, res=self.res is not None,
                         rpb=self.res_border, act2=self.act2, slope2=self.slope2, dil=conv.dilation,
@@ -294,6 +294,8 @@ class LayerStage(Stage):
 
 
 def _fusable_conv(conv):
+    if conv.general:  # the column route (geometry unlike along height and width, or "same"): a LayerStage
+        return False
     if conv.groups == 1:
         return conv.dilation == 1  # the dense families' geometry
     return conv.groups == conv.in_channels  # depthwise (any channel multiplier, stride, dilation)
@@ -389,7 +391,7 @@ class _Planner:
             elif isinstance(lay, Transpose):
                 v = self.emit(TransposeStage(lay), v)
                 i += 1
-            elif isinstance(lay, (MaxPool2d, Upsample)):
+            elif isinstance(lay, Upsample) or (isinstance(lay, MaxPool2d) and not lay.general):
                 v = self.emit(ResampleStage(lay), v)
                 i += 1
             elif _is_residual(lay):
@@ -447,7 +449,7 @@ def _readers_writers(stages, nvalues, output):
     for st in stages:
         if isinstance(st, ConcatStage):
             continue
-        readers[st.src].append(("conv", st.conv.padding) if isinstance(st, ConvStage) else "other")
+        readers[st.src].append(("conv", st.conv.pads()[0]) if isinstance(st, ConvStage) else "other")
         if st.res is not None:
             readers[st.res].append("res" if isinstance(st, ConvStage) else "other")
         writers[st.dst].append("conv" if isinstance(st, ConvStage) else "other")

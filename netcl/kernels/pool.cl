@@ -2,28 +2,28 @@
 // Backward passes gather over the windows that cover each input, so they need no atomics.
 #include "pool.h"
 
-__kernel void maxpool_fwd(const int NC, const int H, const int W, const int k, const int s, const int p,
-                          const int OH, const int OW, __global const float *x, __global float *y,
-                          __global int *arg) {
+__kernel void maxpool_fwd(const int NC, const int H, const int W, const int kh, const int kw, const int sh,
+                          const int sw, const int ph, const int pw, const int OH, const int OW,
+                          __global const float *x, __global float *y, __global int *arg) {
     const int idx = get_global_id(0);
     if (idx >= NC * OH * OW) return;
     const int ow = idx % OW, oh = (idx / OW) % OH, nc = idx / (OW * OH);
     int bi;
-    const float best = window_max(x + nc * H * W, H, W, k, s, p, oh, ow, &bi);
+    const float best = window_max2(x + nc * H * W, H, W, kh, kw, sh, sw, ph, pw, oh, ow, &bi);
     y[idx] = best;
     arg[idx] = bi;
 }
 
-__kernel void maxpool_bwd(const int NC, const int H, const int W, const int k, const int s, const int p,
-                          const int OH, const int OW, __global const float *dy, __global const int *arg,
-                          __global float *dx) {
+__kernel void maxpool_bwd(const int NC, const int H, const int W, const int kh, const int kw, const int sh,
+                          const int sw, const int ph, const int pw, const int OH, const int OW,
+                          __global const float *dy, __global const int *arg, __global float *dx) {
     const int idx = get_global_id(0);
     if (idx >= NC * H * W) return;
     const int iw = idx % W, ih = (idx / W) % H, nc = idx / (W * H), here = ih * W + iw;
     float acc = 0.0f;
-    // output windows covering ih: oh*s - p <= ih <= oh*s - p + k - 1
-    const int oh0 = max(0, (ih + p - k + s) / s), oh1 = min(OH - 1, (ih + p) / s);
-    const int ow0 = max(0, (iw + p - k + s) / s), ow1 = min(OW - 1, (iw + p) / s);
+    // output windows covering ih: oh*sh - ph <= ih <= oh*sh - ph + kh - 1 (and alike along the width)
+    const int oh0 = max(0, (ih + ph - kh + sh) / sh), oh1 = min(OH - 1, (ih + ph) / sh);
+    const int ow0 = max(0, (iw + pw - kw + sw) / sw), ow1 = min(OW - 1, (iw + pw) / sw);
     for (int oh = oh0; oh <= oh1; oh++)
         for (int ow = ow0; ow <= ow1; ow++) {
             const int o = (nc * OH + oh) * OW + ow;
@@ -32,36 +32,38 @@ __kernel void maxpool_bwd(const int NC, const int H, const int W, const int k, c
     dx[idx] = acc;
 }
 
-// count_include_pad semantics (PyTorch's default): always divide by k*k.
-__kernel void avgpool_fwd(const int NC, const int H, const int W, const int k, const int s, const int p,
-                          const int OH, const int OW, __global const float *x, __global float *y) {
+// count_include_pad semantics (PyTorch's default): always divide by kh*kw.
+__kernel void avgpool_fwd(const int NC, const int H, const int W, const int kh, const int kw, const int sh,
+                          const int sw, const int ph, const int pw, const int OH, const int OW,
+                          __global const float *x, __global float *y) {
     const int idx = get_global_id(0);
     if (idx >= NC * OH * OW) return;
     const int ow = idx % OW, oh = (idx / OW) % OH, nc = idx / (OW * OH);
     __global const float *xp = x + nc * H * W;
     float acc = 0.0f;
-    for (int kh = 0; kh < k; kh++) {
-        const int ih = oh * s - p + kh;
+    for (int a = 0; a < kh; a++) {
+        const int ih = oh * sh - ph + a;
         if (ih < 0 || ih >= H) continue;
-        for (int kw = 0; kw < k; kw++) {
-            const int iw = ow * s - p + kw;
+        for (int b = 0; b < kw; b++) {
+            const int iw = ow * sw - pw + b;
             if (iw >= 0 && iw < W) acc += xp[ih * W + iw];
         }
     }
-    y[idx] = acc / (float)(k * k);
+    y[idx] = acc / (float)(kh * kw);
 }
 
-__kernel void avgpool_bwd(const int NC, const int H, const int W, const int k, const int s, const int p,
-                          const int OH, const int OW, __global const float *dy, __global float *dx) {
+__kernel void avgpool_bwd(const int NC, const int H, const int W, const int kh, const int kw, const int sh,
+                          const int sw, const int ph, const int pw, const int OH, const int OW,
+                          __global const float *dy, __global float *dx) {
     const int idx = get_global_id(0);
     if (idx >= NC * H * W) return;
     const int iw = idx % W, ih = (idx / W) % H, nc = idx / (W * H);
-    const int oh0 = max(0, (ih + p - k + s) / s), oh1 = min(OH - 1, (ih + p) / s);
-    const int ow0 = max(0, (iw + p - k + s) / s), ow1 = min(OW - 1, (iw + p) / s);
+    const int oh0 = max(0, (ih + ph - kh + sh) / sh), oh1 = min(OH - 1, (ih + ph) / sh);
+    const int ow0 = max(0, (iw + pw - kw + sw) / sw), ow1 = min(OW - 1, (iw + pw) / sw);
     float acc = 0.0f;
     for (int oh = oh0; oh <= oh1; oh++)
         for (int ow = ow0; ow <= ow1; ow++) acc += dy[(nc * OH + oh) * OW + ow];
-    dx[idx] = acc / (float)(k * k);
+    dx[idx] = acc / (float)(kh * kw);
 }
 
 // AdaptiveAvgPool (2-D, and 1-D as H = OH = 1), PyTorch's windows: output i of OH averages the
@@ -98,7 +100,7 @@ __kernel void adaptive_avgpool_bwd(const int NC, const int H, const int W, const
     dx[idx] = acc;
 }
 
-// MaxPool1d / AvgPool1d on (N*C) rows of L (their own kernels: the 2-D ones take square windows).
+// MaxPool1d / AvgPool1d on (N*C) rows of L (their own kernels: one window loop, no second axis).
 // Max: padded positions never win; the first maximum (a NaN as PyTorch) is the one backward routes to.
 __kernel void maxpool1d_fwd(const int NC, const int L, const int k, const int s, const int p, const int OL,
                             __global const float *x, __global float *y, __global int *arg) {

@@ -8,16 +8,16 @@ from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.blocks import Concat, ModuleDict, ModuleList, Residual
 from netcl.nn.conv import Conv2d, ConvTranspose2d
-from netcl.nn.conv1d import Conv1d
+from netcl.nn.conv1d import Conv1d, ConvTranspose1d
 from netcl.nn.embedding import Embedding
 from netcl.nn.linear import Linear
 from netcl.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss,
                            SmoothL1Loss)
 from netcl.nn.graph import GraphModule, TraceError, trace
 from netcl.nn.module import LAYERS, Module, Parameter, manual_seed
-from netcl.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm2d, LayerNorm
-from netcl.nn.rnn import GRU, LSTM
+from netcl.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm
 from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d
+from netcl.nn.rnn import GRU, LSTM
 from netcl.nn.sequential import Sequential
 from netcl.nn.torch_import import from_torch
 from netcl.nn.upsample import Upsample
@@ -28,7 +28,8 @@ LAYERS.update({cls.__name__: cls for cls in (Sequential, Linear, Conv2d, BatchNo
                                         Transpose, AdaptiveAvgPool2d, AdaptiveAvgPool1d, ConvTranspose2d, Residual,
                                         Concat, ModuleList, ModuleDict, GraphModule, Upsample,
                                         BatchNorm1d, Embedding, ELU, Softplus, Mish, PReLU, LogSoftmax,
-                                        Conv1d, MaxPool1d, AvgPool1d, GroupNorm, InstanceNorm2d, LSTM, GRU)})
+                                        Conv1d, MaxPool1d, AvgPool1d, GroupNorm, InstanceNorm2d, ConvTranspose1d,
+                                        InstanceNorm1d, LSTM, GRU)})
 
 from netcl.nn import functional, utils  # noqa: E402  (after the layers it calls)
 
@@ -38,4 +39,5 @@ __all__ = ["Module", "Parameter", "ModuleDict", "GraphModule", "TraceError", "tr
            "Dropout", "Softmax", "MultiheadAttention", "Residual", "Concat", "ModuleList", "CrossEntropyLoss",
            "MSELoss", "BCELoss", "BCEWithLogitsLoss", "NLLLoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "LAYERS", "manual_seed", "from_torch",
            "BatchNorm1d", "Embedding", "ELU", "Softplus", "Mish", "PReLU", "LogSoftmax",
-           "Conv1d", "MaxPool1d", "AvgPool1d", "GroupNorm", "InstanceNorm2d", "LSTM", "GRU"]
+           "Conv1d", "MaxPool1d", "AvgPool1d", "GroupNorm", "InstanceNorm2d", "ConvTranspose1d",
+           "InstanceNorm1d", "LSTM", "GRU"]

@@ -1,4 +1,9 @@
-"""Conv2d (grouped, depthwise, dilated) and ConvTranspose2d: square kernels, symmetric padding.
+"""Conv2d (grouped, depthwise, dilated) and ConvTranspose2d.
+
+A Conv2d whose kernel, stride, padding and dilation are the same along height and width (ints, or
+pairs of equal values) trains by the routes below. One that differs between them (a (1, 5) kernel,
+stride (2, 1), ...) or whose padding="same" pads one side more (an even kernel) runs the column
+route of netcl.nn.conv_cols (im2col, GEMM per group, col2im), on every device.
 
 Which kernels a Conv2d trains with, forward, weight gradient and data gradient together, is one
 decision: netcl.nn.conv_route's conv_route(spec, device class), made at forward time (Conv2d.route)
@@ -26,7 +31,9 @@ from netcl.convspec import winot_choice
 from netcl.nn.conv_route import FAMILY as _FAMILY
 from netcl.nn.conv_route import (ROWS1, ConvRoute, ConvSpec, DeviceClass, bordered_extent, conv_route, cpu_options,
                                  narrow_launch, oc16_launch)
-from netcl.nn.module import MAX_PADDING, Module, as_bool, as_int, check_rank, conv_out, positive, uniform
+from netcl.nn import conv_cols
+from netcl.nn.module import (MAX_PADDING, Module, as_bool, check_rank, conv_out, int_or_pair, pair, positive,
+                             uniform)
 
 _RED = 64  # work-group size of the reductions in conv.cl (RED)
 _GPU_LOCAL = 256  # work-group size of im2col_gpu and col2im_gpu
@@ -48,6 +55,35 @@ def device_class(q):
     """The DeviceClass conv routes are chosen for on queue q (NETCL_CPU_WINOT read per call)."""
     return DeviceClass(ops.config_class(q), ops.float_lanes(q), ops.local_mem(q), ops.compute_units(q),
                        winot_choice(os.environ.get("NETCL_CPU_WINOT")))
+
+
+@dataclass
+class _SavedCols:
+    """What a Conv2d of the column route (conv_cols) keeps for its backward: its geometry and columns."""
+    geometry: conv_cols.Cols
+    cols: object
+
+
+def conv_padding(padding, stride):
+    """Conv2d's padding argument: an int or (height, width) pair (int_or_pair), "valid" as 0, or
+    "same" (stride 1 only, as PyTorch)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0
+        if padding != "same":
+            raise ValueError(f"padding must be an int, a pair of ints, 'same' or 'valid', got {padding!r:.50}")
+        if stride != 1:
+            raise ValueError("padding='same' is not supported for strided convolutions (as PyTorch)")
+        return padding
+    return int_or_pair("padding", padding, 0, MAX_PADDING)
+
+
+def same_pads(kernel_size, dilation):
+    """(top, left, bottom, right) of padding="same": dilation * (kernel - 1) per axis, the odd
+    one of an even kernel at the bottom and right (as PyTorch)."""
+    (kh, kw), (dh, dw) = pair(kernel_size), pair(dilation)
+    th, tw = dh * (kh - 1), dw * (kw - 1)
+    return th // 2, tw // 2, th - th // 2, tw - tw // 2
 
 
 @dataclass
@@ -268,24 +304,27 @@ def _channel_sum(dy, p):
 
 
 class Conv2d(Module):
-    """Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True): (N, C, H, W) -> (N, K, H', W'), weight (K, C/groups, k, k), PyTorch's semantics."""
+    """Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True): (N, C, H, W) -> (N, K, H', W'), weight (K, C/groups, kH, kW), PyTorch's semantics; kernel_size, stride, padding and dilation each an int or a (height, width) pair, padding also "same" (stride 1) or "valid"."""
     CALL_STATE = ("_saved", "_out_stats")
+    STR_ARGS = ("padding",)  # "same" (files hold it; the constructor checks the string)
+    PAIR_ARGS = ("kernel_size", "stride", "padding", "dilation")  # files hold a pair as a list of two
 
-    # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, k, k)
+    # x: (N, C, H, W) -> (N, K, H', W'); weight (K, C/groups, kH, kW)
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True):
         super().__init__()
         self.in_channels = positive("in_channels", in_channels)
         self.out_channels = positive("out_channels", out_channels)
-        self.kernel_size = positive("kernel_size", kernel_size)
-        self.stride = positive("stride", stride)
-        self.padding = as_int("padding", padding, 0, MAX_PADDING)
+        self.kernel_size = int_or_pair("kernel_size", kernel_size, 1)
+        self.stride = int_or_pair("stride", stride, 1)
+        self.padding = conv_padding(padding, self.stride)
         bias = as_bool("bias", bias)
-        self.dilation = positive("dilation", dilation)
+        self.dilation = int_or_pair("dilation", dilation, 1)
         self.groups = _check_groups(self.in_channels, self.out_channels, groups)
         shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, groups=self.groups,
                                     bias=bias)
-        bound = 1.0 / math.sqrt(self.in_channels // self.groups * self.kernel_size ** 2)
+        kh, kw = pair(self.kernel_size)
+        bound = 1.0 / math.sqrt(self.in_channels // self.groups * kh * kw)
         self.weight = uniform(bound, shapes["weight"])
         self.bias = uniform(bound, shapes["bias"]) if bias else None
         self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
@@ -293,8 +332,8 @@ class Conv2d(Module):
     @classmethod
     def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                       bias=True):
-        k, g = kernel_size, _check_groups(in_channels, out_channels, groups)
-        return {"weight": (out_channels, in_channels // g, k, k), **({"bias": (out_channels,)} if bias else {})}
+        (kh, kw), g = pair(int_or_pair("kernel_size", kernel_size, 1)), _check_groups(in_channels, out_channels, groups)
+        return {"weight": (out_channels, in_channels // g, kh, kw), **({"bias": (out_channels,)} if bias else {})}
 
     def config(self):
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
@@ -308,13 +347,34 @@ class Conv2d(Module):
         return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
                          if not (k in ("dilation", "groups") and v == 1))
 
+    @property
+    def general(self):
+        """Whether this conv runs the column route (conv_cols): its geometry differs between height
+        and width, or padding="same" pads one side more (an even kernel). The square, symmetric
+        ones ("same" of an odd kernel among them: its int padding) train by conv_route's routes
+        and fuse in predict()'s conv stages."""
+        return len(set(self.pads())) > 1 or any(isinstance(v, tuple) for v in
+                                                (self.kernel_size, self.stride, self.dilation))
+
+    def pads(self):
+        """(top, left, bottom, right) zero padding (ONNX's order)."""
+        if self.padding == "same":
+            return same_pads(self.kernel_size, self.dilation)
+        ph, pw = pair(self.padding)
+        return ph, pw, ph, pw
+
     def output_shape(self, shape):
         check_rank("Conv2d", shape, 4, "(N, C, H, W)")
         n, c, h, w = shape
         if c != self.in_channels:
             raise ValueError(f"Conv2d expects {self.in_channels} input channels, got shape {tuple(shape)}")
-        span = self.dilation * (self.kernel_size - 1) + 1
-        oh, ow = (conv_out(v, span, self.stride, self.padding) for v in (h, w))
+        if self.general:
+            (kh, kw), (sh, sw), (dh, dw) = pair(self.kernel_size), pair(self.stride), pair(self.dilation)
+            top, left, bottom, right = self.pads()
+            oh, ow = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
+        else:
+            span = self.dilation * (self.kernel_size - 1) + 1
+            oh, ow = (conv_out(v, span, self.stride, self.pads()[0]) for v in (h, w))
         if oh < 1 or ow < 1:
             raise ValueError(f"Conv2d kernel {self.kernel_size} (dilation {self.dilation}, padding {self.padding}) "
                              f"does not fit input {h}x{w}")
@@ -322,10 +382,19 @@ class Conv2d(Module):
 
     def macs(self, shape):
         n, k, oh, ow = self.output_shape(shape)
-        return n * k * oh * ow * (self.in_channels // self.groups) * self.kernel_size ** 2
+        kh, kw = pair(self.kernel_size)
+        return n * k * oh * ow * (self.in_channels // self.groups) * kh * kw
+
+    def _cols(self, shape):
+        """The column route's geometry (conv_cols.Cols) at input `shape`."""
+        n, c, h, w = shape
+        _, k, oh, ow = self.output_shape(shape)
+        (kh, kw), (sh, sw), (dh, dw) = pair(self.kernel_size), pair(self.stride), pair(self.dilation)
+        top, left, _, _ = self.pads()
+        return conv_cols.Cols(n, c, h, w, k, oh, ow, kh, kw, sh, sw, top, left, dh, dw, self.groups)
 
     def _geometry(self):
-        return self.kernel_size, self.stride, self.padding, self.dilation
+        return self.kernel_size, self.stride, self.pads()[0], self.dilation
 
     def _depthwise(self):
         return self.groups > 1 and self.groups == self.in_channels
@@ -333,7 +402,7 @@ class Conv2d(Module):
     def spec(self, shape):
         """This conv at input `shape` as conv_route's ConvSpec."""
         n, c, h, w = shape
-        return ConvSpec(n, c, h, w, self.out_channels, self.kernel_size, self.stride, self.padding, self.dilation,
+        return ConvSpec(n, c, h, w, self.out_channels, self.kernel_size, self.stride, self.pads()[0], self.dilation,
                         self.groups)
 
     def route(self, q, shape):
@@ -378,8 +447,8 @@ class Conv2d(Module):
         """(top, left, HP, WP): the zero-bordered planes this conv's CPU training forward copies
         its input `shape` into (the "winot", "rows" and "channels" routes), so that the layer before
         it can write them instead (Sequential: a BatchNorm2d's pass, then forward_padded); None where
-        the forward reads its input as it is."""
-        return self.route(q, shape).planes
+        the forward reads its input as it is (the column route's too)."""
+        return None if self.general else self.route(q, shape).planes
 
     def forward(self, x, stats=False):
         """y = conv(x); with `stats` (Sequential's training path, a BatchNorm2d next), a kernel that
@@ -388,6 +457,11 @@ class Conv2d(Module):
         q = self._on(x)
         out_shape = self.output_shape(x.shape)  # checks the rank first
         self._out_stats = None
+        if self.general:
+            g = self._cols(x.shape)
+            y, cols = conv_cols.forward(q, x, self.weight, self.bias, g, out_shape)
+            self._saved = _SavedCols(g, cols)
+            return y
         r = self.route(q, x.shape)
         if r.planes is not None:  # x with its zero border, then the direct kernels
             top, _, hp, wp = r.planes
@@ -497,6 +571,9 @@ class Conv2d(Module):
         activation whose output is this layer's input, a Residual's that ran in its sum), the sum
         comes back through that activation's gradient: pw2_dgrad_cpu's own pass (DX_ACT), else
         act_bwd_cpu."""
+        if isinstance(self._saved, _SavedCols):
+            ops.add(acc, self._backward(dy, True), out=acc)
+            return ops.through_act(acc.mark_written(), act)
         k, s, p, d = self._geometry()
         cpu_1x1 = (k, p, d, self.groups) == (1, 0, 1, 1) and ops.is_cpu(dy.queue)
         route = self._saved.route
@@ -513,6 +590,13 @@ class Conv2d(Module):
 
     def _backward(self, dy, need_dx):
         """The gradients of weight and bias; dx too unless need_dx is False (then None)."""
+        if isinstance(self._saved, _SavedCols):
+            g, cols = self._saved.geometry, self._saved.cols
+            rows = conv_cols.rows_of(dy, g)
+            conv_cols.weight_grad(rows, cols, self.weight, g)
+            if self.bias is not None:
+                _channel_sum(dy, self.bias)
+            return conv_cols.data_grad(dy.queue, rows, self.weight, g, (g.n, g.c, g.h, g.w)) if need_dx else None
         route = self._saved.route
         if route.forward in ("depthwise", "depthwise_any"):
             return self._backward_depthwise(dy, need_dx)
@@ -884,21 +968,24 @@ class Conv2d(Module):
 
 
 class ConvTranspose2d(Module):
-    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, k, k)
-    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True): the gradient of a convolution as a layer; weight (C, K, k, k), PyTorch's semantics."""
+    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, kH, kW)
+    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True): the gradient of a convolution as a layer; weight (C, K, kH, kW), PyTorch's semantics; kernel_size, stride, padding and output_padding each an int or a (height, width) pair."""
+    PAIR_ARGS = ("kernel_size", "stride", "padding", "output_padding")  # files hold a pair as a list of two
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True):
         super().__init__()
         self.in_channels = positive("in_channels", in_channels)
         self.out_channels = positive("out_channels", out_channels)
-        self.kernel_size = positive("kernel_size", kernel_size)
-        self.stride = positive("stride", stride)
-        self.padding = as_int("padding", padding, 0, MAX_PADDING)
-        self.output_padding = as_int("output_padding", output_padding, 0, MAX_PADDING)
+        self.kernel_size = int_or_pair("kernel_size", kernel_size, 1)
+        self.stride = int_or_pair("stride", stride, 1)
+        self.padding = int_or_pair("padding", padding, 0, MAX_PADDING)
+        self.output_padding = int_or_pair("output_padding", output_padding, 0, MAX_PADDING)
         bias = as_bool("bias", bias)
-        if self.output_padding >= self.stride:
+        if any(op >= s for op, s in zip(pair(self.output_padding), pair(self.stride))):
             raise ValueError(f"output_padding ({self.output_padding}) must be smaller than stride ({self.stride})")
         shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, bias=bias)
-        bound = 1.0 / math.sqrt(self.out_channels * self.kernel_size ** 2)  # PyTorch's fan-in of (C, K, k, k)
+        kh, kw = pair(self.kernel_size)
+        bound = 1.0 / math.sqrt(self.out_channels * kh * kw)  # PyTorch's fan-in of (C, K, kH, kW)
         self.weight = uniform(bound, shapes["weight"])
         self.bias = uniform(bound, shapes["bias"]) if bias else None
         self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
@@ -906,8 +993,8 @@ class ConvTranspose2d(Module):
     @classmethod
     def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
                       bias=True):
-        k = kernel_size
-        return {"weight": (in_channels, out_channels, k, k), **({"bias": (out_channels,)} if bias else {})}
+        kh, kw = pair(int_or_pair("kernel_size", kernel_size, 1))
+        return {"weight": (in_channels, out_channels, kh, kw), **({"bias": (out_channels,)} if bias else {})}
 
     def config(self):
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
@@ -919,18 +1006,33 @@ class ConvTranspose2d(Module):
         n, c, h, w = shape
         if c != self.in_channels:
             raise ValueError(f"ConvTranspose2d expects {self.in_channels} input channels, got shape {tuple(shape)}")
-        oh, ow = ((v - 1) * self.stride - 2 * self.padding + self.kernel_size + self.output_padding for v in (h, w))
+        oh, ow = ((v - 1) * s - 2 * p + k + op for v, k, s, p, op in
+                  zip((h, w), *(pair(a) for a in (self.kernel_size, self.stride, self.padding, self.output_padding))))
         if oh < 1 or ow < 1:
             raise ValueError(f"ConvTranspose2d with padding {self.padding} leaves no output for input {h}x{w}")
         return (n, self.out_channels, oh, ow)
 
-    def macs(self, shape):  # each input element meets K x k x k weights
+    def macs(self, shape):  # each input element meets K x kH x kW weights
         self.output_shape(shape)
-        return int(np.prod(shape)) * self.out_channels * self.kernel_size ** 2
+        kh, kw = pair(self.kernel_size)
+        return int(np.prod(shape)) * self.out_channels * kh * kw
+
+    @property
+    def general(self):
+        """Whether kernel, stride or padding differ between height and width: then the column route
+        (conv_cols' transposed forward and backward), else the square one below."""
+        return any(isinstance(v, tuple) for v in (self.kernel_size, self.stride, self.padding, self.output_padding))
 
     def forward(self, x):
         # the data gradient of a Conv2d(K -> C) with this weight: dcols = W^T x, then col2im (+ bias)
         q = self._on(x)
+        if self.general:
+            out_shape = self.output_shape(x.shape)
+            g = conv_cols.transposed(x.shape, out_shape, pair(self.kernel_size), pair(self.stride),
+                                     pair(self.padding), (1, 1), 1)
+            y, rows = conv_cols.transposed_forward(q, x, self.weight, self.bias, g, out_shape)
+            self._saved = (x.shape, g, rows)
+            return y
         _, oc, oh, ow = self.output_shape(x.shape)
         n, c, h, w = x.shape
         k, s, p = self.kernel_size, self.stride, self.padding
@@ -944,6 +1046,12 @@ class ConvTranspose2d(Module):
 
     def backward(self, dy):
         # dx = Conv2d(K -> C) forward of dy: im2col + GEMM; dW = x (C, N*P) @ cols^T
+        if isinstance(self._saved, tuple):  # the column route's
+            shape, g, rows = self._saved
+            dx = conv_cols.transposed_backward(dy.queue, dy, rows, self.weight, g, shape)
+            if self.bias is not None:
+                _channel_sum(dy, self.bias)
+            return dx
         x = self._saved
         n, c, h, w = x.shape
         _, oc, oh, ow = dy.shape

@@ -167,7 +167,7 @@ def linear(x, weight, bias=None):
 @traced("F.max_pool2d")
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max pooling of (N, C, H, W) (MaxPool2d's kernels; padded positions never win)."""
-    if dilation != 1 or return_indices:
+    if dilation not in (1, (1, 1)) or return_indices:
         raise NotImplementedError("max_pool2d: dilation and return_indices are not supported")
     return MaxPool2d(kernel_size, stride, padding, ceil_mode)(x)
 

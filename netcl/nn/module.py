@@ -86,6 +86,22 @@ def as_int(name, v, low=-MAX_INT, high=MAX_INT):
     return v
 
 
+def int_or_pair(name, v, low=-MAX_INT, high=MAX_INT):
+    """An int, or a pair (a, b) of ints in [low, high] for height and width (PyTorch's _pair); a
+    square pair (k, k) comes back as k, so square, symmetric geometries keep the int their routes read."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"{name} must be an int or a pair of ints, got {v!r:.50}")
+        a, b = (as_int(name, x, low, high) for x in v)
+        return a if a == b else (a, b)
+    return as_int(name, v, low, high)
+
+
+def pair(v):
+    """(a, b) of an int_or_pair value."""
+    return tuple(v) if isinstance(v, tuple) else (v, v)
+
+
 def positive(name, v):
     """An int argument of at least 1, or a clear error."""
     return as_int(name, v, 1)

@@ -137,7 +137,7 @@ class BatchNorm2d(Module):
             assert pools_in_norm(pool, q, x.shape), "Sequential pairs only what pools_in_norm allows"
             g = pool._geometry(x.shape)
             items, rows = _pool2_rows(q, g)
-            nc, _, _, _, _, _, oh, ow = g
+            nc, oh, ow = g[0], g[-2], g[-1]
             y = ops.new(q, pool.output_shape(x.shape))
             arg = alloc(q, 4 * y.size)
             ops.launch(q, "pool_cpu", "bn_maxpool2_cpu", (items,), (1,), nc * oh, rows, c, h, w, oh, ow, x, mean, var,
@@ -297,7 +297,7 @@ class BatchNorm2d(Module):
             raise RuntimeError("BatchNorm2d.backward(pool=...) needs the forward that ran that pool")
         options = _act_options(code)
         n, c, h, w = x.shape
-        nc, _, _, _, _, _, oh, ow = g
+        nc, oh, ow = g[0], g[-2], g[-1]
         q = dp.queue
         fused = conv.pool_wgrad(q, x.shape) if conv is not None else None
         gw, gb, acc = _grad_pair(self.weight, self.bias)
@@ -528,10 +528,13 @@ class InstanceNorm2d(GroupNorm):
     when affine, as torch.nn.InstanceNorm2d; GroupNorm's kernels with one channel per group. Batch statistics
     in eval too: track_running_stats=True (running statistics) is not supported, and momentum is unused."""
 
+    RANK, SHAPE = 4, "(N, C, H, W)"  # the input InstanceNorm2d takes (InstanceNorm1d: 3, (N, C, L))
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False):
         if as_bool("track_running_stats", track_running_stats):
-            raise ValueError("InstanceNorm2d: track_running_stats=True is not supported (netcl's InstanceNorm2d "
-                             "keeps no running statistics: it normalises with each image's own, in eval too)")
+            name = type(self).__name__
+            raise ValueError(f"{name}: track_running_stats=True is not supported (netcl's {name} keeps no running "
+                             "statistics: it normalises with each sample's own, in eval too)")
         as_float("momentum", momentum)
         num_features = positive("num_features", num_features)
         super().__init__(num_features, num_features, eps, affine)
@@ -545,16 +548,25 @@ class InstanceNorm2d(GroupNorm):
         return {"num_features": self.num_features, "eps": self.eps, "affine": self.affine}
 
     def output_shape(self, shape):
-        check_rank("InstanceNorm2d", shape, 4, "(N, C, H, W)")
+        name = type(self).__name__
+        check_rank(name, shape, self.RANK, self.SHAPE)
         if shape[1] != self.num_features:
-            raise ValueError(f"InstanceNorm2d expects {self.num_features} channels, got shape {tuple(shape)}")
+            raise ValueError(f"{name} expects {self.num_features} channels, got shape {tuple(shape)}")
         return tuple(shape)
 
     def forward(self, x):
-        if self.training and x.ndim == 4 and x.shape[2] * x.shape[3] == 1:  # (torch refuses it too)
-            raise ValueError(f"InstanceNorm2d in training needs more than one position per channel, got input "
-                             f"{tuple(x.shape)}")
+        if self.training and x.ndim == self.RANK and math.prod(x.shape[2:]) == 1:  # (torch refuses it too)
+            raise ValueError(f"{type(self).__name__} in training needs more than one position per channel, got "
+                             f"input {tuple(x.shape)}")
         return super().forward(x)
 
     def backward(self, dy):
         return super().backward(dy)
+
+
+class InstanceNorm1d(InstanceNorm2d):
+    # x: (N, C, L) -> same; each sample's channel normalised over its positions
+    """InstanceNorm1d(num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False): (N, C, L)
+    normalised per sample and channel over the positions, as torch.nn.InstanceNorm1d; InstanceNorm2d's
+    (GroupNorm's) kernels, the same settings refused."""
+    RANK, SHAPE = 3, "(N, C, L)"

@@ -1,16 +1,25 @@
-"""MaxPool2d and AvgPool2d (square windows, symmetric padding; MaxPool2d's ceil_mode), MaxPool1d and
-AvgPool1d, and AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
+"""MaxPool2d and AvgPool2d (kernel_size, stride and padding each an int or a (height, width) pair;
+MaxPool2d's ceil_mode), MaxPool1d and AvgPool1d, and AdaptiveAvgPool2d/1d (kernels/pool.cl)."""
 from netcl import ops
-from netcl.nn.module import Module, as_int, check_rank, conv_out, positive
+from netcl.nn.module import Module, as_int, check_rank, conv_out, int_or_pair, pair, positive
 from netcl.runtime import alloc
 
 
 class _Pool2d(Module):
+    PAIR_ARGS = ("kernel_size", "stride", "padding")  # files hold a pair as a list of two
+
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
-        self.kernel_size = positive("kernel_size", kernel_size)
-        self.stride = self.kernel_size if stride is None else positive("stride", stride)
-        self.padding = as_int("padding", padding, 0, self.kernel_size // 2)  # as PyTorch's pools
+        self.kernel_size = int_or_pair("kernel_size", kernel_size, 1)
+        self.stride = self.kernel_size if stride is None else int_or_pair("stride", stride, 1)
+        self.padding = int_or_pair("padding", padding, 0)
+        for p, k in zip(pair(self.padding), pair(self.kernel_size)):
+            as_int("padding", p, 0, k // 2)  # at most half the window, as PyTorch's pools
+
+    @property
+    def general(self):
+        """Whether the window, stride or padding differ between height and width (no fused pool takes those)."""
+        return any(isinstance(v, tuple) for v in (self.kernel_size, self.stride, self.padding))
 
     def config(self):
         return {"kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding}
@@ -20,15 +29,15 @@ class _Pool2d(Module):
     def output_shape(self, shape):
         check_rank(type(self).__name__, shape, 4, "(N, C, H, W)")
         n, c, h, w = shape
-        oh, ow = (self._out(v) for v in (h, w))
+        oh, ow = (self._out(v, axis) for v, axis in ((h, 0), (w, 1)))
         if oh < 1 or ow < 1:
             raise ValueError(f"{type(self).__name__} kernel {self.kernel_size} does not fit input {h}x{w}")
         return (n, c, oh, ow)
 
-    def _out(self, size):
-        """Output length over `size`: PyTorch's floor rule, or with ceil_mode its ceil rule (a last
-        window that starts inside the input or its left padding)."""
-        k, s, p = self.kernel_size, self.stride, self.padding
+    def _out(self, size, axis=0):
+        """Output length over `size` along `axis` (0: height, 1: width): PyTorch's floor rule, or with
+        ceil_mode its ceil rule (a last window that starts inside the input or its left padding)."""
+        k, s, p = (pair(v)[axis] for v in (self.kernel_size, self.stride, self.padding))
         if not self.ceil_mode:
             return conv_out(size, k, s, p)
         out = -(-(size + 2 * p - k) // s) + 1
@@ -37,15 +46,17 @@ class _Pool2d(Module):
     def _geometry(self, shape):
         _, _, oh, ow = self.output_shape(shape)  # checks the rank first
         n, c, h, w = shape
-        return n * c, h, w, self.kernel_size, self.stride, self.padding, oh, ow
+        (kh, kw), (sh, sw), (ph, pw) = pair(self.kernel_size), pair(self.stride), pair(self.padding)
+        return n * c, h, w, kh, kw, sh, sw, ph, pw, oh, ow
 
 
 def _pool2_rows(q, g):
     """(work-items, output rows per work-item) of pool_cpu.cl's 2x2 kernels, or None where they do
     not apply (not a CPU, or another window than 2x2, stride 2, no padding)."""
-    nc, h, w, k, s, p, oh, ow = g
-    if (k, s, p) != (2, 2, 0) or 2 * oh > h or 2 * ow > w or not ops.is_cpu(q):  # (ceil_mode's last window
-        return None  # past the input: the generic kernel's bounds checks)
+    nc, h, w, kh, kw, sh, sw, ph, pw, oh, ow = g
+    if ((kh, kw, sh, sw, ph, pw) != (2, 2, 2, 2, 0, 0) or 2 * oh > h or 2 * ow > w  # (ceil_mode's last window
+            or not ops.is_cpu(q)):  # past the input: the generic kernel's bounds checks)
+        return None
     rows, items = ops.cpu_rows(nc * oh, ow)
     return items, rows
 
@@ -71,7 +82,7 @@ class MaxPool2d(_Pool2d):
         arg = alloc(q, 4 * y.size)
         rows = _pool2_rows(q, g)
         if rows is not None:  # CPUs, 2x2 windows: pool_cpu.cl's vector kernel
-            nc, h, w, _, _, _, oh, ow = g
+            nc, h, w, oh, ow = g[:3] + g[-2:]
             ops.launch(q, "pool_cpu", "maxpool2_fwd_cpu", rows[:1], (1,), nc * oh, rows[1], h, w, oh, ow, x, y, arg)
         else:
             ops.launch1d(q, "pool", "maxpool_fwd", y.size, *g, x, y, arg)
@@ -84,7 +95,7 @@ class MaxPool2d(_Pool2d):
         dx = ops.new(dy, shape)
         rows = _pool2_rows(q, g)
         if rows is not None:
-            nc, h, w, _, _, _, oh, ow = g
+            nc, h, w, oh, ow = g[:3] + g[-2:]
             ops.launch(q, "pool_cpu", "maxpool2_bwd_cpu", rows[:1], (1,), nc * oh, rows[1], h, w, oh, ow, dy, arg, dx)
         else:
             ops.launch1d(q, "pool", "maxpool_bwd", dx.size, *g, dy, arg, dx)
@@ -122,6 +133,7 @@ def _single(name, v):
 
 class _Pool1d(_Pool2d):
     # x: (N, C, L) -> (N, C, L'); pool.cl's 1-D kernels over N*C rows
+    PAIR_ARGS = ()
     def __init__(self, kernel_size, stride=None, padding=0):
         stride = None if stride is None else _single("stride", stride)
         super().__init__(_single("kernel_size", kernel_size), stride, _single("padding", padding))
@@ -183,7 +195,7 @@ class _AdaptiveAvgPool(Module):
 
     def __init__(self, output_size):
         super().__init__()
-        self.output_size = positive("output_size", output_size)  # square only, like the other pools
+        self.output_size = positive("output_size", output_size)  # square only (an int; the window pools take pairs)
 
     def config(self):
         return {"output_size": self.output_size}

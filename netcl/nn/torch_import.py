@@ -57,12 +57,12 @@ def _linear(m):
     return _layer("Linear", in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None)
 
 
-def _conv2d(m):
+def _conv2d(m):  # pairs as they are (Conv2d keeps a square one as an int), "same" and "valid" too
     _require(m, padding_mode="zeros")
     return _layer("Conv2d", in_channels=m.in_channels, out_channels=m.out_channels,
-                  kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                  padding=_pair("padding", m.padding), dilation=_pair("dilation", m.dilation), groups=m.groups,
-                  bias=m.bias is not None)
+                  kernel_size=tuple(m.kernel_size), stride=tuple(m.stride),
+                  padding=m.padding if isinstance(m.padding, str) else tuple(m.padding),
+                  dilation=tuple(m.dilation), groups=m.groups, bias=m.bias is not None)
 
 
 def _single(name, v):
@@ -96,9 +96,17 @@ def _pool1d(kind):
 def _conv_transpose2d(m):
     _require(m, padding_mode="zeros")
     return _layer("ConvTranspose2d", in_channels=m.in_channels, out_channels=m.out_channels,
-                  kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                  padding=_pair("padding", m.padding), output_padding=_pair("output_padding", m.output_padding),
-                  dilation=_pair("dilation", m.dilation), groups=m.groups, bias=m.bias is not None)
+                  kernel_size=tuple(m.kernel_size), stride=tuple(m.stride), padding=tuple(m.padding),
+                  output_padding=tuple(m.output_padding), dilation=_pair("dilation", m.dilation), groups=m.groups,
+                  bias=m.bias is not None)
+
+
+def _conv_transpose1d(m):
+    _require(m, padding_mode="zeros")
+    return _layer("ConvTranspose1d", in_channels=m.in_channels, out_channels=m.out_channels,
+                  kernel_size=_single("kernel_size", m.kernel_size), stride=_single("stride", m.stride),
+                  padding=_single("padding", m.padding), output_padding=_single("output_padding", m.output_padding),
+                  groups=m.groups, bias=m.bias is not None, dilation=_single("dilation", m.dilation))
 
 
 def _batchnorm(kind):
@@ -124,9 +132,11 @@ def _groupnorm(m):
     return _layer("GroupNorm", num_groups=m.num_groups, num_channels=m.num_channels, eps=m.eps, affine=m.affine)
 
 
-def _instancenorm2d(m):
-    _require(m, track_running_stats=False)
-    return _layer("InstanceNorm2d", num_features=m.num_features, eps=m.eps, affine=m.affine)
+def _instancenorm(kind):
+    def convert(m):
+        _require(m, track_running_stats=False)
+        return _layer(kind, num_features=m.num_features, eps=m.eps, affine=m.affine)
+    return convert
 
 
 def _pool(kind):
@@ -134,13 +144,14 @@ def _pool(kind):
         extra = {}
         if kind == "MaxPool2d":
             _require(m, return_indices=False)
-            if _pair("dilation", m.dilation) != 1:
+            if m.dilation not in (1, (1, 1)):
                 raise _Unsupported(f"dilation={m.dilation}")
             extra = {"ceil_mode": True} if m.ceil_mode else {}
         else:
             _require(m, ceil_mode=False, count_include_pad=True, divisor_override=None)
-        return _layer(kind, kernel_size=_pair("kernel_size", m.kernel_size), stride=_pair("stride", m.stride),
-                      padding=_pair("padding", m.padding), **extra)
+        as_is = lambda v: tuple(v) if isinstance(v, (tuple, list)) else v  # noqa: E731  (pairs as pairs)
+        return _layer(kind, kernel_size=as_is(m.kernel_size), stride=as_is(m.stride), padding=as_is(m.padding),
+                      **extra)
     return convert
 
 
@@ -197,11 +208,13 @@ CONVERTERS = {
     "Conv2d": _conv2d,
     "Conv1d": _conv1d,
     "ConvTranspose2d": _conv_transpose2d,
+    "ConvTranspose1d": _conv_transpose1d,
     "BatchNorm1d": _batchnorm("BatchNorm1d"),
     "BatchNorm2d": _batchnorm("BatchNorm2d"),
     "LayerNorm": _layernorm,
     "GroupNorm": _groupnorm,
-    "InstanceNorm2d": _instancenorm2d,
+    "InstanceNorm2d": _instancenorm("InstanceNorm2d"),
+    "InstanceNorm1d": _instancenorm("InstanceNorm1d"),
     "MaxPool2d": _pool("MaxPool2d"),
     "AvgPool2d": _pool("AvgPool2d"),
     "MaxPool1d": _pool1d("MaxPool1d"),
