@@ -141,5 +141,12 @@ def test_no_commit_hashes_in_the_docs():
     assert not found, f"commit hashes in the docs: {found}"
 
 
+def test_no_dates_in_the_docs():
+    """A figure names the netcl version it was measured on, not a day: dates belong to CHANGELOG.md."""
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = [f"{p.name}: {d}" for p in texts for d in re.findall(r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b", p.read_text())]
+    assert not found, f"dates in the docs: {found}"
+
+
 def test_docs_folder_holds_no_history_page():
     assert not list((ROOT / "docs").glob("*HISTORY*")), "history lives in git and CHANGELOG.md"
