@@ -386,8 +386,8 @@ class SeqRegressor(nn.Module):
                                          (LastState, (2, 3, 3)), (WithInitialState, (2, 3, 4))])
 def test_onnx_import_of_netcl_exports(queue, rng, ort, tmp_path, opset, build, shape):
     """import_onnx reads netcl's LSTM/GRU nodes back into nn.LSTM / nn.GRU layers (the graph importer).
-    The graphs move the batch off the first dimension (ONNX's recurrent nodes run time-major), so the
-    imported graph keeps the example batch of 2 (onnx_graph's rule for such graphs)."""
+    The graphs move the batch off the first dimension (ONNX's recurrent nodes run time-major); the
+    imported graph follows it, and runs at another size of the input's first dimension too."""
     from netcl.io import export_onnx, import_onnx
 
     model = build().eval()
@@ -398,6 +398,8 @@ def test_onnx_import_of_netcl_exports(queue, rng, ort, tmp_path, opset, build, s
     assert sum(isinstance(m, (nn.LSTM, nn.GRU)) for m in back.modules()) == len(
         [m for m in model.modules() if isinstance(m, (nn.LSTM, nn.GRU))]) * model.rnn.num_layers
     assert_close(back.eval().predict(x, queue), want, 1e-5, 1e-6)
+    x = rng.standard_normal((3,) + shape[1:]).astype(np.float32)
+    assert_close(back.predict(x, queue), model.predict(x, queue), 1e-5, 1e-6)
 
 
 class TorchSeq:
@@ -582,3 +584,47 @@ def test_trainstep_replays_dropout_between_layers(queue, rng):
             assert step.replays > 0 and step.eager_reason is None
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     assert np.abs(np.array(losses[2]) - losses[0]).max() > 1e-3  # (the dropout acted)
+
+
+class TorchBatchFree:
+    """torch classifiers taking (N, L, 3): a batch_first layer, or a time-major one behind a transpose."""
+
+    @staticmethod
+    def build(torch, kind, batch_first, bidirectional):
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = getattr(torch.nn, kind)(3, 5, num_layers=2, batch_first=batch_first,
+                                                   bidirectional=bidirectional)
+                self.fc = torch.nn.Linear(5 * (2 if bidirectional else 1), 2)
+
+            def forward(self, x):
+                if batch_first:
+                    return self.fc(self.rnn(x)[0][:, -1])
+                return self.fc(self.rnn(x.transpose(0, 1))[0][-1])
+        return Net().eval()
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("batch_first,bidirectional", [(True, True), (False, False), (False, True)])
+def test_onnx_import_of_torch_exports_keeps_the_batch_free(queue, rng, torch, tmp_path, opset, kind, batch_first,
+                                                           bidirectional):
+    """torch.onnx.export with a symbolic batch: the batch moves to ONNX's recurrent nodes' second axis
+    (Transpose), through Y's Transpose/Squeeze/Reshape, and back; the imported graph follows it and runs
+    at any batch, as torch does (its zero initial states, made from the input's shape, left to the layer)."""
+    import warnings
+
+    from netcl.io import import_onnx
+
+    ref = TorchBatchFree.build(torch, kind, batch_first, bidirectional)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ref, (torch.zeros(2, 4, 3),), str(tmp_path / "t.onnx"), opset_version=opset,
+                          dynamo=False, input_names=["input"], dynamic_axes={"input": {0: "batch"}})
+    back = import_onnx(tmp_path / "t.onnx").eval()
+    assert isinstance(back, nn.GraphModule) and back.graph[0]["out"][0][0] == "N"
+    for n in (1, 3, 5):
+        x = rng.standard_normal((n, 4, 3)).astype(np.float32)
+        assert_close(back.predict(x, queue), host(ref(torch.tensor(x))), 1e-5, 1e-6, what=f"batch {n}")
+

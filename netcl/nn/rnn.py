@@ -47,11 +47,12 @@ class _RNNBase(Module):
         for key, shape in self.tensor_shapes(**self.config()).items():
             setattr(self, key, uniform(bound, shape))
 
-    def traced_batch_dims(self, x):
-        """(for netcl.trace) where output, h_n and c_n hold x's first dimension: the output first; h_n and
-        c_n second when that dimension is the batch (batch_first), else nowhere (it is the time)."""
-        batch = 1 if self.batch_first and x.ndim == 3 else None
-        return (0, batch, batch)
+    def traced_batch_dims(self, x, d=0):
+        """(for netcl.trace) where output, h_n and c_n hold the dimension x holds at d (the traced batch):
+        the output where x does (it keeps x's layout); h_n and c_n second when that dimension is the
+        batch (d 0 with batch_first, 1 without), else nowhere (it is the time)."""
+        batch = 1 if x.ndim == 3 and d == (0 if self.batch_first else 1) else None
+        return (d, batch, batch)
 
     @property
     def num_directions(self):
