@@ -628,3 +628,44 @@ def test_onnx_import_of_torch_exports_keeps_the_batch_free(queue, rng, torch, tm
         x = rng.standard_normal((n, 4, 3)).astype(np.float32)
         assert_close(back.predict(x, queue), host(ref(torch.tensor(x))), 1e-5, 1e-6, what=f"batch {n}")
 
+
+class TokenLSTM(nn.Module):
+    # idx: (N, L) -> (N, 3); tokens embedded, a batch-first LSTM, its last step through a Linear
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6)
+        self.rnn = nn.LSTM(6, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(self.rnn(self.emb(x))[0][:, -1])
+
+
+def test_onnx_import_of_a_module_subclass_starting_with_an_embedding(queue, rng, torch, tmp_path):
+    """Embedding -> LSTM -> Linear exported by netcl and by torch.onnx imports back (the graph importer
+    takes the Cast of the indices to int64 as the chain importer does: the Embedding reads them) and
+    agrees with the model at batches other than the exported one."""
+    import warnings
+
+    from netcl.io import export_onnx, import_onnx
+
+    model = TokenLSTM().eval()
+    export_onnx(model, (2, 5), tmp_path / "m.onnx", opset=17, dynamic_batch=True)
+    ref = torch.nn.Sequential()  # torch's counterpart holding the same weights
+    ref.emb, ref.rnn, ref.fc = torch.nn.Embedding(10, 6), torch.nn.LSTM(6, 8, batch_first=True), torch.nn.Linear(8, 3)
+    ref.load_state_dict({k: torch.tensor(v.T if k == "fc.weight" else v) for k, v in model.state_dict().items()})
+    ref.forward = lambda x: ref.fc(ref.rnn(ref.emb(x))[0][:, -1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ref, (torch.zeros(2, 5, dtype=torch.int64),), str(tmp_path / "t.onnx"), opset_version=17,
+                          dynamo=False, input_names=["input"], dynamic_axes={"input": {0: "batch"}})
+    ours, theirs = import_onnx(tmp_path / "m.onnx").eval(), import_onnx(tmp_path / "t.onnx").eval()
+    assert [type(m).__name__ for m in theirs.modules() if type(m) in (nn.Embedding, nn.LSTM, nn.Linear)] == \
+        ["Embedding", "LSTM", "Linear"]
+    for n in (1, 3):
+        x = rng.integers(0, 10, (n, 5))
+        want = host(ref(torch.tensor(x)))
+        assert_close(model.predict(x, queue), want, 1e-5, 1e-6)
+        assert_close(ours.predict(x, queue), want, 1e-5, 1e-6, what=f"netcl's export, batch {n}")
+        assert_close(theirs.predict(x, queue), want, 1e-5, 1e-6, what=f"torch's export, batch {n}")
+

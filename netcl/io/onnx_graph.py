@@ -305,6 +305,8 @@ def _cast(m, node, ins):
         return [oi.FOLDERS["Cast"](x, k=m.attrs(node))]
     if to in (oi.T.FLOAT, oi.T.DOUBLE, oi.T.FLOAT16):
         return [functions.cast(x, np.float32) if x.dtype == INT32 else x]
+    if to in (oi.T.INT64, oi.T.INT32) and all(n.op_type == "Gather" for n in m._g.consumers.get(node.output[0], [])):
+        return [x]  # (an Embedding's indices, as the chain importer takes them: whole float numbers do)
     raise NotImplementedError(f"node {node.name!r} (Cast): to type {to} of a tensor (netcl computes in float32)")
 
 
