@@ -669,3 +669,31 @@ def test_onnx_import_of_a_module_subclass_starting_with_an_embedding(queue, rng,
         assert_close(ours.predict(x, queue), want, 1e-5, 1e-6, what=f"netcl's export, batch {n}")
         assert_close(theirs.predict(x, queue), want, 1e-5, 1e-6, what=f"torch's export, batch {n}")
 
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_inference_keeps_no_step_state(queue, rng, torch, monkeypatch, kind):
+    """In eval() under no_grad (model(x), predict()) a call records no autograd node and allocates none of
+    the per-step buffers backward reads (h_{t-1}, c_t, the gates: (T, B, H) or (T, B, 4H)); its outputs
+    and states are the recorded call's and torch's."""
+    from netcl import ops
+
+    T, B, H = 7, 3, 8
+    layer, ref = pair(torch, queue, rng, kind, input_size=4, hidden_size=H, num_layers=2, bidirectional=True)
+    layer.eval()
+    x = rng.standard_normal((T, B, 4))
+    made = []
+    new = ops.new
+    monkeypatch.setattr(ops, "new", lambda q, shape, *a, **k: made.append(tuple(shape)) or new(q, shape, *a, **k))
+    with netcl.no_grad():
+        out = layer(netcl.tensor(x.astype(np.float32), queue=queue))
+    monkeypatch.setattr(ops, "new", new)
+    assert out[0].grad_fn is None and not out[0].requires_grad
+    assert not [s for s in made if s in ((T, B, H), (T, B, 4 * H))], made
+    recorded = layer(netcl.tensor(x.astype(np.float32), queue=queue))  # (grad on: the saving kernels)
+    assert recorded[0].grad_fn is not None
+    want = ref(torch.tensor(x))
+    for got, rec, w in zip((out[0], *states(out)), (recorded[0], *states(recorded)), (want[0], *states(want))):
+        if got is None:
+            continue
+        np.testing.assert_array_equal(got.numpy(), rec.numpy())
+        assert_close(got.numpy(), host(w), 1e-5, 1e-6)
