@@ -697,3 +697,33 @@ def test_inference_keeps_no_step_state(queue, rng, torch, monkeypatch, kind):
             continue
         np.testing.assert_array_equal(got.numpy(), rec.numpy())
         assert_close(got.numpy(), host(w), 1e-5, 1e-6)
+
+
+class TimeMajorInside(nn.Module):
+    # x: (N, L, 3) -> (N, 2); a time-major GRU behind a permute, its output reshaped around the batch
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(3, 4)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.rnn(x.permute(1, 0, 2))[0]
+        y = y.reshape((y.shape[0], y.shape[1], 2, 2)).reshape(y.shape[0], y.shape[1], 4)
+        return self.fc(y[-1])
+
+
+def test_trace_follows_the_batch_off_the_first_dimension(queue, rng, ort, tmp_path):
+    """The tracer follows the batch through a permute, a time-major layer (second axis), reshapes that
+    read it from shape[1] and the last step's index: the .netcl file and the ONNX export run at any batch."""
+    from netcl.io import export_onnx, load, save
+
+    model = TimeMajorInside().eval()
+    save(model, tmp_path / "m.netcl", example_input=np.zeros((2, 5, 3), np.float32))
+    back = load(tmp_path / "m.netcl").eval()
+    assert [n["out"] for n in back.graph][3] == [[5, "N", 2, 2]]
+    export_onnx(model, (2, 5, 3), tmp_path / "m.onnx", dynamic_batch=True, opset=17)
+    for n in (1, 3):
+        x = rng.standard_normal((n, 5, 3)).astype(np.float32)
+        want = model.predict(x, queue)
+        np.testing.assert_array_equal(back.predict(x, queue), want)
+        assert_close(run_ort(ort, tmp_path / "m.onnx", x), want, 1e-5, 1e-6)

@@ -791,8 +791,8 @@ def _op_batch_dim(name, args, kwargs, node, d):
         return order.index(d) if d in order else None
     if name == "reshape":
         target = node["args"][1:]
-        if len(target) == 1 and isinstance(target[0], list):
-            target = target[0]
+        if len(target) == 1 and isinstance(target[0], (list, dict)):  # (one list or tuple of sizes)
+            target = target[0]["tuple"] if isinstance(target[0], dict) and "tuple" in target[0] else target[0]
         named = [k for k, v in enumerate(target) if v == {"batch": 1}]
         return named[0] if named else (0 if d == 0 else None)
     if name == "squeeze":
