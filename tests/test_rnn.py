@@ -386,8 +386,8 @@ class SeqRegressor(nn.Module):
                                          (LastState, (2, 3, 3)), (WithInitialState, (2, 3, 4))])
 def test_onnx_import_of_netcl_exports(queue, rng, ort, tmp_path, opset, build, shape):
     """import_onnx reads netcl's LSTM/GRU nodes back into nn.LSTM / nn.GRU layers (the graph importer).
-    The graphs move the batch off the first dimension (ONNX's recurrent nodes run time-major), so the
-    imported graph keeps the example batch of 2 (onnx_graph's rule for such graphs)."""
+    The graphs move the batch off the first dimension (ONNX's recurrent nodes run time-major); the
+    imported graph follows it, and runs at another size of the input's first dimension too."""
     from netcl.io import export_onnx, import_onnx
 
     model = build().eval()
@@ -398,6 +398,8 @@ def test_onnx_import_of_netcl_exports(queue, rng, ort, tmp_path, opset, build, s
     assert sum(isinstance(m, (nn.LSTM, nn.GRU)) for m in back.modules()) == len(
         [m for m in model.modules() if isinstance(m, (nn.LSTM, nn.GRU))]) * model.rnn.num_layers
     assert_close(back.eval().predict(x, queue), want, 1e-5, 1e-6)
+    x = rng.standard_normal((3,) + shape[1:]).astype(np.float32)
+    assert_close(back.predict(x, queue), model.predict(x, queue), 1e-5, 1e-6)
 
 
 class TorchSeq:
@@ -582,3 +584,146 @@ def test_trainstep_replays_dropout_between_layers(queue, rng):
             assert step.replays > 0 and step.eager_reason is None
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     assert np.abs(np.array(losses[2]) - losses[0]).max() > 1e-3  # (the dropout acted)
+
+
+class TorchBatchFree:
+    """torch classifiers taking (N, L, 3): a batch_first layer, or a time-major one behind a transpose."""
+
+    @staticmethod
+    def build(torch, kind, batch_first, bidirectional):
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = getattr(torch.nn, kind)(3, 5, num_layers=2, batch_first=batch_first,
+                                                   bidirectional=bidirectional)
+                self.fc = torch.nn.Linear(5 * (2 if bidirectional else 1), 2)
+
+            def forward(self, x):
+                if batch_first:
+                    return self.fc(self.rnn(x)[0][:, -1])
+                return self.fc(self.rnn(x.transpose(0, 1))[0][-1])
+        return Net().eval()
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("batch_first,bidirectional", [(True, True), (False, False), (False, True)])
+def test_onnx_import_of_torch_exports_keeps_the_batch_free(queue, rng, torch, tmp_path, opset, kind, batch_first,
+                                                           bidirectional):
+    """torch.onnx.export with a symbolic batch: the batch moves to ONNX's recurrent nodes' second axis
+    (Transpose), through Y's Transpose/Squeeze/Reshape, and back; the imported graph follows it and runs
+    at any batch, as torch does (its zero initial states, made from the input's shape, left to the layer)."""
+    import warnings
+
+    from netcl.io import import_onnx
+
+    ref = TorchBatchFree.build(torch, kind, batch_first, bidirectional)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ref, (torch.zeros(2, 4, 3),), str(tmp_path / "t.onnx"), opset_version=opset,
+                          dynamo=False, input_names=["input"], dynamic_axes={"input": {0: "batch"}})
+    back = import_onnx(tmp_path / "t.onnx").eval()
+    assert isinstance(back, nn.GraphModule) and back.graph[0]["out"][0][0] == "N"
+    for n in (1, 3, 5):
+        x = rng.standard_normal((n, 4, 3)).astype(np.float32)
+        assert_close(back.predict(x, queue), host(ref(torch.tensor(x))), 1e-5, 1e-6, what=f"batch {n}")
+
+
+class TokenLSTM(nn.Module):
+    # idx: (N, L) -> (N, 3); tokens embedded, a batch-first LSTM, its last step through a Linear
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6)
+        self.rnn = nn.LSTM(6, 8, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(self.rnn(self.emb(x))[0][:, -1])
+
+
+def test_onnx_import_of_a_module_subclass_starting_with_an_embedding(queue, rng, torch, tmp_path):
+    """Embedding -> LSTM -> Linear exported by netcl and by torch.onnx imports back (the graph importer
+    takes the Cast of the indices to int64 as the chain importer does: the Embedding reads them) and
+    agrees with the model at batches other than the exported one."""
+    import warnings
+
+    from netcl.io import export_onnx, import_onnx
+
+    model = TokenLSTM().eval()
+    export_onnx(model, (2, 5), tmp_path / "m.onnx", opset=17, dynamic_batch=True)
+    ref = torch.nn.Sequential()  # torch's counterpart holding the same weights
+    ref.emb, ref.rnn, ref.fc = torch.nn.Embedding(10, 6), torch.nn.LSTM(6, 8, batch_first=True), torch.nn.Linear(8, 3)
+    ref.load_state_dict({k: torch.tensor(v.T if k == "fc.weight" else v) for k, v in model.state_dict().items()})
+    ref.forward = lambda x: ref.fc(ref.rnn(ref.emb(x))[0][:, -1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ref, (torch.zeros(2, 5, dtype=torch.int64),), str(tmp_path / "t.onnx"), opset_version=17,
+                          dynamo=False, input_names=["input"], dynamic_axes={"input": {0: "batch"}})
+    ours, theirs = import_onnx(tmp_path / "m.onnx").eval(), import_onnx(tmp_path / "t.onnx").eval()
+    assert [type(m).__name__ for m in theirs.modules() if type(m) in (nn.Embedding, nn.LSTM, nn.Linear)] == \
+        ["Embedding", "LSTM", "Linear"]
+    for n in (1, 3):
+        x = rng.integers(0, 10, (n, 5))
+        want = host(ref(torch.tensor(x)))
+        assert_close(model.predict(x, queue), want, 1e-5, 1e-6)
+        assert_close(ours.predict(x, queue), want, 1e-5, 1e-6, what=f"netcl's export, batch {n}")
+        assert_close(theirs.predict(x, queue), want, 1e-5, 1e-6, what=f"torch's export, batch {n}")
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_inference_keeps_no_step_state(queue, rng, torch, monkeypatch, kind):
+    """In eval() under no_grad (model(x), predict()) a call records no autograd node and allocates none of
+    the per-step buffers backward reads (h_{t-1}, c_t, the gates: (T, B, H) or (T, B, 4H)); its outputs
+    and states are the recorded call's and torch's."""
+    from netcl import ops
+
+    T, B, H = 7, 3, 8
+    layer, ref = pair(torch, queue, rng, kind, input_size=4, hidden_size=H, num_layers=2, bidirectional=True)
+    layer.eval()
+    x = rng.standard_normal((T, B, 4))
+    made = []
+    new = ops.new
+    monkeypatch.setattr(ops, "new", lambda q, shape, *a, **k: made.append(tuple(shape)) or new(q, shape, *a, **k))
+    with netcl.no_grad():
+        out = layer(netcl.tensor(x.astype(np.float32), queue=queue))
+    monkeypatch.setattr(ops, "new", new)
+    assert out[0].grad_fn is None and not out[0].requires_grad
+    assert not [s for s in made if s in ((T, B, H), (T, B, 4 * H))], made
+    recorded = layer(netcl.tensor(x.astype(np.float32), queue=queue))  # (grad on: the saving kernels)
+    assert recorded[0].grad_fn is not None
+    want = ref(torch.tensor(x))
+    for got, rec, w in zip((out[0], *states(out)), (recorded[0], *states(recorded)), (want[0], *states(want))):
+        if got is None:
+            continue
+        np.testing.assert_array_equal(got.numpy(), rec.numpy())
+        assert_close(got.numpy(), host(w), 1e-5, 1e-6)
+
+
+class TimeMajorInside(nn.Module):
+    # x: (N, L, 3) -> (N, 2); a time-major GRU behind a permute, its output reshaped around the batch
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(3, 4)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.rnn(x.permute(1, 0, 2))[0]
+        y = y.reshape((y.shape[0], y.shape[1], 2, 2)).reshape(y.shape[0], y.shape[1], 4)
+        return self.fc(y[-1])
+
+
+def test_trace_follows_the_batch_off_the_first_dimension(queue, rng, ort, tmp_path):
+    """The tracer follows the batch through a permute, a time-major layer (second axis), reshapes that
+    read it from shape[1] and the last step's index: the .netcl file and the ONNX export run at any batch."""
+    from netcl.io import export_onnx, load, save
+
+    model = TimeMajorInside().eval()
+    save(model, tmp_path / "m.netcl", example_input=np.zeros((2, 5, 3), np.float32))
+    back = load(tmp_path / "m.netcl").eval()
+    assert [n["out"] for n in back.graph][3] == [[5, "N", 2, 2]]
+    export_onnx(model, (2, 5, 3), tmp_path / "m.onnx", dynamic_batch=True, opset=17)
+    for n in (1, 3):
+        x = rng.standard_normal((n, 5, 3)).astype(np.float32)
+        want = model.predict(x, queue)
+        np.testing.assert_array_equal(back.predict(x, queue), want)
+        assert_close(run_ort(ort, tmp_path / "m.onnx", x), want, 1e-5, 1e-6)

@@ -14,9 +14,11 @@ Read `OPS` to see what each op becomes. A node
   is computed with numpy (onnx_import's FOLDERS), so Shape -> Gather -> Unsqueeze -> Concat -> Reshape
   chains fold to a plain target shape.
 A Reshape or Expand target's first entry equal to the input's batch size (the graph's own, or 2
-where the graph's batch is symbolic) is taken to be the batch: the GraphModule keeps it free. A graph
-that moves the batch off the first dimension (torch's MultiheadAttention works sequence-first) cannot
-keep it free: it comes back for batch 2 only, and says so when given another.
+where the graph's batch is symbolic) is taken to be the batch: the GraphModule keeps it free. The
+trace follows the batch off the first dimension and back (a Transpose, ONNX's time-major LSTM/GRU, a
+Squeeze or Unsqueeze, a Reshape that copies it with a 0, an index); a graph that loses it (torch's
+MultiheadAttention folds it into another dimension) comes back for batch 2 only, and says so when
+given another.
 GELU as torch writes it before opset 20 (x * 0.5 * (1 + Erf(x / sqrt 2))) is recognised whole; an Erf
 elsewhere is not supported."""
 import collections
@@ -303,6 +305,8 @@ def _cast(m, node, ins):
         return [oi.FOLDERS["Cast"](x, k=m.attrs(node))]
     if to in (oi.T.FLOAT, oi.T.DOUBLE, oi.T.FLOAT16):
         return [functions.cast(x, np.float32) if x.dtype == INT32 else x]
+    if to in (oi.T.INT64, oi.T.INT32) and all(n.op_type == "Gather" for n in m._g.consumers.get(node.output[0], [])):
+        return [x]  # (an Embedding's indices, as the chain importer takes them: whole float numbers do)
     raise NotImplementedError(f"node {node.name!r} (Cast): to type {to} of a tensor (netcl computes in float32)")
 
 
@@ -485,10 +489,16 @@ def _rnn(m, node, ins):
         setattr(parent, name, layer)
         made = m._made[id(node)] = ([path], None)
     layer = m.get_submodule(made[0][0])
-    states = [None if i >= len(ins) or ins[i] is None else m.operand(node, i, ins[i], x, tensor=True) for i in (5, 6)]
+    # (zeros known at import, as torch.onnx writes them from the input's shape, are the layer's own
+    # default: left out, the states follow the batch rather than the example's)
+    states = [None if i >= len(ins) or ins[i] is None or (_host(ins[i]) and not np.any(ins[i])) else
+              m.operand(node, i, ins[i], x, tensor=True) for i in (5, 6)]
+    if node.op_type == "LSTM" and (states[0] is None) != (states[1] is None):
+        states = [m.operand(node, i, ins[i], x, tensor=True) for i in (5, 6)]
     y, hx = layer(x, tuple(states) if node.op_type == "LSTM" and states[0] is not None else states[0])
     D, H = layer.num_directions, layer.hidden_size
-    Y = functions.permute(functions.reshape(y, *m.batch_first([y.shape[0], -1, D, H], y)), 0, 2, 1, 3)
+    # (y.shape[1] is the batch: traced, a BatchSize the graph keeps free)
+    Y = functions.permute(functions.reshape(y, y.shape[0], y.shape[1], D, H), 0, 2, 1, 3)
     return [Y, *(hx if isinstance(hx, tuple) else (hx,))]
 
 

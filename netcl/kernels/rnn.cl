@@ -10,7 +10,9 @@
 // read (the weight gradient's GEMM takes it whole), cs (T, B, H) LSTM's c_t, and sv (T, B, 4H) the
 // activated gates (LSTM i, f, g, o; GRU r, z, n and W_hn h + b_hn). Rows of h are read at h_off
 // with a stride of hs floats (h_0 alone, or the output y of the step before, whose rows hold both
-// directions); the output y is written likewise at y_off with stride ys.
+// directions); the output y is written likewise at y_off with stride ys. An inference call (save 0)
+// writes neither hp nor sv, and LSTM's c in place: cs is then one (B, H) block, read as cp from the
+// second step on and indexed with t 0 (each work-item reads c_{t-1} where it writes c_t).
 
 #ifndef VW
 #define VW 1
@@ -35,7 +37,7 @@ __kernel void lstm_fwd(const int B, const int H, const int has_bias, __global co
                        __global const float *h, const int h_off, const int hs,
                        __global const float *cp, const int cp_off,
                        __global float *y, const int y_off, const int ys,
-                       __global float *hp, __global float *cs, __global float *sv, const int t) {
+                       __global float *hp, __global float *cs, __global float *sv, const int t, const int save) {
     const int g = get_global_id(0), HV = H / VW;
     if (g >= B * HV) return;
     const int b = g / HV, j = (g - b * HV) * VW, e = b * H + j, G = 4 * H;
@@ -46,10 +48,12 @@ __kernel void lstm_fwd(const int B, const int H, const int has_bias, __global co
     const floatV i = SIGM(a0), f = SIGM(a1), gg = tanh(a2), o = SIGM(a3);
     const floatV c = f * LD(cp, cp_off + e) + i * gg;
     const long s = (long)t * B * H + e;
-    ST(LD(h, h_off + b * hs + j), hp, s);
     ST(c, cs, s);
-    const long v = (long)t * B * G + b * G + j;
-    ST(i, sv, v); ST(f, sv, v + H); ST(gg, sv, v + 2 * H); ST(o, sv, v + 3 * H);
+    if (save) {
+        ST(LD(h, h_off + b * hs + j), hp, s);
+        const long v = (long)t * B * G + b * G + j;
+        ST(i, sv, v); ST(f, sv, v + H); ST(gg, sv, v + 2 * H); ST(o, sv, v + 3 * H);
+    }
     ST(o * tanh(c), y, y_off + b * ys + j);
 }
 
@@ -58,7 +62,7 @@ __kernel void gru_fwd(const int B, const int H, const int has_bias, __global con
                       __global const float *gh, __global const float *bh,
                       __global const float *h, const int h_off, const int hs,
                       __global float *y, const int y_off, const int ys,
-                      __global float *hp, __global float *sv, const int t) {
+                      __global float *hp, __global float *sv, const int t, const int save) {
     const int g = get_global_id(0), HV = H / VW;
     if (g >= B * HV) return;
     const int b = g / HV, j = (g - b * HV) * VW, e = b * H + j, G = 3 * H;
@@ -67,9 +71,11 @@ __kernel void gru_fwd(const int B, const int H, const int has_bias, __global con
     if (has_bias) { a0 += LD(bh, j); a1 += LD(bh, H + j); a2 += LD(bh, 2 * H + j); }
     const floatV r = SIGM(LD(gx0, x) + a0), z = SIGM(LD(gx0, x + H) + a1), n = tanh(LD(gx0, x + 2 * H) + r * a2);
     const floatV hj = LD(h, h_off + b * hs + j);
-    ST(hj, hp, (long)t * B * H + e);
-    const long v = (long)t * B * 4 * H + b * 4 * H + j;
-    ST(r, sv, v); ST(z, sv, v + H); ST(n, sv, v + 2 * H); ST(a2, sv, v + 3 * H);
+    if (save) {
+        ST(hj, hp, (long)t * B * H + e);
+        const long v = (long)t * B * 4 * H + b * 4 * H + j;
+        ST(r, sv, v); ST(z, sv, v + H); ST(n, sv, v + 2 * H); ST(a2, sv, v + 3 * H);
+    }
     ST((1.0f - z) * n + z * hj, y, y_off + b * ys + j);
 }
 

@@ -18,7 +18,9 @@ are JSON: numbers, booleans, null, short strings, lists, and the forms {"v": i} 
 "k": its k-th element for an operation returning a pair, nested tuples counted flat: LSTM's
 (output, (h_n, c_n)) as 0, 1, 2), {"tuple": [...]}, {"slice": [a, b, c]},
 {"ellipsis": 1}, {"dtype": "float32"} and {"batch": 1} (the input's batch size: a reshape's target
-keeps the batch free). A graph is specialised to the traced input's shape but for its batch.
+keeps the batch free). A graph is specialised to the traced input's shape but for its batch, which
+the trace follows through each value (a permutation or index moves it, a layer says where its values
+hold it: traced_batch_dims); the traced code reads it as a BatchSize wherever it sits.
 
 Tracing refuses what a graph cannot hold, naming the line of the traced code: a tensor's value read
 in Python (an `if` on a tensor, item(), numpy()), a layer with parameters made inside forward."""
@@ -70,19 +72,20 @@ class Tracer:
         self.owned = {}  # id(tensor) -> its state_dict key (parameters and buffers)
         for key, t in root.named_tensors():
             self.owned.setdefault(id(t), key)
-        # batched: (node, k) -> whether that value holds the batch (k None for a node's one value)
+        # batch_dims: (node, k) -> where that value holds the batch, None where it does not (k None for a
+        # node's one value)
         self.nodes, self.values = [{"op": "input", "out": [self._shape(x.shape, True)]}], {}
-        self.batched = {(0, None): True}
+        self.batch_dims = {(0, None): 0}
         self.keep, self.consts, self.fixed = [x], {}, {}
         self.values[id(x)] = (0, None)
         self.shapes = []  # tensors whose first dimension this trace tagged, with their own shapes
         self._tag(x)
 
-    def _tag(self, t):
-        """Make t.shape[0] a BatchSize for the traced code (untag() puts the shape back)."""
-        if t.shape and not isinstance(t.shape[0], BatchSize):
+    def _tag(self, t, d=0):
+        """Make t.shape[d] a BatchSize for the traced code (untag() puts the shape back)."""
+        if len(t.shape) > d and not isinstance(t.shape[d], BatchSize):
             self.shapes.append((t, t.shape))
-            t.shape = (BatchSize(t.shape[0]),) + tuple(t.shape[1:])
+            t.shape = tuple(t.shape[:d]) + (BatchSize(t.shape[d]),) + tuple(t.shape[d + 1:])
 
     def untag(self):
         """Give the tensors this trace tagged (_tag) their plain shapes back."""
@@ -108,12 +111,14 @@ class Tracer:
                 finally:
                     self.busy -= 1
                 node = {"op": "const", "target": name, "out": [self._shape(t.shape, False)]}
-            self._add(node, t, batched=False)
+            self._add(node, t, None)
             v = self.values[id(t)]
         i, k = v
         return {"v": i} if k is None else {"v": i, "k": k}
 
-    def _add(self, node, out, batched, dims=None):
+    def _add(self, node, out, dims):
+        """Record node making `out`; dims: where each of its values holds the batch (one int or None for
+        all of them, or one per value), kept where that dimension has the batch's size."""
         i = len(self.nodes)
         if len(self.nodes) >= MAX_NODES:
             raise TraceError(f"the graph passes {MAX_NODES} nodes")
@@ -121,14 +126,14 @@ class Tracer:
         shapes = []
         for k, t in enumerate(outs):
             if isinstance(t, Tensor):
-                d = 0 if dims is None else dims[k]  # where the batch sits in this value, if anywhere
-                b = batched and d is not None and len(t.shape) > d and t.shape[d] == self.batch
+                d = dims[k] if isinstance(dims, (list, tuple)) else dims
+                b = d is not None and len(t.shape) > d and t.shape[d] == self.batch
                 self.values[id(t)] = (i, None if not isinstance(out, tuple) else k)
                 self.keep.append(t)
                 shapes.append(self._shape(t.shape, b, d))
-                self.batched[self.values[id(t)]] = b
-                if b and d == 0:
-                    self._tag(t)
+                self.batch_dims[self.values[id(t)]] = d if b else None
+                if b:
+                    self._tag(t, d)
         node["out"] = shapes
         self.nodes.append(node)
 
@@ -170,10 +175,13 @@ class Tracer:
             return int(a)
         raise TraceError(f"{_user_line()}: an argument of type {type(a).__name__} cannot be recorded")
 
-    def _inputs_batched(self, args):
-        """Whether an operation on these (encoded) arguments makes a batched value: one of them is,
-        or names the batch size."""
-        return any(self.batched.get(ref, False) for ref in _ref_pairs(args)) or _names_batch(args)
+    def _inputs_batch_dim(self, args):
+        """Where the first batched value among these (encoded) arguments holds the batch; 0 where none is
+        but they name the batch size; None where neither."""
+        for ref in _ref_pairs(args):
+            if self.batch_dims.get(ref) is not None:
+                return self.batch_dims[ref]
+        return 0 if _names_batch(args) else None
 
     # -- what Module.__call__ and autograd.traced report ---------------------------------------
     def op(self, name, args, kwargs, out):
@@ -186,7 +194,8 @@ class Tracer:
                 node["args"][2] = {"mode": 1}
             else:
                 node.setdefault("kwargs", {})["training"] = {"mode": 1}
-        self._add(node, out, self._inputs_batched([node["args"], node.get("kwargs", {})]))
+        d = self._inputs_batch_dim([node["args"], node.get("kwargs", {})])
+        self._add(node, out, _op_batch_dim(name, args, kwargs, node, d))
 
     def call(self, module, args, kwargs):
         """A module called while tracing: a netcl layer runs as one node; a module with a forward of its
@@ -212,10 +221,12 @@ class Tracer:
         node["args"] = self.encode(list(args))
         if kwargs:
             node["kwargs"] = {k: self.encode(v) for k, v in kwargs.items()}
-        # (a layer of several values says where each holds its input's first dimension: LSTM's h_n and
-        # c_n (layers, N, H) hold it second, or not at all, whatever their sizes)
-        dims = module.traced_batch_dims(args[0]) if hasattr(module, "traced_batch_dims") else None
-        self._add(node, out, self._inputs_batched(node["args"]), dims)
+        # (a layer of several values says where each holds the batch its input holds at d: LSTM's h_n
+        # and c_n (layers, N, H) hold it second, or not at all, whatever their sizes)
+        d = self._inputs_batch_dim(node["args"])
+        if d is not None and hasattr(module, "traced_batch_dims"):
+            d = module.traced_batch_dims(args[0], d)
+        self._add(node, out, d)
         return out
 
     def refuse(self, what):
@@ -757,6 +768,50 @@ def lift(gm):
 
 class _NotLiftable(Exception):
     pass
+
+
+def _op_batch_dim(name, args, kwargs, node, d):
+    """Where operation `name`'s result holds the batch its input holds at d: a permutation moves it, a
+    reshape puts it where its target names the batch size, an index drops the dimensions its integers
+    take; any other operation keeps it where it was (held only where that dimension has the batch's size)."""
+    if d is None:
+        return None
+    if kwargs and name in ("permute", "transpose", "reshape", "squeeze", "unsqueeze", "getitem"):
+        return 0 if d == 0 else None  # (followed from positional arguments only)
+    if name in ("permute", "transpose"):
+        order = list(args[1:])
+        if name == "transpose":
+            n = args[0].ndim
+            a, b = args[1] % n, args[2] % n
+            order = list(range(n))
+            order[a], order[b] = order[b], order[a]
+        elif len(order) == 1 and isinstance(order[0], (tuple, list)):
+            order = list(order[0])
+        order = [int(k) % args[0].ndim for k in order]
+        return order.index(d) if d in order else None
+    if name == "reshape":
+        target = node["args"][1:]
+        if len(target) == 1 and isinstance(target[0], (list, dict)):  # (one list or tuple of sizes)
+            target = target[0]["tuple"] if isinstance(target[0], dict) and "tuple" in target[0] else target[0]
+        named = [k for k, v in enumerate(target) if v == {"batch": 1}]
+        return named[0] if named else (0 if d == 0 else None)
+    if name == "squeeze":
+        x, n = args[0], args[0].ndim
+        dims = range(n) if len(args) < 2 or args[1] is None else \
+            [k % n for k in (args[1] if isinstance(args[1], (tuple, list)) else (args[1],))]
+        gone = [k for k in dims if x.shape[k] == 1]
+        return None if d in gone else d - sum(k < d for k in gone)
+    if name == "unsqueeze":
+        k = args[1] % (args[0].ndim + 1)
+        return d + 1 if k <= d else d
+    if name == "getitem":
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(i is None or i is Ellipsis or isinstance(i, (Tensor, list, np.ndarray)) for i in index):
+            return 0 if d == 0 else None
+        if len(index) > d and not isinstance(index[d], slice):
+            return None  # (the batch indexed away)
+        return d - sum(not isinstance(i, slice) for i in index[:d])
+    return d
 
 
 def _names_batch(args):

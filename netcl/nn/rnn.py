@@ -47,11 +47,12 @@ class _RNNBase(Module):
         for key, shape in self.tensor_shapes(**self.config()).items():
             setattr(self, key, uniform(bound, shape))
 
-    def traced_batch_dims(self, x):
-        """(for netcl.trace) where output, h_n and c_n hold x's first dimension: the output first; h_n and
-        c_n second when that dimension is the batch (batch_first), else nowhere (it is the time)."""
-        batch = 1 if self.batch_first and x.ndim == 3 else None
-        return (0, batch, batch)
+    def traced_batch_dims(self, x, d=0):
+        """(for netcl.trace) where output, h_n and c_n hold the dimension x holds at d (the traced batch):
+        the output where x does (it keeps x's layout); h_n and c_n second when that dimension is the
+        batch (d 0 with batch_first, 1 without), else nowhere (it is the time)."""
+        batch = 1 if x.ndim == 3 and d == (0 if self.batch_first else 1) else None
+        return (d, batch, batch)
 
     @property
     def num_directions(self):
@@ -191,8 +192,10 @@ class _RNNBase(Module):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, d)
                 gx = ops.matmul(inp.reshape(T * B, inp.shape[2]), w_ih, trans_b=True, bias=b_ih,
                                 bias_mode=1 if b_ih is not None else 0)
-                hp, sv = ops.new(q, (T, B, H)), ops.new(q, (T, B, 4 * H))
-                cs = ops.new(q, (T, B, H)) if lstm else None
+                # (a call backward will not differentiate keeps no step's gates: c is updated in place)
+                hp, sv = (ops.new(q, (T, B, H)), ops.new(q, (T, B, 4 * H))) if keep else (ops.dummy(q),) * 2
+                cs = ops.new(q, (T, B, H) if keep else (B, H)) if lstm else None
+                tk = (lambda t: t) if keep else (lambda t: 0)  # where step t's c (LSTM), gates and h_{t-1} go
                 gh = ops.new(q, (B, G))
                 bh = b_hh if b_hh is not None else ops.dummy(q)
                 s0 = (layer * D + d) * B * H  # this layer and direction's rows of h_0, c_0, h_n, c_n
@@ -203,16 +206,16 @@ class _RNNBase(Module):
                     ops.gemm(B, G, H, h, (hs, 1, 0), w_hh, (1, H, 0), gh, (G, 1, 0), offsets=(h_off, 0, 0))
                     common = (B, H, int(b_hh is not None), gx, t * B * G, gh, bh, h, h_off, hs)
                     if lstm:
-                        cp, cp_off = (c0, s0) if s == 0 else (cs, prev * B * H)
+                        cp, cp_off = (c0, s0) if s == 0 else (cs, tk(prev) * B * H)
                         ops.launch1d(q, "rnn", "lstm_fwd", items, *common, cp, cp_off, y, t * B * D * H + d * H,
-                                     D * H, hp, cs, sv, t, options=vw)
+                                     D * H, hp, cs, sv, tk(t), int(keep), options=vw)
                     else:
-                        ops.launch1d(q, "rnn", "gru_fwd", items, *common, y, t * B * D * H + d * H, D * H, hp, sv, t,
-                                     options=vw)
+                        ops.launch1d(q, "rnn", "gru_fwd", items, *common, y, t * B * D * H + d * H, D * H, hp, sv,
+                                     tk(t), int(keep), options=vw)
                 last = _step(T - 1, d, T)[0]
                 array_ops.copy_strided(y, (B, H), (D * H, 1), last * B * D * H + d * H, hn, (H, 1), s0)
                 if lstm:
-                    array_ops.copy_strided(cs, (B, H), (H, 1), last * B * H, cn, (H, 1), s0)
+                    array_ops.copy_strided(cs, (B, H), (H, 1), tk(last) * B * H, cn, (H, 1), s0)
                 dirs.append((hp, cs, sv))
             layers.append((inp, mask, dirs))
             inp = y.mark_written()
