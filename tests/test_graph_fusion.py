@@ -288,7 +288,7 @@ def test_the_generated_source_is_opencl_c_without_builtins():
     steps = [chain.act_step(7, ("in", 0)), ("div", (("t", 0), ("in", 1))), chain.act_step(2, ("t", 1), ("s", 0))]
     src = chain.Chain(steps, 2, 1).source("fb")
     assert "__builtin" not in src and "restrict" not in src and "FP_CONTRACT OFF" in src
-    assert "x1[(i / d1) % m1]" in src and "ACT_APPLY(2, t1, s0)" in src
+    assert "x1[(i / d1) % m1]" in src and "ACT_APPLY(2, t1, ((float)s0))" in src and "vload16(0, x0 + i)" in src
 
 
 def test_only_element_wise_nodes_of_the_shapes_they_take_join_a_chain():

@@ -31,16 +31,23 @@ MAX_VARIANTS = 256
 MAX_INPUTS = 16
 _GPU_LOCAL = 64
 
-# --- the kernel template: CHAIN_PARAMS, CHAIN_LOADS and CHAIN_BODY are filled from the steps ---
+# --- the kernel template: CHAIN_PARAMS, CHAIN_LOADS16, CHAIN_BODY16 (float16 vectors: PoCL vectorises
+# explicit vector code, not loops of scalars), CHAIN_LOADS and CHAIN_BODY are filled from the steps ---
 _TEMPLATE = """#pragma OPENCL FP_CONTRACT OFF
 #include "act.h"
 
-// y[i] = the chain's last step at element i: CPUs a chunk of elements per work-item, GPUs one
+// y[i] = the chain's last step at element i: CPUs a chunk of elements (a multiple of 16, as
+// ops.cpu_chunk makes it) per work-item in float16 vectors, GPUs one element per work-item
 __kernel void chain(const int n, const int chunk, __global float *y CHAIN_PARAMS) {
 #ifdef CPU
     const int i0 = get_global_id(0) * chunk;
     const int i1 = min(n, i0 + chunk);
-    for (int i = i0; i < i1; i++) {
+    int i = i0;
+    for (; i + 16 <= i1; i += 16) {
+CHAIN_LOADS16
+CHAIN_BODY16
+    }
+    for (; i < i1; i++) {
 #else
     const int i = get_global_id(0);
     if (i < n) {
@@ -50,8 +57,6 @@ CHAIN_BODY
     }
 }
 """
-
-
 class Chain:
     """Steps ((op, operands), ...) in order, the last the chain's value. An operand is ("in", k)
     (the k-th input tensor), ("t", j) (step j's value) or ("s", k) (the k-th scalar); op is a key of
@@ -68,16 +73,30 @@ class Chain:
 
     def source(self, kinds):
         """The kernel's OpenCL C for inputs of these kinds ('f' at the output's index, 'b' broadcast)."""
-        params, loads, body = [], [], []
+        params, loads, loads16 = [], [], []
         for k, kind in enumerate(kinds):
             params.append(f"__global const float *x{k}")
             if kind == "b":
                 params.append(f"const int d{k}, const int m{k}")
                 loads.append(f"        const float a{k} = x{k}[(i / d{k}) % m{k}];")
+                # one value for all 16 lanes where they fall in one run of d (a gate over H x W), else gathered
+                gather = ", ".join(f"x{k}[((i + {j}) / d{k}) % m{k}]" for j in range(16))
+                loads16.append(f"        float16 a{k};\n        if (i / d{k} == (i + 15) / d{k}) a{k} = "
+                               f"(float16)(x{k}[(i / d{k}) % m{k}]);\n        else a{k} = (float16)({gather});")
             else:
                 loads.append(f"        const float a{k} = x{k}[i];")
+                loads16.append(f"        const float16 a{k} = vload16(0, x{k} + i);")
         params += [f"const float s{k}" for k in range(self.n_scalars)]
-        name = {"in": "a{}", "t": "t{}", "s": "s{}"}
+        text = _TEMPLATE.replace("CHAIN_PARAMS", "".join(", " + p for p in params))
+        text = text.replace("CHAIN_LOADS16", "\n".join(loads16)).replace("CHAIN_LOADS", "\n".join(loads))
+        last = len(self.steps) - 1
+        text = text.replace("CHAIN_BODY16", self._body("float16") + f"\n        vstore16(t{last}, 0, y + i);")
+        return text.replace("CHAIN_BODY", self._body("float") + f"\n        y[i] = t{last};")
+
+    def _body(self, t):
+        """The steps as statements on values of type t (float or float16)."""
+        name = {"in": "a{}", "t": "t{}", "s": f"(({t})s{{}})"}
+        body = []
         for j, (op, operands) in enumerate(self.steps):
             v = [name[kind].format(k) for kind, k in operands]
             if isinstance(op, tuple):  # ("act", code): ACT_APPLY folds to the one formula
@@ -86,10 +105,8 @@ class Chain:
                 expr = BINARY[op].format(a=v[0], b=v[1])
             else:
                 expr = UNARY[op].format(a=v[0])
-            body.append(f"        const float t{j} = {expr};")
-        body.append(f"        y[i] = t{len(self.steps) - 1};")
-        text = _TEMPLATE.replace("CHAIN_PARAMS", "".join(", " + p for p in params))
-        return text.replace("CHAIN_LOADS", "\n".join(loads)).replace("CHAIN_BODY", "\n".join(body))
+            body.append(f"        const {t} t{j} = {expr};")
+        return "\n".join(body)
 
 
 def broadcast_index(shape, out):

@@ -382,7 +382,11 @@ class GraphModule(Module):
         if isinstance(part, Segment):
             if part.seq.training:  # (a mode the graph's train() did not reach)
                 return False
-            env[part.root] = part.seq(env[part.src])
+            x_in, plan = env[part.src], part.seq._fused
+            if plan is not None and x_in.dtype == FLOAT32 and not autograd.recording():
+                env[part.root] = plan(x_in)  # (nothing for a backward to keep: the plan alone)
+            else:
+                env[part.root] = part.seq(x_in)
             return True
         inputs = [self._arg(a, env, x) for a in part.inputs]
         if not all(isinstance(t, Tensor) and t.dtype == FLOAT32 for t in inputs) or autograd.needs_record(*inputs):
