@@ -300,3 +300,36 @@ def test_only_element_wise_nodes_of_the_shapes_they_take_join_a_chain():
     assert elementwise({"op": "mul", "args": [2.0, 3.0]}) is None
     assert elementwise({"op": "pow", "args": [ref, 2.0]}) is None
     assert elementwise({"op": "add", "args": [ref, ref], "kwargs": {"alpha": 2}}) is None
+
+
+def test_an_imported_onnx_graph_with_gates_runs_fused_as_torch(queue, rng, tmp_path, monkeypatch):
+    """The torch twin of SENet (squeeze-excitation gates, x * sigmoid(x)) through torch.onnx.export and
+    import_onnx: its parts run fused and agree with float64 torch."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    import warnings
+
+    tm = _torch_senet(torch).float()
+    for m in tm.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    path = tmp_path / "se.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(tm, (torch.from_numpy(x),), str(path), dynamo=False, opset_version=13,
+                              input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "n"}})
+        except Exception as e:  # an exporter that needs a network or extra packages here
+            pytest.skip(f"torch.onnx.export does not work here: {e}")
+    gm = netcl.io.import_onnx(str(path)).eval()
+    assert isinstance(gm, nn.GraphModule) and gm.lifted is None
+    assert gm._fusion.segments and gm._fusion.chains
+    ref = tm.double()
+    for n in (2, 3):
+        xb = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
+        want = ref(torch.tensor(xb, dtype=torch.float64)).detach().numpy()
+        got = gm.predict(xb)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        _same(got, _replay(gm, xb, monkeypatch))
