@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import netcl
-from netcl import Tensor, nn
+from netcl import Tensor, nn, ops
 from netcl.jit import chain
 from netcl.nn import functional as F
 from netcl.nn import graph
@@ -155,6 +155,23 @@ def test_layer_runs_between_tensor_operations_lift_as_segments(queue, rng, monke
     for n in (2, 5):
         x = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
         _same(gm.predict(x), _replay(gm, x, monkeypatch))
+
+
+def test_a_segment_whose_plan_would_run_a_one_pixel_conv_generically_runs_its_layers(queue, rng, senet, monkeypatch):
+    _, gm = senet
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    gm.predict(x)
+    gates = [s for s in gm._fusion.segments if type(s.seq.layers[0]).__name__ == "AdaptiveAvgPool2d"
+             and len(s.seq.layers) == 5]
+    assert len(gates) == 2
+    for s in gates:
+        (key, took), = s._layers_only.items()
+        h = Tensor.from_host(queue, np.zeros((2,) + key[1][1:], np.float32))
+        assert took == (s.seq._fused.one_pixel_generic_convs(queue, key[1]) > 0) and s.takes(h) == (not took)
+        if not ops.is_cpu(queue):
+            assert not took
+    monkeypatch.setattr(graph.Segment, "takes", lambda self, x: True)  # every plan, the generic convs too
+    _same(gm.predict(x), _replay(gm, x, monkeypatch))
 
 
 def test_training_and_gradients_replay_the_graph(queue, rng, senet, monkeypatch):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from netcl import autograd
+from netcl import autograd, runtime
 from netcl.nn import functional
 from netcl.jit import chain
 from netcl.nn import graph_chain
@@ -383,10 +383,12 @@ class GraphModule(Module):
             if part.seq.training:  # (a mode the graph's train() did not reach)
                 return False
             x_in, plan = env[part.src], part.seq._fused
-            if plan is not None and x_in.dtype == FLOAT32 and not autograd.recording():
-                env[part.root] = plan(x_in)  # (nothing for a backward to keep: the plan alone)
-            else:
+            if plan is None or x_in.dtype != FLOAT32 or not part.takes(x_in):
+                return False
+            if autograd.recording():
                 env[part.root] = part.seq(x_in)
+            else:
+                env[part.root] = plan(x_in)  # (nothing for a backward to keep: the plan alone)
             return True
         inputs = [self._arg(a, env, x) for a in part.inputs]
         if not all(isinstance(t, Tensor) and t.dtype == FLOAT32 for t in inputs) or autograd.needs_record(*inputs):
@@ -722,6 +724,25 @@ class Segment:
 
     def __init__(self, src, root, members, seq):
         self.src, self.root, self.members, self.seq = src, root, tuple(sorted(members)), seq
+        self._layers_only = {}  # (queue, input shape) -> whether its plan is slower than its layers
+
+    def takes(self, x):
+        """Whether the fused plan runs input x: not where it would run a conv of a one-pixel output
+        through the GPU family's kernel on a CPU (FusedPlan.one_pixel_generic_convs), which the
+        layers' own forwards run far faster."""
+        if x.queue is None:
+            return True
+        key = (x.queue.int_ptr, tuple(x.shape))
+        slow = self._layers_only.get(key)
+        if slow is None:
+            try:
+                slow = self.seq._fused.one_pixel_generic_convs(x.queue, x.shape) > 0
+            except runtime.tiers.NotReady:  # (building in the background: the plan runs its layers meanwhile)
+                return True
+            if len(self._layers_only) >= 64:
+                self._layers_only.clear()
+            self._layers_only[key] = slow
+        return not slow
 
 
 def segments(gm):
