@@ -229,7 +229,7 @@ class Ops(nn.Module):
         h = (x - self.ch) / self.one + g * 0.5
         h = netcl.functions.maximum(h, -2.0) - netcl.functions.minimum(h, 3.0) * self.last
         h = -F.silu(h) + F.hardswish(h) * F.tanh(h) + netcl.functions.exp(-h.relu()) / (1.0 + F.sigmoid(h))
-        return F.leaky_relu(h, 0.2) + F.relu6(h) + F.hardsigmoid(h) - 3.0
+        return F.leaky_relu(h, 0.2) + F.relu6(h) + F.hardsigmoid(h) - 3.0 + F.gelu(h, approximate="tanh")
 
 
 def _numpy_ops(model, x):
@@ -242,7 +242,8 @@ def _numpy_ops(model, x):
         h = np.where(np.isnan(h) | (h > -2), h, -2) - np.where(np.isnan(h) | (h < 3), h, 3) * last
         hsw = h * np.clip(h + 3, 0, 6) / 6
         h = -(h * sig(h)) + hsw * np.tanh(h) + np.exp(-np.maximum(h, 0)) / (1 + sig(h))
-        return np.where(h > 0, h, 0.2 * h) + np.clip(h, 0, 6) + np.clip(h + 3, 0, 6) / 6 - 3
+        gelu = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        return np.where(h > 0, h, 0.2 * h) + np.clip(h, 0, 6) + np.clip(h + 3, 0, 6) / 6 - 3 + gelu
 
 
 def test_a_chain_of_every_operation_is_one_kernel_as_numpy_and_the_replay_give(queue, rng, monkeypatch):
@@ -322,6 +323,8 @@ def test_only_element_wise_nodes_of_the_shapes_they_take_join_a_chain():
     assert elementwise({"op": "sub", "args": [{"inf": -1}, ref]}) == ("sub", [-np.inf, ref])
     assert elementwise({"op": "F.relu", "args": [ref], "kwargs": {"inplace": False}})[0] == ("act", 1, 0.0)
     assert elementwise({"op": "F.leaky_relu", "args": [ref, 0.3]})[0][2] == 0.3
+    assert elementwise({"op": "F.gelu", "args": [ref], "kwargs": {"approximate": "tanh"}})[0] == ("act", 6, 0.0)
+    assert elementwise({"op": "activation", "args": [ref, 2, 0.1]})[0] == ("act", 2, 0.1)
     assert elementwise({"op": "mul", "args": [2.0, 3.0]}) is None
     assert elementwise({"op": "pow", "args": [ref, 2.0]}) is None
     assert elementwise({"op": "add", "args": [ref, ref], "kwargs": {"alpha": 2}}) is None

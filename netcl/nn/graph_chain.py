@@ -58,6 +58,10 @@ def elementwise(node):
         if _number(slope) is None or any(a is not False for a in extra):
             return None
         return ("act", Act.LEAKY_RELU, _number(slope)), [args[0]]
+    if op == "F.gelu":
+        approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
+        code = {"none": Act.GELU, "tanh": Act.GELU_TANH}.get(approximate)
+        return (("act", code, 0.0), [args[0]]) if code is not None and len(args) + len(kwargs) <= 2 else None
     if op == "activation" and not kwargs and 2 <= len(args) <= 3 and type(args[1]) is int \
             and args[1] in set(Act) and (len(args) == 2 or _number(args[2]) is not None):
         return ("act", Act(args[1]), _number(args[2]) if len(args) == 3 else 0.0), [args[0]]
