@@ -259,6 +259,19 @@ def test_a_chain_of_every_operation_is_one_kernel_as_numpy_and_the_replay_give(q
         np.testing.assert_allclose(got, _numpy_ops(model, xb), rtol=1e-4, atol=1e-5)
 
 
+def test_the_gpu_variant_of_a_chain_gives_the_same(queue, rng, monkeypatch):
+    """The one-element-per-work-item variant GPUs run (forced on a CPU device), its scalar body."""
+    model = Ops()
+    x = rng.standard_normal((3, 4, 3, 5)).astype(np.float32) * 3
+    gm = netcl.trace(model, x).eval()
+    want = gm.predict(x)
+    monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    assert not ops.is_cpu(queue)
+    got = gm.predict(x)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(got, _numpy_ops(model, x), rtol=1e-4, atol=1e-5)
+
+
 def test_nan_and_the_infinities_go_through_a_chain_as_through_its_operations(queue, monkeypatch):
     class M(nn.Module):
         def forward(self, x):
