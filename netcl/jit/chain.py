@@ -7,9 +7,10 @@ A Chain is device-free: its steps, each an operation on earlier steps, on the ch
 nothing). An input of the output's shape is read at the element's index; any other is one whose
 sizes that are not 1 are a contiguous run of the output's dimensions (a per-channel (1, C, 1, 1),
 a squeeze-excitation gate (N, C, 1, 1), a trailing (C,), a scalar tensor), read at
-(i / div) % mod. The kernel's text comes from _TEMPLATE, filled from the step list; programs are
-cached per (context, the chain's signature: its steps and which inputs broadcast), at most
-MAX_VARIANTS of them, and built through netcl.runtime's program cache (memory and disk).
+(i / div) % mod. The kernel's text comes from _TEMPLATE, filled from the step list, and is built
+through netcl.runtime's program cache (memory and disk); kernel objects are kept per (context, the
+chain's signature: its steps and which inputs broadcast), the MAX_VARIANTS most recently used. A new
+number or shape builds nothing: the variants are those of the op lists a process runs.
 
 The formulas are tensor.cl's and act.h's, with floating-point contraction off, so a chain gives
 what its operations one by one give (NaN and the infinities included)."""
@@ -156,8 +157,9 @@ def _kernel(q, chain, kinds):
 
 
 def run(chain, inputs, scalars, out_shape):
-    """The chain's value (a new Tensor of out_shape) from its input Tensors (float32, on one queue)
-    and scalars; None where an input's shape is neither out_shape nor broadcast as broadcast_index reads."""
+    """The chain's value (a new Tensor of out_shape) from its input Tensors (float32) and scalars; None
+    where the inputs are not on one queue, or an input's shape is neither out_shape nor broadcast as
+    broadcast_index reads (the caller then runs the operations one by one)."""
     out_shape = tuple(int(s) for s in out_shape)
     kinds, index = [], []
     for t in inputs:
@@ -171,6 +173,8 @@ def run(chain, inputs, scalars, out_shape):
         kinds.append("b")
         index.append(di)
     q = inputs[0].queue
+    if q is None or any(t.queue is not q for t in inputs):
+        return None
     y = ops.new(q, out_shape)
     n = int(np.prod(out_shape, dtype=np.int64))
     if n == 0:
