@@ -157,7 +157,7 @@ def test_layer_runs_between_tensor_operations_lift_as_segments(queue, rng, monke
         _same(gm.predict(x), _replay(gm, x, monkeypatch))
 
 
-def test_a_segment_whose_plan_would_run_a_large_one_pixel_conv_generically_runs_its_layers(queue, rng, senet, monkeypatch):
+def test_a_segment_with_a_large_one_pixel_conv_on_the_generic_family_runs_its_layers(queue, rng, senet, monkeypatch):
     _, gm = senet
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     gm.predict(x)
