@@ -157,7 +157,7 @@ def test_layer_runs_between_tensor_operations_lift_as_segments(queue, rng, monke
         _same(gm.predict(x), _replay(gm, x, monkeypatch))
 
 
-def test_a_segment_with_a_large_one_pixel_conv_on_the_generic_family_runs_its_layers(queue, rng, senet, monkeypatch):
+def test_a_segment_with_a_large_conv_on_the_generic_family_runs_its_layers(queue, rng, senet, monkeypatch):
     _, gm = senet
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     gm.predict(x)
@@ -167,18 +167,18 @@ def test_a_segment_with_a_large_one_pixel_conv_on_the_generic_family_runs_its_la
     for s in gates:
         (key, took), = s._layers_only.items()
         h = Tensor.from_host(queue, np.zeros((2,) + key[1][1:], np.float32))
-        macs = s.seq._fused.one_pixel_generic_macs(queue, key[1])
-        assert took == (macs > graph.ONE_PIXEL_MACS) and s.takes(h) == (not took)
+        macs = s.seq._fused.generic_conv_macs(queue, key[1])
+        assert took == (macs > graph.GENERIC_CONV_MACS) and s.takes(h) == (not took)
         if not ops.is_cpu(queue):
             assert not took
     want = _replay(gm, x, monkeypatch)
     for bound in (-1, 1 << 30):  # every gate through its layers, then through its plan
-        monkeypatch.setattr(graph, "ONE_PIXEL_MACS", bound)
+        monkeypatch.setattr(graph, "GENERIC_CONV_MACS", bound)
         for s in gates:
             s._layers_only.clear()
         _same(gm.predict(x), want)
         assert all(s._layers_only and all(v == (bound < 0 and ops.is_cpu(queue) and
-                                                 s.seq._fused.one_pixel_generic_macs(queue, k[1]) > 0)
+                                                 s.seq._fused.generic_conv_macs(queue, k[1]) > 0)
                                           for k, v in s._layers_only.items()) for s in gates)
 
 

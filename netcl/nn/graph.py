@@ -44,10 +44,10 @@ MAX_NODES = 100_000
 # eval mode runs the parts of a graph that does not lift whole fused (GraphModule.forward); NETCL_GRAPH_FUSE=0
 # in the environment (or FUSE = False here) replays it node by node, as training does
 FUSE = os.environ.get("NETCL_GRAPH_FUSE", "1") != "0"
-# a segment whose plan runs a conv of a one-pixel output through the GPU family's kernel on a CPU runs
-# its layers past this many multiply-accumulates per sample (FusedPlan.one_pixel_generic_macs; where the
-# two cross on PoCL: docs/performance.md#traced-graphs)
-ONE_PIXEL_MACS = 1024
+# a segment whose plan runs a conv through the GPU family's kernel on a CPU runs its layers past this
+# many multiply-accumulates per sample (FusedPlan.generic_conv_macs; where the two cross on PoCL:
+# docs/performance.md#traced-graphs)
+GENERIC_CONV_MACS = 1024
 _MAX_ARG_DEPTH, _MAX_ARG_ITEMS = 6, 4096
 _DTYPES = {"float32": FLOAT32, "int32": INT32}
 
@@ -731,16 +731,16 @@ class Segment:
         self._layers_only = {}  # (queue, input shape) -> whether its plan is slower than its layers
 
     def takes(self, x):
-        """Whether the fused plan runs input x: not where it would run a conv of a one-pixel output of
-        more than ONE_PIXEL_MACS multiply-accumulates through the GPU family's kernel on a CPU
-        (FusedPlan.one_pixel_generic_macs), which the layers' own forwards run faster."""
+        """Whether the fused plan runs input x: not where it would run a conv of more than
+        GENERIC_CONV_MACS multiply-accumulates through the GPU family's kernel on a CPU
+        (FusedPlan.generic_conv_macs), which the layers' own forwards run faster."""
         if x.queue is None:
             return True
         key = (x.queue.int_ptr, tuple(x.shape))
         slow = self._layers_only.get(key)
         if slow is None:
             try:
-                slow = self.seq._fused.one_pixel_generic_macs(x.queue, x.shape) > ONE_PIXEL_MACS
+                slow = self.seq._fused.generic_conv_macs(x.queue, x.shape) > GENERIC_CONV_MACS
             except runtime.tiers.NotReady:  # (building in the background: the plan runs its layers meanwhile)
                 return True
             if len(self._layers_only) >= 64:
