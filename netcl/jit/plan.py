@@ -69,6 +69,21 @@ class FusedPlan:
         """The layers that run their own forward inside the plan (class names, in order)."""
         return [str(s) for s in self.stages if isinstance(s, LayerStage)]
 
+    def generic_conv_macs(self, q, shape):
+        """The multiply-accumulates per sample of the largest conv stage of this plan, for an input of
+        `shape` on q, that runs the GPU family's kernel on a CPU device (the planner's fallback for
+        shapes its CPU families do not take: a squeeze-excitation gate's 1x1 convs on one pixel, a
+        4x4 stride-4 stem); 0 where none does. That kernel is slow there: a GraphModule runs a
+        segment past graph.GENERIC_CONV_MACS through its layers (graph.Segment). Builds the plan's
+        programs for the shape (tiers.NotReady where they build in the background)."""
+        with runtime.serial_lock(q) or nullcontext(), self._lock:
+            comp = self._executable(q, tuple(shape)).compiled
+        if comp.target.gpu:
+            return 0
+        return max([s.spec.c * s.spec.k * s.spec.ks * s.spec.ks * s.spec.poh * s.spec.pow for s in comp.steps
+                    if getattr(s, "spec", None) is not None and any(f.__name__ == "ConvGpu" for f, _ in s.launches)],
+                   default=0)
+
     def _executable(self, q, shape):
         """The Executable for (q, shape), made (after the layers' own checks) when missing; the
         caller holds the lock. Where the plan's programs for this shape are not built yet and

@@ -25,14 +25,17 @@ hold it: traced_batch_dims); the traced code reads it as a BatchSize wherever it
 Tracing refuses what a graph cannot hold, naming the line of the traced code: a tensor's value read
 in Python (an `if` on a tensor, item(), numpy()), a layer with parameters made inside forward."""
 import math
+import os
 import re
 import traceback
 from pathlib import Path
 
 import numpy as np
 
-from netcl import autograd
+from netcl import autograd, runtime
 from netcl.nn import functional
+from netcl.jit import chain
+from netcl.nn import graph_chain
 from netcl.nn.blocks import ModuleDict
 from netcl.nn.module import LAYERS, Module, Parameter, _own_backward, declared_problem, declared_tensors, make_declared
 from netcl.tensor import FLOAT32, INT32, Tensor
@@ -41,6 +44,13 @@ _NETCL = str(Path(__file__).resolve().parents[1])
 _PATH = re.compile(r"[A-Za-z_0-9]{1,64}(\.[A-Za-z_0-9]{1,64}){0,31}")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]{0,63}")
 MAX_NODES = 100_000
+# eval mode runs the parts of a graph that does not lift whole fused (GraphModule.forward); NETCL_GRAPH_FUSE=0
+# in the environment (or FUSE = False here) replays it node by node, as training does
+FUSE = os.environ.get("NETCL_GRAPH_FUSE", "1") != "0"
+# a segment whose plan runs a conv through the GPU family's kernel on a CPU runs its layers past this
+# many multiply-accumulates per sample (FusedPlan.generic_conv_macs; where the two cross on PoCL:
+# docs/performance.md#traced-graphs)
+GENERIC_CONV_MACS = 1024
 _MAX_ARG_DEPTH, _MAX_ARG_ITEMS = 6, 4096
 _DTYPES = {"float32": FLOAT32, "int32": INT32}
 
@@ -273,6 +283,8 @@ def trace(model, example_input):
     gm.training = model.training
     if gm._lifted is not None:
         gm._lifted.train(model.training)
+    for part in gm._fusion.segments if gm._fusion is not None else ():
+        part.seq.train(model.training)
     return gm
 
 
@@ -296,6 +308,7 @@ class GraphModule(Module):
         if problem:
             raise ValueError(f"GraphModule: {problem}")
         self.__dict__["_lifted"] = lift(self)  # (not a child: it holds the same layers)
+        self.__dict__["_fusion"] = _Fusion.of(self)
 
     # -- the layer protocol: what a .netcl file records ------------------------------------
     def config(self):
@@ -325,6 +338,7 @@ class GraphModule(Module):
         if problem:
             raise ValueError(problem)
         gm.__dict__["_lifted"] = lift(gm)
+        gm.__dict__["_fusion"] = _Fusion.of(gm)
         return gm
 
     def output_shape(self, shape):
@@ -342,33 +356,73 @@ class GraphModule(Module):
     # -- replay ----------------------------------------------------------------------------
     def forward(self, x):
         """Replay the graph on x (its batch size free, the rest as traced): through its lifted
-        Sequential where it has one (lift: the Sequential's training fusions and fused inference)."""
+        Sequential where it has one (lift: the Sequential's training fusions and fused inference);
+        in eval mode a graph that does not lift runs its parts that do through their fused plans
+        (segments) and its element-wise chains as one kernel each (graph_chain), the rest node by node."""
         self.output_shape(x.shape)
         if self._lifted is not None and autograd.tracer() is None:
             return self._lifted(x)
-        env = []
+        fused = self._fusion if FUSE and not self.training and autograd.tracer() is None else None
+        at, skip = (fused.at, fused.skip) if fused is not None else ({}, ())
+        env = [None] * len(self.graph)
         for i, node in enumerate(self.graph):
-            op = node["op"]
-            if op == "input":
-                v = x
-            elif op == "output":
+            if i in skip:  # a value the fused part ending at a later node computes, or none needs
+                continue
+            part = at.get(i)
+            if part is not None:
+                if not self._run_part(part, env, x):
+                    for j in part.members:
+                        env[j] = self._node(j, env, x)
+                continue
+            if node["op"] == "output":
                 y = self._arg(node["args"][0], env, x)
                 if tuple(y.shape) != self.output_shape(x.shape):  # (what a file declares, held to)
                     raise ValueError(f"the graph computes {tuple(y.shape)} where it declares {_show(node['out'][0])}")
                 return y
-            elif op in ("param", "const"):
-                v = self._tensor(node["target"])
-            else:
-                args = self._arg(node.get("args", []), env, x)
-                kwargs = {k: self._arg(a, env, x) for k, a in node.get("kwargs", {}).items()}
-                if op == "call":
-                    v = self.submodule(node["target"])(*args, **kwargs)
-                elif op == "layer":
-                    v = self._layer(i, node)(*args, **kwargs)
-                else:
-                    v = autograd.TRACEABLE[op](*args, **kwargs)
-            env.append(flat(v) if isinstance(v, tuple) else v)
+            env[i] = self._node(i, env, x)
         raise AssertionError("a checked graph ends with its output")
+
+    def _node(self, i, env, x):
+        """Node i's value (env: the values before it); a result holding tuples as one flat tuple."""
+        node = self.graph[i]
+        op = node["op"]
+        if op == "input":
+            return x
+        if op in ("param", "const"):
+            return self._tensor(node["target"])
+        args = self._arg(node.get("args", []), env, x)
+        kwargs = {k: self._arg(a, env, x) for k, a in node.get("kwargs", {}).items()}
+        if op == "call":
+            v = self.submodule(node["target"])(*args, **kwargs)
+        elif op == "layer":
+            v = self._layer(i, node)(*args, **kwargs)
+        else:
+            v = autograd.TRACEABLE[op](*args, **kwargs)
+        return flat(v) if isinstance(v, tuple) else v
+
+    def _run_part(self, part, env, x):
+        """Set env[part.root] by a fused part (a Segment or a ChainGroup) and say True; False (nothing
+        run) where it cannot take these values: its members then run one by one."""
+        if isinstance(part, Segment):
+            if part.seq.training:  # (a mode the graph's train() did not reach)
+                return False
+            x_in, plan = env[part.src], part.seq._fused
+            if plan is None or x_in.dtype != FLOAT32 or not part.takes(x_in):
+                return False
+            if autograd.recording():
+                env[part.root] = part.seq(x_in)
+            else:
+                env[part.root] = plan(x_in)  # (nothing for a backward to keep: the plan alone)
+            return True
+        inputs = [self._arg(a, env, x) for a in part.inputs]
+        if not all(isinstance(t, Tensor) and t.dtype == FLOAT32 for t in inputs) or autograd.needs_record(*inputs):
+            return False  # (a chain has no backward: a replay that records runs the operations)
+        shape = tuple(x.shape[0] if n == "N" else n for n in self.graph[part.root]["out"][0])
+        y = chain.run(part.chain, inputs, part.scalars, shape)
+        if y is None:
+            return False
+        env[part.root] = y
+        return True
 
     def _arg(self, a, env, x):
         return decode(a, lambda i, k: env[i] if k is None else env[i][k], x.shape[0], self.training)
@@ -398,6 +452,8 @@ class GraphModule(Module):
             layer.train(mode)
         if self._lifted is not None:
             self._lifted.train(mode)  # (eval: its fused plan)
+        for part in self._fusion.segments if self._fusion is not None else ():
+            part.seq.train(mode)
         return self
 
     def predict(self, x, queue=None):
@@ -678,59 +734,198 @@ def lift(gm):
     layers; `a + b` between two branches of one value a Residual; `cat` of branches a Concat), or None
     where the graph is not of that shape (an operation with a parameter, a layer called twice, ...).
     The Sequential runs the graph's training fusions and fused inference."""
-    nodes = gm.graph
-    users = {}
-    for j, n in enumerate(nodes):
-        for ref in _refs(n.get("args", [])) + _refs(list(n.get("kwargs", {}).values())):
-            users.setdefault(ref, []).append(j)
-    calls = [n["target"] for n in nodes if n["op"] == "call"]
-    again = {t for t in calls if calls.count(t) > 1}
-    if any(gm.submodule(t).named_tensors() for t in again):
+    w = _Walk(gm)
+    if any(gm.submodule(t).named_tensors() for t in w.again):
         return None  # a layer with weights twice in one Sequential would overwrite its own saved state
-    seen = set()
+    nodes = gm.graph
+    try:
+        layers, end = w.walk(0)
+    except (_NotLiftable, KeyError, TypeError, ValueError):
+        return None
+    if w.users.get(end) != [len(nodes) - 1] or nodes[-1]["args"][0] != {"v": end}:
+        return None
+    return LAYERS["Sequential"](*layers)
 
-    def layer_at(j):
-        n = nodes[j]
+
+class Segment:
+    """A part of a graph that lifts (segments): node `root`'s value is `seq` applied to value `src`;
+    the values of its other `members` are used inside it only."""
+
+    def __init__(self, src, root, members, seq):
+        self.src, self.root, self.members, self.seq = src, root, tuple(sorted(members)), seq
+        self._layers_only = {}  # (queue, input shape) -> whether its plan is slower than its layers
+
+    def takes(self, x):
+        """Whether the fused plan runs input x: not where it would run a conv of more than
+        GENERIC_CONV_MACS multiply-accumulates through the GPU family's kernel on a CPU
+        (FusedPlan.generic_conv_macs), which the layers' own forwards run faster."""
+        if x.queue is None:
+            return True
+        key = (x.queue.int_ptr, tuple(x.shape))
+        slow = self._layers_only.get(key)
+        if slow is None:
+            try:
+                slow = self.seq._fused.generic_conv_macs(x.queue, x.shape) > GENERIC_CONV_MACS
+            except runtime.tiers.NotReady:  # (building in the background: the plan runs its layers meanwhile)
+                return True
+            if len(self._layers_only) >= 64:
+                self._layers_only.clear()
+            self._layers_only[key] = slow
+        return not slow
+
+
+def segments(gm):
+    """The parts of a graph that does not lift whole (lift) that do: every maximal run of layer calls
+    from one value, through forks that rejoin in a residual add or a concatenation, as a Segment
+    whose Sequential runs the fused inference path (netcl.jit); runs of which no stage would fuse
+    are left out. A layer with weights called more than once stays out of every segment."""
+    from netcl.jit.stages import plan_stages
+
+    w = _Walk(gm, partial=True)
+    nodes, out, inside = gm.graph, [], set()
+
+    def keep(src, layers, end, mark):
+        taken = w.taken[mark:]
+        seq = LAYERS["Sequential"](*layers)
+        stages, _ = plan_stages([layer for _, layer in seq.chain()])
+        if seq.knows_shapes() and any(s.fused for s in stages):
+            out.append(Segment(src, end, taken, seq))
+            inside.update(j for j in taken if j != end)
+
+    for v in range(len(nodes) - 1):
+        if v in inside or len(nodes[v].get("out", [])) != 1:
+            continue
+        mark = len(w.taken)
+        layers, end = w.reach(v)
+        if layers:
+            keep(v, layers, end, mark)
+            continue
+        us = w.users.get(v, [])
+        for j in us if len(us) > 1 else ():  # branches that do not rejoin: each its own segment
+            if j in inside:
+                continue
+            mark = len(w.taken)
+            try:
+                first = w.layer_at(j)
+            except (KeyError, TypeError, ValueError):
+                first = None
+            if first is not None:
+                rest, end = w.reach(j)
+                keep(v, [first] + rest, end, mark)
+            else:
+                del w.taken[mark:]
+    return out
+
+
+class _Fusion:
+    """What a graph that does not lift runs fused in eval mode: its segments and element-wise chains,
+    `at` each by the node whose value it computes, `skip` the nodes whose values it makes unneeded."""
+
+    def __init__(self, segments, chains):
+        self.segments, self.chains = segments, chains
+        parts = segments + chains
+        self.at = {p.root: p for p in parts}
+        self.skip = frozenset(j for p in parts for j in p.members if j != p.root)
+
+    @classmethod
+    def of(cls, gm):
+        """The _Fusion of gm (None where it lifts whole, or nothing in it fuses)."""
+        if gm._lifted is not None:
+            return None
+        segs = segments(gm)
+        users = _Walk(gm).users
+        found = graph_chain.chains(gm.graph, users, {j for s in segs for j in s.members})
+        return cls(segs, found) if segs or found else None
+
+
+class _Walk:
+    """Walks a graph's values forward, making layers of the nodes it passes (lift, segments);
+    `taken` lists the nodes made layers and the joins of blocks, in the order walked."""
+
+    def __init__(self, gm, partial=False):
+        self.gm, self.nodes, self.partial = gm, gm.graph, partial
+        self.users = {}
+        for j, n in enumerate(self.nodes):
+            for ref in _refs(n.get("args", [])) + _refs(list(n.get("kwargs", {}).values())):
+                self.users.setdefault(ref, []).append(j)
+        calls = [n["target"] for n in self.nodes if n["op"] == "call"]
+        self.again = {t for t in calls if calls.count(t) > 1}
+        self.seen, self.taken = set(), []
+
+    def layer_at(self, j):
+        """The layer of node j applied to its one tensor argument, or None."""
+        n = self.nodes[j]
         args = n.get("args", [])
         if not args or args[0] != {"v": _input_of(n)} or _refs(args[1:]) or _refs(list(n.get("kwargs", {}).values())):
             return None
-        layer = _as_layer(gm, j, n, [None] + list(args[1:]))
-        if n["op"] == "call" and n["target"] in seen:  # a weightless layer called again (a block's one
-            layer = LAYERS[type(layer).__name__](**layer.config())  # ReLU): a layer of its own each call
-        seen.add(n.get("target"))
+        if self.partial and n["op"] == "call" and n["target"] in self.again and \
+                self.gm.submodule(n["target"]).named_tensors():
+            return None
+        layer = _as_layer(self.gm, j, n, [None] + list(args[1:]))
+        if layer is None:
+            return None
+        if n["op"] == "call" and n["target"] in self.seen and not layer.named_tensors():
+            # a weightless layer called again (a block's one ReLU), or walked again after a walk that
+            # stopped (segments): a layer of its own each call
+            layer = LAYERS[type(layer).__name__](**layer.config())
+        self.seen.add(n.get("target"))
+        self.taken.append(j)
         return layer
 
-    def walk(v, until=None):
+    def walk(self, v):
         """(layers, the value reached) from value v along single uses, through forks that rejoin."""
         layers = []
-        while v != until:
-            us = users.get(v, [])
+        while True:
+            us = self.users.get(v, [])
             if len(us) == 1:
                 j = us[0]
-                if nodes[j]["op"] in ("add", "cat", "output"):
+                if self.nodes[j]["op"] in ("add", "cat", "output"):
                     return layers, v
-                layer = layer_at(j)
+                layer = self.layer_at(j)
                 if layer is None:
                     raise _NotLiftable
                 layers.append(layer)
                 v = j
                 continue
-            block, v = fork(v, us)
+            block, v = self.fork(v, us)
             layers.append(block)
-        return layers, v
 
-    def fork(v, us):
+    def reach(self, v):
+        """walk(v) as far as it goes: stopped before the first node that does not lift, and at a value
+        whose uses do not rejoin (segments)."""
+        layers = []
+        while True:
+            us, mark = self.users.get(v, []), len(self.taken)
+            try:
+                if len(us) == 1:
+                    j = us[0]
+                    layer = None if self.nodes[j]["op"] in ("add", "cat", "output") else self.layer_at(j)
+                    if layer is None:
+                        return layers, v
+                    layers.append(layer)
+                    v = j
+                elif len(us) > 1:
+                    block, v = self.fork(v, us)
+                    layers.append(block)
+                else:
+                    return layers, v
+            except (_NotLiftable, KeyError, TypeError, ValueError):
+                del self.taken[mark:]
+                return layers, v
+
+    def fork(self, v, us):
         """The block of value v's branches (v used by every node in us) and the value they join at."""
+        nodes, users = self.nodes, self.users
         branches, join = [], None
         for u in us:
             if nodes[u]["op"] in ("add", "cat"):
                 b, end = [], v
                 j = u
             else:
-                layer = layer_at(u)
+                layer = self.layer_at(u)
                 if layer is None:
                     raise _NotLiftable
-                rest, end = walk(u)
+                rest, end = self.walk(u)
                 b = [layer] + rest
                 j = users.get(end, [None])[0]
                 if len(users.get(end, [])) != 1:
@@ -750,20 +945,14 @@ def lift(gm):
             if not body:
                 raise _NotLiftable
             shortcut = None if not short else (short[0] if len(short) == 1 else LAYERS["Sequential"](*short))
+            self.taken.append(join)
             return LAYERS["Residual"](*body, shortcut=shortcut), join
         if n["op"] == "cat" and isinstance(n["args"][0], list) and len(n["args"]) == 2 and isinstance(n["args"][1], int):
             dim = n["args"][1]
             parts = [LAYERS["Sequential"](*b) if b else LAYERS["Identity"]() for b in ordered]
+            self.taken.append(join)
             return LAYERS["Concat"](*parts, dim=dim), join
         raise _NotLiftable
-
-    try:
-        layers, end = walk(0)
-    except (_NotLiftable, KeyError, TypeError, ValueError):
-        return None
-    if users.get(end) != [len(nodes) - 1] or nodes[-1]["args"][0] != {"v": end}:
-        return None
-    return LAYERS["Sequential"](*layers)
 
 
 class _NotLiftable(Exception):
