@@ -42,7 +42,7 @@ _CHILD = textwrap.dedent("""
 
 
 def run_child(mode, env=None):
-    env = dict(os.environ, **(env or {}))
+    env = dict({k: v for k, v in os.environ.items() if k != "NETCL_QUIET"}, **(env or {}))  # (the caller's own)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-c", _CHILD, fresh(WARNS), fresh(BROKEN), mode], env=env,
                           capture_output=True, text=True, timeout=300, check=True)
