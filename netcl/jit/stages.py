@@ -24,18 +24,21 @@ runs each. Stages read and write numbered values (0: the plan's input); blocks a
     Dropout, Identity                                       -> dropped     (identity in eval mode)
     anything else                                           -> LayerStage  (the layer's own forward)
 
-An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`. Every value
+An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`, or an ELU, a
+Softplus (threshold 20) or a Mish (_act_code). Every value
 gets a stored zero border (plan_stages): the widest padding of the convolutions that read it (a
 downsampling block's 3x3 and 1x1 read one value), when only convolutions (and residual epilogues)
 read it and only conv stages write it; else none.
 """
 import numpy as np
 
+from netcl.act import Act
 from netcl.convspec import ConvSpec, winot_enabled, winot_layout
 from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
 from netcl.jit.conv_wino import ConvWino, ConvWinoT, wino_tile
+from netcl.nn.activation import ELU, Mish, Softplus
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.conv import Conv2d
@@ -56,13 +59,30 @@ def _is_concat(layer):
     return hasattr(layer, "branches") and hasattr(layer, "dim")
 
 
+def _act_code(layer):
+    """(Act, slope) that the fused kernels apply (kernels/act.h) for activation layer `layer`, or None
+    when it is none they take: a layer with an `act` code and its `slope`; ELU (slope: alpha),
+    Softplus at its default threshold of 20 (slope: beta) and Mish, whose layers run act_param.cl's
+    kernels (inference-only codes: training keeps those layers' own)."""
+    act = getattr(layer, "act", None)
+    if act is not None:
+        return act, float(layer.slope)
+    if isinstance(layer, ELU):
+        return Act.ELU, layer.alpha
+    if isinstance(layer, Softplus) and layer.threshold == 20.0:
+        return Act.SOFTPLUS, layer.beta
+    if isinstance(layer, Mish):
+        return Act.MISH, 0.0
+    return None
+
+
 def _is_act(layer):
-    return getattr(layer, "act", None) is not None
+    return _act_code(layer) is not None
 
 
 def _act_slope(layer):
     """(Act, slope) of an activation layer, (None, 0.0) for none."""
-    return (layer.act, float(layer.slope)) if layer is not None else (None, 0.0)
+    return _act_code(layer) if layer is not None else (None, 0.0)
 
 
 def _act_name(act):
