@@ -18,6 +18,7 @@ class ColsConv:
         self._geometry = {}  # input shape -> conv_cols.Cols
 
     def refresh(self):
+        """Fold the weights and upload them when any source tensor of the stage changed since the last fold."""
         vers = [(id(t), t.version) for t in self.stage.sources]
         if vers != self._versions:
             STATS["folds"] += 1

@@ -24,9 +24,9 @@ from netcl.jit.eltwise import AddLaunch, CopyLaunch
 from netcl.jit.linear import LinearLaunch
 from netcl.jit.seq import (AttentionLaunch, LayerNormLaunch, MaxPoolLaunch, MeanLaunch, TransposeLaunch,
                            UpsampleLaunch)
-from netcl.jit.stages import (AddStage, AttentionStage, ColsStage, ConcatStage, ConvStage, CopyStage, LayerNormStage, LayerStage,
-                              LinearStage, MeanStage, ResampleStage, TransposeStage, ViewStage, conv_families, conv_family,
-                              make_conv)
+from netcl.jit.stages import (AddStage, AttentionStage, ColsStage, ConcatStage, ConvStage, CopyStage, LayerNormStage,
+                              LayerStage, LinearStage, MeanStage, ResampleStage, TransposeStage, ViewStage, conv_families,
+                              conv_family, make_conv)
 from netcl.nn.pool import MaxPool2d
 from netcl.tensor import Tensor
 
@@ -248,7 +248,7 @@ class Executable:
                         s.kernel.set_arg(j, b)
                         s.bound[i] = b
                 enqueue(q, s.kernel, s.gsize, s.lsize)
-            else:  # an unfused layer or a ColsStage: it takes and returns Tensors (inference: nothing for autograd)
+            else:  # an unfused layer or a ColsStage: Tensors in and out (inference: nothing for autograd)
                 st = s.stage
                 with inside_layer:
                     y = s(Tensor(self.shapes[st.src], q, bufs[self.root[st.src]]))
