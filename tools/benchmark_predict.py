@@ -37,8 +37,17 @@ def kws1d(nn):
                          nn.Linear(64, 12))
 
 
+def cnn_mish(nn):
+    """netcl.models.cnn with Mish for its activations: Conv2d-BatchNorm2d-Mish-MaxPool2d(2) twice, Linear."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Mish(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.Mish(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
+
+
 kws1d.input_shape = (40, 49)
-WORKLOADS = {"kws1d": kws1d}  # --models names besides netcl.models' reference models
+cnn_mish.input_shape = (3, 32, 32)
+WORKLOADS = {"kws1d": kws1d, "cnn_mish": cnn_mish}  # --models names besides netcl.models' reference models
 
 
 def child(args):

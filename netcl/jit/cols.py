@@ -8,7 +8,7 @@ from netcl.tensor import Tensor
 
 
 class ColsConv:
-    """Callable: run(x) -> y for a ColsStage on queue q; the folded weights are device tensors of its
+    """Callable: conv(x) -> y, a ColsStage on queue q; the folded weights are device tensors of its
     own, re-folded when a source tensor's version moves (load_state_dict, an optimizer step)."""
 
     def __init__(self, stage, q):
