@@ -83,8 +83,8 @@ INTEL_TESTS16 := tests/test_lane_sums.py tests/test_runtime.py tests/test_layers
                  tests/test_losses_optim.py tests/test_autograd.py tests/test_module_api.py tests/test_graph.py \
                  tests/test_embedding_bn1d_activations.py tests/test_conv1d_pool1d.py tests/test_groupnorm.py \
                  tests/test_rnn.py \
-                 tests/test_conv_tuples.py \
-                 tests/test_graph_fusion.py
+                 tests/test_conv_tuples.py tests/test_jit_cols.py \
+                 tests/test_jit_acts.py tests/test_graph_fusion.py
 INTEL_TESTS8 := tests/test_lane_sums.py tests/test_jit.py tests/test_jit_seq.py tests/test_jit_blocks.py
 # Oclgrind simulates every work-item: detector26's step takes it over 10 minutes in a CPU class and
 # over 15 in the GPU class, so CI checks it in the 8-lane CPU class and the other classes on the

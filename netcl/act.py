@@ -17,6 +17,10 @@ class Act(IntEnum):
     RELU6 = 8
     HARDSWISH = 9
     HARDSIGMOID = 10
+    # inference-only: the fused plan's epilogues apply them (act.h's ACT_GRAD does not take them)
+    ELU = 11  # slope: alpha
+    SOFTPLUS = 12  # slope: beta; threshold 20
+    MISH = 13
 
     @property
     def saves_output(self):

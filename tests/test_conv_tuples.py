@@ -123,8 +123,9 @@ def test_conv2d_pair_arguments_are_checked(queue):
 def test_square_convs_keep_their_routes_and_fusions(queue):
     """The square, symmetric convs of the reference models are not the column route's (their routes
     are tests/test_conv_route.py's table); padding="same" of an odd kernel is the same ConvSpec as its
-    int padding; predict()'s plan fuses the square convs and runs a general one as its own stage."""
-    from netcl.jit.stages import ConvStage, LayerStage, plan_stages
+    int padding; predict()'s plan fuses the square convs into their conv families and a general one
+    (with its activation) into a column-route stage (netcl.jit.cols)."""
+    from netcl.jit.stages import ColsStage, ConvStage, LayerStage, plan_stages
 
     for name, build in models.MODELS.items():
         for m in build().modules():
@@ -138,7 +139,8 @@ def test_square_convs_keep_their_routes_and_fusions(queue):
         assert str(same.route(queue, shape)) == str(explicit.route(queue, shape))
     stages, _ = plan_stages([nn.Conv2d(3, 8, 3, padding="same"), nn.ReLU(), nn.Conv2d(8, 8, (1, 3), padding=(0, 1)),
                              nn.ReLU(), nn.MaxPool2d((2, 1))])
-    assert [type(s) for s in stages][:2] == [ConvStage, LayerStage]
+    assert [type(s) for s in stages] == [ConvStage, ColsStage, LayerStage]
+    assert [str(s) for s in stages] == ["Conv2d+act1", "Conv2d+act1", "MaxPool2d"]
 
 
 # -- MaxPool2d, AvgPool2d ---------------------------------------------------------------------------

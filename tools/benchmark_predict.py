@@ -11,6 +11,8 @@ their range. Every figure is a full host -> device -> host predict() of a refere
         --ab NETCL_GPU_SPLIT=0
     # this checkout against another (e.g. the main branch's), split-K on in both
     NETCL_DEVICE=gpu python tools/benchmark_predict.py --models detector26,resnet8 --against /work/main
+    # the 1-D keyword-spotting workload (WORKLOADS) against the main branch, on the default device
+    python tools/benchmark_predict.py --models kws1d --batches 1,32 --against /tmp/base
     # Intel's OpenCL CPU runtime against PoCL (docs/DEVICES.md says how to register Intel's)
     python tools/benchmark_predict.py --models resnet8 --batches 32 --ab 'NETCL_DEVICE="Intel(R) OpenCL"'
 """
@@ -26,6 +28,28 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def kws1d(nn):
+    """Keyword spotting on 40 MFCC bands x 49 frames: (Conv1d(k=5) -> BatchNorm1d -> ReLU) x 3 at 64
+    channels, global average pool, Linear(64, 12). Built here from the public API (not a reference
+    model of netcl.models), so that a checkout without it measures it too."""
+    block = lambda c_in, pad=0: [nn.Conv1d(c_in, 64, 5, padding=pad), nn.BatchNorm1d(64), nn.ReLU()]  # noqa: E731
+    return nn.Sequential(*block(40), *block(64), *block(64, 2), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+                         nn.Linear(64, 12))
+
+
+def cnn_mish(nn):
+    """netcl.models.cnn with Mish for its activations: Conv2d-BatchNorm2d-Mish-MaxPool2d(2) twice, Linear."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Mish(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.Mish(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
+
+
+kws1d.input_shape = (40, 49)
+cnn_mish.input_shape = (3, 32, 32)
+WORKLOADS = {"kws1d": kws1d, "cnn_mish": cnn_mish}  # --models names besides netcl.models' reference models
+
+
 def child(args):
     """One side, one round: {"model:batch": median ms} as a JSON line."""
     sys.path.insert(0, args.checkout)
@@ -38,8 +62,12 @@ def child(args):
     out = {"device": q.device.name.strip(), "platform": q.device.platform.name.strip()}
     for name in args.models.split(","):
         netcl.manual_seed(0)
-        build = getattr(models, name)
-        model = build().eval()
+        build = WORKLOADS.get(name)
+        if build is None:
+            build = getattr(models, name)
+            model = build().eval()
+        else:
+            model = build(netcl.nn).eval()
         for batch in [int(b) for b in args.batches.split(",")]:
             x = np.random.default_rng(batch).normal(size=(batch,) + tuple(build.input_shape)).astype(np.float32)
             for _ in range(args.warmup):

@@ -2,6 +2,8 @@
 
     Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> one conv kernel (BN folded)
     depthwise Conv2d [+ BatchNorm2d] [+ activation]         -> one depthwise conv kernel
+    Conv1d [+ BatchNorm1d] [+ activation], a column-route   -> im2col, a GEMM per group (BN folded), one
+        Conv2d [+ BatchNorm2d] [+ activation]                  bias + activation kernel (cols)
     [LayerNorm +] Linear [+ activation]                     -> one linear kernel (the LayerNorm folded in)
     Transpose, Linear [+ act], the same Transpose           -> one linear kernel along the inner axis
     [LayerNorm +] MultiheadAttention [+ activation]         -> input projection, attention, output projection
@@ -27,6 +29,8 @@ source, owning its block sizes, build options, weight packing and argument order
     linear     [LayerNorm +] Linear + activation, along the last or an inner axis
     seq        LayerNorm, the attention core (online over the keys), the mean over an axis, Transpose
     eltwise    the residual add no epilogue took; a Concat branch's copy into its slice
+    cols       the column route of Conv1d and of Conv2d of unlike height and width geometry (the
+               layers' im2col and GEMM through netcl.ops, run per call as a layer is), BN folded
 
 Every conv family's epilogue (kernels/conv.h): bias (BN folded), activation, then the residual add
 and the activation after the block, written with a stored zero border and a channel offset.

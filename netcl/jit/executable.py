@@ -17,15 +17,16 @@ import numpy as np
 import netcl.runtime as runtime
 from netcl import ops
 from netcl.autograd import inside_layer
+from netcl.jit.cols import ColsConv
 from netcl.jit.common import STATS, Target
 from netcl.jit.config import JitConfig
 from netcl.jit.eltwise import AddLaunch, CopyLaunch
 from netcl.jit.linear import LinearLaunch
 from netcl.jit.seq import (AttentionLaunch, LayerNormLaunch, MaxPoolLaunch, MeanLaunch, TransposeLaunch,
                            UpsampleLaunch)
-from netcl.jit.stages import (AddStage, AttentionStage, ConcatStage, ConvStage, CopyStage, LayerNormStage, LayerStage,
-                              LinearStage, MeanStage, ResampleStage, TransposeStage, ViewStage, conv_families, conv_family,
-                              make_conv)
+from netcl.jit.stages import (AddStage, AttentionStage, ColsStage, ConcatStage, ConvStage, CopyStage, LayerNormStage,
+                              LayerStage, LinearStage, MeanStage, ResampleStage, TransposeStage, ViewStage, conv_families,
+                              conv_family, make_conv)
 from netcl.nn.pool import MaxPool2d
 from netcl.tensor import Tensor
 
@@ -46,6 +47,9 @@ def _family(stage):
 class _Step:  # a stage that is not a launch of the plan: a view, an unfused layer, a Concat's output shape
     def __init__(self, stage):
         self.stage = stage
+
+    def __call__(self, x):  # an unfused layer's forward
+        return self.stage.layer(x)
 
 
 class _Fused:  # a fused stage: its launches by (family, tile) (one key, None, for the other families)
@@ -74,9 +78,9 @@ class Compiled:
                     off += branch.output_shape(src)[d]
                 self.steps.append(_Step(st))
                 continue
-            if isinstance(st, (ViewStage, LayerStage)):
+            if isinstance(st, (ViewStage, LayerStage)):  # a ColsStage runs through netcl.ops as a layer does
                 shapes[st.dst] = st.layer.output_shape(src)
-                self.steps.append(_Step(st))
+                self.steps.append(ColsConv(st, q) if isinstance(st, ColsStage) else _Step(st))
                 continue
             spec = None
             if isinstance(st, ConvStage):
@@ -147,13 +151,13 @@ class Executable:
                 border = next(s.stage.out_border for s, *_ in sized if isinstance(s, _Fused) and s.stage.dst == v)
                 self.bufs[v] = target.buffer(nbytes[v], zero=border > 0)
                 self.nbytes += nbytes[v]
-        self.steps = []  # _Bound, or an unfused layer's LayerStage (views and Concats need nothing at run time)
+        self.steps = []  # _Bound, or a LayerStage's _Step or ColsConv (views and Concats need nothing at run time)
         self.shapes, self.root = shapes, root
         for step, launch, args, gsize in sized:
             st = step.stage
             if launch is None:
                 if isinstance(st, LayerStage):
-                    self.steps.append(st)
+                    self.steps.append(step)
                 continue
             binds = [(launch.in_arg, root[st.src]), (launch.out_arg, st.dst)]
             if launch.res_arg is not None:
@@ -168,6 +172,7 @@ class Executable:
                         kernel.set_arg(j, a)
                 self.steps.append(_Bound(step, launch, name, kernel, args, size, list(binds)))
         self.fused = [s for s in self.steps if isinstance(s, _Bound)]
+        self.launches = len(self.fused) + sum(s.stage.launches for s in self.steps if isinstance(s, ColsConv))
         self._sources = [t for s in self.fused for t in s.stage.sources]
         self._versions = None  # of _sources, when this executable last made sure its weights were current
         self.staged = False  # infer()'s buffers made
@@ -243,15 +248,15 @@ class Executable:
                         s.kernel.set_arg(j, b)
                         s.bound[i] = b
                 enqueue(q, s.kernel, s.gsize, s.lsize)
-            else:  # an unfused layer: it takes and returns Tensors (inference: nothing for autograd)
-                st = s
+            else:  # an unfused layer or a ColsStage: Tensors in and out (inference: nothing for autograd)
+                st = s.stage
                 with inside_layer:
-                    y = st.layer(Tensor(self.shapes[st.src], q, bufs[self.root[st.src]]))
+                    y = s(Tensor(self.shapes[st.src], q, bufs[self.root[st.src]]))
                 held.append(y)
                 bufs[st.dst] = y.buf
                 if st.dst == self.out_root:
                     out = y
-        STATS["launches"] += len(self.fused)
+        STATS["launches"] += self.launches
         if out is None:  # the output is the input, or a view of it
             return Tensor(self.out_shape, q, bufs[self.out_root]).mark_written()
         if out.shape != self.out_shape:  # views after the last stage

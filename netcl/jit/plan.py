@@ -52,22 +52,24 @@ class FusedPlan:
         self._macs = {}  # input shape -> Module.macs: which device predict() uses on a PoCL CPU
         # a layer the plan does not fuse runs its own forward on the call's device, and one with
         # parameters would carry them over to the serial device's context and back: such plans stay
-        self._movable = not any(isinstance(s, LayerStage) and s.layer.parameters() for s in stages)
+        # (a ColsStage folds its weights onto the call's device: it moves)
+        self._movable = not any(isinstance(s, LayerStage) and not s.fused and s.layer.parameters() for s in stages)
 
     def __repr__(self):
         return f"FusedPlan({', '.join(str(s) for s in self.stages)})"
 
     def launches(self, x_shape):
         """Kernel launches the plan enqueues per forward for an input of x_shape: one per fused stage
-        (conv, linear, residual add, concat copy), whatever the shape; on GPUs a conv split over its
-        reduction (split-K) adds its reduction's, which this does not count, nor the kernels that
-        unfused layers (unfused()) enqueue besides."""
+        (conv, linear, residual add, concat copy), whatever the shape, and a column-route conv's
+        im2col, GEMM per group and epilogue; a conv or GEMM split over its reduction (split-K) adds
+        its reduction's, which this does not count, nor the kernels that unfused layers (unfused())
+        enqueue besides."""
         self.model.output_shape(x_shape)
-        return sum(1 for s in self.stages if s.fused)
+        return sum(s.launches for s in self.stages if s.fused)
 
     def unfused(self):
         """The layers that run their own forward inside the plan (class names, in order)."""
-        return [str(s) for s in self.stages if isinstance(s, LayerStage)]
+        return [str(s) for s in self.stages if isinstance(s, LayerStage) and not s.fused]
 
     def generic_conv_macs(self, q, shape):
         """The multiply-accumulates per sample of the largest conv stage of this plan, for an input of

@@ -3,6 +3,8 @@ runs each. Stages read and write numbered values (0: the plan's input); blocks a
 
     Conv2d [+ BatchNorm2d] [+ activation] [+ MaxPool2d(2)]  -> ConvStage   (a conv family; groups=1, dilation=1)
     depthwise Conv2d [+ BatchNorm2d] [+ activation]         -> ConvStage   (the depthwise family; groups=C)
+    Conv1d [+ BatchNorm1d] [+ activation], a column-route   -> ColsStage   (im2col, a GEMM per group, one
+        Conv2d [+ BatchNorm2d] [+ activation]                  bias + activation kernel; not depthwise Conv1d)
     [LayerNorm +] Linear [+ activation]                     -> LinearStage (the linear family; the LayerNorm's
                                                                weight and bias folded into the Linear's)
     Transpose, Linear [+ activation], the same Transpose    -> LinearStage along the axis the swap brings last
@@ -22,23 +24,27 @@ runs each. Stages read and write numbered values (0: the plan's input); blocks a
     Dropout, Identity                                       -> dropped     (identity in eval mode)
     anything else                                           -> LayerStage  (the layer's own forward)
 
-An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`. Every value
+An activation is any layer with an `act` attribute (a netcl.act.Act) and a `slope`, or an ELU, a
+Softplus (threshold 20) or a Mish (_act_code). Every value
 gets a stored zero border (plan_stages): the widest padding of the convolutions that read it (a
 downsampling block's 3x3 and 1x1 read one value), when only convolutions (and residual epilogues)
 read it and only conv stages write it; else none.
 """
 import numpy as np
 
+from netcl.act import Act
 from netcl.convspec import ConvSpec, winot_enabled, winot_layout
 from netcl.jit.conv_cpu import ConvCpu, cpu_block
 from netcl.jit.conv_dw import ConvDw
 from netcl.jit.conv_gpu import ConvGpu
 from netcl.jit.conv_wino import ConvWino, ConvWinoT, wino_tile
+from netcl.nn.activation import ELU, Mish, Softplus
 from netcl.nn.attention import MultiheadAttention
 from netcl.nn.basic import Dropout, Flatten, Identity, Transpose
 from netcl.nn.conv import Conv2d
+from netcl.nn.conv1d import Conv1d
 from netcl.nn.linear import Linear
-from netcl.nn.norm import BatchNorm2d, LayerNorm
+from netcl.nn.norm import BatchNorm1d, BatchNorm2d, LayerNorm
 from netcl.nn.pool import AdaptiveAvgPool1d, AdaptiveAvgPool2d, MaxPool2d
 from netcl.nn.upsample import Upsample
 
@@ -53,13 +59,30 @@ def _is_concat(layer):
     return hasattr(layer, "branches") and hasattr(layer, "dim")
 
 
+def _act_code(layer):
+    """(Act, slope) that the fused kernels apply (kernels/act.h) for activation layer `layer`, or None
+    when it is none they take: a layer with an `act` code and its `slope`; ELU (slope: alpha),
+    Softplus at its default threshold of 20 (slope: beta) and Mish, whose layers run act_param.cl's
+    kernels (inference-only codes: training keeps those layers' own)."""
+    act = getattr(layer, "act", None)
+    if act is not None:
+        return act, float(layer.slope)
+    if isinstance(layer, ELU):
+        return Act.ELU, layer.alpha
+    if isinstance(layer, Softplus) and layer.threshold == 20.0:
+        return Act.SOFTPLUS, layer.beta
+    if isinstance(layer, Mish):
+        return Act.MISH, 0.0
+    return None
+
+
 def _is_act(layer):
-    return getattr(layer, "act", None) is not None
+    return _act_code(layer) is not None
 
 
 def _act_slope(layer):
     """(Act, slope) of an activation layer, (None, 0.0) for none."""
-    return (layer.act, float(layer.slope)) if layer is not None else (None, 0.0)
+    return _act_code(layer) if layer is not None else (None, 0.0)
 
 
 def _act_name(act):
@@ -70,6 +93,7 @@ class Stage:
     """What every stage has: the values it reads (src, and res for a residual add) and writes (dst),
     the stored borders of those values (set by plan_stages), and `fused` (a kernel of the plan)."""
     fused = True
+    launches = 1  # kernels a fused stage enqueues per call (ColsStage: more)
     sources = ()
     src = dst = res = None
     in_border = out_border = res_border = 0
@@ -110,11 +134,16 @@ class ConvStage(Stage):
         b = (self.conv.bias.numpy().astype(np.float64) if self.conv.bias is not None
              else np.zeros(self.conv.out_channels))
         if self.bn is not None:
-            bn = self.bn
-            scale = bn.weight.numpy() / np.sqrt(bn.running_var.numpy().astype(np.float64) + bn.eps)
-            w = w * scale[:, None, None, None]
-            b = (b - bn.running_mean.numpy()) * scale + bn.bias.numpy()
+            w, b = _fold_bn(w, b, self.bn)
         return w.astype(np.float32), b.astype(np.float32)
+
+
+def _fold_bn(w, b, bn):
+    """(w', b') float64 with BatchNorm `bn` (running statistics) folded in per output channel (w's
+    first axis): w' = w gamma / sqrt(var + eps), b' = (b - mean) gamma / sqrt(var + eps) + beta."""
+    scale = bn.weight.numpy() / np.sqrt(bn.running_var.numpy().astype(np.float64) + bn.eps)
+    w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    return w, (b - bn.running_mean.numpy()) * scale + bn.bias.numpy()
 
 
 class LinearStage(Stage):
@@ -293,12 +322,59 @@ class LayerStage(Stage):
         return type(self.layer).__name__
 
 
+class ColsStage(LayerStage):
+    """A Conv1d (not depthwise: those run conv1d.cl's direct kernel) or a Conv2d of the column route
+    (conv.general), then optionally its BatchNorm (folded into the weights) and an activation: the
+    column route with the folded weights, bias and activation in one epilogue kernel (netcl.jit.cols).
+    It runs as its layer would, per call through netcl.ops (im2col and the GEMM are the layer's own
+    kernels); `layer` is the conv, whose output shape is the stage's."""
+    fused = True
+
+    def __init__(self, conv, bn=None, act=None):
+        self.layer, self.bn = conv, bn
+        self.act, self.slope = _act_slope(act)
+        self.sources = [t for lay in (conv, bn) if lay is not None
+                        for _, t in lay.named_parameters() + lay.named_buffers()]
+
+    def __str__(self):
+        return "+".join(x for x in (type(self.layer).__name__, self.bn and type(self.bn).__name__,
+                                    _act_name(self.act)) if x)
+
+    @property
+    def launches(self):
+        """Kernels per call: im2col, a GEMM per group (a split-K GEMM's reduction not counted), the epilogue."""
+        return self.layer.groups + 2
+
+    def cols(self, shape):
+        """The column route's geometry (netcl.nn.conv_cols.Cols) at input `shape`."""
+        conv = self.layer
+        return conv._cols(conv._geometry(shape)) if isinstance(conv, Conv1d) else conv._cols(shape)
+
+    def folded(self):
+        """(weight, bias (K,)) with the batch norm folded in, float32 (zeros for a missing bias)."""
+        conv = self.layer
+        w = conv.weight.numpy().astype(np.float64)
+        b = conv.bias.numpy().astype(np.float64) if conv.bias is not None else np.zeros(conv.out_channels)
+        if self.bn is not None:
+            w, b = _fold_bn(w, b, self.bn)
+        return w.astype(np.float32), b.astype(np.float32)
+
+
 def _fusable_conv(conv):
-    if conv.general:  # the column route (geometry unlike along height and width, or "same"): a LayerStage
+    if conv.general:  # the column route (geometry unlike along height and width, or "same"): a ColsStage
         return False
     if conv.groups == 1:
         return conv.dilation == 1  # the dense families' geometry
     return conv.groups == conv.in_channels  # depthwise (any channel multiplier, stride, dilation)
+
+
+def _cols_conv(layer):
+    """The BatchNorm type that folds into `layer` when it is a conv of the column route (ColsStage), else None."""
+    if isinstance(layer, Conv1d):
+        return None if layer._direct() else BatchNorm1d
+    if isinstance(layer, Conv2d) and layer.general:
+        return BatchNorm2d
+    return None
 
 
 def _same_swap(a, b):
@@ -359,6 +435,13 @@ class _Planner:
                     pool, j = p, j + 1
                 v = self.emit(ConvStage(lay, bn, act, pool), v)
                 i += j
+            elif _cols_conv(lay) is not None:
+                bn, j = nxt(1), 2  # its exact type: a BatchNorm1d is a BatchNorm2d
+                if type(bn) is not _cols_conv(lay) or bn.num_features != lay.out_channels:
+                    bn, j = None, 1
+                act, a = act_at(j)
+                v = self.emit(ColsStage(lay, bn, act), v)
+                i += j + a
             elif isinstance(lay, Linear):
                 act, a = act_at(1)
                 v = self.emit(LinearStage.of(lay, act), v)

@@ -19,6 +19,11 @@
 #define ACT_RELU6 8
 #define ACT_HARDSWISH 9
 #define ACT_HARDSIGMOID 10
+// inference-only codes (the fused plan's epilogues; ACT_GRAD does not take them: their layers train
+// by act_param.cl's kernels): slope is ELU's alpha, Softplus's beta (its threshold 20)
+#define ACT_ELU 11
+#define ACT_SOFTPLUS 12
+#define ACT_MISH 13
 
 #define ACT_SQRT1_2 0.70710678118654752f    // 1/sqrt(2)
 #define ACT_INV_SQRT_2PI 0.39894228040143268f  // 1/sqrt(2 pi)
@@ -39,7 +44,10 @@
      (kind) == ACT_SILU ? (v) / (1.0f + exp(-(v))) :                                \
      (kind) == ACT_RELU6 ? ACT_CLAMP6(v) :                                          \
      (kind) == ACT_HARDSWISH ? (v) * ACT_CLAMP6((v) + 3.0f) / 6.0f :                \
-     (kind) == ACT_HARDSIGMOID ? ACT_CLAMP6((v) + 3.0f) / 6.0f : (v))
+     (kind) == ACT_HARDSIGMOID ? ACT_CLAMP6((v) + 3.0f) / 6.0f :                   \
+     (kind) == ACT_ELU ? ((v) > 0.0f ? (v) : (slope) * expm1(v)) :                  \
+     (kind) == ACT_SOFTPLUS ? ((v) * (slope) > 20.0f ? (v) : log1p(exp((v) * (slope))) / (slope)) : \
+     (kind) == ACT_MISH ? (v) * tanh(log1p(exp(v))) : (v))
 
 // dx = dy * act'(.), from what the forward saved: the output for sigmoid and tanh, the input
 // for all others (netcl.act.Act.saves_output). The piecewise ones use PyTorch's boundaries:

@@ -1,6 +1,7 @@
 // Activations with settings of their own (ELU's alpha, Softplus's beta and threshold, PReLU's learnt
 // slopes) and Mish: one work-item per element, PyTorch's formulas (aten's CPU kernels), each
-// backward beside its forward. They are not act.h codes: no kernel family fuses them.
+// backward beside its forward. Training runs these; act.h's ACT_ELU, ACT_SOFTPLUS (threshold 20) and
+// ACT_MISH, the same formulas, are the fused inference plan's epilogues of them (PReLU does not fuse).
 
 // ELU: x where x > 0, else alpha * (exp(x) - 1); dx = dy * alpha * exp(x) where x <= 0 (a NaN's
 // gradient passes as dy, as PyTorch's)

@@ -7,6 +7,8 @@
 // Conv1d is the case H = KH = sh = dh = 1, ph = 0. ph and pw are the top and left padding; the
 // caller sizes OH and OW, so padding="same"'s extra bottom row and right column need nothing here.
 
+#include "act.h"
+
 // cols[(c*KH + a)*KW + b, n*OH*OW + oy*OW + ox] = x[n, c, oy*sh - ph + a*dh, ox*sw - pw + b*dw], zero outside
 __kernel void cols_im2col(const int N, const int C, const int H, const int W, const int OH, const int OW,
                           const int KH, const int KW, const int sh, const int sw, const int ph, const int pw,
@@ -106,6 +108,17 @@ __kernel void cols_rows_out(const int N, const int K, const int P, const int has
     if (idx >= N * K * P) return;
     const int p = idx % P, k = (idx / P) % K, n = idx / (P * K);
     y[idx] = rows[((long)k * N + n) * P + p] + (has_bias ? b[k] : 0.0f);
+}
+
+// y[n, k, p] = act(rows[k, n*P + p] + b[k]): the fused plan's one epilogue of a column-route conv,
+// a BatchNorm after it folded into W and b (netcl.jit.cols); `act` is a netcl.act.Act code
+__kernel void cols_rows_out_act(const int N, const int K, const int P, __global const float *rows,
+                                __global const float *b, const int act, const float slope, __global float *y) {
+    const int idx = get_global_id(0);
+    if (idx >= N * K * P) return;
+    const int p = idx % P, k = (idx / P) % K, n = idx / (P * K);
+    const float v = rows[((long)k * N + n) * P + p] + b[k];
+    y[idx] = ACT_APPLY(act, v, slope);
 }
 
 // rows[k, n*P + p] = dy[n, k, p]

@@ -90,7 +90,8 @@ class Hardsigmoid(_Activation):
 
 
 def layer_of(act, slope=0.0):
-    """The activation layer of a netcl.act.Act code (slope: LeakyReLU's negative slope)."""
+    """The activation layer of a netcl.act.Act code (slope: LeakyReLU's negative slope, ELU's alpha,
+    Softplus's beta)."""
     act = Act(act)
     if act == Act.LEAKY_RELU:
         return LeakyReLU(slope)
@@ -99,6 +100,12 @@ def layer_of(act, slope=0.0):
     for cls in (ReLU, Sigmoid, Tanh, SiLU, ReLU6, Hardswish, Hardsigmoid):
         if cls.act == act:
             return cls()
+    if act == Act.ELU:  # the fused plan's inference-only codes (netcl.jit.stages._act_code)
+        return ELU(slope)
+    if act == Act.SOFTPLUS:
+        return Softplus(slope)
+    if act == Act.MISH:
+        return Mish()
     raise ValueError(f"no activation layer has the code {act!r}")
 
 

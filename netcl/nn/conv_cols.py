@@ -43,6 +43,26 @@ class Cols:
 
 def forward(q, x, weight, bias, g, out_shape):
     """(y of out_shape, the columns the gradients read): y = W cols per group (+ bias)."""
+    rows, cols = _product(q, x, weight, g)
+    y = ops.new(q, out_shape)
+    has_bias = bias is not None
+    ops.launch1d(q, "conv_cols", "cols_rows_out", y.size, g.n, g.k, g.oh * g.ow, int(has_bias), rows,
+                 bias if has_bias else ops.dummy(q), y)
+    return y.mark_written(), cols
+
+
+def forward_act(q, x, weight, bias, g, out_shape, act, slope):
+    """y of out_shape = act(W cols per group + bias): inference's route (netcl.jit.cols), the bias
+    and activation in the one kernel that lays the product out; bias (K,) is required."""
+    rows, _ = _product(q, x, weight, g)
+    y = ops.new(q, out_shape)
+    ops.launch1d(q, "conv_cols", "cols_rows_out_act", y.size, g.n, g.k, g.oh * g.ow, rows, bias, int(act or 0),
+                 float(slope), y)
+    return y.mark_written()
+
+
+def _product(q, x, weight, g):
+    """(rows (K, N*OH*OW) = W cols per group, cols): im2col, then a GEMM per group."""
     kg, ck, no = g.gemm_sizes()
     cols = ops.new(q, (g.c * g.kh * g.kw, no))
     if ops.config_class(q) == "gpu":  # a work-item per value: neighbours write neighbouring values
@@ -54,11 +74,7 @@ def forward(q, x, weight, bias, g, out_shape):
     for i in range(g.groups):
         ops.gemm(kg, no, ck, weight, (ck, 1, 0), cols, (no, 1, 0), rows, (no, 1, 0),
                  offsets=(i * kg * ck, i * ck * no, i * kg * no))
-    y = ops.new(q, out_shape)
-    has_bias = bias is not None
-    ops.launch1d(q, "conv_cols", "cols_rows_out", y.size, g.n, g.k, g.oh * g.ow, int(has_bias), rows,
-                 bias if has_bias else ops.dummy(q), y)
-    return y.mark_written(), cols
+    return rows.mark_written(), cols
 
 
 def rows_of(dy, g):
