@@ -35,6 +35,7 @@ import numpy as np
 from netcl import autograd, runtime
 from netcl.nn import functional
 from netcl.jit import chain
+from netcl.jit.stages import plan_stages
 from netcl.nn import graph_chain
 from netcl.nn.blocks import ModuleDict
 from netcl.nn.module import LAYERS, Module, Parameter, _own_backward, declared_problem, declared_tensors, make_declared
@@ -779,7 +780,6 @@ def segments(gm):
     from one value, through forks that rejoin in a residual add or a concatenation, as a Segment
     whose Sequential runs the fused inference path (netcl.jit); runs of which no stage would fuse
     are left out. A layer with weights called more than once stays out of every segment."""
-    from netcl.jit.stages import plan_stages
 
     w = _Walk(gm, partial=True)
     nodes, out, inside = gm.graph, [], set()
