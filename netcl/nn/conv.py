@@ -231,6 +231,18 @@ def _pack_weights(q, w, ci, co, k, cop, transposed, reverse, options):
     return wt.mark_written()
 
 
+def _taps_reversed(q, w, k):
+    """w (OC, C, k, k) with each filter's taps in reverse order, by pack_weights_cpu (each filter a
+    channel of one column): the data gradient's correlation then runs corr_cpu's forward program
+    (FLIP 0) on them, not a flipped one of its own, which PoCL took two to three times as long to
+    build as the forward's (its first training step's longest build)."""
+    filters = w.size // (k * k)
+    out = ops.new(q, w.shape)
+    ops.launch(q, _FAMILY, "pack_weights_cpu", (filters,), (32,), 1, filters, 1, 1, 1, w, out,
+               options=_cpu_options(k))
+    return out.mark_written()
+
+
 def _corrt_cpu(q, dy, w, dx, stride, padding):
     """dx (N, C, H, W) = the data gradient of a strided convolution with weights w (OC, C, k, k)
     and padding `padding`, from dy (N, OC, OH, OW): corrt_cpu on dy with a zero border."""
@@ -858,7 +870,8 @@ class Conv2d(Module):
         if r.dgrad == "winot":
             _winot(q, dyp, self.weight, dx, 1, r.winot_dx, self._zeros(q, c))
         elif r.dgrad == "rows":
-            _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
+            # weight (OC, C, k, k): dx[c] from dy[o], its taps reversed first (_taps_reversed)
+            _corr_cpu(q, dyp, _taps_reversed(q, self.weight, k), dx, k * k, c * k * k, 0)
         else:
             _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
         return dx if into is None else ops.add(into, dx, out=into)
