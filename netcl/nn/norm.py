@@ -574,15 +574,16 @@ class InstanceNorm1d(InstanceNorm2d):
     RANK, SHAPE = 3, "(N, C, L)"
 
 
-_own_stats_queued = set()  # contexts whose bn_stats_part_cpu was handed to the background
+_own_stats_queued = set()  # contexts whose other statistics kernels were handed to the background
 
 
 def _own_stats_later(q):
-    """Hand this BatchNorm2d's own statistics pass (bn_stats_part_cpu) to the background builds
-    where its statistics came from the conv before it: an input size whose rows do not fill that
-    conv's tiles takes the pass, and then finds it built (background mode: eager builds nothing
-    it does not run)."""
+    """Where a BatchNorm2d's statistics came from the conv before it, hand the statistics kernels
+    other shapes take to the background builds: its own pass over x (bn_stats_part_cpu: an input
+    size whose rows do not fill that conv's tiles) and the combination of parts of any channel
+    count (bn_stats_finish_cpu: a width not a multiple of 16). A new input size or width then finds
+    them built (background mode: eager builds nothing it does not run)."""
     ctx = q.context.int_ptr
     if ctx not in _own_stats_queued and tiers.mode() == "background":
         _own_stats_queued.add(ctx)
-        tiers.build_later(q, [("norm_cpu", "bn_stats_part_cpu", ())])
+        tiers.build_later(q, [("norm_cpu", "bn_stats_part_cpu", ()), ("norm_cpu", "bn_stats_finish_cpu", ())])
