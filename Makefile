@@ -78,7 +78,7 @@ INTEL_RT := intel-opencl-rt intel-cmplr-lib-rt tbb
 # At 16 lanes (this kind of machine's native class) the layers' tests, which take the other CPU class
 # too (conftest's use_cpu_class) and the GPU kernels on the CPU; at 8 the fused families (their vector
 # width); the autograd and graph tests at 16.
-INTEL_TESTS16 := tests/test_lane_sums.py tests/test_runtime.py tests/test_layers.py tests/test_jit.py \
+INTEL_TESTS16 := tests/test_lane_sums.py tests/test_first_step.py tests/test_runtime.py tests/test_layers.py tests/test_jit.py \
                  tests/test_jit_seq.py tests/test_jit_blocks.py tests/test_bn_act_fusion.py tests/test_gemm.py \
                  tests/test_losses_optim.py tests/test_autograd.py tests/test_module_api.py tests/test_graph.py \
                  tests/test_embedding_bn1d_activations.py tests/test_conv1d_pool1d.py tests/test_groupnorm.py \

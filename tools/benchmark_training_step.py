@@ -35,7 +35,8 @@ two contexts, idle in turn).
 variables set (a kernel choice, a PoCL setting): B / A per pair, where whole runs on a noisy machine
 decide nothing about a few percent. Both modes take half their pairs with the processes started in
 one order and half in the other: of two identical netcl processes, the one started second takes
-shorter steps (a few percent in A/A runs).
+shorter steps (a few percent in A/A runs). --ab NETCL_BENCH_SOURCE=/path/to/checkout pairs this
+checkout's netcl with another's (before/after a change).
 
 --runtime runs one runtime in this process and prints one JSON line per (model, batch) (the
 driver uses it). PyTorch on CUDA runs float32 with TF32 off and cudnn.benchmark on.
@@ -50,7 +51,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# NETCL_BENCH_SOURCE: another checkout whose netcl this process imports (--ab NETCL_BENCH_SOURCE=...: before/after)
+sys.path.insert(0, os.environ.get("NETCL_BENCH_SOURCE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from netcl.apps import common  # noqa: E402
 from netcl.apps.bench import torch_layer  # noqa: E402

@@ -14,8 +14,8 @@
 // stride is 1).
 //
 // Defines (netcl.nn.conv, with defaults so the file builds without them): KS (kernel size),
-// FLIP (the weight order), RM and RR (corr_cpu's channels and rows per work-item), RO
-// (wgrad_cpu's output channels), TC (corrc_cpu's positions per work-item).
+// RM and RR (corr_cpu's channels and rows per work-item), RO (wgrad_cpu's output channels), TC
+// (corrc_cpu's positions per work-item).
 #ifndef KS
 #define KS 3
 #endif
@@ -27,9 +27,6 @@
 #endif
 #ifndef RO
 #define RO 2
-#endif
-#ifndef FLIP
-#define FLIP 0
 #endif
 #ifndef TC
 #define TC 8
@@ -227,8 +224,8 @@ void sum_chunks_cpu(const int size, const int chunks, __global const float *part
 // out (N, CO, OH, OW) = the stride-1 correlation of zero-bordered input planes (N, CI, HP, WP;
 // HP >= OH rounded up to RR, plus KS - 1; WP >= OW rounded up to 16, plus KS - 1) with the
 // weights, plus bias[co] when has_bias: out[co] += wgt(co, ci, j, l) * inp[ci] shifted by (j, l).
-// FLIP 0, a convolution: wgt = w[co * SCO + ci * SCI + j * KS + l]; FLIP 1, its data gradient
-// (inp = dy, w (CI, CO, KS, KS)): wgt = w[co * SCO + ci * SCI + (KS-1-j) * KS + KS-1-l].
+// wgt = w[co * SCO + ci * SCI + j * KS + l]; a data gradient (inp = dy) passes w (CI, CO, KS, KS)
+// with each filter's taps reversed (netcl.nn.conv._taps_reversed), so it builds no program of its own.
 // Work-item (y, z): rows RR*y.. of image z / CB, channels RM * (z % CB).. (past CO: the last
 // one's weights, not stored), every 16 columns of them in turn (a work-group per 16 columns
 // costs more in PoCL's dispatch than its arithmetic); weights are broadcast from memory.
@@ -240,7 +237,7 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
     const int y0 = get_global_id(0) * RR, n = get_global_id(1) / CB, cb = get_global_id(1) % CB;
     int wm[RM];  // the channels' first weights
 #pragma unroll
-    for (int m = 0; m < RM; m++) wm[m] = MIN(cb * RM + m, CO - 1) * SCO + (FLIP ? KS * KS - 1 : 0);
+    for (int m = 0; m < RM; m++) wm[m] = MIN(cb * RM + m, CO - 1) * SCO;
     for (int x0 = 0; x0 < OW; x0 += 16) {
         float16 acc[RR][RM], tot[RR][RM];
 #pragma unroll
@@ -264,7 +261,7 @@ void corr_cpu(const int CI, const int CO, const int OH, const int OW, const int 
                         for (int r = 0; r < RR; r++) v[r] = *(__global const ufloat16 *)(src + (r + j) * WP + l);
 #pragma unroll
                         for (int m = 0; m < RM; m++) {
-                            const float wv = wk[wm[m] + (FLIP ? -(j * KS + l) : j * KS + l)];
+                            const float wv = wk[wm[m] + j * KS + l];
 #pragma unroll
                             for (int r = 0; r < RR; r++) acc[r][m] += wv * v[r];
                         }

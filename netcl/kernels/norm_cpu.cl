@@ -337,9 +337,10 @@ void bn_apply_cpu(const int total, const int chunk, const int C, const int HW, _
 // own outputs are never stored (their backward reads their input): the pass replaces their
 // element-wise passes and the sum's. Each combines its statistics (stage 2) as bn_apply_cpu does
 // and, parts == 0, takes them as given (a BatchNorm2d in eval mode).
-// S_BORDER 1: s is the block input's zero-bordered planes, S_HP x S_WP with the input's S_W-wide
-// rows from row S_TOP, column S_LEFT (Residual.forward_padded: the BatchNorm2d before the block
-// wrote them for its first conv), read a row at a time.
+// S_BORDER 1: s is the block input's zero-bordered planes, s_hp x s_wp with the input's s_w-wide
+// rows from row s_top, column s_left (Residual.forward_padded: the BatchNorm2d before the block
+// wrote them for its first conv), read a row at a time. The planes' sizes are arguments, not
+// build options: a new input size builds nothing (they are used once per row, not per element).
 #ifndef S_BORDER
 #define S_BORDER 0
 #endif
@@ -352,7 +353,8 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
                     __global float *smean, __global float *svar, __global const float *sgamma,
                     __global const float *sbeta, const float seps, __global const float *spart, const int sparts,
                     const int splen, __global float *srun_mean, __global float *srun_var, const float smomentum,
-                    __global float *y) {
+                    __global float *y, const int s_top, const int s_left, const int s_hp, const int s_wp,
+                    const int s_w) {
     const int i1 = MIN(total, (int)get_global_id(0) * chunk + chunk);
     for (int i = get_global_id(0) * chunk, e; i < i1; i = e) {
         const int r = i / HW, c = r % C, first = r < C && i == r * HW;
@@ -369,9 +371,9 @@ void bn_add_act_cpu(const int total, const int chunk, const int C, const int HW,
                                              BN_Z(*(__global const T *)(s + soff + (k)), sm, sinv, sg, sb), slope)
 #if S_BORDER
         for (int k = i, len; k < e; k += len) {  // row segments: s's offset from k changes per row
-            const int hw = k - r * HW, h = hw / S_W, w0 = hw - h * S_W;
-            const int soff = r * (S_HP * S_WP) + (h + S_TOP) * S_WP + S_LEFT + w0 - k;
-            len = MIN(e - k, S_W - w0);
+            const int hw = k - r * HW, h = hw / s_w, w0 = hw - h * s_w;
+            const int soff = r * (s_hp * s_wp) + (h + s_top) * s_wp + s_left + w0 - k;
+            len = MIN(e - k, s_w - w0);
             PAD_RUN(ADD_ROW, y + k, k, len);
         }
 #else

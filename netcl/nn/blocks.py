@@ -126,11 +126,10 @@ class Residual(Module):
             return None
         tail = self.shortcut.statistics_tail(x) if isinstance(self.shortcut, Sequential) else None
         s = (x if self.shortcut is None else self.shortcut(x)) if tail is None else tail[0]
-        options = _act_options(act.act)
-        if padded is not None:
+        options, planes = _act_options(act.act), (0, 0, 0, 0, 0)
+        if padded is not None:  # the planes' geometry as arguments: a new input size builds nothing
             (top, left, hp, wp), s = padded[2], padded[0]
-            options += ("-DS_BORDER=1", f"-DS_TOP={top}", f"-DS_LEFT={left}", f"-DS_HP={hp}", f"-DS_WP={wp}",
-                        f"-DS_W={padded[1][3]}")
+            options, planes = options + ("-DS_BORDER=1",), (top, left, hp, wp, padded[1][3])
         q, (n, c, h, w) = body[0].queue, body[0].shape  # the shapes: checked by forward's output_shape
         out = ops.new(q, body[0].shape)
         chunk, items = ops.cpu_chunk(out.size)
@@ -140,7 +139,7 @@ class Residual(Module):
         else:
             shortcut_bn = tail[1:]
         ops.launch(q, "norm_cpu", "bn_add_act_cpu", (items,), (1,), out.size, chunk, c, h * w, float(act.slope),
-                   *body, s, int(tail is not None), *shortcut_bn, out, options=options)
+                   *body, s, int(tail is not None), *shortcut_bn, out, *planes, options=options)
         for seq in (self.body, self.shortcut if tail is not None else None):
             if seq is not None:
                 seq.layers[-1].written_by_pass()

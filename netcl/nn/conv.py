@@ -131,10 +131,10 @@ def _col2im(q, n, c, h, w, k, s, p, d, oh, ow, dcols, bias, out):
     out.mark_written()
 
 
-def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
+def _corr_cpu(q, inp, w, out, sco, sci, bias=None, stats=False):
     """out (N, CO, OH, OW) = corr_cpu's correlation of the zero-bordered planes inp (N, CI, HP, WP)
-    with the weights w (element strides sco per output and sci per input channel; flip: taps
-    reversed, a data gradient) (+ bias). With `stats`, where its tiles cover the planes exactly,
+    with the weights w (element strides sco per output and sci per input channel; a data gradient
+    passes them with their taps reversed: _taps_reversed) (+ bias). With `stats`, where its tiles cover the planes exactly,
     also out's batch-statistics parts for a BatchNorm2d after it, returned as (part, parts, values
     per part, True: a part's channels together); else None."""
     n, co, oh, ow = out.shape
@@ -147,7 +147,7 @@ def _corr_cpu(q, inp, w, out, sco, sci, flip, bias=None, stats=False):
     part = ops.new(q, (parts, co, 2)) if stats else None  # a part's channels together
     ops.launch(q, _FAMILY, "corr_cpu", (-(-oh // rr), n * cb), (1, 1), ci, co, oh, ow, hp, wp, cb, sco, sci,
                inp, w, bias if has_bias else ops.dummy(q), int(has_bias), out, int(stats), part if stats else out,
-               options=_cpu_options(k, flip, rm, rr=rr))
+               options=_cpu_options(k, rm, rr=rr))
     out.mark_written()
     return (part.mark_written(), parts, 16 * rr, True) if stats else None
 
@@ -229,6 +229,18 @@ def _pack_weights(q, w, ci, co, k, cop, transposed, reverse, options):
     ops.launch(q, _FAMILY, "pack_weights_cpu", (ci * cop,), (32,), co, ci, cop, int(transposed), int(reverse), w, wt,
                options=options)
     return wt.mark_written()
+
+
+def _taps_reversed(q, w, k):
+    """w (OC, C, k, k) with each filter's taps in reverse order, by pack_weights_cpu (each filter a
+    channel of one column): the data gradient's correlation then runs corr_cpu's forward program
+    on them, not a flipped one of its own, which PoCL took two to three times as long to
+    build as the forward's (its first training step's longest build)."""
+    filters = w.size // (k * k)
+    out = ops.new(q, w.shape)
+    ops.launch(q, _FAMILY, "pack_weights_cpu", (filters,), (32,), 1, filters, 1, 1, 1, w, out,
+               options=_cpu_options(k))
+    return out.mark_written()
 
 
 def _corrt_cpu(q, dy, w, dx, stride, padding):
@@ -504,7 +516,7 @@ class Conv2d(Module):
         if r.forward == "winot":
             st = _winot(q, xp, self.weight, y, 0, r.winot, self._bias_or_zeros(q), stats=stats)
         elif r.forward == "rows":
-            st = _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, 0, self.bias, stats=stats)
+            st = _corr_cpu(q, xp, self.weight, y, c * k * k, k * k, self.bias, stats=stats)
         else:
             st = _corrc_cpu(q, xp, self.weight, y, s, 0, self.bias, stats=stats)
         self._out_stats = (y,) + st if st else None
@@ -858,7 +870,8 @@ class Conv2d(Module):
         if r.dgrad == "winot":
             _winot(q, dyp, self.weight, dx, 1, r.winot_dx, self._zeros(q, c))
         elif r.dgrad == "rows":
-            _corr_cpu(q, dyp, self.weight, dx, k * k, c * k * k, 1)  # weight (OC, C, k, k): dx[c] from dy[o]
+            # weight (OC, C, k, k): dx[c] from dy[o], its taps reversed first (_taps_reversed)
+            _corr_cpu(q, dyp, _taps_reversed(q, self.weight, k), dx, k * k, c * k * k)
         else:
             _corrc_cpu(q, dyp, self.weight, dx, 1, 1)
         return dx if into is None else ops.add(into, dx, out=into)

@@ -252,11 +252,11 @@ def _winot_kernels(options, stats=False):
     return out + ([("conv_winot", "conv_winot", options + ("-DSTATS=1",))] if stats else [])
 
 
-def cpu_options(k, flip=0, rm=8, ro=None, rr=2):
+def cpu_options(k, rm=8, ro=None, rr=2):
     """convtrain_cpu.cl's build options (only wgrad_cpu reads RO, only corr_cpu RM and RR; the
     others none of them: runtime.sources leaves what a kernel does not read out of its build)."""
     ro = {3: 3, 5: 1}.get(k, 1) if ro is None else ro
-    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={rr}", f"-DRO={ro}", f"-DFLIP={flip}")
+    return (f"-DKS={k}", f"-DRM={rm}", f"-DRR={rr}", f"-DRO={ro}")
 
 
 def narrow_launch(s, d):

@@ -6,7 +6,7 @@ from netcl import ops
 from netcl.act import Act
 from netcl.nn.module import Module, as_bool, as_float, check_rank, constant, positive
 from netcl.nn.pool import MaxPool2d, _pool2_rows
-from netcl.runtime import alloc
+from netcl.runtime import alloc, tiers
 
 # Values per part of a channel in the two-stage reductions (kernels/norm.cl, norm_cpu.cl): a GPU
 # wants thousands of work-groups even for 16 channels; a CPU fewer, larger parts (a part's second
@@ -168,6 +168,8 @@ class BatchNorm2d(Module):
         and corrc_cpu's), else a channel's parts."""
         part, parts, length, part_major = stats
         c = self.num_features
+        if part_major:
+            _own_stats_later(mean.queue)
         if part_major and c % 16 == 0 and parts * length == m:  # 16 channels a work-item, in the lanes
             ops.launch(mean.queue, "norm_cpu", "bn_stats_finish_pm_cpu", (c // 16,), (1,), m, c, parts, length, part,
                        mean, var, self.running_mean, self.running_var, self.momentum)
@@ -570,3 +572,18 @@ class InstanceNorm1d(InstanceNorm2d):
     normalised per sample and channel over the positions, as torch.nn.InstanceNorm1d; InstanceNorm2d's
     (GroupNorm's) kernels, the same settings refused."""
     RANK, SHAPE = 3, "(N, C, L)"
+
+
+_own_stats_queued = set()  # contexts whose other statistics kernels were handed to the background
+
+
+def _own_stats_later(q):
+    """Where a BatchNorm2d's statistics came from the conv before it, hand the statistics kernels
+    other shapes take to the background builds: its own pass over x (bn_stats_part_cpu: an input
+    size whose rows do not fill that conv's tiles) and the combination of parts of any channel
+    count (bn_stats_finish_cpu: a width not a multiple of 16). A new input size or width then finds
+    them built (background mode: eager builds nothing it does not run)."""
+    ctx = q.context.int_ptr
+    if ctx not in _own_stats_queued and tiers.mode() == "background":
+        _own_stats_queued.add(ctx)
+        tiers.build_later(q, [("norm_cpu", "bn_stats_part_cpu", ()), ("norm_cpu", "bn_stats_finish_cpu", ())])

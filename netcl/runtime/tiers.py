@@ -6,6 +6,8 @@ build_later(); one background thread builds them, one at a time, while the foreg
 nothing (the foreground's first steps build their generic kernels first: PoCL compiles one program
 at a time per process). When the queue drains, generation() moves on: a layer decides its route
 anew (Conv2d.route), and a replayed TrainStep records again (its guard compares generations).
+The thread also builds generic kernels that another input size or width would take where this one
+does not (BatchNorm2d's statistics kernels), so that the new shape finds them built.
 
 NETCL_COMPILE=eager builds the specialised kernels before the first step that runs them (the same
 launches from the first step on: benchmarks, the tests); background (the default) as above.
