@@ -38,6 +38,20 @@ def q():
 
 
 @pytest.fixture
+def torch():
+    """PyTorch, the independent reference (the test skips where it is not installed), on one thread."""
+    t = pytest.importorskip("torch")
+    t.set_num_threads(1)
+    return t
+
+
+@pytest.fixture
+def ort():
+    """onnxruntime (the test skips where it is not installed)."""
+    return pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture
 def rng(request):
     """A generator seeded per test, so every test is reproducible on its own."""
     import zlib
@@ -125,6 +139,24 @@ def loop_step(model, loss_fn, opt, x, target):
     opt.step()
     opt.zero_grad()
     return pending
+
+
+def replays_as_the_loop(make, batches, lr=0.05, momentum=0.9):
+    """TrainStep on one model and loop_step's layer calls on another (make() builds them alike, in
+    training mode), each batch (x, y) of `batches` through both: the same loss every step, a step
+    replayed, and the same weights at the end."""
+    from netcl import nn, optim
+    from netcl.trainstep import TrainStep
+
+    a, b = make(), make()
+    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=lr, momentum=momentum))
+    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=lr, momentum=momentum)
+    for i, (x, y) in enumerate(batches):
+        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
+        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
+    assert step.replays > 0 and step.eager_reason is None
+    for k, v in b.state_dict().items():
+        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def torch_state(torch, model):

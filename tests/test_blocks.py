@@ -15,13 +15,6 @@ from netcl import FormatError, Tensor, nn, optim
 from netcl.io import export_onnx, import_onnx, load, load_checkpoint, save, save_checkpoint
 
 
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
 # -- the models ----------------------------------------------------------------------------
 def resnet_like():
     # x: (N, 3, 9, 7) -> (N, 6, 5, 4): an identity block, then a stride-2 block with a Conv+BN shortcut

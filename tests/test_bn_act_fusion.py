@@ -18,13 +18,6 @@ ACTS = {"ReLU": (nn.ReLU, {}, "ReLU()"), "LeakyReLU": (nn.LeakyReLU, {"negative_
         "Sigmoid": (nn.Sigmoid, {}, "Sigmoid()"), "Tanh": (nn.Tanh, {}, "Tanh()"), "Hardswish": (nn.Hardswish, {}, "Hardswish()")}
 
 
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
 def build(act):
     """BatchNorm2d + activation pairs at the top level, inside a Residual's body and in a nested
     Sequential at the very end (the model's output); a BatchNorm2d followed by a Sequential

@@ -7,24 +7,12 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_close, torch_state, train_beside_torch
+from conftest import assert_close, replays_as_the_loop, torch_state, train_beside_torch
 
 import netcl
-from netcl import Tensor, nn, optim
+from netcl import Tensor, nn
 from netcl.io import export_onnx, import_onnx
 from test_embedding_bn1d_activations import check_eval_paths, check_save_load, rand, run_ort, strip_metadata
-
-
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
-@pytest.fixture
-def ort():
-    return pytest.importorskip("onnxruntime")
 
 
 def copy_to_torch(torch, layer, ref):
@@ -290,24 +278,16 @@ def test_torch_onnx_export_of_a_keyword_spotter_imports(queue, rng, torch, tmp_p
 def test_trainstep_replays_the_1d_layers(queue, rng):
     """TrainStep records a step of the keyword spotter and replays it: the same losses and weights as
     the layer calls (conftest.loop_step)."""
-    from conftest import loop_step
-    from netcl.trainstep import TrainStep
-
     def make():
         netcl.manual_seed(4)
         return kws(nn).to(queue).train()
 
-    a, b = make(), make()
-    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.05, momentum=0.9))
-    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
-    for i in range(5):
+    def batch():
         x = Tensor.from_host(queue, rand(rng, 8, 8, 40))
         y = rng.integers(0, 5, 8)
-        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
-        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
-    assert step.replays > 0 and step.eager_reason is None
-    for k, v in b.state_dict().items():
-        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        return x, y
+
+    replays_as_the_loop(make, (batch() for _ in range(5)))
 
 
 def test_a_1d_graph_with_uneven_pads_imports_as_onnxruntime_runs_it(queue, rng, ort, tmp_path):

@@ -13,13 +13,6 @@ from netcl.nn import conv as conv_module
 from netcl.nn import conv_route
 
 
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
 def _same_weights(torch, layer, ref):
     ref.load_state_dict({name: torch.tensor(a) for name, a in layer.state_dict().items()})
     return ref

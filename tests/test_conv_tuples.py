@@ -9,25 +9,13 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_close, loop_step, torch_state, train_beside_torch
+from conftest import assert_close, replays_as_the_loop, torch_state, train_beside_torch
 
 import netcl
-from netcl import Tensor, models, nn, optim
+from netcl import Tensor, models, nn
 from netcl.io import export_onnx, import_onnx
 from test_conv1d_pool1d import against_torch, copy_to_torch
 from test_embedding_bn1d_activations import check_eval_paths, check_save_load, rand, run_ort, strip_metadata
-
-
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
-@pytest.fixture
-def ort():
-    return pytest.importorskip("onnxruntime")
 
 
 def quiet(fn, *args):
@@ -325,23 +313,16 @@ def test_2d_keyword_spotting_model_from_torch_and_torch_onnx(queue, rng, torch, 
 
 
 def test_trainstep_replays_the_2d_keyword_spotter(queue, rng):
-    from netcl.trainstep import TrainStep
-
     def make():
         netcl.manual_seed(4)
         return kws2d(nn).to(queue).train()
 
-    a, b = make(), make()
-    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.05, momentum=0.9))
-    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
-    for i in range(5):
+    def batch():
         x, y = kws_data(rng, 8)
         x = Tensor.from_host(queue, x)
-        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
-        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
-    assert step.replays > 0 and step.eager_reason is None
-    for k, v in b.state_dict().items():
-        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        return x, y
+
+    replays_as_the_loop(make, (batch() for _ in range(5)))
 
 
 # -- ConvTranspose2d pairs, ConvTranspose1d ----------------------------------------------------------
@@ -439,23 +420,16 @@ def test_transposed_models_train_save_export_and_import(queue, rng, torch, ort, 
 
 
 def test_trainstep_replays_the_transposed_convs(queue, rng):
-    from netcl.trainstep import TrainStep
-
     def make():
         netcl.manual_seed(6)
         return upsampler(nn).to(queue).train()
 
-    a, b = make(), make()
-    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.05, momentum=0.9))
-    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
-    for i in range(4):
+    def batch():
         x = Tensor.from_host(queue, rand(rng, 8, 4, 6))
         y = rng.integers(0, 3, 8)
-        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
-        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
-    assert step.replays > 0 and step.eager_reason is None
-    for k, v in b.state_dict().items():
-        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        return x, y
+
+    replays_as_the_loop(make, (batch() for _ in range(4)))
 
 
 # -- InstanceNorm1d ---------------------------------------------------------------------------------

@@ -3,24 +3,12 @@ against PyTorch step for step, .netcl round trips, ONNX export checked by onnxru
 back (from netcl's own files and from the bare graph) and from_torch, eval()/predict in a Sequential."""
 import numpy as np
 import pytest
-from conftest import assert_close, train_beside_torch
+from conftest import assert_close, replays_as_the_loop, train_beside_torch
 
 import netcl
 from netcl import Tensor, nn, optim
 from netcl.io import export_onnx, import_onnx, load, save
 from netcl.io.onnx_export import onnx_pb2 as P
-
-
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
-@pytest.fixture
-def ort():
-    return pytest.importorskip("onnxruntime")
 
 
 def rand(rng, *shape):
@@ -454,9 +442,6 @@ def test_torch_onnx_export_of_the_new_layers_imports(queue, rng, torch, tmp_path
 def test_trainstep_replays_the_new_layers(queue, rng, case):
     """TrainStep records a step of the new layers and replays it: the same losses and weights as the
     layer calls (conftest.loop_step), step for step."""
-    from conftest import loop_step
-    from netcl.trainstep import TrainStep
-
     def make():
         netcl.manual_seed(4)
         if case == "tabular":
@@ -464,15 +449,10 @@ def test_trainstep_replays_the_new_layers(queue, rng, case):
                                  nn.Linear(8, 3), nn.LogSoftmax(1)).to(queue).train()
         return nn.Sequential(nn.Embedding(10, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 3)).to(queue).train()
 
-    a, b = make(), make()
-    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
-    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
-    for i in range(6):
+    def batch():
         raw = rand(rng, 16, 6) if case == "tabular" else rng.integers(0, 10, (16, 3))
         x = Tensor.from_host(queue, raw) if case == "tabular" else netcl.tensor(raw, queue=queue)
         y = rng.integers(0, 3, 16)
-        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
-        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
-    assert step.replays > 0 and step.eager_reason is None
-    for k, v in b.state_dict().items():
-        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        return x, y
+
+    replays_as_the_loop(make, (batch() for _ in range(6)), lr=0.1)

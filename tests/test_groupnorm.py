@@ -10,25 +10,13 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_close, torch_state, train_beside_torch
+from conftest import assert_close, replays_as_the_loop, torch_state, train_beside_torch
 
 import netcl
-from netcl import Tensor, nn, optim
+from netcl import Tensor, nn
 from netcl.io import export_onnx, import_onnx
 from test_conv1d_pool1d import against_torch, copy_to_torch
 from test_embedding_bn1d_activations import check_eval_paths, check_save_load, rand, run_ort, strip_metadata
-
-
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
-@pytest.fixture
-def ort():
-    return pytest.importorskip("onnxruntime")
 
 
 def with_weights(rng, layer):
@@ -138,23 +126,15 @@ def test_groupnorm_net_trains_as_torch_step_for_step(queue, rng, torch):
 
 def test_trainstep_replays_groupnorm(queue, rng):
     """TrainStep records a step of GroupNorm and replays it: the losses and weights of the layer calls."""
-    from conftest import loop_step
-    from netcl.trainstep import TrainStep
-
     def make():
         netcl.manual_seed(5)
         return gn_net(nn).to(queue).train()
 
-    a, b = make(), make()
-    step = TrainStep(a, nn.CrossEntropyLoss(), optim.SGD(a.parameters(), lr=0.05, momentum=0.9))
-    loss_b, opt_b = nn.CrossEntropyLoss(), optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
-    for i in range(5):
+    def batch():
         x, y = Tensor.from_host(queue, rand(rng, 8, 3, 12, 12)), rng.integers(0, 4, 8)
-        got, want = step(x, y).item(), loop_step(b, loss_b, opt_b, x, y).item()
-        assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), i
-    assert step.replays > 0 and step.eager_reason is None
-    for k, v in b.state_dict().items():
-        np.testing.assert_allclose(a.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        return x, y
+
+    replays_as_the_loop(make, (batch() for _ in range(5)))
 
 
 # -- files, ONNX, eval ------------------------------------------------------------------------------

@@ -17,11 +17,6 @@ def cpu(queue):
     return queue
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
-
 # (rows, inputs, classes, bias): a classifier's 10; 16 (whole vectors of W, no row read past), 1, 3
 # (rows of W read past by more than one row), inputs not a multiple of 4 or 16, one row
 SHAPES = [(64, 64, 10, True), (8, 512, 10, True), (5, 7, 3, False), (3, 33, 16, True), (1, 1, 1, True),

@@ -13,13 +13,6 @@ from netcl import Tensor, nn
 ACTS = {"ELU": ({"alpha": 0.7}, "act11"), "Softplus": ({"beta": 1.5}, "act12"), "Mish": ({}, "act13")}
 
 
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
 def layers(mod, act):
     """The same model in netcl (mod = netcl.nn) or torch (mod = torch.nn)."""
     kw = ACTS[act][0]

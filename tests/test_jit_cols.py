@@ -11,13 +11,6 @@ import netcl
 from netcl import Tensor, nn
 
 
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
 def randomize_bn(model, rng):
     """Running statistics and affine parameters away from their defaults in every BatchNorm."""
     for m in model.modules() if hasattr(model, "modules") else model:

@@ -41,13 +41,6 @@ def rand(rng, *shape):
 
 
 # -- PyTorch references -----------------------------------------------------------------
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
 @pytest.mark.parametrize("shape,fin,fout,bias", [((4, 7), 7, 5, True), ((1, 16), 16, 10, True),
                                                  ((3, 33), 33, 17, False), ((2, 3, 6), 6, 9, True),
                                                  ((1, 5, 7), 7, 3, False), ((2, 3, 4, 6), 6, 9, True),

@@ -10,11 +10,6 @@ import netcl.nn.functional as F
 from netcl import Tensor, nn
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
-
 def class_targets(rng, shape, c, ignore=None):
     """Class indices of `shape`; with ignore, about one in four set to it (the first always)."""
     y = rng.integers(0, c, shape)

@@ -6,11 +6,6 @@ from conftest import assert_close
 from netcl import Tensor, nn, optim
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
-
 def torch_loss(torch, fn, pred, target):
     p = torch.tensor(pred, dtype=torch.float64, requires_grad=True)
     loss = fn(p, torch.tensor(target))

@@ -27,11 +27,6 @@ def _report_diffs():
               + ", ".join(f"{k} {v:.2e}" for k, v in DIFFS.items()))
 
 
-@pytest.fixture
-def ort():
-    return pytest.importorskip("onnxruntime")
-
-
 def run_ort(path, x):
     from netcl.apps.common import ort_session
 

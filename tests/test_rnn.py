@@ -9,18 +9,6 @@ import netcl
 from netcl import nn, optim
 
 
-@pytest.fixture
-def torch():
-    t = pytest.importorskip("torch")
-    t.set_num_threads(1)
-    return t
-
-
-@pytest.fixture
-def ort():
-    return pytest.importorskip("onnxruntime")
-
-
 def host(t):
     return t.detach().numpy() if hasattr(t, "detach") else t.numpy()
 

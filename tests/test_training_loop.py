@@ -10,11 +10,6 @@ from netcl import Tensor, TrainStep, nn, ops, optim
 from netcl.optim import lr_scheduler
 
 
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
-
 def kernel_class(queue, monkeypatch, cls):
     """cls "gpu": the GPU kernel variants (one work-item per element, work-groups of 64) on this device."""
     if cls == "gpu":
