@@ -1,8 +1,9 @@
-"""Every opset netcl writes, and above all 11 and 12, the forms from before opset 13 changed Softmax's axis and moved Squeeze's,
-Unsqueeze's and ReduceSum's axes into inputs: one small model per layer type (LAYER_MODELS, which
-must cover every EMITTERS entry) and the reference models, each exported at both opsets with a
-symbolic batch, passed by onnx.checker (full_check), run in onnxruntime at two batch sizes against
-netcl (<= 1e-5 of the largest output, or of 1) and read back by import_onnx as the same layers and weights."""
+"""Every opset netcl writes, and above all opsets 11 and 12, the forms from before opset 13 changed
+Softmax's axis and moved Squeeze's, Unsqueeze's and ReduceSum's axes into inputs: one small model
+per layer type (LAYER_MODELS, which must cover every EMITTERS entry) at every opset and the
+reference models at 11 and 12, each exported with a symbolic batch, passed by onnx.checker
+(full_check), run in onnxruntime at two batch sizes against netcl (<= 1e-5 of the largest output,
+or of 1) and read back by import_onnx as the same layers and weights."""
 import numpy as np
 import pytest
 
