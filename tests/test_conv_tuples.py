@@ -476,6 +476,31 @@ def test_trainstep_replays_the_transposed_convs(queue, rng):
     replays_as_the_loop(make, (batch() for _ in range(4)))
 
 
+def test_grouped_dilated_conv_transpose2d_from_torch_onnx(queue, rng, torch, tmp_path):
+    """The ConvTranspose nodes torch.onnx writes (group, dilations, the weight (C, M/group, kH, kW))
+    import to the same layers, and the model gives torch's output; an ungrouped, undilated one's
+    export carries neither attribute, as before."""
+    onnx = pytest.importorskip("onnx")
+    ref = grouped_decoder2d(torch.nn).eval()
+    x = rand(rng, 3, 4, 4, 5)
+    with torch.no_grad():
+        want = ref(torch.tensor(x)).numpy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(ref, (torch.tensor(x),), str(tmp_path / "t.onnx"), dynamo=False, opset_version=17,
+                              input_names=["input"], output_names=["output"])
+    except Exception as e:  # (as test_onnx_import_graph: an export torch cannot make here)
+        pytest.skip(f"torch.onnx.export does not work here: {e}")
+    back = import_onnx(tmp_path / "t.onnx")
+    convs = [m for m in back.modules() if isinstance(m, nn.ConvTranspose2d)]
+    assert [(m.groups, m.dilation) for m in convs] == [(2, 1), (4, (1, 2))]
+    np.testing.assert_allclose(back(netcl.tensor(x, queue=queue)).numpy(), want, rtol=1e-5, atol=1e-5)
+    export_onnx(nn.Sequential(nn.ConvTranspose2d(4, 2, 3, stride=2)).eval(), (1, 4, 3, 3), tmp_path / "p.onnx")
+    (node,) = [n for n in onnx.load(str(tmp_path / "p.onnx")).graph.node if n.op_type == "ConvTranspose"]
+    assert sorted(a.name for a in node.attribute) == ["kernel_shape", "pads", "strides"]
+
+
 def test_trainstep_replays_the_grouped_transposed_conv2d(queue, rng):
     def make():
         netcl.manual_seed(7)
