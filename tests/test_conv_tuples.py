@@ -338,6 +338,27 @@ def test_conv_transpose2d_pairs_vs_torch(queue, rng, torch, args):
     assert layer.general is (args["kernel_size"] != (4, 4))  # a square pair keeps the square route
 
 
+@pytest.mark.parametrize("args", [dict(kernel_size=(2, 3), stride=(2, 1), padding=(0, 1), groups=2),
+                                  dict(kernel_size=3, stride=2, padding=1, output_padding=(1, 0), groups=4),
+                                  dict(kernel_size=(3, 2), stride=(1, 2), padding=(2, 0), output_padding=(0, 1),
+                                       dilation=2, bias=False),
+                                  dict(kernel_size=3, stride=(2, 3), padding=(1, 2), output_padding=(1, 1),
+                                       dilation=(1, 2), groups=2),
+                                  dict(kernel_size=2, dilation=(1, 2), groups=4)], ids=str)
+@pytest.mark.parametrize("config", ["native", "gpu"])
+def test_conv_transpose2d_groups_and_dilation_vs_torch(queue, rng, torch, monkeypatch, args, config):
+    from netcl import ops
+
+    if config == "gpu":
+        monkeypatch.setattr(ops, "_config_class", {queue.device.int_ptr: "gpu"})
+    layer = nn.ConvTranspose2d(4, 8, **args)
+    kh, kw = args["kernel_size"] if isinstance(args["kernel_size"], tuple) else (args["kernel_size"],) * 2
+    assert layer.weight.shape == (4, 8 // args.get("groups", 1), kh, kw)  # (in, out/groups, kH, kW), torch's
+    assert layer.general  # groups or dilation: the column route
+    ref = copy_to_torch(torch, layer, torch.nn.ConvTranspose2d(4, 8, **args).double())
+    against_torch(torch, rng, layer, ref, (2, 4, 5, 6), str(args))
+
+
 @pytest.mark.parametrize("args", [dict(kernel_size=3), dict(kernel_size=4, stride=2, padding=1),
                                   dict(kernel_size=3, stride=3, padding=1, output_padding=2, groups=2, dilation=2),
                                   dict(kernel_size=2, dilation=3, output_padding=2, groups=2, bias=False),
@@ -355,8 +376,22 @@ def test_conv_transpose1d_vs_torch(queue, rng, torch, monkeypatch, args, config)
 
 
 def test_conv_transpose_arguments_are_checked(queue):
-    with pytest.raises(ValueError, match="smaller than stride"):
+    with pytest.raises(ValueError, match="smaller than either stride"):
         nn.ConvTranspose2d(2, 2, 3, stride=(2, 1), output_padding=(1, 1))
+    with pytest.raises(ValueError, match="smaller than either stride"):
+        nn.ConvTranspose2d(2, 2, 3, stride=2, dilation=(3, 1), output_padding=(2, 2))
+    with pytest.raises(ValueError, match="divisible"):
+        nn.ConvTranspose2d(4, 6, 3, groups=4)
+    with pytest.raises(ValueError, match="dilation"):
+        nn.ConvTranspose2d(4, 4, 3, dilation=0)
+    square = nn.ConvTranspose2d(4, 6, 3, stride=2, groups=1, dilation=(1, 1))  # the defaults: the square route
+    assert not square.general and "groups" not in square.config() and "dilation" not in square.config()
+    layer = nn.ConvTranspose2d(4, 6, 3, stride=2, output_padding=(1, 2), groups=2, dilation=(1, 3))
+    assert layer.tensor_shapes(**layer.config()) == {"weight": (4, 3, 3, 3), "bias": (6,)}
+    assert layer.output_shape((5, 4, 7, 8)) == (5, 6, 16, 23)
+    assert layer.macs((5, 4, 7, 8)) == 5 * 4 * 7 * 8 * 3 * 9
+    assert repr(layer) == "ConvTranspose2d(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=0, " \
+                          "output_padding=(1, 2), bias=True, groups=2, dilation=(1, 3))"
     with pytest.raises(ValueError, match="smaller than either stride"):
         nn.ConvTranspose1d(2, 2, 3, stride=2, output_padding=2)
     with pytest.raises(ValueError, match="divisible"):
@@ -391,7 +426,16 @@ def decoder2d(t):
                         t.Linear(2 * 8 * 11, 3))
 
 
-@pytest.mark.parametrize("build, shape", [(upsampler, (4, 6)), (decoder2d, (2, 4, 5))], ids=["1d", "2d"])
+def grouped_decoder2d(t):
+    """(N, 4, 4, 5) -> (N, 3) through grouped, dilated ConvTranspose2d layers."""
+    return t.Sequential(t.ConvTranspose2d(4, 8, (2, 3), stride=(2, 1), padding=(0, 1), groups=2), t.ReLU(),
+                        t.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=(1, 0), groups=4,
+                                          dilation=(1, 2)), t.Flatten(),
+                        t.Linear(4 * 16 * 11, 3))
+
+
+@pytest.mark.parametrize("build, shape", [(upsampler, (4, 6)), (decoder2d, (2, 4, 5)), (grouped_decoder2d, (4, 4, 5))],
+                         ids=["1d", "2d", "2d-grouped"])
 def test_transposed_models_train_save_export_and_import(queue, rng, torch, ort, tmp_path, build, shape):
     onnx = pytest.importorskip("onnx")
     netcl.manual_seed(5)
@@ -428,6 +472,42 @@ def test_trainstep_replays_the_transposed_convs(queue, rng):
         x = Tensor.from_host(queue, rand(rng, 8, 4, 6))
         y = rng.integers(0, 3, 8)
         return x, y
+
+    replays_as_the_loop(make, (batch() for _ in range(4)))
+
+
+def test_grouped_dilated_conv_transpose2d_from_torch_onnx(queue, rng, torch, tmp_path):
+    """The ConvTranspose nodes torch.onnx writes (group, dilations, the weight (C, M/group, kH, kW))
+    import to the same layers, and the model gives torch's output; an ungrouped, undilated one's
+    export carries neither attribute, as before."""
+    onnx = pytest.importorskip("onnx")
+    ref = grouped_decoder2d(torch.nn).eval()
+    x = rand(rng, 3, 4, 4, 5)
+    with torch.no_grad():
+        want = ref(torch.tensor(x)).numpy()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(ref, (torch.tensor(x),), str(tmp_path / "t.onnx"), dynamo=False, opset_version=17,
+                              input_names=["input"], output_names=["output"])
+    except Exception as e:  # (as test_onnx_import_graph: an export torch cannot make here)
+        pytest.skip(f"torch.onnx.export does not work here: {e}")
+    back = import_onnx(tmp_path / "t.onnx")
+    convs = [m for m in back.modules() if isinstance(m, nn.ConvTranspose2d)]
+    assert [(m.groups, m.dilation) for m in convs] == [(2, 1), (4, (1, 2))]
+    np.testing.assert_allclose(back(netcl.tensor(x, queue=queue)).numpy(), want, rtol=1e-5, atol=1e-5)
+    export_onnx(nn.Sequential(nn.ConvTranspose2d(4, 2, 3, stride=2)).eval(), (1, 4, 3, 3), tmp_path / "p.onnx")
+    (node,) = [n for n in onnx.load(str(tmp_path / "p.onnx")).graph.node if n.op_type == "ConvTranspose"]
+    assert sorted(a.name for a in node.attribute) == ["kernel_shape", "pads", "strides"]
+
+
+def test_trainstep_replays_the_grouped_transposed_conv2d(queue, rng):
+    def make():
+        netcl.manual_seed(7)
+        return grouped_decoder2d(nn).to(queue).train()
+
+    def batch():
+        return Tensor.from_host(queue, rand(rng, 8, 4, 4, 5)), rng.integers(0, 3, 8)
 
     replays_as_the_loop(make, (batch() for _ in range(4)))
 

@@ -113,7 +113,6 @@ def test_unsupported_layers_are_all_named_with_the_supported_list():
 
 
 @pytest.mark.parametrize("layer, what", [
-    (lambda: tnn.ConvTranspose2d(2, 2, 3, dilation=(1, 2)), "dilation=(1, 2)"),
     (lambda: tnn.Conv2d(2, 2, 3, padding_mode="reflect"), "padding_mode='reflect'"),
     (lambda: tnn.BatchNorm2d(3, affine=False), "affine=False"),
     (lambda: tnn.BatchNorm2d(3, momentum=None), "momentum=None"),

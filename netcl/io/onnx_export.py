@@ -272,10 +272,14 @@ def _conv1d(g, m, x, s, out):  # the same Conv, 1-D attributes; padding="same" a
     return g.op("Conv", [x] + w, out, kernel_shape=[m.kernel_size], pads=[left, right], strides=[m.stride], **extra)
 
 
-def _conv_transpose2d(g, m, x, s, out):  # weight (in, out, kH, kW) is ONNX's (C, M/group, kH, kW)
+def _conv_transpose2d(g, m, x, s, out):  # weight (in, out/groups, kH, kW) is ONNX's (C, M/group, kH, kW)
     (ph, pw), op = pair(m.padding), pair(m.output_padding)
     w = [g.param("weight")] + ([g.param("bias")] if m.bias is not None else [])
     extra = {"output_padding": list(op)} if any(op) else {}
+    if m.dilation != 1:
+        extra["dilations"] = list(pair(m.dilation))
+    if m.groups != 1:
+        extra["group"] = m.groups
     return g.op("ConvTranspose", [x] + w, out, kernel_shape=list(pair(m.kernel_size)), pads=[ph, pw, ph, pw],
                 strides=list(pair(m.stride)), **extra)
 
@@ -996,7 +1000,7 @@ EMITTERS = {
     nn.Conv2d: _conv2d,                          # Conv (dilations, group when not 1)
     nn.ConvTranspose1d: _conv_transpose1d,       # ConvTranspose, 1-D attributes (group, dilations when set)
     nn.Conv1d: _conv1d,                          # Conv, 1-D attributes (padding="same": explicit pads)
-    nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding when not 0)
+    nn.ConvTranspose2d: _conv_transpose2d,       # ConvTranspose (output_padding, group, dilations when set)
     nn.BatchNorm1d: _batchnorm2d,                # BatchNormalization on (N, C) or (N, C, L), as on 4-D
     nn.BatchNorm2d: _batchnorm2d,                # BatchNormalization (running statistics, epsilon)
     nn.ReLU: _pointwise("Relu"),

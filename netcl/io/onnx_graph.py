@@ -329,8 +329,8 @@ def _make_layer_norm(g, node, shape):
 
 
 def _make_conv_transpose(g, node, shape):
-    """ConvTranspose2d (pairs as it takes them; one group, no dilation) or, on a 3-D weight,
-    ConvTranspose1d (groups and dilation too)."""
+    """ConvTranspose2d or, on a 3-D weight, ConvTranspose1d: groups and dilation too, ONNX's weight
+    (C, M/group, k...) being theirs."""
     k, w, b = g.attrs(node), g.const(node, 1, "weight"), g.const(node, 2, "bias")
     groups = int(k.get("group", 1))
     if w.ndim == 3 and not k.get("output_shape"):
@@ -340,16 +340,15 @@ def _make_conv_transpose(g, node, shape):
                           stride=oi._one(node, "strides", k.get("strides"), 1), padding=oi._pads1d(node, k),
                           output_padding=oi._one(node, "output_padding", pad, 0), groups=groups,
                           dilation=oi._one(node, "dilations", k.get("dilations"), 1), bias=b is not None)
-    elif w.ndim == 4 and groups == 1 and oi._two(node, "dilations", k.get("dilations"), 1) == 1 \
-            and not k.get("output_shape"):
+    elif w.ndim == 4 and not k.get("output_shape"):
         pad = k.get("output_padding") or [0, 0]
-        layer = oi._layer("ConvTranspose2d", node, in_channels=w.shape[0], out_channels=w.shape[1],
+        layer = oi._layer("ConvTranspose2d", node, in_channels=w.shape[0], out_channels=w.shape[1] * groups,
                           kernel_size=oi._two(node, "kernel_shape", k.get("kernel_shape") or w.shape[2:], 1),
                           stride=oi._two(node, "strides", k.get("strides"), 1), padding=oi._pads2d(node, k),
-                          output_padding=oi._two(node, "output_padding", pad, 0), bias=b is not None)
+                          output_padding=oi._two(node, "output_padding", pad, 0), groups=groups,
+                          dilation=oi._two(node, "dilations", k.get("dilations"), 1), bias=b is not None)
     else:
-        raise NotImplementedError(f"node {node.name!r} (ConvTranspose): only 1-D, or 2-D of one group and no "
-                                  "dilation; no output_shape")
+        raise NotImplementedError(f"node {node.name!r} (ConvTranspose): only 1-D or 2-D; no output_shape")
     return [oi._with(layer, weight=w, **({"bias": oi._bias(node, b, layer.out_channels)} if b is not None else {}))], \
         node.output[0], [node]
 

@@ -981,11 +981,13 @@ class Conv2d(Module):
 
 
 class ConvTranspose2d(Module):
-    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + k + output_padding, ...); weight (C, K, kH, kW)
-    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True): the gradient of a convolution as a layer; weight (C, K, kH, kW), PyTorch's semantics; kernel_size, stride, padding and output_padding each an int or a (height, width) pair."""
-    PAIR_ARGS = ("kernel_size", "stride", "padding", "output_padding")  # files hold a pair as a list of two
+    # x: (N, C, H, W) -> (N, K, (H-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1, ...);
+    # weight (C, K/groups, kH, kW)
+    """ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1, bias=True, dilation=1): the gradient of a convolution as a layer; weight (C, K/groups, kH, kW), PyTorch's semantics; kernel_size, stride, padding, output_padding and dilation each an int or a (height, width) pair."""
+    PAIR_ARGS = ("kernel_size", "stride", "padding", "output_padding", "dilation")  # files hold a pair as a list of two
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, bias=True):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1):
         super().__init__()
         self.in_channels = positive("in_channels", in_channels)
         self.out_channels = positive("out_channels", out_channels)
@@ -993,48 +995,61 @@ class ConvTranspose2d(Module):
         self.stride = int_or_pair("stride", stride, 1)
         self.padding = int_or_pair("padding", padding, 0, MAX_PADDING)
         self.output_padding = int_or_pair("output_padding", output_padding, 0, MAX_PADDING)
+        self.groups = _check_groups(self.in_channels, self.out_channels, groups)
+        self.dilation = int_or_pair("dilation", dilation, 1)
         bias = as_bool("bias", bias)
-        if any(op >= s for op, s in zip(pair(self.output_padding), pair(self.stride))):
-            raise ValueError(f"output_padding ({self.output_padding}) must be smaller than stride ({self.stride})")
-        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, bias=bias)
+        if any(op >= max(s, d) for op, s, d in zip(*(pair(a) for a in (self.output_padding, self.stride,
+                                                                      self.dilation)))):
+            raise ValueError(f"output_padding ({self.output_padding}) must be smaller than either stride "
+                             f"({self.stride}) or dilation ({self.dilation}), as PyTorch")
+        shapes = self.tensor_shapes(self.in_channels, self.out_channels, self.kernel_size, groups=self.groups,
+                                    bias=bias)
         kh, kw = pair(self.kernel_size)
-        bound = 1.0 / math.sqrt(self.out_channels * kh * kw)  # PyTorch's fan-in of (C, K, kH, kW)
+        bound = 1.0 / math.sqrt(self.out_channels // self.groups * kh * kw)  # PyTorch's fan-in of the weight
         self.weight = uniform(bound, shapes["weight"])
         self.bias = uniform(bound, shapes["bias"]) if bias else None
         self._params = {"weight": self.weight, **({"bias": self.bias} if bias else {})}
 
     @classmethod
-    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
-                      bias=True):
+    def tensor_shapes(cls, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                      bias=True, dilation=1):
         kh, kw = pair(int_or_pair("kernel_size", kernel_size, 1))
-        return {"weight": (in_channels, out_channels, kh, kw), **({"bias": (out_channels,)} if bias else {})}
+        g = _check_groups(in_channels, out_channels, groups)
+        return {"weight": (in_channels, out_channels // g, kh, kw), **({"bias": (out_channels,)} if bias else {})}
 
     def config(self):
+        # groups and dilation only when set: files and ONNX doc strings (which quote the repr) of
+        # models without them keep their bytes
+        extra = {k: v for k, v in (("groups", self.groups), ("dilation", self.dilation)) if v != 1}
         return {"in_channels": self.in_channels, "out_channels": self.out_channels,
                 "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
-                "output_padding": self.output_padding, "bias": self.bias is not None}
+                "output_padding": self.output_padding, "bias": self.bias is not None, **extra}
 
     def output_shape(self, shape):
         check_rank("ConvTranspose2d", shape, 4, "(N, C, H, W)")
         n, c, h, w = shape
         if c != self.in_channels:
             raise ValueError(f"ConvTranspose2d expects {self.in_channels} input channels, got shape {tuple(shape)}")
-        oh, ow = ((v - 1) * s - 2 * p + k + op for v, k, s, p, op in
-                  zip((h, w), *(pair(a) for a in (self.kernel_size, self.stride, self.padding, self.output_padding))))
+        oh, ow = ((v - 1) * s - 2 * p + d * (k - 1) + op + 1 for v, k, s, p, op, d in
+                  zip((h, w), *(pair(a) for a in (self.kernel_size, self.stride, self.padding, self.output_padding,
+                                                  self.dilation))))
         if oh < 1 or ow < 1:
             raise ValueError(f"ConvTranspose2d with padding {self.padding} leaves no output for input {h}x{w}")
         return (n, self.out_channels, oh, ow)
 
-    def macs(self, shape):  # each input element meets K x kH x kW weights
+    def macs(self, shape):  # each input element meets K/groups x kH x kW weights
         self.output_shape(shape)
         kh, kw = pair(self.kernel_size)
-        return int(np.prod(shape)) * self.out_channels * kh * kw
+        return int(np.prod(shape)) * (self.out_channels // self.groups) * kh * kw
 
     @property
     def general(self):
-        """Whether kernel, stride or padding differ between height and width: then the column route
-        (conv_cols' transposed forward and backward), else the square one below."""
-        return any(isinstance(v, tuple) for v in (self.kernel_size, self.stride, self.padding, self.output_padding))
+        """Whether kernel, stride, padding or dilation differ between height and width, or groups or
+        dilation are set: then the column route (conv_cols' transposed forward and backward), else
+        the square one below."""
+        return (self.groups != 1 or self.dilation != 1
+                or any(isinstance(v, tuple) for v in (self.kernel_size, self.stride, self.padding,
+                                                      self.output_padding)))
 
     def forward(self, x):
         # the data gradient of a Conv2d(K -> C) with this weight: dcols = W^T x, then col2im (+ bias)
@@ -1042,7 +1057,7 @@ class ConvTranspose2d(Module):
         if self.general:
             out_shape = self.output_shape(x.shape)
             g = conv_cols.transposed(x.shape, out_shape, pair(self.kernel_size), pair(self.stride),
-                                     pair(self.padding), (1, 1), 1)
+                                     pair(self.padding), pair(self.dilation), self.groups)
             y, rows = conv_cols.transposed_forward(q, x, self.weight, self.bias, g, out_shape)
             self._saved = (x.shape, g, rows)
             return y

@@ -3,7 +3,8 @@
 gradient is W^T dY per group gathered back onto the input (col2im), the weight gradient
 dY cols^T per group. Conv1d runs it as the H = 1 case; Conv2d where its kernel, stride, padding or
 dilation differ between height and width, or padding="same" (the square, symmetric ones keep
-conv_route's routes)."""
+conv_route's routes); ConvTranspose1d, and ConvTranspose2d where it has groups, dilation or
+non-square pairs, as the data gradient (transposed_forward)."""
 from dataclasses import dataclass
 
 from netcl import ops

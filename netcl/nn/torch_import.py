@@ -17,17 +17,6 @@ class _Unsupported(Exception):
     """A torch setting netcl has no equivalent for (collected, then raised as NotImplementedError)."""
 
 
-def _pair(name, v):
-    """A torch int-or-pair attribute as one int; a non-square pair is not something netcl has."""
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2 or v[0] != v[1]:
-            raise _Unsupported(f"{name}={tuple(v)} (netcl takes square, symmetric values)")
-        v = v[0]
-    if isinstance(v, str):
-        raise _Unsupported(f"{name}={v!r} (netcl takes explicit integers)")
-    return v
-
-
 def _layer(kind, **config):
     """netcl layer `kind` from `config`, dropping values equal to the constructor's defaults; a
     value that the netcl class does not take at all (e.g. groups on a Conv2d without them) is
@@ -97,7 +86,7 @@ def _conv_transpose2d(m):
     _require(m, padding_mode="zeros")
     return _layer("ConvTranspose2d", in_channels=m.in_channels, out_channels=m.out_channels,
                   kernel_size=tuple(m.kernel_size), stride=tuple(m.stride), padding=tuple(m.padding),
-                  output_padding=tuple(m.output_padding), dilation=_pair("dilation", m.dilation), groups=m.groups,
+                  output_padding=tuple(m.output_padding), dilation=tuple(m.dilation), groups=m.groups,
                   bias=m.bias is not None)
 
 
