@@ -433,31 +433,20 @@ def _pool(kind):
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): storage_order, indices and an "
                                       "AveragePool's ceil_mode are not supported")
         if len(k.get("kernel_shape") or ()) == 1:  # on (N, C, L): MaxPool1d, AvgPool1d
-            return _pool1d(g, node, k, kind.replace("2d", "1d"), ceil)
-        if _two(node, "dilations", k.get("dilations"), 1) != 1:
+            name, read, pads = kind.replace("2d", "1d"), _one, _pads1d
+        else:
+            name, read, pads = kind, _two, _pads2d
+        if read(node, "dilations", k.get("dilations"), 1) != 1:
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
-        size, pad = _two(node, "kernel_shape", k.get("kernel_shape"), None), _pads2d(node, k)
-        if kind == "AvgPool2d" and pad and not k.get("count_include_pad", 0):
+        size, pad = read(node, "kernel_shape", k.get("kernel_shape"), None), pads(node, k)
+        if name.startswith("AvgPool") and pad and not k.get("count_include_pad", 0):
             raise NotImplementedError(f"node {node.name!r} (AveragePool): count_include_pad=0 with padding "
-                                      "(netcl's AvgPool2d counts the padding, as PyTorch's default)")
+                                      f"(netcl's {name} counts the padding, as PyTorch's default)")
         extra = {"ceil_mode": True} if ceil else {}
-        layer = _layer(kind, node, kernel_size=size, stride=_two(node, "strides", k.get("strides"), 1), padding=pad,
+        layer = _layer(name, node, kernel_size=size, stride=read(node, "strides", k.get("strides"), 1), padding=pad,
                        **extra)
         return [layer], node.output[0], [node]
     return convert
-
-
-def _pool1d(g, node, k, kind, ceil):
-    if _one(node, "dilations", k.get("dilations"), 1) != 1:
-        raise NotImplementedError(f"node {node.name!r} ({node.op_type}): dilated pooling")
-    size, pad = _one(node, "kernel_shape", k.get("kernel_shape"), None), _pads1d(node, k)
-    if kind == "AvgPool1d" and pad and not k.get("count_include_pad", 0):
-        raise NotImplementedError(f"node {node.name!r} (AveragePool): count_include_pad=0 with padding "
-                                  "(netcl's AvgPool1d counts the padding, as PyTorch's default)")
-    extra = {"ceil_mode": True} if ceil else {}
-    layer = _layer(kind, node, kernel_size=size, stride=_one(node, "strides", k.get("strides"), 1), padding=pad,
-                   **extra)
-    return [layer], node.output[0], [node]
 
 
 def _global_avg_pool(g, node, shape):

@@ -61,11 +61,8 @@ def _pool2_rows(q, g):
     return items, rows
 
 
-class MaxPool2d(_Pool2d):
-    # x: (N, C, H, W) -> (N, C, H', W'); padded positions never win
-    """MaxPool2d(kernel_size, stride=None, padding=0, ceil_mode=False): (N, C, H, W) window maxima
-    (padded positions never win); ceil_mode: PyTorch's ceil rule for the output size, the last
-    window reaching past the input."""
+class _CeilMode:
+    """A max pool's ceil_mode (PyTorch's ceil rule for the output size) over its pool base."""
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
         super().__init__(kernel_size, stride, padding)
         if not isinstance(ceil_mode, bool):
@@ -75,6 +72,12 @@ class MaxPool2d(_Pool2d):
     def config(self):
         return dict(super().config(), **({"ceil_mode": True} if self.ceil_mode else {}))
 
+
+class MaxPool2d(_CeilMode, _Pool2d):
+    # x: (N, C, H, W) -> (N, C, H', W'); padded positions never win
+    """MaxPool2d(kernel_size, stride=None, padding=0, ceil_mode=False): (N, C, H, W) window maxima
+    (padded positions never win); ceil_mode: PyTorch's ceil rule for the output size, the last
+    window reaching past the input."""
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)
@@ -151,20 +154,11 @@ class _Pool1d(_Pool2d):
         return n * c, shape[2], self.kernel_size, self.stride, self.padding, out
 
 
-class MaxPool1d(_Pool1d):
+class MaxPool1d(_CeilMode, _Pool1d):
     # x: (N, C, L) -> (N, C, L'); padded positions never win, ties go to the first maximum
     """MaxPool1d(kernel_size, stride=None, padding=0, ceil_mode=False): (N, C, L) window maxima as
     torch.nn.MaxPool1d (padded positions never win; the gradient goes to the first maximum);
     ceil_mode: PyTorch's ceil rule for the output length."""
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
-        super().__init__(kernel_size, stride, padding)
-        if not isinstance(ceil_mode, bool):
-            raise TypeError(f"ceil_mode must be a bool, got {type(ceil_mode).__name__}")
-        self.ceil_mode = ceil_mode
-
-    def config(self):
-        return dict(super().config(), **({"ceil_mode": True} if self.ceil_mode else {}))
-
     def forward(self, x):
         q = self._on(x)
         g = self._geometry(x.shape)
