@@ -6,7 +6,7 @@ import math
 
 from netcl import ops
 from netcl.nn import conv_cols
-from netcl.nn.conv import _check_groups
+from netcl.nn.conv import Conv2d, _check_groups
 from netcl.nn.module import MAX_INT, MAX_PADDING, Module, as_bool, as_int, check_rank, positive, uniform
 
 
@@ -60,15 +60,8 @@ class Conv1d(Module):
         g = _check_groups(in_channels, out_channels, groups)
         return {"weight": (out_channels, in_channels // g, kernel_size), **({"bias": (out_channels,)} if bias else {})}
 
-    def config(self):
-        return {"in_channels": self.in_channels, "out_channels": self.out_channels,
-                "kernel_size": self.kernel_size, "stride": self.stride, "padding": self.padding,
-                "dilation": self.dilation, "groups": self.groups, "bias": self.bias is not None}
-
-    def extra_repr(self):
-        """The constructor's arguments as they read in repr() (dilation and groups only when set)."""
-        return ", ".join(f"{k}={v!r}" for k, v in self.config().items()
-                         if not (k in ("dilation", "groups") and v == 1))
+    # Conv2d's constructor arguments, in its order; repr() names dilation and groups only when set
+    config, extra_repr = Conv2d.config, Conv2d.extra_repr
 
     def pads(self):
         """(left, right) zero padding: padding="same" splits d*(k-1) with the extra column on the right."""
